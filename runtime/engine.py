@@ -1,0 +1,79 @@
+"""The one small interface between the GPU owner and whatever computes tokens.
+
+Two engines implement it: the real OpenCL engine (`gpu.engine.OpenCLEngine`) and
+the timing model the simulator drives (`runtime.timing.TimingEngine`).
+
+Who owns what:
+- The scheduler owns the KV *block accounting* (which block ids belong to which
+  turn). It hands each turn's block table to the engine with every piece of work.
+- The engine owns the KV *memory*: a pool of `num_blocks` blocks of `block_size`
+  token positions each. It reads and writes only the blocks it is told about, so a
+  paused turn is simply absent from the batch and its blocks stay untouched.
+
+One step is a list of `Work` items, at most one per turn: a prefill chunk (several
+prompt tokens) or a decode (one token, the turn's last sampled one). The engine
+writes K/V for every position it is given and, where `sample` is set, returns the
+next token sampled from the logits at the last position of the item.
+
+Sampling is a pure function of (logits, seed, position): a turn paused and resumed
+any number of times samples exactly what it samples unpaused.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import msgspec
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """How to pick the next token. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+GREEDY = Sampling()
+
+
+class Work(msgspec.Struct):
+    """One turn's share of one engine step."""
+
+    turn: int
+    tokens: list[int]  # a prompt chunk, or [last sampled token] for a decode
+    start: int  # position of tokens[0] in the turn's sequence
+    block_table: list[int]  # the turn's KV blocks, covering start + len(tokens)
+    sample: bool  # return a next token for this item
+    sampling: Sampling = GREEDY
+
+
+class Engine(Protocol):
+    """What the GPU owner needs from a model engine."""
+
+    block_size: int  # token positions per KV block
+    num_blocks: int  # blocks in the device pool
+    eos_token_ids: frozenset[int]
+
+    def step(self, batch: Sequence[Work]) -> list[int | None]:
+        """Run one forward pass over the batch; one entry per item, a token where
+        `sample` was set, else None. Blocking: the owner calls it off the event loop."""
+        ...
+
+    def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
+        """Copy the first `length` positions of a turn's KV to host memory. The
+        scheduler frees the device blocks afterwards."""
+        ...
+
+    def swap_in(self, turn: int, blocks: Sequence[int]) -> None:
+        """Copy a swapped-out turn's KV from host memory into freshly allocated
+        device blocks, and forget the host copy."""
+        ...
+
+    def forget(self, turn: int) -> None:
+        """Drop any host-side state kept for a turn (a swap copy). Idempotent."""
+        ...
