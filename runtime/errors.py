@@ -1,0 +1,75 @@
+"""Every error slotswarm raises on purpose, as one tree:
+
+    SlotswarmError
+    ├── ConfigError            a session file, flag or workload that does not make sense
+    ├── ModelError             a model file that cannot be used
+    │   ├── ModelFormatError       corrupt or truncated GGUF, missing tensor or key
+    │   └── UnsupportedModelError  another architecture, an unsupported tensor type
+    ├── DeviceError            no usable OpenCL device, a kernel that fails to build
+    ├── ActorError             something went wrong between actors
+    │   ├── ActorCrashed           the actor you were talking to died
+    │   ├── UnhandledMessage       the receiver has no handler for that message type
+    │   ├── AskTimeout             no reply within the ask's timeout
+    │   └── WaitCycle              the ask or lock would close a cycle of waits
+    └── TurnError              a turn ended without finishing
+        ├── TurnCancelled          cancelled by its agent or the swarm
+        └── TurnFailed             the engine or its agent failed while it ran
+
+Catch `SlotswarmError` to catch them all.
+"""
+
+
+class SlotswarmError(Exception):
+    pass
+
+
+class ConfigError(SlotswarmError):
+    pass
+
+
+class ModelError(SlotswarmError):
+    pass
+
+
+class ModelFormatError(ModelError):
+    pass
+
+
+class UnsupportedModelError(ModelError):
+    pass
+
+
+class DeviceError(SlotswarmError):
+    pass
+
+
+class ActorError(SlotswarmError):
+    pass
+
+
+class ActorCrashed(ActorError):
+    pass
+
+
+class UnhandledMessage(ActorError):
+    pass
+
+
+class AskTimeout(ActorError):
+    pass
+
+
+class WaitCycle(ActorError):
+    pass
+
+
+class TurnError(SlotswarmError):
+    pass
+
+
+class TurnCancelled(TurnError):
+    pass
+
+
+class TurnFailed(TurnError):
+    pass
