@@ -1,0 +1,178 @@
+"""A readable NumPy float32 forward pass of a llama model, top to bottom (llama2.c style).
+
+It is the yardstick the OpenCL engine is tested against, not a fast path: every weight is
+dequantized to float32 once, and the KV cache is one contiguous array per layer.
+
+    ref = ReferenceModel(load_model(path))
+    ids = ref.generate(prompt_ids, max_tokens=20, sampling=GREEDY)
+
+Conventions the engine must share:
+- RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each head by pos * base^(-2i/head_dim)
+  (ggml rope mode 0; llama.cpp's converter permuted Q and K so this is right for GGUF llamas).
+- Query head h reads KV head h // (n_heads // n_kv_heads).
+- Sampling position: the k-th new token after an n-token prompt is sampled with
+  position n + k, the position it will occupy (see gpu/sampling.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Collection
+
+import numpy as np
+
+from gpu.model import Model, ModelConfig
+from gpu.sampling import sample
+from runtime.engine import GREEDY, Sampling
+
+
+@dataclass
+class ReferenceCache:
+    """K and V of every position so far, per layer: (length, n_kv_heads, head_dim) float32."""
+
+    config: ModelConfig
+    k: list[np.ndarray] = field(default_factory=list)
+    v: list[np.ndarray] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, config: ModelConfig) -> ReferenceCache:
+        empty = np.zeros((0, config.n_kv_heads, config.head_dim), dtype=np.float32)
+        return cls(config, [empty] * config.n_layers, [empty] * config.n_layers)
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[0]
+
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.k[layer] = np.concatenate([self.k[layer], k])
+        self.v[layer] = np.concatenate([self.v[layer], v])
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray  # (d,)
+    wq: np.ndarray  # (n_heads*head_dim, d)
+    wk: np.ndarray  # (n_kv_heads*head_dim, d)
+    wv: np.ndarray  # (n_kv_heads*head_dim, d)
+    wo: np.ndarray  # (d, n_heads*head_dim)
+    ffn_norm: np.ndarray  # (d,)
+    w_gate: np.ndarray  # (d_ff, d)
+    w_up: np.ndarray  # (d_ff, d)
+    w_down: np.ndarray  # (d, d_ff)
+
+
+class ReferenceModel:
+    def __init__(self, model: Model) -> None:
+        self.config = c = model.config
+        w = lambda name: model.tensor(name).dequantize()  # noqa: E731
+        self.embedding = w("token_embd.weight")  # (vocab, d)
+        self.layers = [
+            Layer(
+                attn_norm=w(f"blk.{i}.attn_norm.weight"),
+                wq=w(f"blk.{i}.attn_q.weight"),
+                wk=w(f"blk.{i}.attn_k.weight"),
+                wv=w(f"blk.{i}.attn_v.weight"),
+                wo=w(f"blk.{i}.attn_output.weight"),
+                ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
+                w_gate=w(f"blk.{i}.ffn_gate.weight"),
+                w_up=w(f"blk.{i}.ffn_up.weight"),
+                w_down=w(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(c.n_layers)
+        ]
+        self.output_norm = w("output_norm.weight")
+        self.output = self.embedding if model.tied else model.output_weight().dequantize()
+        # theta_i = base^(-2i/head_dim) for each adjacent pair i of a head
+        self.inv_freq = c.rope_base ** (-np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim)
+
+    def new_cache(self) -> ReferenceCache:
+        return ReferenceCache.new(self.config)
+
+    def forward(self, tokens: list[int], start: int, cache: ReferenceCache) -> np.ndarray:
+        """Logits (len(tokens), vocab) for tokens at positions start.., appending their K/V to
+        `cache`, which must already hold exactly the positions before `start`."""
+        c = self.config
+        if start != cache.length:
+            raise ValueError(f"forward at position {start}, but the cache holds {cache.length} positions")
+        T = len(tokens)
+        positions = np.arange(start, start + T)
+        x = self.embedding[np.asarray(tokens)]  # (T, d)
+
+        for i, layer in enumerate(self.layers):
+            # ---- attention
+            h = rmsnorm(x, layer.attn_norm, c.norm_eps)
+            q = (h @ layer.wq.T).reshape(T, c.n_heads, c.head_dim)
+            k = (h @ layer.wk.T).reshape(T, c.n_kv_heads, c.head_dim)
+            v = (h @ layer.wv.T).reshape(T, c.n_kv_heads, c.head_dim)
+            q = rope(q, positions, self.inv_freq)
+            k = rope(k, positions, self.inv_freq)
+            cache.append(i, k, v)
+            att = attention(q, cache.k[i], cache.v[i], start)  # (T, n_heads, head_dim)
+            x = x + att.reshape(T, c.q_dim) @ layer.wo.T
+
+            # ---- feed-forward (SwiGLU)
+            h = rmsnorm(x, layer.ffn_norm, c.norm_eps)
+            x = x + (silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+
+        x = rmsnorm(x, self.output_norm, c.norm_eps)
+        return x @ self.output.T  # (T, vocab)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling = GREEDY,
+        *,
+        stop_ids: Collection[int] = (),
+    ) -> list[int]:
+        """Up to `max_tokens` new tokens after the prompt; stops after emitting one of `stop_ids`
+        (which is included). The k-th new token is sampled with position len(prompt_ids) + k."""
+        cache = self.new_cache()
+        logits = self.forward(list(prompt_ids), 0, cache)[-1]
+        out: list[int] = []
+        for k in range(max_tokens):
+            position = len(prompt_ids) + k
+            token = sample(logits, sampling, position)
+            out.append(token)
+            if token in stop_ids or k == max_tokens - 1:
+                break
+            logits = self.forward([token], position, cache)[-1]
+        return out
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate each adjacent pair (x[2i], x[2i+1]) of every head by angle position * inv_freq[i].
+    x: (T, heads, head_dim)."""
+    angle = positions[:, None] * inv_freq[None, :]  # (T, head_dim/2), float64 for exact angles
+    cos = np.cos(angle).astype(np.float32)[:, None, :]
+    sin = np.sin(angle).astype(np.float32)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal grouped-query attention. q: (T, n_heads, hd) for positions start..start+T-1;
+    k, v: (start+T, n_kv_heads, hd), every position so far."""
+    T, n_heads, hd = q.shape
+    group = n_heads // k.shape[1]
+    k = np.repeat(k, group, axis=1)  # query head h reads KV head h // group
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("thd,shd->hts", q, k) / np.float32(np.sqrt(hd))  # (heads, T, S)
+    S = k.shape[0]
+    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # key after query
+    scores = np.where(future[None], -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("hts,shd->thd", weights, v).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))

@@ -1,0 +1,88 @@
+"""Pick the next token from a row of logits: greedy, or temperature + top-p (nucleus).
+
+Sampling is a pure function of (logits, sampling, position). The one random number a draw uses
+comes from a counter-based generator keyed by the turn's seed and the position, so a turn paused,
+swapped out and resumed draws exactly what it would have drawn unpaused, whatever else shared
+its batches.
+
+`position` is the position the sampled token will occupy in the turn's sequence: the k-th new
+token after an n-token prompt (k from 0) is sampled with position n + k. For a forward pass over
+tokens at positions start..start+m-1 that samples from its last logits, position = start + m.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from runtime.engine import Sampling
+
+_FIRST_CANDIDATES = 64  # top-p looks at this many best tokens first, and doubles if short
+
+
+def uniform(seed: int, position: int) -> float:
+    """The draw in [0, 1) for (seed, position): Philox keyed by the seed, counter = position."""
+    key = seed & 0xFFFF_FFFF_FFFF_FFFF
+    rng = np.random.Generator(np.random.Philox(key=key, counter=position & 0xFFFF_FFFF_FFFF_FFFF))
+    return float(rng.random())
+
+
+def sample(logits: np.ndarray, sampling: Sampling, position: int) -> int:
+    logits = np.asarray(logits).reshape(-1)
+    if sampling.greedy:
+        return int(np.argmax(logits))  # the lowest index among equal maxima
+    return _sample_top_p(logits, sampling, position)
+
+
+def sample_batch(
+    logits: np.ndarray, samplings: Sequence[Sampling], positions: Sequence[int]
+) -> list[int]:
+    """One token per row of `logits` (B, V), with each row's own sampling and position."""
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[0] != len(samplings) or len(samplings) != len(positions):
+        raise ValueError(
+            f"logits {logits.shape} do not match {len(samplings)} samplings / {len(positions)} positions"
+        )
+    greedy = np.argmax(logits, axis=1)
+    return [
+        int(greedy[i]) if s.greedy else _sample_top_p(logits[i], s, p)
+        for i, (s, p) in enumerate(zip(samplings, positions))
+    ]
+
+
+def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(logits / temperature) in float64."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z -= z.max()
+    p = np.exp(z)
+    return p / p.sum()
+
+
+def _sample_top_p(logits: np.ndarray, sampling: Sampling, position: int) -> int:
+    p = probabilities(logits, sampling.temperature)
+    u = uniform(sampling.seed, position)
+    if sampling.top_p >= 1.0:
+        return _pick(np.arange(p.size), p, u)
+    nucleus = _nucleus(p, sampling.top_p)
+    return _pick(nucleus, p[nucleus], u)
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """The fewest most-probable token ids whose probabilities sum to at least top_p, best first
+    (ties broken by lower id). Looks at a few candidates first instead of sorting the whole vocab."""
+    k = min(_FIRST_CANDIDATES, p.size)
+    while True:
+        top = np.argpartition(-p, k - 1)[:k] if k < p.size else np.arange(p.size)
+        top = top[np.lexsort((top, -p[top]))]  # by probability descending, then id ascending
+        cumulative = np.cumsum(p[top])
+        if cumulative[-1] >= top_p or k == p.size:
+            n = int(np.searchsorted(cumulative, top_p)) + 1  # include the token crossing top_p
+            return top[: min(n, k)]
+        k = min(2 * k, p.size)
+
+
+def _pick(ids: np.ndarray, weights: np.ndarray, u: float) -> int:
+    cumulative = np.cumsum(weights)
+    i = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    return int(ids[min(i, ids.size - 1)])

@@ -1,0 +1,237 @@
+"""The model's own tokenizer and chat template, rebuilt from GGUF metadata.
+
+    tok = Tokenizer.from_model(model)
+    ids = tok.chat([{"role": "user", "content": "Hi"}])   # rendered template, encoded
+    stream = tok.stream()
+    for t in new_tokens: print(stream.push(t), end="")   # never splits a UTF-8 character
+
+The GGUF holds a GPT-2 style byte-level BPE (`tokenizer.ggml.model` = "gpt2"): the token strings
+spell bytes with GPT-2's byte-to-unicode table ("Ġ" is a space), and `tokenizer.ggml.merges` lists
+the merges in priority order. We hand both to the `tokenizers` library. Control tokens
+(token_type 3, e.g. <|im_start|>) become special added tokens, so they are matched as whole
+tokens wherever they appear in the text — that is what makes a rendered chat template encode right.
+"""
+
+from __future__ import annotations
+
+import codecs
+from functools import lru_cache
+from typing import Iterable, Mapping, Sequence
+
+import gguf
+import jinja2
+import jinja2.sandbox
+from tokenizers import AddedToken, Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from gpu.model import Model
+from runtime.errors import ModelFormatError, UnsupportedModelError
+
+# Pre-tokenizers by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp groups them. The
+# StarCoder family (SmolLM among them) splits every digit on its own before GPT-2's regex.
+_DIGIT_SPLITTING = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+_PLAIN_GPT2 = {"gpt2", "default", ""}
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table from each byte to a printable character (printable bytes map to themselves)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        merges: Sequence[str],
+        *,
+        bos_id: int,
+        eos_id: int,
+        pre: str = "gpt2",
+        chat_template: str | None = None,
+        name: str = "model",
+    ) -> None:
+        self.name = name
+        self.vocab_size = len(tokens)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self._token_bytes = _token_bytes(tokens, token_types)
+        self._hf = _build_bpe(tokens, token_types, merges, pre, name)
+        index = {t: i for i, t in enumerate(tokens)}
+        ends = {eos_id} | {index[t] for t in END_OF_TURN_TOKENS if t in index}
+        self.eos_ids: frozenset[int] = frozenset(ends)
+        self.special_ids: frozenset[int] = frozenset(
+            i for i, t in enumerate(token_types) if t == gguf.TokenType.CONTROL
+        )
+        self._tokens = list(tokens)
+        self._template = _compile_template(chat_template, name) if chat_template else None
+
+    @classmethod
+    def from_model(cls, model: Model) -> Tokenizer:
+        md = model.metadata
+
+        def need(key: str) -> object:
+            if key not in md:
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} is missing")
+            return md[key]
+
+        kind = need("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise UnsupportedModelError(
+                f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE, 'gpt2')"
+            )
+        tokens = need("tokenizer.ggml.tokens")
+        types = md.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens)  # type: ignore[arg-type]
+        if len(tokens) != model.config.vocab_size:  # type: ignore[arg-type]
+            raise ModelFormatError(
+                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "  # type: ignore[arg-type]
+                f"{model.config.vocab_size}"
+            )
+        return cls(
+            tokens,  # type: ignore[arg-type]
+            types,  # type: ignore[arg-type]
+            need("tokenizer.ggml.merges"),  # type: ignore[arg-type]
+            bos_id=int(need("tokenizer.ggml.bos_token_id")),  # type: ignore[arg-type]
+            eos_id=int(need("tokenizer.ggml.eos_token_id")),  # type: ignore[arg-type]
+            pre=str(md.get("tokenizer.ggml.pre", "gpt2")),
+            chat_template=md.get("tokenizer.chat_template"),  # type: ignore[arg-type]
+            name=str(model.path),
+        )
+
+    # ------------------------------------------------------------------ text <-> ids
+
+    def encode(self, text: str) -> list[int]:
+        """Ids for `text`, no BOS added. Control-token spellings in the text become control tokens."""
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text for `ids`; the exact inverse of `encode` on valid UTF-8. Invalid byte runs
+        (a character cut off mid-way) decode to U+FFFD."""
+        data = b"".join(
+            self.token_bytes(i) for i in ids if not (skip_special and i in self.special_ids)
+        )
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self._token_bytes[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary spelling (byte-level, e.g. 'Ġworld'), for debugging."""
+        return self._tokens[token_id]
+
+    def stream(self, *, skip_special: bool = True) -> TextStream:
+        return TextStream(self, skip_special=skip_special)
+
+    # ------------------------------------------------------------------ chat
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ModelFormatError(f"{self.name}: the model has no tokenizer.chat_template")
+        return self._template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._tokens[self.bos_id],
+            eos_token=self._tokens[self.eos_id],
+        )
+
+    def chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """The model's own chat template rendered over `messages`, then encoded."""
+        return self.encode(self.render_chat(messages, add_generation_prompt))
+
+
+class TextStream:
+    """Turns token ids, one at a time, into text pieces. A UTF-8 character split across tokens
+    (emoji, CJK) is held back until its last byte arrives, so the pieces concatenate to exactly
+    `tokenizer.decode(ids)` (modulo skipped control tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        if self._skip_special and token_id in self._tokenizer.special_ids:
+            return ""
+        return self._decoder.decode(self._tokenizer.token_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character comes out as U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
+
+
+# ---------------------------------------------------------------------- building
+
+
+def _token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    out = []
+    for text, kind in zip(tokens, types):
+        if kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED):
+            out.append(text.encode("utf-8"))  # spelled literally, not byte-level
+        else:
+            out.append(bytes(to_byte[c] if c in to_byte else ord(c) & 0xFF for c in text))
+    return out
+
+
+def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str], pre: str, name: str) -> HFTokenizer:
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise ModelFormatError(f"{name}: malformed BPE merge {m!r}")
+        pairs.append((a, b))
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGIT_SPLITTING:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in _PLAIN_GPT2:
+        tok.pre_tokenizer = byte_level
+    else:
+        raise UnsupportedModelError(
+            f"{name}: pre-tokenizer {pre!r} is not supported "
+            f"(supported: {', '.join(sorted(_DIGIT_SPLITTING | _PLAIN_GPT2 - {''}))})"
+        )
+    tok.decoder = decoders.ByteLevel()
+    control = [
+        AddedToken(t, special=True, normalized=False)
+        for t, kind in zip(tokens, types)
+        if kind == gguf.TokenType.CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, kind in zip(tokens, types)
+        if kind == gguf.TokenType.USER_DEFINED
+    ]
+    tok.add_special_tokens(control)
+    if user:
+        tok.add_tokens(user)
+    return tok
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _compile_template(source: str, name: str) -> jinja2.Template:
+    # The same environment Hugging Face's apply_chat_template uses: sandboxed (the template
+    # comes from a downloaded file), blocks trimmed, and a raise_exception() helper.
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise ModelFormatError(f"{name}: tokenizer.chat_template does not compile ({e})") from e
