@@ -70,7 +70,8 @@ def write_tiny_gguf(
     """Write a randomly initialised llama GGUF and return its path.
 
     Matrices are N(0, 1/cols) so every projection keeps activations near unit scale; the
-    embedding is N(0, 0.5^2) so the (tied) output head gives peaked but not one-hot logits.
+    embedding is N(0, 0.15^2), small next to the layers' output, so logits (std ~1) depend on
+    context and sampling at temperature 1 spreads over many tokens.
     `weight_type` applies to the layer matrices, `embed_type` to token_embd (and output.weight
     when untied); norms are F32 as llama.cpp writes them. Quantized dims must be multiples of 32.
     """
@@ -118,7 +119,7 @@ def write_tiny_gguf(
     def norm() -> np.ndarray:
         return (1.0 + rng.normal(0.0, 0.1, size=d_model)).astype(np.float32)
 
-    add("token_embd.weight", matrix(vocab, d_model, 0.5), embed_type)
+    add("token_embd.weight", matrix(vocab, d_model, 0.15), embed_type)
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     for i in range(n_layers):
         add(f"blk.{i}.attn_norm.weight", norm(), Q.F32)
@@ -132,7 +133,7 @@ def write_tiny_gguf(
         add(f"blk.{i}.ffn_down.weight", matrix(d_model, d_ff, d_ff**-0.5), weight_type)
     add("output_norm.weight", norm(), Q.F32)
     if not tied:
-        add("output.weight", matrix(vocab, d_model, 0.5), embed_type)
+        add("output.weight", matrix(vocab, d_model, 0.15), embed_type)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
