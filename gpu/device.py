@@ -1,0 +1,135 @@
+"""Pick an OpenCL device and build programs for it.
+
+Choice, first that applies: an explicit spec (argument, `--device` flag or the
+session config), the `PYOPENCL_CTX` environment variable, else the first GPU of
+any platform, else the first device at all (the CPU through PoCL). A spec is
+"platform:device" where each part is an index or a case-insensitive substring
+of the name; a spec without a colon matches a device on any platform.
+
+Compiled programs are cached between runs by pyopencl's binary cache
+(`PYOPENCL_CACHE_DIR`, default under the user cache dir).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from runtime.errors import DeviceError
+
+INSTALL_HINT = 'pip install "pyopencl[pocl]" gives a CPU device'
+
+
+@dataclass
+class Device:
+    """A chosen OpenCL device with its context and in-order queue."""
+
+    device: cl.Device
+    context: cl.Context
+    queue: cl.CommandQueue
+
+    @property
+    def name(self) -> str:
+        return f"{self.device.platform.name.strip()}: {self.device.name.strip()}"
+
+    @property
+    def is_cpu(self) -> bool:
+        return bool(self.device.type & cl.device_type.CPU)
+
+    @property
+    def global_mem(self) -> int:
+        return int(self.device.global_mem_size)
+
+    def build(self, source: str, options: list[str] | None = None) -> cl.Program:
+        """Compile `source`; a failure raises DeviceError carrying the build log."""
+        _enable_binary_cache()
+        try:
+            return cl.Program(self.context, source).build(options=options or [])
+        except cl.Error as exc:
+            raise DeviceError(f"OpenCL kernel build failed on {self.name}:\n{exc}") from exc
+
+    def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+        """Measured device-to-device copy rate in bytes/s (read + write counted)."""
+        src = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+        dst = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+        cl.enqueue_fill_buffer(self.queue, src, np.uint8(1), 0, nbytes)
+        cl.enqueue_copy(self.queue, dst, src).wait()
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            cl.enqueue_copy(self.queue, dst, src).wait()
+            best = min(best, time.perf_counter() - t0)
+        src.release()
+        dst.release()
+        return 2 * nbytes / best
+
+
+def _enable_binary_cache() -> None:
+    # pyopencl caches compiled binaries unless told not to; make sure nobody did.
+    os.environ.pop("PYOPENCL_NO_CACHE", None)
+
+
+def list_devices() -> list[tuple[int, int, cl.Platform, cl.Device]]:
+    """Every (platform index, device index, platform, device) found."""
+    found = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    for pi, platform in enumerate(platforms):
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for di, device in enumerate(devices):
+            found.append((pi, di, platform, device))
+    return found
+
+
+def describe_devices() -> str:
+    found = list_devices()
+    if not found:
+        return "no OpenCL platforms or devices found"
+    return "; ".join(f"{pi}:{di} {p.name.strip()} / {d.name.strip()}" for pi, di, p, d in found)
+
+
+def _matches(part: str, index: int, name: str) -> bool:
+    part = part.strip()
+    if part == "":
+        return True
+    if part.isdigit():
+        return int(part) == index
+    return part.lower() in name.lower()
+
+
+def _pick(spec: str) -> cl.Device:
+    plat_part, _, dev_part = spec.partition(":") if ":" in spec else ("", "", spec)
+    for pi, di, platform, device in list_devices():
+        if _matches(plat_part, pi, platform.name) and _matches(dev_part, di, device.name):
+            return device
+    raise DeviceError(f"no OpenCL device matches {spec!r}; found: {describe_devices()}")
+
+
+def select_device(spec: str | None = None) -> Device:
+    """Choose a device (see the module doc) and open a context and queue on it."""
+    spec = spec or os.environ.get("PYOPENCL_CTX") or None
+    if spec:
+        device = _pick(spec)
+    else:
+        found = list_devices()
+        if not found:
+            raise DeviceError(f"no usable OpenCL device: {describe_devices()}. {INSTALL_HINT}")
+        gpus = [d for _, _, _, d in found if d.type & cl.device_type.GPU]
+        device = (gpus or [d for _, _, _, d in found])[0]
+    try:
+        context = cl.Context([device])
+        queue = cl.CommandQueue(context, device)
+    except cl.Error as exc:
+        raise DeviceError(
+            f"cannot open OpenCL device {device.name.strip()}: {exc}; found: {describe_devices()}. {INSTALL_HINT}"
+        ) from exc
+    return Device(device, context, queue)

@@ -1,0 +1,249 @@
+"""The OpenCL decode engine: a Llama forward pass over a paged KV pool.
+
+One `step` runs any mix of prefill chunks and decodes, for any subset of turns
+at any positions, as ONE flat batch of tokens: every weight is read once per
+step whatever the batch holds. Per layer (x is the residual stream, [T, d]):
+
+    xn  = rmsnorm(x) * attn_norm
+    qkv = xn @ [Wq | Wk | Wv]^T                    one matmul for all three
+    q, k = rope(q, k); K/V cache[pos] = k, v       through each turn's block table
+    x  += attention(q, K, V) @ Wo^T                causal, grouped-query; residual fused
+    xn  = rmsnorm(x) * ffn_norm
+    h   = silu(xn @ Wgate^T) * (xn @ Wup^T)        one fused kernel
+    x  += h @ Wdown^T                              residual fused
+
+then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T. The
+whole step is enqueued without a host sync; the logits are the one read-back.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import numpy as np
+import pyopencl as cl
+
+from gpu.device import Device, select_device
+from gpu.kvcache import KVPool, choose_num_blocks
+from gpu.model import Model, load_model
+from gpu.weights import DeviceMatrix, upload_weights
+from kernels import source
+from runtime.engine import Work
+from runtime.errors import UnsupportedModelError
+
+i32 = np.int32
+RW = cl.mem_flags.READ_WRITE
+
+
+def _tile(ncols: int) -> int:
+    """The matmul kernel variant: how many batch columns one weight read serves."""
+    return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8
+
+
+class OpenCLEngine:
+    """Implements `runtime.engine.Engine` on an OpenCL device."""
+
+    def __init__(
+        self,
+        model: str | Model,
+        *,
+        device: str | Device | None = None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_fraction: float = 0.25,
+        max_batch_tokens: int = 256,
+    ):
+        self.model = model if isinstance(model, Model) else load_model(model)
+        cfg = self.config = self.model.config
+        if cfg.head_dim % 16 or cfg.d_model % 32 or cfg.d_ff % 32 or cfg.n_heads % cfg.n_kv_heads:
+            raise UnsupportedModelError(
+                f"{self.model.path}: the kernels need head_dim % 16 == 0, d_model and d_ff % 32 == 0 "
+                f"and n_heads a multiple of n_kv_heads (got {cfg})"
+            )
+        self.device = device if isinstance(device, Device) else select_device(device)
+        self.device_name = self.device.name
+        self.block_size = block_size
+        self.num_blocks = num_blocks or choose_num_blocks(self.device, cfg, block_size, kv_fraction)
+        self.max_batch_tokens = max_batch_tokens
+        self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
+        self.weights = upload_weights(self.device.context, self.model)
+        self._build()
+        self._allocate(max_batch_tokens)
+
+    # ------------------------------------------------------------------ setup
+
+    def _build(self) -> None:
+        cfg = self.config
+        options = [
+            f"-DHEAD_DIM={cfg.head_dim}",
+            f"-DN_HEADS={cfg.n_heads}",
+            f"-DN_KV_HEADS={cfg.n_kv_heads}",
+            f"-DN_LAYERS={cfg.n_layers}",
+            f"-DBLOCK_SIZE={self.block_size}",
+        ]
+        program = self.device.build(source("matmul") + "\n" + source("transformer"), options)
+        self._kernels = {k.function_name: k for k in program.all_kernels()}
+
+    def _allocate(self, t: int) -> None:
+        """Buffers for a step of up to `t` tokens, made once."""
+        cfg, ctx = self.config, self.device.context
+        f = lambda n: cl.Buffer(ctx, RW, 4 * n)  # noqa: E731
+        qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self._x, self._xn = f(t * cfg.d_model), f(t * cfg.d_model)
+        self._qkv, self._att = f(t * qkv_dim), f(t * cfg.n_heads * cfg.head_dim)
+        self._h = f(t * cfg.d_ff)
+        self._tokens, self._pos, self._seq, self._sample_rows = f(t), f(t), f(t), f(t)
+        self._all_rows = cl.Buffer(
+            ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.arange(t, dtype=i32)
+        )
+        inv_freq = cfg.rope_base ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+        self._inv_freq = cl.Buffer(
+            ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=inv_freq.astype(np.float32)
+        )
+        self._tables, self._tables_size = f(1), 1
+        self._logits, self._logits_rows = f(cfg.vocab_size), 1
+
+    def _grow(self, tables_size: int, logits_rows: int) -> None:
+        ctx = self.device.context
+        if tables_size > self._tables_size:
+            self._tables, self._tables_size = cl.Buffer(ctx, RW, 4 * tables_size), tables_size
+        if logits_rows > self._logits_rows:
+            self._logits = cl.Buffer(ctx, RW, 4 * logits_rows * self.config.vocab_size)
+            self._logits_rows = logits_rows
+
+    # --------------------------------------------------------------- protocol
+
+    @functools.cached_property
+    def tokenizer(self):
+        from gpu.tokenizer import Tokenizer
+
+        return Tokenizer.from_model(self.model)
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.eos_ids)
+
+    def step(self, batch: Sequence[Work]) -> list[int | None]:
+        from gpu.sampling import sample_batch
+
+        logits = self.step_logits(batch)
+        sampled = [w for w in batch if w.sample]
+        tokens = iter(
+            sample_batch(logits, [w.sampling for w in sampled], [w.start + len(w.tokens) for w in sampled])
+            if sampled
+            else []
+        )
+        return [int(next(tokens)) if w.sample else None for w in batch]
+
+    def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
+        self.kv.swap_out(turn, blocks, length)
+
+    def swap_in(self, turn: int, blocks: Sequence[int]) -> None:
+        self.kv.swap_in(turn, blocks)
+
+    def forget(self, turn: int) -> None:
+        self.kv.forget(turn)
+
+    # ------------------------------------------------------------------ steps
+
+    def step_logits(self, batch: Sequence[Work]) -> np.ndarray:
+        """Run a step; the logits (n_sampled, vocab) at the last position of each
+        item with `sample` set, in batch order. Writes K/V like `step`."""
+        self._check(batch)
+        tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
+        pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
+        seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
+        width = max(len(w.block_table) for w in batch)
+        tables = np.zeros((len(batch), width), dtype=i32)
+        for s, w in enumerate(batch):
+            tables[s, : len(w.block_table)] = w.block_table
+        ends = np.cumsum([len(w.tokens) for w in batch]) - 1
+        sample_at = np.array([e for e, w in zip(ends, batch) if w.sample], dtype=i32)
+
+        # A step longer than the buffers runs as consecutive sub-steps; that is
+        # exact, since a later sub-step sees the K/V the earlier ones stored.
+        out = []
+        m = self.max_batch_tokens
+        for c0 in range(0, len(tokens), m):
+            c1 = min(c0 + m, len(tokens))
+            rows = sample_at[(sample_at >= c0) & (sample_at < c1)] - c0
+            logits = self._forward(tokens[c0:c1], pos[c0:c1], seq[c0:c1], tables, rows.astype(i32))
+            if logits is not None:
+                out.append(logits)
+        if not out:
+            return np.zeros((0, self.config.vocab_size), np.float32)
+        return np.concatenate(out)
+
+    def _check(self, batch: Sequence[Work]) -> None:
+        if not batch:
+            raise ValueError("an engine step needs at least one Work item")
+        turns = [w.turn for w in batch]
+        if len(set(turns)) != len(turns):
+            raise ValueError(f"a step may hold at most one Work per turn, got turns {turns}")
+        vocab, ctx = self.config.vocab_size, self.config.context_length
+        for w in batch:
+            if not w.tokens:
+                raise ValueError(f"turn {w.turn}: Work with no tokens")
+            if w.start < 0:
+                raise ValueError(f"turn {w.turn}: negative start {w.start}")
+            end = w.start + len(w.tokens)
+            if end > ctx:
+                raise ValueError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")
+            if min(w.tokens) < 0 or max(w.tokens) >= vocab:
+                raise ValueError(f"turn {w.turn}: token ids must be in [0, {vocab})")
+            need = -(-end // self.block_size)
+            if len(w.block_table) < need:
+                raise ValueError(
+                    f"turn {w.turn}: block table of {len(w.block_table)} blocks covers "
+                    f"{len(w.block_table) * self.block_size} positions, the work reaches position {end - 1}"
+                )
+            self.kv.check_blocks(w.block_table[:need], f"turn {w.turn}")
+
+    def _forward(self, tokens, pos, seq, tables, sample_rows) -> np.ndarray | None:
+        cfg, q, k = self.config, self.device.queue, self._kernels
+        t = len(tokens)
+        self._grow(tables.size, len(sample_rows))
+        for buf, arr in ((self._tokens, tokens), (self._pos, pos), (self._seq, seq), (self._tables, tables)):
+            cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
+        if len(sample_rows):
+            cl.enqueue_copy(q, self._sample_rows, sample_rows, is_blocking=False)
+        width, eps, d = i32(tables.shape[1]), np.float32(cfg.norm_eps), i32(cfg.d_model)
+        kv_heads = cfg.n_heads + 2 * cfg.n_kv_heads
+
+        W = self.weights
+        k[f"embed_{W.embed.kind}"](q, (cfg.d_model // 32, t), None, W.embed.qs, W.embed.dm, self._tokens, self._x, d)
+        for layer, L in enumerate(W.layers):
+            k["rmsnorm"](q, (t,), None, self._x, self._all_rows, L.attn_norm, self._xn, d, eps)
+            self._matmul(L.qkv, self._xn, self._qkv, t)
+            k["rope_store_kv"](
+                q, (cfg.head_dim // 2, kv_heads, t), None, self._qkv, self._pos, self._seq, self._tables,
+                width, self._inv_freq, self.kv.k, self.kv.v, i32(layer),
+            )  # fmt: skip
+            k["attention"](
+                q, (cfg.n_heads, t), None, self._qkv, self._pos, self._seq, self._tables, width,
+                self.kv.k, self.kv.v, self._att, i32(layer),
+            )  # fmt: skip
+            self._matmul(L.out, self._att, self._x, t, accumulate=True)
+            k["rmsnorm"](q, (t,), None, self._x, self._all_rows, L.ffn_norm, self._xn, d, eps)
+            self._swiglu(L.gate_up, self._xn, self._h, t)
+            self._matmul(L.down, self._h, self._x, t, accumulate=True)
+
+        n = len(sample_rows)
+        if n == 0:
+            q.finish()
+            return None
+        k["rmsnorm"](q, (n,), None, self._x, self._sample_rows, W.output_norm, self._xn, d, eps)
+        self._matmul(W.output, self._xn, self._logits, n)
+        logits = np.empty((n, cfg.vocab_size), np.float32)
+        cl.enqueue_copy(q, logits, self._logits, is_blocking=True)
+        return logits
+
+    def _matmul(self, w: DeviceMatrix, x: cl.Buffer, y: cl.Buffer, ncols: int, accumulate: bool = False) -> None:
+        kernel = self._kernels[f"matmul_{w.kind}_t{_tile(ncols)}"]
+        kernel(self.device.queue, (w.rows,), None, w.qs, w.dm, x, y, i32(w.rows), i32(w.cols), i32(ncols), i32(accumulate))
+
+    def _swiglu(self, w: DeviceMatrix, x: cl.Buffer, y: cl.Buffer, ncols: int) -> None:
+        rows = w.rows // 2
+        kernel = self._kernels[f"swiglu_{w.kind}_t{_tile(ncols)}"]
+        kernel(self.device.queue, (rows,), None, w.qs, w.dm, x, y, i32(rows), i32(w.cols), i32(ncols))
