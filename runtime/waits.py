@@ -1,0 +1,212 @@
+"""Who waits on whom, and the priority that follows from it.
+
+An agent that waits on another (an ask in flight, a Lock held by someone else)
+lends it its priority: the holder runs at the highest priority of everyone
+waiting on it, transitively. If A (foreground) waits on B and B waits on C, C
+runs at foreground until the waits end. Without this, a background agent holding
+something a foreground agent needs would be starved by unrelated middle-priority
+work: the priority inversion that hung Mars Pathfinder.
+
+    effective(x) = max(base(x), effective(w) for every w waiting on x)
+
+The graph never holds a cycle: a wait that would close one raises WaitCycle
+naming the whole chain, so two agents waiting on each other fail at once
+instead of hanging forever.
+
+This is a plain synchronous object; it emits nothing itself. Whoever owns it
+passes `on_change(agent, effective, inherited, from_agent)`, called exactly when
+`inherited(agent)` changes: `inherited` is the borrowed priority, or None when
+the agent is back at its base priority; `from_agent` is the agent whose base
+priority it borrowed (the origin of the chain, not the direct waiter), or None.
+"""
+
+from __future__ import annotations
+
+import collections
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from runtime.errors import WaitCycle
+from runtime.priority import BACKGROUND
+
+OnChange = Callable[[str, int, "int | None", "str | None"], None]
+
+
+class WaitHandle:
+    """One wait, as returned by `WaitGraph.wait`; give it back to `release`."""
+
+    __slots__ = ("waiter", "holder", "released")
+
+    def __init__(self, waiter: str, holder: str) -> None:
+        self.waiter = waiter
+        self.holder = holder
+        self.released = False
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "active"
+        return f"<WaitHandle {self.waiter} -> {self.holder} {state}>"
+
+
+class WaitGraph:
+    def __init__(self, on_change: OnChange | None = None) -> None:
+        self._on_change = on_change
+        self._base: dict[str, int] = {}
+        # Edges are counted: two concurrent asks from A to B are two waits, and
+        # the edge lives until both end.
+        self._holders: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self._waiters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        # Cached (effective, origin) for agents that currently inherit; any
+        # agent missing here runs at its base priority.
+        self._lent: dict[str, tuple[int, str]] = {}
+
+    # ---- reading ----------------------------------------------------------
+
+    def base(self, agent: str) -> int:
+        return self._base.get(agent, BACKGROUND)
+
+    def effective(self, agent: str) -> int:
+        lent = self._lent.get(agent)
+        return lent[0] if lent else self.base(agent)
+
+    def inherited(self, agent: str) -> int | None:
+        """The priority borrowed from a waiter, or None when running at base."""
+        lent = self._lent.get(agent)
+        return lent[0] if lent else None
+
+    def inherited_from(self, agent: str) -> str | None:
+        """The agent whose base priority `agent` currently runs at, if borrowed."""
+        lent = self._lent.get(agent)
+        return lent[1] if lent else None
+
+    def holders_of(self, waiter: str) -> frozenset[str]:
+        """Everyone `waiter` is directly waiting on."""
+        return frozenset(self._holders.get(waiter, ()))
+
+    def waiters_of(self, holder: str) -> frozenset[str]:
+        """Everyone directly waiting on `holder`."""
+        return frozenset(self._waiters.get(holder, ()))
+
+    def edges(self) -> dict[tuple[str, str], int]:
+        """Every (waiter, holder) pair with its count of active waits."""
+        return {(w, h): n for w, hs in self._holders.items() for h, n in hs.items()}
+
+    # ---- changing ---------------------------------------------------------
+
+    def set_base(self, agent: str, priority: int) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise TypeError(f"priority of {agent!r} must be an int, got {priority!r}")
+        self._base[agent] = priority
+        self._update(agent)
+
+    def wait(self, waiter: str, holder: str) -> WaitHandle:
+        """Record that `waiter` waits on `holder`. Raises WaitCycle, recording
+        nothing, if `holder` already waits (transitively) on `waiter`."""
+        chain = self._path(holder, waiter)
+        if chain is not None:
+            chain = [waiter, *chain]
+            err = WaitCycle(f"{waiter!r} waiting on {holder!r} would close a cycle: {' -> '.join(chain)}")
+            err.chain = chain  # type: ignore[attr-defined]
+            raise err
+        self._holders[waiter][holder] += 1
+        self._waiters[holder][waiter] += 1
+        self._update(holder)
+        return WaitHandle(waiter, holder)
+
+    def release(self, handle: WaitHandle) -> None:
+        """End a wait. Releasing the same handle twice is harmless."""
+        if handle.released:
+            return
+        handle.released = True
+        waiter, holder = handle.waiter, handle.holder
+        _decrement(self._holders, waiter, holder)
+        _decrement(self._waiters, holder, waiter)
+        self._update(holder)
+
+    @contextmanager
+    def waiting(self, waiter: str, holder: str) -> Iterator[WaitHandle]:
+        handle = self.wait(waiter, holder)
+        try:
+            yield handle
+        finally:
+            self.release(handle)
+
+    # ---- internals --------------------------------------------------------
+
+    def _path(self, start: str, goal: str) -> list[str] | None:
+        """Shortest chain start -> ... -> goal along wait edges, if any."""
+        if start == goal:
+            return [start]
+        parent: dict[str, str] = {start: start}
+        frontier = collections.deque([start])
+        while frontier:
+            node = frontier.popleft()
+            for nxt in self._holders.get(node, ()):
+                if nxt in parent:
+                    continue
+                parent[nxt] = node
+                if nxt == goal:
+                    path = [goal]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1]
+                frontier.append(nxt)
+        return None
+
+    def _update(self, changed: str) -> None:
+        """Recompute `changed` and everyone downstream of it (the agents it
+        waits on, transitively) in topological order, then notify those whose
+        inherited priority moved. Nobody upstream can be affected."""
+        affected = self._downstream(changed)
+        # Kahn's algorithm on the affected sub-graph: an agent is recomputed
+        # only after every affected agent waiting on it.
+        pending = {a: sum(1 for w in self._waiters.get(a, ()) if w in affected) for a in affected}
+        ready = collections.deque(a for a in affected if pending[a] == 0)
+        notices: list[tuple[str, int, int | None, str | None]] = []
+        while ready:
+            agent = ready.popleft()
+            before = self.inherited(agent)
+            self._recompute(agent)
+            after = self.inherited(agent)
+            if after != before:
+                notices.append((agent, self.effective(agent), after, self.inherited_from(agent)))
+            for nxt in self._holders.get(agent, ()):
+                pending[nxt] -= 1
+                if pending[nxt] == 0:
+                    ready.append(nxt)
+        # Callbacks run once the whole graph is consistent, so they may read it.
+        if self._on_change is not None:
+            for notice in notices:
+                self._on_change(*notice)
+
+    def _downstream(self, start: str) -> set[str]:
+        seen = {start}
+        stack = [start]
+        while stack:
+            for nxt in self._holders.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    def _recompute(self, agent: str) -> None:
+        best, origin = self.base(agent), None
+        for waiter in self._waiters.get(agent, ()):
+            priority = self.effective(waiter)
+            if priority > best:
+                best, origin = priority, self.inherited_from(waiter) or waiter
+        if origin is None:
+            self._lent.pop(agent, None)
+        else:
+            self._lent[agent] = (best, origin)
+
+
+def _decrement(table: dict[str, collections.Counter[str]], key: str, item: str) -> None:
+    counter = table.get(key)
+    if counter is None or counter[item] <= 0:
+        raise RuntimeError(f"wait graph out of sync: no wait {key} / {item} to release")
+    counter[item] -= 1
+    if counter[item] == 0:
+        del counter[item]
+        if not counter:
+            del table[key]
+
