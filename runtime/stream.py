@@ -1,0 +1,282 @@
+"""The live event stream: the swarm's EventBus, served on a Unix socket.
+
+`swarm tail` (or any program) connects to the socket and reads JSON lines, one per
+event, in the schema of `runtime.events`. When a viewer falls behind it loses
+events and is sent `{"event": "events.dropped", "count": N}` in their place.
+
+The swarm runner starts the server inside its task group:
+
+    path = await tg.start(serve_events, bus, default_socket_path())
+
+It stops when it is cancelled or when the bus is closed, and removes the socket
+either way. Viewers can never disturb the swarm: each one has its own task and its
+own bounded, lossy subscription, a viewer that stops reading only loses events,
+and whatever goes wrong with one viewer is logged and ends that viewer alone.
+
+The socket is chmod 0600 inside a 0700 directory: only the local user can watch.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import msgspec
+
+from runtime.errors import ConfigError
+from runtime.events import Dropped, Event, EventBus, Subscription, encode
+
+log = logging.getLogger("slotswarm.stream")
+
+# Events a viewer may fall behind by before it starts losing them. A few hundred
+# bytes each, so this bounds a stuck viewer's cost to well under a megabyte.
+CLIENT_BUFFER = 2_000
+
+# How long viewers get to read what is still buffered for them once the bus closes.
+SHUTDOWN_GRACE_S = 1.0
+
+# sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
+_MAX_SOCKET_PATH = 107
+
+# A viewer that hung up, reset the connection or was closed under us: not an error.
+_CLIENT_GONE = (
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    ConnectionError,
+)
+
+
+class DroppedNotice(msgspec.Struct, kw_only=True):
+    """The wire form of `Dropped`: one JSON line in the event stream."""
+
+    event: str = "events.dropped"
+    count: int
+
+
+DROPPED_EVENT = "events.dropped"
+
+
+def encode_line(item: Event | Dropped) -> bytes:
+    """One item of a subscription as one line of the stream."""
+    if isinstance(item, Dropped):
+        return msgspec.json.encode(DroppedNotice(count=item.count)) + b"\n"
+    return encode(item) + b"\n"
+
+
+# ---------------------------------------------------------------- where sockets live
+
+
+def default_socket_dir() -> Path:
+    """Where running swarms put their sockets: `$XDG_RUNTIME_DIR/slotswarm` (a
+    per-user tmpfs on most Linux desktops), else `/tmp/slotswarm-<uid>`."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir and Path(runtime_dir).is_dir():
+        return Path(runtime_dir) / "slotswarm"
+    return Path(tempfile.gettempdir()) / f"slotswarm-{os.getuid()}"
+
+
+def default_socket_path() -> Path:
+    """The socket this process would serve on: one per swarm, named by pid."""
+    return default_socket_dir() / f"swarm-{os.getpid()}.sock"
+
+
+def live_sockets(directory: Path | None = None) -> list[Path]:
+    """Sockets of running swarms in `directory` (default: `default_socket_dir()`),
+    newest first. Sockets left behind by a swarm that died are skipped."""
+    directory = directory or default_socket_dir()
+    try:
+        candidates = [p for p in directory.glob("*.sock") if _is_socket(p)]
+    except OSError:
+        return []
+    candidates.sort(key=_mtime, reverse=True)
+    return [p for p in candidates if _accepts_connections(p)]
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _accepts_connections(path: Path) -> bool:
+    # A socket file whose server died refuses connections: that is how we tell.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(os.fsdecode(path))
+        except OSError:
+            return False
+    return True
+
+
+def _prepare_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes long; "
+            f"Unix sockets allow at most {_MAX_SOCKET_PATH}: choose a shorter path"
+        )
+    directory = path.parent
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the socket directory {directory}: {exc}") from exc
+    if directory == default_socket_dir():
+        _check_private(directory)
+    if _is_socket(path) and _accepts_connections(path):
+        raise ConfigError(f"another swarm is already serving events on {path}")
+    if path.exists() and not _is_socket(path):
+        raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+
+
+def _check_private(directory: Path) -> None:
+    # /tmp is shared: someone else could have made our directory first, to watch.
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(f"{directory} is not a directory owned by you; refusing to serve events there")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+
+
+# ---------------------------------------------------------------- the server
+
+
+async def serve_events(
+    bus: EventBus,
+    path: str | os.PathLike[str],
+    *,
+    max_buffer: int = CLIENT_BUFFER,
+    grace_s: float = SHUTDOWN_GRACE_S,
+    task_status: anyio.abc.TaskStatus[Path] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `bus` on a Unix socket at `path` until cancelled or until the bus is
+    closed. `task_status.started` reports the path once clients can connect."""
+    path = Path(path)
+    _prepare_socket_path(path)
+    tap = _StartedTap(bus)
+    try:
+        listener = await anyio.create_unix_listener(path, mode=0o600)
+    except OSError as exc:
+        tap.close()
+        raise ConfigError(f"cannot listen on {path}: {exc}") from exc
+    inode = path.stat().st_ino
+    try:
+        async with listener, anyio.create_task_group() as clients:
+            accepting = anyio.CancelScope()
+            clients.start_soon(_accept_clients, listener, bus, tap, max_buffer, clients, accepting)
+            task_status.started(path)
+            await tap.wait_closed()
+            # The swarm is done: no new viewers, and the current ones get a moment
+            # to read what is still buffered for them (their subscriptions are
+            # closed, so their tasks end once drained).
+            accepting.cancel()
+            clients.cancel_scope.deadline = anyio.current_time() + grace_s
+    finally:
+        tap.close()
+        _remove_socket(path, inode)
+
+
+async def _accept_clients(
+    listener: anyio.abc.SocketListener,
+    bus: EventBus,
+    tap: _StartedTap,
+    max_buffer: int,
+    clients: anyio.abc.TaskGroup,
+    scope: anyio.CancelScope,
+) -> None:
+    with scope:
+        while True:
+            try:
+                stream = await listener.accept()
+            except anyio.ClosedResourceError:
+                return
+            except OSError as exc:
+                # Out of file descriptors, say: the swarm must go on; try again soon.
+                log.warning("event stream: accept failed: %s", exc)
+                await anyio.sleep(0.1)
+                continue
+            # Subscribe here, synchronously, so the viewer misses nothing emitted
+            # from the moment it connected.
+            sub = bus.subscribe(max_buffer)
+            started = getattr(bus, "last_started", None) or tap.last_started
+            clients.start_soon(_serve_client, stream, sub, started)
+
+
+async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None) -> None:
+    try:
+        async with stream, anyio.create_task_group() as tg:
+            tg.start_soon(_hang_up_on_eof, stream, tg.cancel_scope)
+            if started is not None:
+                await stream.send(encode_line(started))
+            async for item in sub:
+                # A viewer that stops reading blocks us here, never the bus: its
+                # subscription fills up and then counts what it lost.
+                await stream.send(encode_line(item))
+            tg.cancel_scope.cancel()
+    except* _CLIENT_GONE:
+        log.debug("event stream: viewer went away")
+    except* Exception as group:
+        log.warning("event stream: viewer dropped after an error", exc_info=group)
+    finally:
+        sub.close()
+
+
+async def _hang_up_on_eof(stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
+    # Viewers send nothing; reading only tells us promptly that one went away,
+    # so its subscription is released even while the swarm is quiet.
+    try:
+        while True:
+            await stream.receive()
+    except (*_CLIENT_GONE, OSError):
+        pass
+    scope.cancel()
+
+
+def _remove_socket(path: Path, inode: int) -> None:
+    # Only our own socket: another swarm may have taken the path since.
+    try:
+        if path.stat().st_ino == inode:
+            path.unlink()
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("event stream: cannot remove %s: %s", path, exc)
+
+
+class _StartedTap(Subscription):
+    """A subscription that keeps no events. It remembers the latest
+    `swarm.started` (replayed to each viewer as it connects, so a viewer that
+    attaches late still learns the slots, policy and model), and it tells
+    `serve_events` when the bus closes.
+
+    EventBus.subscribe makes plain Subscriptions, so this registers itself; an
+    `EventBus.last_started` attribute, if the bus grows one, is preferred."""
+
+    def __init__(self, bus: EventBus) -> None:
+        super().__init__(bus, max_buffer=0)
+        self.last_started: Event | None = None
+        bus._subscribers.add(self)
+
+    def put(self, event: Event) -> None:
+        # Called inside bus.emit: must stay cheap and never wake anyone.
+        if event.event == "swarm.started":
+            self.last_started = event
+
+    async def wait_closed(self) -> None:
+        # put() never buffers, so iteration only ends, when the bus closes us.
+        async for _ in self:
+            pass

@@ -1,0 +1,273 @@
+"""Reading and showing event streams: a JSON-lines file (optionally followed as it
+grows, like `tail -f`) or a running swarm's live socket.
+
+Every source yields `(raw, item)` pairs: the line exactly as read, and its
+decoded form (an `Event`, or `Dropped` for a viewer's lost-events notice), so
+`--json` can pass lines through byte for byte, fields unknown to this version
+included.
+
+A line that is not an event is an error naming the file and line number: a
+half-written or foreign file should be noticed, not silently thinned out. (When
+following, a last line still missing its newline is waited for, not rejected.)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import msgspec
+from rich.text import Text
+
+from runtime.errors import ConfigError
+from runtime.events import Dropped, Event, decode
+from runtime.priority import FOREGROUND
+from runtime.stream import DROPPED_EVENT, DroppedNotice, default_socket_dir, live_sockets
+
+Item = Event | Dropped
+Line = tuple[bytes, Item]
+
+_dropped_decoder = msgspec.json.Decoder(DroppedNotice)
+
+
+def parse_line(raw: bytes, where: str) -> Item:
+    """Decode one stream line; `where` ("events.jsonl:17") names it in errors."""
+    try:
+        if DROPPED_EVENT.encode() in raw:
+            notice = _dropped_decoder.decode(raw)
+            if notice.event == DROPPED_EVENT:
+                return Dropped(notice.count)
+        return decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: not a slotswarm event ({exc}): {_clip(raw)}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{where}: not a JSON line ({exc}): {_clip(raw)}") from None
+
+
+def _clip(raw: bytes, n: int = 80) -> str:
+    text = raw.decode("utf-8", "replace").strip()
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------- sources
+
+
+def resolve_source(path: str | os.PathLike[str] | None) -> tuple[str, Path]:
+    """("file" | "socket", path) for a tail argument; None means the newest
+    running swarm."""
+    if path is None:
+        sockets = live_sockets()
+        if not sockets:
+            raise ConfigError(
+                f"no swarm is running (no live event socket in {default_socket_dir()}); "
+                "pass an events file instead, e.g. `swarm tail events.jsonl`"
+            )
+        return "socket", sockets[0]
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file or socket") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if stat.S_ISSOCK(mode):
+        return "socket", path
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{path} is a directory; pass an events file (.jsonl) or a swarm socket")
+    return "file", path
+
+
+def read_file(
+    path: str | os.PathLike[str],
+    *,
+    follow: bool = False,
+    wait: Callable[[], bool] | None = None,
+) -> Iterator[Line]:
+    """Every line of an events file. With `follow`, keep going as lines are
+    appended: at the end of the file `wait()` is called, which pauses and returns
+    whether to keep following (default: sleep 0.2 s, forever)."""
+    wait = wait or _sleep_a_little
+    name = os.fspath(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read: {exc.strerror}") from None
+    with f:
+        number = 0
+        pending = b""
+        while True:
+            chunk = f.readline()
+            if chunk.endswith(b"\n") or (chunk and not follow):
+                number += 1
+                raw, pending = pending + chunk, b""
+                if raw.strip():
+                    yield raw, parse_line(raw, f"{name}:{number}")
+                continue
+            # End of the file for now; a partial last line waits for its newline.
+            pending += chunk
+            if not follow or not wait():
+                if pending.strip():
+                    raise ConfigError(f"{name}:{number + 1}: the file ends in the middle of a line")
+                return
+            if _was_truncated(f, name):
+                number, pending = 0, b""
+                f.seek(0)
+
+
+def _was_truncated(f, name: str) -> bool:
+    try:
+        return os.stat(name).st_size < f.tell()
+    except OSError:
+        return False
+
+
+def _sleep_a_little() -> bool:
+    time.sleep(0.2)
+    return True
+
+
+def read_socket(path: str | os.PathLike[str]) -> Iterator[Line]:
+    """Every event a running swarm streams, until it stops."""
+    name = os.fspath(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(name)
+    except ConnectionRefusedError:
+        sock.close()
+        raise ConfigError(f"{name}: no swarm is listening there any more (a stale socket)") from None
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{name}: cannot connect: {exc.strerror}") from None
+    with sock, sock.makefile("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if raw.strip():
+                yield raw, parse_line(raw, f"{name} line {number}")
+
+
+# ---------------------------------------------------------------- filters
+
+
+def make_filter(agents: Sequence[str] = (), events: Sequence[str] = ()) -> Callable[[Item], bool]:
+    """A predicate keeping what `--agent` / `--event` ask for. An agent matches
+    the event's agent or the agent that caused it (`by_agent`). An event pattern
+    is a glob (`turn.*`) if it has glob characters, else a prefix (`turn`,
+    `kv.swap`, `turn.preempted`). Dropped notices are always kept: they say the
+    view has gaps."""
+    agents = set(agents)
+    globs = [p for p in events if any(c in p for c in "*?[")]
+    prefixes = tuple(p for p in events if p not in globs)
+
+    def keep(item: Item) -> bool:
+        if isinstance(item, Dropped):
+            return True
+        if agents and item.agent not in agents and item.by_agent not in agents:
+            return False
+        if events and not (
+            item.event.startswith(prefixes) or any(fnmatch.fnmatchcase(item.event, g) for g in globs)
+        ):
+            return False
+        return True
+
+    return keep
+
+
+def filtered(lines: Iterable[Line], keep: Callable[[Item], bool]) -> Iterator[Line]:
+    return (line for line in lines if keep(line[1]))
+
+
+# ---------------------------------------------------------------- showing events
+
+STYLES = {
+    "swarm.started": "bold white",
+    "swarm.stopped": "bold white",
+    "turn.queued": "dim",
+    "turn.admitted": "cyan",
+    "turn.preempted": "bold yellow",
+    "turn.resumed": "green",
+    "turn.finished": "blue",
+    "turn.cancelled": "yellow",
+    "turn.failed": "bold red",
+    "priority.inherited": "magenta",
+    "priority.restored": "dim magenta",
+    "kv.swapped_out": "dark_orange",
+    "kv.swapped_in": "dark_cyan",
+    "kv.recomputed": "red",
+    "agent.crashed": "bold red",
+}
+
+
+def render(item: Item) -> Text:
+    """One pretty line: time, step, event, agent, turn, slot, priority, phrase."""
+    if isinstance(item, Dropped):
+        return Text(f"{'':>10} {'':>7}  … {item.count} events dropped: this viewer fell behind", "bold red")
+    e = item
+    line = Text()
+    line.append(f"{e.t:9.3f}s ", "dim")
+    line.append(f"{e.step:>7} ", "dim")
+    line.append(f"{e.event:<19}", STYLES.get(e.event, "white"))
+    fg = e.priority is not None and e.priority >= FOREGROUND
+    line.append(f"{_or_blank(e.agent):<12.12} ", "bold" if fg else "")
+    line.append(f"{_or_blank(e.turn, 't'):>5} ")
+    line.append(f"{_or_blank(e.slot, 's'):>4} ")
+    line.append(f"{_or_blank(e.priority, 'p'):>4}  ", "bold" if fg else "dim")
+    line.append(describe(e))
+    return line
+
+
+def _or_blank(value: object, prefix: str = "") -> str:
+    return "" if value is None else f"{prefix}{value}"
+
+
+def describe(e: Event) -> str:
+    """A short human phrase for an event, e.g. "turn 12 (tests) paused at token
+    87, slot 3 given to turn 40 (pair, prio 10)"."""
+    who = f"turn {e.turn} ({e.agent})"
+    name = e.event
+    if name == "swarm.started":
+        return f"swarm up: {e.slots} slots, policy {e.policy}, {e.model or 'no model'} on {e.device or '?'}"
+    if name == "swarm.stopped":
+        return "swarm down"
+    if name == "turn.queued":
+        return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
+    if name == "turn.admitted":
+        return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}"
+    if name == "turn.preempted":
+        return (
+            f"{who} paused at token {e.tokens}, slot {e.slot} given to "
+            f"turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})"
+        )
+    if name == "turn.resumed":
+        return f"{who} back in slot {e.slot} after {_duration(e.paused_s)} paused"
+    if name == "turn.finished":
+        return f"{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free"
+    if name in ("turn.cancelled", "turn.failed"):
+        verb = name.split(".")[1]
+        return f"{who} {verb} at token {e.tokens}: {e.reason}"
+    if name == "priority.inherited":
+        return f"{e.agent} runs at prio {e.priority} (base {e.base_priority}): {e.by_agent} waits on it"
+    if name == "priority.restored":
+        return f"{e.agent} back to prio {e.priority}"
+    if name == "kv.swapped_out":
+        return f"{who} KV moved to host memory ({e.blocks} blocks)"
+    if name == "kv.swapped_in":
+        return f"{who} KV back on the device ({e.blocks} blocks), slot {e.slot}"
+    if name == "kv.recomputed":
+        return f"{who} KV dropped, re-prefilling {e.tokens} tokens"
+    if name == "agent.crashed":
+        return f"agent {e.agent} crashed: {e.reason}"
+    # An event newer than this viewer: show its fields plainly.
+    fields = msgspec.structs.asdict(e)
+    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("event", "t", "step"))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 1.0:
+        return f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.2f} s"
