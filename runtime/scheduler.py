@@ -1,0 +1,333 @@
+"""The token-boundary scheduler: a plain, synchronous, deterministic object.
+
+State in, decision out. The GPU owner, the simulator and the tests all drive it the
+same way, once per token boundary:
+
+    plan = scheduler.schedule(now)         # admit, preempt, resume; pick the batch
+    tokens = engine.step(plan.works)       # (after plan.swap_out / plan.swap_in)
+    scheduler.postprocess(plan, tokens, now)
+
+Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
+Every decision is reported through `emit` as a `runtime.events.Event`.
+
+The effective priority of a turn is the highest of its agent's base priority (aged
+while it waits, see SchedulerConfig) and the priority its agent inherits from agents
+waiting on it. Preemption happens only for a strictly higher effective priority, and
+the victim is the lowest effective priority, latest admitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable, Sequence
+
+from runtime.blocks import BlockPool
+from runtime.engine import GREEDY, Sampling, Work
+from runtime.events import Event
+from runtime.turns import KV, Plan, Policy, SchedulerConfig, Turn
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockPool,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        emit: Callable[[Event], None] = lambda event: None,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.pool = blocks
+        self.eos = frozenset(eos_token_ids)
+        self.emit = emit
+        self.step = 0
+        self.running: dict[int, Turn] = {}  # slot -> turn
+        self.waiting: list[Turn] = []  # queued and paused turns
+        self.turns: dict[int, Turn] = {}  # every live turn by id
+        self.inherited: dict[str, int] = {}
+        self.swapped_blocks = 0
+        self._ids = itertools.count(1)
+        self._admissions = itertools.count(1)
+
+    # ------------------------------------------------------------------ inputs
+
+    def submit(
+        self,
+        agent: str,
+        priority: int,
+        prompt: Sequence[int],
+        max_tokens: int,
+        now: float,
+        *,
+        sampling: Sampling = GREEDY,
+        ignore_eos: bool = False,
+    ) -> Turn:
+        """Queue a turn. A turn that can never run ends at once in turn.failed."""
+        turn = Turn(next(self._ids), agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
+        self.turns[turn.id] = turn
+        self._event("turn.queued", turn, now, tokens=len(turn.prompt))
+        problem = self._unrunnable(turn)
+        if problem:
+            self._end(turn, "turn.failed", problem, now)
+        else:
+            self.waiting.append(turn)
+        return turn
+
+    def cancel(self, turn_id: int, now: float, reason: str = "cancelled") -> bool:
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            return False
+        self._end(turn, "turn.cancelled", reason, now)
+        return True
+
+    def fail(self, turn_id: int, now: float, reason: str) -> bool:
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            return False
+        self._end(turn, "turn.failed", reason, now)
+        return True
+
+    def set_inherited(self, agent: str, priority: int | None, now: float) -> None:
+        """An agent runs at least at `priority` (None: back to its own) until told
+        otherwise. Takes effect at the next `schedule`."""
+        if priority is None:
+            self.inherited.pop(agent, None)
+        else:
+            self.inherited[agent] = priority
+
+    # ------------------------------------------------------------ priorities
+
+    def effective(self, turn: Turn, now: float) -> int:
+        base = turn.priority
+        if turn.slot is None and base < self.config.aging_cap:
+            aged = int((now - turn.waiting_since) / self.config.aging_s)
+            base = min(base + aged, self.config.aging_cap)
+        return max(base, self.inherited.get(turn.agent, base))
+
+    def next_aging(self, now: float) -> float | None:
+        """When the next waiting turn gains an aging level (the simulator skips ahead
+        no further than this)."""
+        times = [
+            turn.waiting_since + (int((now - turn.waiting_since) / self.config.aging_s) + 1) * self.config.aging_s
+            for turn in self.waiting
+            if self.effective(turn, now) < self.config.aging_cap
+        ]
+        return min(times, default=None)
+
+    def _queue_order(self, now: float) -> list[Turn]:
+        if self.policy is Policy.FCFS:
+            return sorted(self.waiting, key=lambda t: t.arrived)
+        return sorted(self.waiting, key=lambda t: (-self.effective(t, now), t.arrived))
+
+    def _victim(self, now: float, among: Iterable[Turn]) -> Turn | None:
+        """Lowest effective priority; among equals, the latest admitted."""
+        return min(among, key=lambda t: (self.effective(t, now), -t.last_admit), default=None)
+
+    # ------------------------------------------------------------- schedule
+
+    def schedule(self, now: float, steps: int = 1) -> Plan:
+        plan = Plan()
+        for turn in self._queue_order(now):
+            free = self._free_slot()
+            if free is None:
+                if not self.policy.preempts:
+                    break
+                victim = self._victim(now, self.running.values())
+                if victim is None or self.effective(turn, now) <= self.effective(victim, now):
+                    break
+                free = victim.slot
+                self.preempt(victim, turn, now, plan)
+            if not self._admit(turn, free, now, plan):
+                break
+        self._batch(now, plan)
+        plan.steps = self._fast_forward(plan, steps)
+        return plan
+
+    def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan) -> None:
+        """Pause a running turn at this token boundary. `by` is the turn taking its
+        slot, or None when it is paused to free KV memory."""
+        if by is None or by is victim:
+            self._event("turn.preempted", victim, now, tokens=len(victim.output), reason="memory")
+        else:
+            self._event("turn.preempted", victim, now, tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now))
+        self._unslot(victim, now)
+        victim.preemptions += 1
+        plan.preemptions += 1
+        if self.policy is Policy.SWAP:
+            self._evict(victim, now, plan)
+        elif self.policy is Policy.RECOMPUTE:
+            self._drop(victim)
+
+    def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
+        recomputed = turn.kv is KV.DROPPED
+        if recomputed:
+            turn.kv = KV.RESIDENT
+        if turn.kv is KV.SWAPPED:
+            table: list[int] = []
+            if not self._reserve(table, turn.swapped_len, now, plan, keep=turn):
+                return False
+            turn.blocks, turn.kv = table, KV.RESIDENT
+            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
+            plan.swap_in.append((turn.id, list(table)))
+        self.waiting.remove(turn)
+        self.running[slot] = turn
+        turn.slot = slot
+        turn.last_admit = next(self._admissions)
+        if turn.admitted_at is None:
+            turn.admitted_at = now
+            self._event("turn.admitted", turn, now, waited_s=now - turn.arrived)
+        else:
+            paused = now - turn.paused_at
+            turn.paused_s += paused
+            turn.paused_at = None
+            self._event("turn.resumed", turn, now, paused_s=paused)
+            if plan.swap_in and plan.swap_in[-1][0] == turn.id:
+                self._event("kv.swapped_in", turn, now, blocks=len(turn.blocks))
+            elif recomputed:
+                self._event("kv.recomputed", turn, now, tokens=turn.length)
+        return True
+
+    def _batch(self, now: float, plan: Plan) -> None:
+        """Pick this step's work: every decode first (one token each), then prefill
+        chunks in priority order from what is left of the token budget."""
+        budget = self.config.step_tokens
+        order = sorted(self.running.values(), key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
+        for turn in order:
+            if turn.slot is None or budget <= 0:
+                continue  # preempted for memory while this batch was built
+            n = min(turn.pending, budget)
+            if not self._reserve(turn.blocks, turn.computed + n, now, plan, keep=turn):
+                continue  # it was paused to free memory
+            start = turn.computed
+            tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
+            sample = start + n == turn.length
+            plan.works.append(Work(turn.id, tokens, start, turn.blocks, sample, turn.sampling))
+            plan.turns.append(turn)
+            budget -= n
+
+    def _fast_forward(self, plan: Plan, steps: int) -> int:
+        """How many identical decode steps this plan can stand for: none may end a
+        turn early, move KV or prefill, and their blocks must be reservable now."""
+        if steps <= 1 or plan.swap_in or plan.swap_out or plan.preemptions or not plan.works:
+            return 1
+        if any(len(w.tokens) > 1 or not t.ignore_eos for w, t in zip(plan.works, plan.turns)):
+            return 1
+        steps = min([steps] + [t.max_tokens - len(t.output) for t in plan.turns])
+        need = sum(self.pool.blocks_for(t.computed + steps) - len(t.blocks) for t in plan.turns)
+        if need > self.pool.num_free:
+            return 1
+        for turn in plan.turns:
+            self.pool.grow(turn.blocks, turn.computed + steps)
+        return max(steps, 1)
+
+    # ---------------------------------------------------------- postprocess
+
+    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
+        """Account one step (or `plan.steps` identical ones); return the sampled
+        tokens to deliver, in batch order."""
+        self.step += plan.steps
+        delivered = []
+        for work, turn, token in zip(plan.works, plan.turns, tokens):
+            if turn.done or turn.slot is None:
+                continue
+            turn.computed += len(work.tokens) + plan.steps - 1
+            if not work.sample or token is None:
+                continue
+            turn.output.extend([token] * plan.steps)
+            delivered.append((turn, token))
+            if token in self.eos and not turn.ignore_eos:
+                self._end(turn, "turn.finished", "eos", now)
+            elif len(turn.output) >= turn.max_tokens:
+                self._end(turn, "turn.finished", "length", now)
+            elif self.config.max_context and turn.length >= self.config.max_context:
+                self._end(turn, "turn.finished", "context", now)
+        return delivered
+
+    # --------------------------------------------------------------- memory
+
+    def _reserve(self, table: list[int], positions: int, now: float, plan: Plan, keep: Turn) -> bool:
+        """Grow `table` to `positions`, evicting lower-priority KV when the pool is
+        short: paused turns first, then running ones not yet batched. If the turn
+        asking is itself the lowest, it is paused instead (and False returned)."""
+        while not self.pool.grow(table, positions):
+            paused = [t for t in self.waiting if t.blocks and t is not keep]
+            victim = self._victim(now, paused)
+            if victim is None or self.effective(victim, now) > self.effective(keep, now):
+                batched = set(plan.turns)
+                candidates = [t for t in self.running.values() if t not in batched and self.effective(t, now) <= self.effective(keep, now)]
+                victim = self._victim(now, candidates)
+                if victim is None:
+                    return False
+                if victim.slot is not None:
+                    self.preempt(victim, None if victim is keep else keep, now, plan)
+            self._evict(victim, now, plan)
+            if victim is keep:
+                return False
+        return True
+
+    def _evict(self, turn: Turn, now: float, plan: Plan) -> None:
+        """Free a turn's device blocks: swap them out while host room lasts, else drop."""
+        if not turn.blocks:
+            return
+        n = len(turn.blocks)
+        cap = self.config.swap_blocks
+        if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + n <= cap):
+            plan.swap_out.append((turn.id, list(turn.blocks), turn.computed))
+            turn.swapped_len = turn.computed
+            turn.kv = KV.SWAPPED
+            self.swapped_blocks += n
+            self.pool.release(turn.blocks)
+            self._event("kv.swapped_out", turn, now, blocks=n)
+        else:
+            self._drop(turn)
+
+    def _drop(self, turn: Turn) -> None:
+        self.pool.release(turn.blocks)
+        turn.computed = 0
+        turn.kv = KV.DROPPED
+
+    # ------------------------------------------------------------- helpers
+
+    def _free_slot(self) -> int | None:
+        for slot in range(self.config.slots):
+            if slot not in self.running:
+                return slot
+        return None
+
+    def _unslot(self, turn: Turn, now: float) -> None:
+        del self.running[turn.slot]
+        turn.slot = None
+        turn.paused_at = now
+        turn.waiting_since = now
+        self.waiting.append(turn)
+
+    def _unrunnable(self, turn: Turn) -> str | None:
+        if not turn.prompt:
+            return "empty prompt"
+        if turn.max_tokens < 1:
+            return f"max_tokens must be at least 1, got {turn.max_tokens}"
+        most = turn.length + turn.max_tokens
+        if self.config.max_context and len(turn.prompt) >= self.config.max_context:
+            return f"prompt of {len(turn.prompt)} tokens does not fit the context of {self.config.max_context}"
+        if self.pool.blocks_for(min(most, self.config.max_context or most)) > self.pool.num_blocks:
+            return f"needs {self.pool.blocks_for(most)} KV blocks, the pool has {self.pool.num_blocks}"
+        return None
+
+    def _end(self, turn: Turn, event: str, reason: str, now: float) -> None:
+        if turn.done:
+            return
+        self._event(event, turn, now, tokens=len(turn.output), reason=reason)
+        turn.done, turn.reason = event, reason
+        if turn.slot is not None:
+            del self.running[turn.slot]
+            turn.slot = None
+        elif turn in self.waiting:
+            self.waiting.remove(turn)
+        if turn.kv is KV.SWAPPED:
+            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
+        self.pool.release(turn.blocks)
+        del self.turns[turn.id]
+
+    def _event(self, name: str, turn: Turn, now: float, **fields) -> None:
+        self.emit(Event(event=name, t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot, **fields))

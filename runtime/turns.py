@@ -1,0 +1,123 @@
+"""The scheduler's vocabulary: policies, its settings, a turn as it sees one, a plan."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from runtime.engine import GREEDY, Sampling, Work
+from runtime.errors import ConfigError
+from runtime.priority import FOREGROUND
+
+
+class Policy(enum.StrEnum):
+    FCFS = "fcfs"  # no priority at all
+    PRIORITY = "priority"  # priority orders the queue, never preempts (vLLM once full)
+    RECOMPUTE = "recompute"  # preempts; the victim's KV is dropped and re-prefilled (SGLang)
+    SWAP = "swap"  # preempts; the victim's KV goes to host memory and back
+    RESIDENT = "resident"  # preempts; the victim's KV stays on the device
+
+    @property
+    def preempts(self) -> bool:
+        return self in (Policy.RECOMPUTE, Policy.SWAP, Policy.RESIDENT)
+
+    @classmethod
+    def parse(cls, name: str) -> Policy:
+        try:
+            return cls(name)
+        except ValueError:
+            raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(p.value for p in cls)}") from None
+
+
+@dataclass
+class SchedulerConfig:
+    slots: int = 8
+    policy: Policy = Policy.RESIDENT
+    # Tokens one step may process (decodes + prefill chunks): bounds every step's
+    # length, and so every foreground wait, however long a prompt is.
+    step_tokens: int = 128
+    # Anti-starvation: a waiting turn gains one priority level per `aging_s` seconds
+    # waited, up to `aging_cap`. The cap sits below FOREGROUND, so aging reorders and
+    # preempts background work but never the foreground.
+    aging_s: float = 10.0
+    aging_cap: int = FOREGROUND - 1
+    # Host memory for swapped-out KV, in blocks; None = unbounded. When it is full,
+    # memory pressure drops KV (recompute on resume) instead.
+    swap_blocks: int | None = None
+    max_context: int | None = None
+
+    def __post_init__(self) -> None:
+        self.policy = Policy.parse(self.policy) if isinstance(self.policy, str) else self.policy
+        if self.slots < 1:
+            raise ConfigError(f"slots must be at least 1, got {self.slots}")
+        if self.step_tokens < self.slots:
+            raise ConfigError(f"step_tokens ({self.step_tokens}) must be at least slots ({self.slots}), so every running turn can decode each step")
+        if self.aging_s <= 0:
+            raise ConfigError(f"aging_s must be positive, got {self.aging_s}")
+
+
+class KV(enum.Enum):
+    RESIDENT = "resident"  # on the device (possibly still empty)
+    SWAPPED = "swapped"  # in host memory
+    DROPPED = "dropped"  # gone; re-prefill on resume
+
+
+@dataclass(eq=False)
+class Turn:
+    id: int
+    agent: str
+    priority: int  # base priority
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling = GREEDY
+    ignore_eos: bool = False
+    arrived: float = 0.0
+    output: list[int] = field(default_factory=list)
+    computed: int = 0  # positions whose K/V is in the cache
+    blocks: list[int] = field(default_factory=list)
+    kv: KV = KV.RESIDENT
+    swapped_len: int = 0
+    slot: int | None = None
+    admitted_at: float | None = None  # first admission: the end of the wait
+    last_admit: int = 0  # admission order; the latest admitted is preempted first
+    waiting_since: float = 0.0
+    paused_at: float | None = None
+    paused_s: float = 0.0
+    preemptions: int = 0
+    done: str | None = None  # the terminal event's name once ended
+    reason: str | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt)
+        return self.prompt[position] if position < n else self.output[position - n]
+
+    def tokens(self, start: int, stop: int) -> list[int]:
+        n = len(self.prompt)
+        if stop <= n:
+            return self.prompt[start:stop]
+        return (self.prompt + self.output)[start:stop]
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next sample: the unprefilled prompt, or 1."""
+        return self.length - self.computed
+
+
+@dataclass
+class Plan:
+    """One step's decisions: KV moves to make first, then the batch to run."""
+
+    works: list[Work] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    swap_out: list[tuple[int, list[int], int]] = field(default_factory=list)
+    swap_in: list[tuple[int, list[int]]] = field(default_factory=list)
+    preemptions: int = 0
+    steps: int = 1  # identical decode steps this plan stands for (the simulator's fast-forward)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(w.tokens) for w in self.works if len(w.tokens) > 1)

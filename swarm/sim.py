@@ -1,0 +1,184 @@
+"""`swarm sim`: a discrete-event simulation of the GPU owner on a virtual clock.
+
+It drives the real `runtime.scheduler.Scheduler` with the timing-model engine, so
+the policy measured here is the policy that ships. Background agents run closed
+loops (a new turn the moment the last one ends) and keep every slot busy; the
+foreground agent's turns arrive at random. Between events (an arrival, a turn
+ending, an aging tick) every step is the same decode step, so the simulator asks
+the scheduler for a plan that stands for many steps at once and skips ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+import numpy as np
+
+from runtime.blocks import BlockPool
+from runtime.errors import ConfigError
+from runtime.events import Event
+from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.timing import TimingEngine, TimingModel
+from runtime.turns import Policy, SchedulerConfig, Turn
+
+POLICIES = [p.value for p in Policy]
+
+
+class Lengths(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A clipped heavy-tailed distribution of turn lengths in tokens."""
+
+    dist: str = "lognormal"  # or "pareto"
+    mean: float = 354.0
+    sigma: float = 1.2  # lognormal shape
+    alpha: float = 1.5  # pareto shape (smaller: heavier tail)
+    min: int = 1
+    max: int = 4096
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.dist == "lognormal":
+            mu = math.log(self.mean) - self.sigma**2 / 2
+            raw = rng.lognormal(mu, self.sigma, n)
+        elif self.dist == "pareto":
+            if self.alpha <= 1:
+                raise ConfigError(f"pareto alpha must exceed 1 for a finite mean, got {self.alpha}")
+            scale = self.mean * (self.alpha - 1) / self.alpha
+            raw = scale * (1 + rng.pareto(self.alpha, n))
+        else:
+            raise ConfigError(f"unknown length distribution {self.dist!r}; use lognormal or pareto")
+        return np.clip(np.rint(raw), self.min, self.max).astype(np.int64)
+
+
+class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The seed workload by default: 8 slots at 39 tok/s each, background turns
+    averaging 354 tokens with a long tail, foreground turns at random."""
+
+    slots: int = 8
+    background_agents: int = 8
+    background: Lengths = Lengths()
+    background_prompt: int = 64
+    foreground: Lengths = Lengths(mean=128.0, sigma=0.8, max=1024)
+    foreground_prompt: int = 64
+    foreground_interval_s: float = 10.0  # mean of exponential gaps
+    arrivals: int = 2000
+    warmup_s: float = 60.0  # let the background reach its steady mix first
+    step_tokens: int = 128
+    block_size: int = 16
+    aging_s: float = 10.0
+    timing: TimingModel = TimingModel()
+    seed: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        # Room for every slot's longest turn plus the paused ones: the seed
+        # workload is about time, not memory.
+        longest = self.background_prompt + self.background.max + self.foreground_prompt + self.foreground.max
+        return 2 * (self.slots + 2) * -(-longest // self.block_size)
+
+
+def load_workload(path: str | Path | None, **overrides) -> Workload:
+    data: dict = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"workload file {path}: {exc}") from None
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        section, _, name = key.rpartition(".")
+        target = data.setdefault(section, {}) if section else data
+        target[name] = value
+    try:
+        return msgspec.convert(data, Workload)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"workload{' file ' + str(path) if path else ''}: {exc}") from None
+
+
+@dataclass
+class Result:
+    policy: str
+    fg_waits: list[float] = field(default_factory=list)
+    bg_tokens: int = 0
+    preemptions: int = 0
+    span_s: float = 0.0
+    steps: int = 0
+
+    def summary(self) -> dict:
+        waits = np.array(self.fg_waits) if self.fg_waits else np.zeros(1)
+        pct = lambda q: float(np.percentile(waits, q))  # noqa: E731
+        return {
+            "fg_wait_s": {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": float(waits.max())},
+            "bg_tok_per_s": self.bg_tokens / self.span_s if self.span_s else 0.0,
+            "preemptions": self.preemptions,
+        }
+
+
+def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = lambda n: None) -> Result:
+    """Run the workload under one policy; `progress(n)` is told of each arrival."""
+    rng = np.random.default_rng(workload.seed)
+    gaps = rng.exponential(workload.foreground_interval_s, workload.arrivals)
+    arrivals = list(workload.warmup_s + np.cumsum(gaps))
+    fg_lengths = list(workload.foreground.sample(rng, workload.arrivals))
+    bg_rng = np.random.default_rng(workload.seed + 1)  # same background stream for every policy
+    bg_pool = iter(())
+
+    def bg_length() -> int:
+        nonlocal bg_pool
+        try:
+            return int(next(bg_pool))
+        except StopIteration:
+            bg_pool = iter(workload.background.sample(bg_rng, 4096))
+            return int(next(bg_pool))
+
+    result = Result(policy)
+
+    def count(event: Event) -> None:
+        if event.event == "turn.preempted":
+            result.preemptions += 1
+
+    config = SchedulerConfig(slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s)
+    engine = TimingEngine(workload.timing, block_size=workload.block_size)
+    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count)
+    step_s = workload.timing.decode_step_s
+
+    def submit_bg(agent: str, now: float) -> None:
+        sched.submit(agent, BACKGROUND, [0] * workload.background_prompt, bg_length(), now, ignore_eos=True)
+
+    for i in range(workload.background_agents):
+        submit_bg(f"bg{i}", 0.0)
+    foreground: list[Turn] = []
+    now, next_fg = 0.0, 0
+    while next_fg < len(arrivals) or any(not t.done for t in foreground):
+        while next_fg < len(arrivals) and arrivals[next_fg] <= now:
+            turn = sched.submit("fg", FOREGROUND, [0] * workload.foreground_prompt, int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True)
+            foreground.append(turn)
+            next_fg += 1
+            progress(1)
+        horizon = [arrivals[next_fg]] if next_fg < len(arrivals) else []
+        aging = sched.next_aging(now) if sched.waiting else None
+        if aging is not None:
+            horizon.append(aging)
+        steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
+        plan = sched.schedule(now, steps)
+        if not plan.works:  # idle until the next arrival
+            now = max(now, min(horizon)) if horizon else now + step_s
+            continue
+        for turn in plan.turns:
+            if turn.agent == "fg" and turn.computed == 0 and turn.admitted_at == now and not turn.output:
+                result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))
+        tokens = engine.step(plan.works)
+        now += engine.overhead_s(plan) + engine.step_s(plan) * plan.steps
+        for turn, _ in sched.postprocess(plan, tokens, now):
+            if turn.agent != "fg" and now > workload.warmup_s:
+                result.bg_tokens += plan.steps
+            if turn.done and turn.agent != "fg":
+                submit_bg(turn.agent, now)
+    result.span_s = now - workload.warmup_s
+    result.steps = sched.step
+    return result
