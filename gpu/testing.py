@@ -64,6 +64,8 @@ def write_tiny_gguf(
     arch: str = "llama",
     seed: int = 0,
     drop_tensor: str | None = None,
+    drop_key: str | None = None,
+    bad_shape: str | None = None,
     context_length: int = 512,
     rope_base: float = 10000.0,
 ) -> Path:
@@ -74,6 +76,9 @@ def write_tiny_gguf(
     context and sampling at temperature 1 spreads over many tokens.
     `weight_type` applies to the layer matrices, `embed_type` to token_embd (and output.weight
     when untied); norms are F32 as llama.cpp writes them. Quantized dims must be multiples of 32.
+
+    To test the loader's errors: `drop_tensor` leaves out the named tensor, `drop_key` the named
+    metadata key, and `bad_shape` writes the named tensor with one row too many.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -109,6 +114,8 @@ def write_tiny_gguf(
     def add(name: str, values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
         if name == drop_tensor:
             return
+        if name == bad_shape:
+            values = np.concatenate([values, values[-1:]]) if values.ndim == 2 else np.append(values, 1.0)
         if qtype == Q.F32:
             w.add_tensor(name, values.astype(np.float32))
         elif qtype == Q.F16:
@@ -135,6 +142,8 @@ def write_tiny_gguf(
     if not tied:
         add("output.weight", matrix(vocab, d_model, 0.15), embed_type)
 
+    if drop_key is not None:
+        del w.kv_data[0][drop_key]  # KeyError for a key the writer never wrote: a typo in a test
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -25,7 +25,7 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from gpu.model import Model
-from runtime.errors import ModelFormatError, UnsupportedModelError
+from runtime.errors import ConfigError, ModelFormatError, UnsupportedModelError
 
 # Pre-tokenizers by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp groups them. The
 # StarCoder family (SmolLM among them) splits every digit on its own before GPT-2's regex.
@@ -140,12 +140,15 @@ class Tokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         if self._template is None:
             raise ModelFormatError(f"{self.name}: the model has no tokenizer.chat_template")
-        return self._template.render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._tokens[self.bos_id],
-            eos_token=self._tokens[self.eos_id],
-        )
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._tokens[self.bos_id],
+                eos_token=self._tokens[self.eos_id],
+            )
+        except jinja2.TemplateError as e:  # raise_exception() in the template, or a bad message
+            raise ConfigError(f"{self.name}: the chat template rejected the messages ({e})") from e
 
     def chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """The model's own chat template rendered over `messages`, then encoded."""

