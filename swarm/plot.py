@@ -1,0 +1,378 @@
+"""Pictures of a swarm session: a slot timeline from an events file, or the
+foreground-wait distribution per policy from bench results.
+
+Timeline: one row per slot; each stretch a turn ran in a slot is a bar in its
+agent's colour, pale for background turns and solid with a black edge for
+foreground ones (priority >= FOREGROUND when queued). A paused turn holds no slot,
+so its pause is drawn hatched on a lane of its own agent below the slots. Each
+foreground wait (queued -> admitted) is a dark line on the slot it got, ending in
+a tick labelled with the wait. Preemptions are small red triangles.
+
+Bench: `{"policies": {name: {"fg_wait_s": {"p50", "p90", "p99", "max"}, ...}}}`;
+with raw samples (`"fg_wait_samples_s"`, a list per policy) each policy's
+distribution is drawn as an ECDF on a log axis, otherwise the percentiles as bars.
+
+Only matplotlib's object API is used (no pyplot), so nothing needs a display and
+no global backend is switched.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from runtime.errors import ConfigError
+from runtime.events import TERMINAL, Event
+from runtime.priority import FOREGROUND
+from swarm.tail import read_file
+
+PERCENTILES = ("p50", "p90", "p99", "max")
+FLOOR_MS = 1e-3  # log axes cannot show zero; a zero wait is drawn at 1 µs
+MAX_WAIT_LABELS = 40  # label at most this many foreground waits (the longest)
+
+
+# ---------------------------------------------------------------- input
+
+
+def load(path: str | os.PathLike[str]) -> tuple[str, Any]:
+    """("events", [Event, ...]) or ("bench", {...}), told apart by content."""
+    name = os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read: {exc.strerror}") from None
+    if not data.strip():
+        raise ConfigError(f"{name} is empty: nothing to plot")
+    try:
+        whole = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        whole = None  # several JSON lines (or not JSON at all: read_file says where)
+    if isinstance(whole, dict) and "policies" in whole:
+        return "bench", whole
+    if whole is not None and not (isinstance(whole, dict) and "event" in whole):
+        raise ConfigError(
+            f"{name}: neither an events file (JSON lines with an 'event' field) "
+            "nor bench results (an object with 'policies')"
+        )
+    events = [item for _, item in read_file(path) if isinstance(item, Event)]
+    if not events:
+        raise ConfigError(f"{name}: no events in it, nothing to plot")
+    return "events", events
+
+
+# ---------------------------------------------------------------- timeline model
+
+
+@dataclass
+class Span:
+    turn: int
+    agent: str
+    start: float
+    end: float
+    slot: int | None  # None: a pause (the turn held no slot)
+    foreground: bool
+    open: bool = False  # still going when the file ended
+
+
+@dataclass
+class Wait:
+    turn: int
+    agent: str
+    queued: float
+    admitted: float
+    slot: int
+    waited: float  # seconds; the owner's own measure (waited_s) where it gave one
+
+
+@dataclass
+class Timeline:
+    runs: list[Span]
+    pauses: list[Span]
+    waits: list[Wait]  # foreground turns only
+    preemptions: list[tuple[float, int]]  # (t, slot)
+    slots: int
+    agents: list[str]  # in order of first appearance
+    start: float
+    end: float
+    started: Event | None
+
+
+@dataclass
+class _Turn:
+    agent: str
+    foreground: bool
+    queued: float | None = None
+    slot: int | None = None
+    since: float | None = None  # start of the current run or pause
+    paused: bool = False
+
+
+def build_timeline(events: list[Event]) -> Timeline:
+    """Turn the event sequence into spans per slot and per paused turn."""
+    runs: list[Span] = []
+    pauses: list[Span] = []
+    waits: list[Wait] = []
+    preemptions: list[tuple[float, int]] = []
+    turns: dict[int, _Turn] = {}
+    agents: dict[str, None] = {}
+    started = next((e for e in events if e.event == "swarm.started"), None)
+    max_slot = -1
+
+    def close(turn_id: int, state: _Turn, t: float, open_: bool = False) -> None:
+        if state.since is None:
+            return
+        span = Span(turn_id, state.agent, state.since, t, None if state.paused else state.slot, state.foreground, open_)
+        (pauses if state.paused else runs).append(span)
+        state.since = None
+
+    for e in events:
+        if e.agent is not None:
+            agents.setdefault(e.agent, None)
+        if e.slot is not None:
+            max_slot = max(max_slot, e.slot)
+        if e.turn is None or not e.event.startswith("turn."):
+            continue
+        state = turns.get(e.turn)
+        if state is None:
+            fg = e.priority is not None and e.priority >= FOREGROUND
+            state = turns[e.turn] = _Turn(e.agent or "?", fg)
+        if e.event == "turn.queued":
+            state.queued = e.t
+        elif e.event == "turn.admitted":
+            state.slot, state.since, state.paused = e.slot, e.t, False
+            if state.foreground and e.slot is not None:
+                queued = state.queued if state.queued is not None else e.t - (e.waited_s or 0.0)
+                waited = e.waited_s if e.waited_s is not None else e.t - queued
+                waits.append(Wait(e.turn, state.agent, queued, e.t, e.slot, waited))
+        elif e.event == "turn.preempted":
+            state.slot = e.slot if e.slot is not None else state.slot
+            close(e.turn, state, e.t)
+            if state.slot is not None:
+                preemptions.append((e.t, state.slot))
+            state.paused, state.since = True, e.t
+        elif e.event == "turn.resumed":
+            close(e.turn, state, e.t)
+            state.slot, state.since, state.paused = e.slot, e.t, False
+        elif e.event in TERMINAL:
+            close(e.turn, state, e.t)
+            del turns[e.turn]
+
+    end = max(e.t for e in events)
+    for turn_id, state in turns.items():
+        close(turn_id, state, end, open_=True)
+    slots = max(started.slots if started and started.slots else 0, max_slot + 1, 1)
+    return Timeline(
+        runs, pauses, waits, preemptions, slots, list(agents), min(e.t for e in events), end, started
+    )
+
+
+# ---------------------------------------------------------------- drawing
+
+
+def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str | None = None) -> Path:
+    tl = build_timeline(events)
+    if not tl.runs and not tl.pauses:
+        raise ConfigError("no turn ever got a slot in these events: nothing to draw")
+    colours = _agent_colours(tl.agents)
+    paused_agents = [a for a in tl.agents if any(p.agent == a for p in tl.pauses)]
+    # Rows top to bottom: slot 0..n-1, then one paused lane per agent that paused.
+    labels = [f"slot {s}" for s in range(tl.slots)] + [f"{a} paused" for a in paused_agents]
+    row = {("slot", s): i for i, s in enumerate(range(tl.slots))}
+    row.update({("paused", a): tl.slots + i for i, a in enumerate(paused_agents)})
+
+    fig = Figure(figsize=(12, 1.6 + 0.45 * len(labels)), layout="constrained")
+    ax = fig.add_subplot()
+    for span in tl.runs:
+        y = row[("slot", span.slot)] if span.slot is not None else None
+        if y is None:
+            continue
+        ax.broken_barh(
+            [(span.start, max(span.end - span.start, 1e-9))],
+            (y - 0.35, 0.7),
+            facecolors=colours[span.agent],
+            alpha=1.0 if span.foreground else 0.45,
+            edgecolors="black" if span.foreground else "none",
+            linewidths=1.2 if span.foreground else 0,
+        )
+    for span in tl.pauses:
+        ax.broken_barh(
+            [(span.start, max(span.end - span.start, 1e-9))],
+            (row[("paused", span.agent)] - 0.25, 0.5),
+            facecolors="white",
+            edgecolors=colours[span.agent],
+            hatch="///",
+            linewidths=0.8,
+        )
+    if tl.preemptions:
+        ax.scatter(
+            [t for t, _ in tl.preemptions],
+            [row[("slot", s)] - 0.42 for _, s in tl.preemptions],
+            marker="v", s=18, color="red", zorder=3,
+        )
+    _draw_waits(ax, tl, row)
+
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.7)  # slot 0 on top
+    ax.set_xlim(tl.start, tl.end + (tl.end - tl.start) * 0.02 + 1e-6)
+    ax.set_xlabel("time since the swarm started (s)")
+    ax.grid(axis="x", alpha=0.3)
+    if tl.slots < len(labels):
+        ax.axhline(tl.slots - 0.5, color="grey", linewidth=0.8)
+    ax.set_title(title or _timeline_title(tl))
+    handles = [Patch(facecolor=colours[a], label=a) for a in tl.agents]
+    handles += [
+        Patch(facecolor="grey", edgecolor="black", linewidth=1.2, label="foreground turn"),
+        Patch(facecolor="grey", alpha=0.45, label="background turn"),
+        Patch(facecolor="white", edgecolor="grey", hatch="///", label="paused (holds no slot)"),
+        Line2D([], [], color="black", marker="|", label="foreground wait"),
+        Line2D([], [], color="red", marker="v", linestyle="none", label="preemption"),
+    ]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return _save(fig, out)
+
+
+def _draw_waits(ax: Any, tl: Timeline, row: dict) -> None:
+    labelled = sorted(tl.waits, key=lambda w: w.waited, reverse=True)[:MAX_WAIT_LABELS]
+    for w in tl.waits:
+        y = row[("slot", w.slot)] + 0.42
+        ax.plot([w.queued, w.admitted], [y, y], color="black", linewidth=1.0, zorder=3)
+        ax.plot([w.admitted], [y], color="black", marker="|", markersize=9, zorder=3)
+    for w in labelled:
+        ax.annotate(
+            _ms(w.waited),
+            (w.admitted, row[("slot", w.slot)] + 0.42),
+            xytext=(2, -1), textcoords="offset points", fontsize=7, va="top",
+        )
+
+
+def _timeline_title(tl: Timeline) -> str:
+    parts = []
+    if tl.started is not None:
+        parts.append(f"policy {tl.started.policy}" if tl.started.policy else "")
+        parts.append(tl.started.model or "")
+    parts.append(f"{tl.slots} slots, {len({s.turn for s in tl.runs})} turns")
+    if tl.waits:
+        waited = sorted(w.waited for w in tl.waits)
+        parts.append(f"foreground wait p50 {_ms(waited[len(waited) // 2])}, max {_ms(waited[-1])}")
+    return " · ".join(p for p in parts if p)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+
+
+def _agent_colours(agents: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(agents) <= 10 else "tab20"]
+    return {a: cmap(i % cmap.N) for i, a in enumerate(agents)}
+
+
+# ---------------------------------------------------------------- bench results
+
+
+def plot_bench(data: dict, out: str | os.PathLike[str], title: str | None = None) -> Path:
+    policies = _policies(data)
+    samples = _samples(data, policies)
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    ax = fig.add_subplot()
+    if samples:
+        _draw_ecdf(ax, policies, samples)
+    else:
+        _draw_percentile_bars(ax, policies)
+    ax.set_title(title or "foreground wait per policy")
+    return _save(fig, out)
+
+
+def _policies(data: dict) -> dict[str, dict[str, float]]:
+    policies = data.get("policies")
+    if not isinstance(policies, dict) or not policies:
+        raise ConfigError("bench results: 'policies' must be an object with one entry per policy")
+    table = {}
+    for name, result in policies.items():
+        waits = result.get("fg_wait_s") if isinstance(result, dict) else None
+        if not isinstance(waits, dict) or not all(isinstance(waits.get(k), (int, float)) for k in PERCENTILES):
+            raise ConfigError(f"bench results: policy {name!r} lacks fg_wait_s with {', '.join(PERCENTILES)}")
+        table[name] = {k: float(waits[k]) for k in PERCENTILES}
+    return table
+
+
+def _samples(data: dict, policies: dict) -> dict[str, list[float]]:
+    # Per policy (policies.<name>.fg_wait_samples_s), or one top-level map.
+    top = data.get("fg_wait_samples_s") if isinstance(data.get("fg_wait_samples_s"), dict) else {}
+    found = {}
+    for name in policies:
+        values = data["policies"][name].get("fg_wait_samples_s", top.get(name))
+        if isinstance(values, list) and values:
+            if not all(isinstance(v, (int, float)) and v >= 0 for v in values):
+                raise ConfigError(f"bench results: {name}.fg_wait_samples_s must be non-negative numbers")
+            found[name] = [float(v) for v in values]
+    return found
+
+
+def _draw_ecdf(ax: Any, policies: dict, samples: dict[str, list[float]]) -> None:
+    for i, name in enumerate(policies):
+        colour = f"C{i % 10}"
+        if name in samples:
+            ms = sorted(max(v * 1000, FLOOR_MS) for v in samples[name])
+            n = len(ms)
+            ax.step(ms, [(k + 1) / n for k in range(n)], where="post", color=colour, label=f"{name} (n={n})")
+        else:  # only the summary: its percentiles as points on the same axes
+            points = [max(policies[name][k] * 1000, FLOOR_MS) for k in PERCENTILES]
+            ax.plot(points, [0.5, 0.9, 0.99, 1.0], "o--", color=colour, label=f"{name} (percentiles)")
+    ax.set_xscale("log")
+    ax.set_xlabel("foreground wait, queued -> admitted (ms, log)")
+    ax.set_ylabel("fraction of foreground turns")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+
+
+def _draw_percentile_bars(ax: Any, policies: dict) -> None:
+    width = 0.8 / len(PERCENTILES)
+    for j, key in enumerate(PERCENTILES):
+        xs = [i + (j - (len(PERCENTILES) - 1) / 2) * width for i in range(len(policies))]
+        heights = [max(p[key] * 1000, FLOOR_MS) for p in policies.values()]
+        ax.bar(xs, heights, width, label=key, color=f"C{j}")
+    ax.set_xticks(range(len(policies)), list(policies))
+    ax.set_yscale("log")
+    ax.set_ylabel("foreground wait (ms, log)")
+    top = max(max(p.values()) for p in policies.values()) * 1000
+    ax.set_ylim(FLOOR_MS / 2, max(top, FLOOR_MS) * 3)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.legend(title="percentile", fontsize="small")
+
+
+# ---------------------------------------------------------------- output
+
+
+def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
+    """Plot whatever `path` holds; the picture goes to `out` (default: next to
+    the input, as .png). Returns where it went."""
+    kind, data = load(path)
+    out = Path(out) if out is not None else Path(path).with_suffix(".png")
+    if kind == "bench":
+        return plot_bench(data, out)
+    return plot_timeline(data, out)
+
+
+def _save(fig: Figure, out: str | os.PathLike[str]) -> Path:
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"cannot write {out}: the directory {out.parent} does not exist")
+    try:
+        fig.savefig(out, dpi=120)
+    except ValueError as exc:  # an extension matplotlib cannot write
+        raise ConfigError(f"cannot write {out}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror}") from None
+    return out
+
