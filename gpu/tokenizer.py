@@ -75,6 +75,13 @@ class Tokenizer:
             i for i, t in enumerate(token_types) if t == gguf.TokenType.CONTROL
         )
         self._tokens = list(tokens)
+        # Some vocabularies (SmolLM2's among them) lack a token for a few bytes (rare control
+        # characters, UTF-8 lead bytes 0xF1/0xF2 of planes 4-12). Like the model's own tokenizer,
+        # encode drops such bytes silently; this says which they are.
+        present = set(tokens)
+        self.missing_bytes: frozenset[int] = frozenset(
+            b for b, c in bytes_to_unicode().items() if c not in present
+        )
         self._template = _compile_template(chat_template, name) if chat_template else None
 
     @classmethod
@@ -112,7 +119,8 @@ class Tokenizer:
     # ------------------------------------------------------------------ text <-> ids
 
     def encode(self, text: str) -> list[int]:
-        """Ids for `text`, no BOS added. Control-token spellings in the text become control tokens."""
+        """Ids for `text`, no BOS added. Control-token spellings in the text become control tokens.
+        Bytes in `missing_bytes` are dropped."""
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
