@@ -1,0 +1,299 @@
+"""`swarm tail`: reading, filtering, following and printing event streams.
+
+`emit_session` (also used by test_stream and test_plot) drives the real EventBus
+with a small toy scheduler, so the events are schema-valid and tell a coherent
+story: background turns fill 4 slots, foreground turns preempt them at token
+boundaries, paused turns resume when a slot frees up.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from runtime.errors import ConfigError
+from runtime.events import Dropped, Event, EventBus, read_events
+from runtime.priority import BACKGROUND, FOREGROUND
+from swarm import tail
+from swarm.cli import main
+
+STEP_S = 0.01  # virtual seconds per decode step
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# (step it arrives, agent, priority, tokens to generate)
+ARRIVALS = [
+    (0, "tests", BACKGROUND, 40),
+    (0, "docs", BACKGROUND, 60),
+    (1, "lint", BACKGROUND, 30),
+    (2, "tests", BACKGROUND, 50),
+    (5, "pair", FOREGROUND, 12),
+    (6, "docs", BACKGROUND, 20),
+    (9, "pair", FOREGROUND, 8),
+    (20, "pair", FOREGROUND, 15),
+    (22, "lint", BACKGROUND, 25),
+    (40, "pair", FOREGROUND, 10),
+    (41, "pair", FOREGROUND, 10),
+]
+
+
+def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool = True) -> None:
+    """Emit a whole session on `bus`, advancing `clock` by STEP_S per step."""
+    step = 0
+
+    def emit(name: str, **fields: object) -> None:
+        bus.emit(Event(event=name, t=clock(), step=step, **fields))
+
+    if announce:
+        emit("swarm.started", unix_time=1.7e9, slots=slots, policy="preempt", device="pocl-cpu", model="toy")
+    arrivals = list(ARRIVALS)
+    queue: list[dict] = []  # waiting to be admitted or resumed
+    running: dict[int, dict] = {}  # slot -> turn
+    next_turn = 1
+    while arrivals or queue or running:
+        while arrivals and arrivals[0][0] == step:
+            _, agent, prio, length = arrivals.pop(0)
+            turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0,
+                    "since": clock(), "paused": False}
+            next_turn += 1
+            emit("turn.queued", turn=turn["turn"], agent=agent, priority=prio, tokens=7)
+            queue.append(turn)
+        queue.sort(key=lambda t: -t["priority"])  # stable: oldest first within a priority
+        for turn in list(queue):
+            free = [s for s in range(slots) if s not in running]
+            if not free and turn["priority"] >= FOREGROUND:
+                victim_slot = min(
+                    (s for s in running if running[s]["priority"] < turn["priority"]),
+                    key=lambda s: running[s]["priority"], default=None,
+                )
+                if victim_slot is not None:
+                    victim = running.pop(victim_slot)
+                    who = {"turn": victim["turn"], "agent": victim["agent"], "priority": victim["priority"]}
+                    emit("turn.preempted", **who, slot=victim_slot, tokens=victim["done"],
+                         by_turn=turn["turn"], by_agent=turn["agent"], by_priority=turn["priority"])
+                    if victim["turn"] % 2:
+                        emit("kv.swapped_out", **who, blocks=4)
+                    victim.update(paused=True, since=clock())
+                    queue.append(victim)
+                    free = [victim_slot]
+            if not free:
+                continue
+            slot = free[0]
+            queue.remove(turn)
+            running[slot] = turn
+            who = {"turn": turn["turn"], "agent": turn["agent"], "priority": turn["priority"]}
+            if turn["paused"]:
+                emit("turn.resumed", **who, slot=slot, paused_s=clock() - turn["since"])
+            else:
+                emit("turn.admitted", **who, slot=slot, waited_s=clock() - turn["since"])
+        step += 1
+        clock.now += STEP_S
+        for slot, turn in sorted(running.items()):
+            turn["done"] += 1
+            if turn["done"] == turn["length"]:
+                del running[slot]
+                emit("turn.finished", turn=turn["turn"], agent=turn["agent"], priority=turn["priority"],
+                     slot=slot, tokens=turn["done"], reason="eos" if turn["turn"] % 3 else "length")
+        if step == 10:
+            emit("priority.inherited", agent="lint", priority=FOREGROUND, base_priority=BACKGROUND, by_agent="pair")
+        if step == 14:
+            emit("priority.restored", agent="lint", priority=BACKGROUND, base_priority=BACKGROUND)
+    emit("swarm.stopped", unix_time=1.7e9 + clock())
+
+
+@pytest.fixture
+def events_file(tmp_path: Path) -> Path:
+    clock = Clock()
+    bus = EventBus(clock=clock)
+    path = bus.log_to_file(tmp_path / "events.jsonl")
+    emit_session(bus, clock)
+    bus.close()
+    return path
+
+
+def test_session_is_coherent(events_file: Path) -> None:
+    # The generator itself: every kind the plot and tail care about occurs.
+    names = {e.event for e in read_events(events_file)}
+    assert {"turn.queued", "turn.admitted", "turn.preempted", "turn.resumed", "turn.finished"} <= names
+    assert {e.slot for e in read_events(events_file) if e.slot is not None} == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- reading and filtering
+
+
+def test_read_file_yields_every_line_unchanged(events_file: Path) -> None:
+    lines = list(tail.read_file(events_file))
+    assert b"".join(raw for raw, _ in lines) == events_file.read_bytes()
+    assert [item for _, item in lines] == list(read_events(events_file))
+
+
+def test_json_output_round_trips_exactly(events_file: Path, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    assert main(["tail", str(events_file), "--json"]) == 0
+    assert capfdbinary.readouterr().out == events_file.read_bytes()
+
+
+def test_json_keeps_fields_this_version_does_not_know(tmp_path: Path, capfdbinary) -> None:
+    line = b'{"event":"turn.queued","t":1.5,"step":3,"turn":1,"agent":"a","priority":0,"tokens":4,"future":[1,2]}\n'
+    path = tmp_path / "new.jsonl"
+    path.write_bytes(line)
+    assert main(["tail", str(path), "--json"]) == 0
+    assert capfdbinary.readouterr().out == line
+
+
+def test_agent_filter_keeps_events_of_and_by_the_agent(events_file: Path, capfdbinary) -> None:
+    assert main(["tail", str(events_file), "--json", "--agent", "pair"]) == 0
+    shown = [msgspec.json.decode(line) for line in capfdbinary.readouterr().out.splitlines()]
+    expected = [e for e in read_events(events_file) if "pair" in (e.agent, e.by_agent)]
+    assert len(shown) == len(expected) > 0
+    assert all("pair" in (d.get("agent"), d.get("by_agent")) for d in shown)
+    # preemptions of other agents' turns caused by pair are included
+    assert any(d["event"] == "turn.preempted" and d["agent"] != "pair" for d in shown)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "wanted"),
+    [
+        (["turn"], lambda n: n.startswith("turn.")),
+        (["turn.*"], lambda n: n.startswith("turn.")),
+        (["turn.preempted", "turn.resumed"], lambda n: n in ("turn.preempted", "turn.resumed")),
+        (["kv", "priority.*"], lambda n: n.startswith(("kv.", "priority."))),
+        (["*.started"], lambda n: n == "swarm.started"),
+    ],
+)
+def test_event_filter_accepts_prefixes_and_globs(events_file: Path, patterns, wanted) -> None:
+    keep = tail.make_filter(events=patterns)
+    shown = [item.event for _, item in tail.filtered(tail.read_file(events_file), keep)]
+    expected = [e.event for e in read_events(events_file) if wanted(e.event)]
+    assert shown == expected and shown
+
+
+def test_filters_combine_and_always_keep_dropped_notices() -> None:
+    keep = tail.make_filter(agents=["docs"], events=["turn.finished"])
+    assert keep(Event(event="turn.finished", t=0, step=0, turn=1, agent="docs"))
+    assert not keep(Event(event="turn.finished", t=0, step=0, turn=2, agent="tests"))
+    assert not keep(Event(event="turn.queued", t=0, step=0, turn=1, agent="docs"))
+    assert keep(Dropped(3))
+
+
+def test_pretty_output_has_a_phrase_for_each_event(events_file: Path, capsys) -> None:
+    assert main(["tail", str(events_file)]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == len(list(read_events(events_file)))
+    preempted = next(e for e in read_events(events_file) if e.event == "turn.preempted")
+    assert (
+        f"turn {preempted.turn} ({preempted.agent}) paused at token {preempted.tokens}, slot {preempted.slot} "
+        f"given to turn {preempted.by_turn} ({preempted.by_agent}, prio {preempted.by_priority})"
+    ) in out
+    for phrase in ("swarm up: 4 slots", "got slot", "back in slot", "finished (eos)", "runs at prio 10"):
+        assert phrase in out
+
+
+def test_describe_shows_unknown_events_plainly() -> None:
+    text = tail.describe(Event(event="slot.defragmented", t=0, step=1, slot=2, blocks=5))
+    assert text == "slot=2 blocks=5"
+
+
+def test_a_bad_line_is_an_error_naming_its_number(events_file: Path, capsys) -> None:
+    lines = events_file.read_bytes().splitlines(keepends=True)
+    lines.insert(4, b'{"event": "turn.queued", "t": "soon"}\n')
+    events_file.write_bytes(b"".join(lines))
+    assert main(["tail", str(events_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"{events_file}:5: not a slotswarm event" in err
+    assert "Traceback" not in err
+
+
+def test_not_json_is_an_error_naming_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"event":"swarm.stopped","t":1,"step":2}\n\nnot json\n')
+    with pytest.raises(ConfigError, match=r"x\.jsonl:3: not a JSON line"):
+        list(tail.read_file(path))
+
+
+def test_missing_file_and_no_running_swarm_are_clear_errors(tmp_path: Path, monkeypatch, capsys) -> None:
+    assert main(["tail", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file or socket" in capsys.readouterr().err
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert main(["tail"]) == 2
+    err = capsys.readouterr().err
+    assert "no swarm is running" in err and "swarm tail events.jsonl" in err
+
+
+# ---------------------------------------------------------------- following a growing file
+
+
+def test_follow_picks_up_appended_lines_and_waits_for_partial_ones(tmp_path: Path) -> None:
+    clock = Clock()
+    bus = EventBus(clock=clock)
+    path = bus.log_to_file(tmp_path / "live.jsonl")
+    bus.emit(Event(event="swarm.started", t=0.0, step=0, slots=4))
+    later = Event(event="turn.queued", t=0.5, step=9, turn=1, agent="a", priority=0, tokens=3)
+    last = Event(event="swarm.stopped", t=0.9, step=12)
+
+    # Called at each end of file: the "swarm" writes more between reads.
+    appends = [
+        lambda: bus.emit(later),
+        lambda: append(path, halves(last)[0]),  # half a line: not yet an event
+        lambda: append(path, halves(last)[1]),
+    ]
+
+    def wait() -> bool:
+        if not appends:
+            return False
+        appends.pop(0)()
+        return True
+
+    seen = [item for _, item in tail.read_file(path, follow=True, wait=wait)]
+    bus.close()
+    assert seen == [Event(event="swarm.started", t=0.0, step=0, slots=4), later, last]
+
+
+def halves(event: Event) -> tuple[bytes, bytes]:
+    line = msgspec.json.encode(event) + b"\n"
+    return line[: len(line) // 2], line[len(line) // 2 :]
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+
+
+def test_follow_in_a_terminal_stops_cleanly_on_ctrl_c(events_file: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "tail", str(events_file), "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+    )
+    try:
+        existing = len(events_file.read_bytes().splitlines())
+        got = [proc.stdout.readline() for _ in range(existing)]
+        extra = b'{"event":"swarm.started","t":99.0,"step":9999,"slots":4}\n'
+        append(events_file, extra)
+        assert proc.stdout.readline() == extra  # appended after the start: picked up
+        assert got == events_file.read_bytes().splitlines(keepends=True)[:existing]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, 130)
+    assert b"Traceback" not in err
+
+
+def test_source_kinds(events_file: Path, tmp_path: Path) -> None:
+    assert tail.resolve_source(events_file) == ("file", events_file)
+    with pytest.raises(ConfigError, match="is a directory"):
+        tail.resolve_source(tmp_path)
