@@ -126,7 +126,7 @@ class Actor:
         return await self.system.ask(target, msg, timeout=timeout, sender=self.name)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+        return f"<{type(self).__name__} {getattr(self, 'name', '(unnamed)')!r}>"
 
 
 class Ref:
@@ -208,10 +208,16 @@ class ActorSystem:
         self._closing = True
         for cell in self._cells.values():
             cell.scope.cancel()
-        try:
-            return await self._tg.__aexit__(*exc_info)  # type: ignore[union-attr]
-        finally:
-            self._tg = None
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        exc_type = exc_info[0]
+        if exc_type is not None and issubclass(exc_type, Exception):
+            # The body failed: wait for the actors to wind down, then let its
+            # error propagate as itself rather than wrapped in an ExceptionGroup
+            # (actor tasks never raise; they report through the bus and asks).
+            await tg.__aexit__(None, None, None)
+            return None
+        return await tg.__aexit__(*exc_info)
 
     # ---- lifecycle --------------------------------------------------------
 
@@ -221,7 +227,9 @@ class ActorSystem:
         if self._tg is None or self._closing:
             raise ActorError("the actor system is not running: use `async with ActorSystem(bus) as system`")
         if not isinstance(actor, Actor) or "name" not in vars(actor):
-            raise TypeError(f"spawn takes an Actor whose __init__ called super().__init__(name), got {actor!r}")
+            raise TypeError(
+                f"spawn takes an Actor whose __init__ called super().__init__(name), got {type(actor).__qualname__}"
+            )
         if actor._system is not None:
             raise ActorError(f"actor {actor.name!r} is already spawned")
         old = self._cells.get(actor.name)
