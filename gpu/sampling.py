@@ -70,16 +70,20 @@ def _sample_top_p(logits: np.ndarray, sampling: Sampling, position: int) -> int:
 
 def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
     """The fewest most-probable token ids whose probabilities sum to at least top_p, best first
-    (ties broken by lower id). Looks at a few candidates first instead of sorting the whole vocab."""
+    (ties broken by lower id). Looks at a few candidates first instead of sorting the whole vocab;
+    a flat distribution falls back to one full sort."""
     k = min(_FIRST_CANDIDATES, p.size)
     while True:
-        top = np.argpartition(-p, k - 1)[:k] if k < p.size else np.arange(p.size)
-        top = top[np.lexsort((top, -p[top]))]  # by probability descending, then id ascending
+        if 4 * k >= p.size:
+            top = np.argsort(-p, kind="stable")  # stable: equal probabilities keep id order
+        else:
+            top = np.sort(np.argpartition(-p, k - 1)[:k])
+            top = top[np.argsort(-p[top], kind="stable")]
         cumulative = np.cumsum(p[top])
-        if cumulative[-1] >= top_p or k == p.size:
+        if cumulative[-1] >= top_p or top.size == p.size:
             n = int(np.searchsorted(cumulative, top_p)) + 1  # include the token crossing top_p
-            return top[: min(n, k)]
-        k = min(2 * k, p.size)
+            return top[: min(n, top.size)]
+        k *= 8
 
 
 def _pick(ids: np.ndarray, weights: np.ndarray, u: float) -> int:
