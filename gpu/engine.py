@@ -34,6 +34,7 @@ from runtime.errors import UnsupportedModelError
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
+WG = 16  # work-group size of the matmul kernels (each work-item owns two rows)
 
 
 def _tile(ncols: int) -> int:
@@ -81,8 +82,11 @@ class OpenCLEngine:
             f"-DN_KV_HEADS={cfg.n_kv_heads}",
             f"-DN_LAYERS={cfg.n_layers}",
             f"-DBLOCK_SIZE={self.block_size}",
+            f"-DWG={WG}",
+            f"-DMAX_COLS={self.max_batch_tokens}",
         ]
-        program = self.device.build(source("matmul") + "\n" + source("transformer"), options)
+        text = "\n".join(source(name) for name in ("quant", "layers", "matmul"))
+        program = self.device.build(text, options)
         self._kernels = {k.function_name: k for k in program.all_kernels()}
 
     def _allocate(self, t: int) -> None:
@@ -101,6 +105,8 @@ class OpenCLEngine:
         self._inv_freq = cl.Buffer(
             ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=inv_freq.astype(np.float32)
         )
+        ones = np.ones(max(cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim), np.float32)
+        self._ones = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=ones)
         self._tables, self._tables_size = f(1), 1
         self._logits, self._logits_rows = f(cfg.vocab_size), 1
 
@@ -208,42 +214,37 @@ class OpenCLEngine:
             cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
         if len(sample_rows):
             cl.enqueue_copy(q, self._sample_rows, sample_rows, is_blocking=False)
-        width, eps, d = i32(tables.shape[1]), np.float32(cfg.norm_eps), i32(cfg.d_model)
-        kv_heads = cfg.n_heads + 2 * cfg.n_kv_heads
+        width, d = i32(tables.shape[1]), i32(cfg.d_model)
 
-        W = self.weights
+        W, rows = self.weights, self._all_rows
         k[f"embed_{W.embed.kind}"](q, (cfg.d_model // 32, t), None, W.embed.qs, W.embed.dm, self._tokens, self._x, d)
         for layer, L in enumerate(W.layers):
-            k["rmsnorm"](q, (t,), None, self._x, self._all_rows, L.attn_norm, self._xn, d, eps)
-            self._matmul(L.qkv, self._xn, self._qkv, t)
-            k["rope_store_kv"](
-                q, (cfg.head_dim // 2, kv_heads, t), None, self._qkv, self._pos, self._seq, self._tables,
-                width, self._inv_freq, self.kv.k, self.kv.v, i32(layer),
-            )  # fmt: skip
+            kv_args = (self._pos, self._seq, self._tables, width, self._inv_freq, self.kv.k, self.kv.v, i32(layer))
+            self._launch("qkv", L.qkv, L.attn_norm, self._x, rows, self._qkv, t, *kv_args)
             k["attention"](
                 q, (cfg.n_heads, t), None, self._qkv, self._pos, self._seq, self._tables, width,
                 self.kv.k, self.kv.v, self._att, i32(layer),
             )  # fmt: skip
-            self._matmul(L.out, self._att, self._x, t, accumulate=True)
-            k["rmsnorm"](q, (t,), None, self._x, self._all_rows, L.ffn_norm, self._xn, d, eps)
-            self._swiglu(L.gate_up, self._xn, self._h, t)
-            self._matmul(L.down, self._h, self._x, t, accumulate=True)
+            self._launch("matmul", L.out, self._ones, self._att, rows, self._x, t, i32(0), i32(1))
+            self._launch("swiglu", L.gate_up, L.ffn_norm, self._x, rows, self._h, t)
+            self._launch("matmul", L.down, self._ones, self._h, rows, self._x, t, i32(0), i32(1))
 
         n = len(sample_rows)
         if n == 0:
             q.finish()
             return None
-        k["rmsnorm"](q, (n,), None, self._x, self._sample_rows, W.output_norm, self._xn, d, eps)
-        self._matmul(W.output, self._xn, self._logits, n)
+        self._launch("matmul", W.output, W.output_norm, self._x, self._sample_rows, self._logits, n, i32(1), i32(0))
         logits = np.empty((n, cfg.vocab_size), np.float32)
         cl.enqueue_copy(q, logits, self._logits, is_blocking=True)
         return logits
 
-    def _matmul(self, w: DeviceMatrix, x: cl.Buffer, y: cl.Buffer, ncols: int, accumulate: bool = False) -> None:
-        kernel = self._kernels[f"matmul_{w.kind}_t{_tile(ncols)}"]
-        kernel(self.device.queue, (w.rows,), None, w.qs, w.dm, x, y, i32(w.rows), i32(w.cols), i32(ncols), i32(accumulate))
-
-    def _swiglu(self, w: DeviceMatrix, x: cl.Buffer, y: cl.Buffer, ncols: int) -> None:
-        rows = w.rows // 2
-        kernel = self._kernels[f"swiglu_{w.kind}_t{_tile(ncols)}"]
-        kernel(self.device.queue, (rows,), None, w.qs, w.dm, x, y, i32(rows), i32(w.cols), i32(ncols))
+    def _launch(self, op: str, w: DeviceMatrix, g: cl.Buffer, x: cl.Buffer, xrows: cl.Buffer, y: cl.Buffer,
+                ncols: int, *extra) -> None:  # fmt: skip
+        """One fused matmul kernel (see kernels/matmul.cl): `op` is matmul, swiglu or qkv."""
+        rows = w.rows // 2 if op == "swiglu" else w.rows
+        pairs = -(-rows // 2)
+        kernel = self._kernels[f"{op}_{w.kind}_t{_tile(ncols)}"]
+        kernel(
+            self.device.queue, (-(-pairs // WG) * WG,), (WG,), w.qs, w.dm, g, x, xrows,
+            np.float32(self.config.norm_eps), y, i32(rows), i32(w.cols), i32(ncols), *extra,
+        )  # fmt: skip

@@ -1,5 +1,5 @@
-/* The rest of a Llama layer: embedding, RMSNorm, RoPE + KV store, attention.
- * Built together with matmul.cl (for load_block and hsum16). The host passes the
+/* The parts of a Llama layer that are not matmuls: embedding, RoPE + KV store,
+ * attention. Built after quant.cl and before matmul.cl. The host passes the
  * model's shape as -D constants: HEAD_DIM, N_HEADS, N_KV_HEADS, N_LAYERS,
  * BLOCK_SIZE.
  *
@@ -13,6 +13,7 @@
 
 #define QKV_DIM ((N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM)
 #define Q_DIM (N_HEADS * HEAD_DIM)
+#define KV_DIM (N_KV_HEADS * HEAD_DIM)
 #define GROUP (N_HEADS / N_KV_HEADS)
 #define HV (HEAD_DIM / 16)  /* float16 vectors per head */
 
@@ -35,66 +36,41 @@ __kernel void embed_##NAME(__global const uchar *qs, __global const half *dm,   
     const int nb = d / 32;                                                      \
     float16 lo, hi;                                                             \
     load_block(WTYPE, qs, dm, (size_t)tokens[t] * nb + b, &lo, &hi);           \
-    vstore16(lo, 2 * b, x + (size_t)t * d);                                     \
-    vstore16(hi, 2 * b + 1, x + (size_t)t * d);                                 \
+    __global float16 *xt = (__global float16 *)(x + (size_t)t * d);             \
+    xt[2 * b] = lo;                                                             \
+    xt[2 * b + 1] = hi;                                                         \
 }
 DEFINE_EMBED(q4_1, WT_Q4_1)
 DEFINE_EMBED(q8_0, WT_Q8_0)
 DEFINE_EMBED(f32, WT_F32)
 
 /* ======================================================================== */
-/* RMSNorm                                                                   */
-/* ======================================================================== */
-/* out[i] = x[rows[i]] / sqrt(mean(x[rows[i]]^2) + eps) * g
- * `rows` picks the input rows: all of them inside the layers, only the rows
- * that are sampled before the output head. One work-item per output row. */
-__kernel void rmsnorm(__global const float *x, __global const int *rows,
-                      __global const float *g, __global float *out,
-                      int d, float eps)
-{
-    const int i = get_global_id(0);
-    __global const float *xi = x + (size_t)rows[i] * d;
-    float ss = 0.0f;
-    for (int j = 0; j < d; j++)
-        ss = fma(xi[j], xi[j], ss);
-    const float inv = rsqrt(ss / d + eps);
-    for (int j = 0; j < d; j++)
-        out[(size_t)i * d + j] = xi[j] * inv * g[j];
-}
-
-/* ======================================================================== */
 /* RoPE, and K/V into the paged cache                                        */
 /* ======================================================================== */
-/* qkv[t] = [q heads | k heads | v heads]. RoPE rotates ADJACENT pairs
- * (x[2i], x[2i+1]) by the angle pos * inv_freq[i], inv_freq[i] = base^(-2i/HEAD_DIM)
- * (GGUF llama checkpoints are permuted for this convention):
+/* qkv[t] = [q heads | k heads | v heads], rows of the fused QKV matmul. RoPE
+ * rotates ADJACENT pairs (x[2i], x[2i+1]) of each q and k head by the angle
+ * pos * inv_freq[i], inv_freq[i] = base^(-2i/HEAD_DIM) (GGUF llama checkpoints
+ * are permuted for this convention):
  *     x'[2i]   = x[2i] cos - x[2i+1] sin
  *     x'[2i+1] = x[2i] sin + x[2i+1] cos
- * q is rotated in place; rotated k and plain v go to the cache slot of pos[t].
- * One work-item per (pair i, head h of the N_HEADS + 2 N_KV_HEADS, token t). */
-__kernel void rope_store_kv(__global float *qkv, __global const int *pos,
-                            __global const int *seq, __global const int *tables,
-                            int max_blocks, __global const float *inv_freq,
-                            __global float *kcache, __global float *vcache,
-                            int layer)
+ * The QKV matmul calls this for the pair of rows (r, r+1) it computed for token
+ * t: rotated q goes back to qkv, rotated k and plain v to the cache slot of pos. */
+inline void rope_store(int r, float2 x, int t, int pos, int block,
+                       __global const float *inv_freq, __global float *qkv,
+                       __global float *kcache, __global float *vcache, int layer)
 {
-    const int i = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
-    __global float *v = qkv + (size_t)t * QKV_DIM + h * HEAD_DIM + 2 * i;
-    const int p = pos[t];
-    float2 x = vload2(0, v);
-    if (h < N_HEADS + N_KV_HEADS) {
-        float s, c = 0.0f;
-        s = sincos(p * inv_freq[i], &c);
+    if (r < Q_DIM + KV_DIM) {
+        const int i = (r % HEAD_DIM) / 2;
+        float c, s = sincos(pos * inv_freq[i], &c);
         x = (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
     }
-    if (h < N_HEADS) {
-        vstore2(x, 0, v);
+    if (r < Q_DIM) {
+        *(__global float2 *)(qkv + (size_t)t * QKV_DIM + r) = x;
         return;
     }
-    const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];
-    const int kv_head = (h - N_HEADS) % N_KV_HEADS;
-    __global float *cache = h < N_HEADS + N_KV_HEADS ? kcache : vcache;
-    vstore2(x, 0, cache + kv_index(block, layer, kv_head, p % BLOCK_SIZE) + 2 * i);
+    const int kr = (r - Q_DIM) % KV_DIM;
+    __global float *cache = r < Q_DIM + KV_DIM ? kcache : vcache;
+    *(__global float2 *)(cache + kv_index(block, layer, kr / HEAD_DIM, pos % BLOCK_SIZE) + kr % HEAD_DIM) = x;
 }
 
 /* ======================================================================== */
@@ -119,7 +95,7 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
 
     float16 q[HV], acc[HV];
     for (int j = 0; j < HV; j++) {
-        q[j] = vload16(j, qkv + (size_t)t * QKV_DIM + h * HEAD_DIM) * scale;
+        q[j] = F16(j, qkv + (size_t)t * QKV_DIM + h * HEAD_DIM) * scale;
         acc[j] = (float16)0.0f;
     }
     float m = -INFINITY, l = 0.0f;
@@ -130,18 +106,18 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
         for (int s = 0; s < slots; s++) {
             __global const float *k = kcache + base + s * HEAD_DIM;
             __global const float *v = vcache + base + s * HEAD_DIM;
-            float16 prod = q[0] * vload16(0, k);
+            float16 prod = q[0] * F16(0, k);
             for (int j = 1; j < HV; j++)
-                prod = fma(q[j], vload16(j, k), prod);
+                prod = fma(q[j], F16(j, k), prod);
             const float score = hsum16(prod);
             const float m_new = fmax(m, score);
             const float correction = exp(m - m_new), w = exp(score - m_new);
             l = l * correction + w;
             for (int j = 0; j < HV; j++)
-                acc[j] = fma((float16)w, vload16(j, v), acc[j] * correction);
+                acc[j] = fma((float16)w, F16(j, v), acc[j] * correction);
             m = m_new;
         }
     }
     for (int j = 0; j < HV; j++)
-        vstore16(acc[j] / l, j, out + (size_t)t * Q_DIM + h * HEAD_DIM);
+        ((__global float16 *)(out + (size_t)t * Q_DIM + h * HEAD_DIM))[j] = acc[j] / l;
 }

@@ -1,131 +1,161 @@
-/* Quantized matrix times a batch of vectors.
+/* Quantized matrix times a batch of vectors, with the layer glue fused in.
+ * Built after quant.cl and layers.cl; the host passes WG (work-group size) and
+ * MAX_COLS (most vectors in a batch) as -D constants.
  *
  * Decode reads every weight once per step, so weight bytes are the cost of a
- * step. The kernels below keep the weights quantized on the device, dequantize a
- * block of 32 in registers and use it for every vector of the batch before
- * moving on: one weight read serves the whole batch.
+ * step, and on a CPU device every kernel launch costs tens of microseconds. So
+ * the kernels below keep weights quantized, dequantize a block of 32 in
+ * registers and use it for every vector of the batch before moving on, and do
+ * the work around each matmul in the same launch:
  *
- * Shapes (row-major):  W [rows, k]   x [ncols, k]   y [ncols, rows]
- *                      y[c, r] = sum_j W[r, j] * x[c, j]
- * One work-item owns one output row r and walks the columns in tiles of TILE.
+ *   matmul  y[c] = (accumulate ? y[c] : 0) + W . n(x[c])   residual add fused
+ *   swiglu  y[c] = silu(Wgate . n(x[c])) * (Wup . n(x[c]))  silu(g) = g / (1 + e^-g)
+ *   qkv     [q|k|v] = Wqkv . n(x[c]), then RoPE and the K/V store (layers.cl)
+ *
+ * Shapes (row-major):  W [rows, k]   x [*, k]   y [ncols, rows]
+ * Column c reads x row xrows[c] (the output head only reads the sampled rows).
+ * One work-item owns a PAIR of rows (r, r+1), the pair RoPE rotates together,
+ * and walks the columns in tiles of TILE.
  */
 
-/* ======================================================================== */
-/* Weight blocks                                                             */
-/* ======================================================================== */
-/* The host repacks GGUF blocks into two arrays so vector loads are aligned:
- *   Q4_1  qs[row][b] = 16 bytes of nibbles   dm[row][b] = half2 (d, m)
- *         weight j of the block: low nibbles hold j = 0..15, high 16..31;
- *         w = d * q + m
- *   Q8_0  qs[row][b] = 32 int8               dm[row][b] = half d
- *         w = d * q
- *   F32   qs = the float row itself          dm unused
- * `load_block` returns the 32 weights of block `blk` as lo (0..15), hi (16..31).
- */
-#define WT_Q4_1 0
-#define WT_Q8_0 1
-#define WT_F32 2
-
-inline void load_block(const int wtype, __global const uchar *qs,
-                       __global const half *dm, size_t blk,
-                       float16 *lo, float16 *hi)
-{
-    if (wtype == WT_Q4_1) {
-        uchar16 q = vload16(blk, qs);
-        float2 s = vload_half2(blk, dm);
-        *lo = fma(convert_float16(q & (uchar)15), (float16)s.x, (float16)s.y);
-        *hi = fma(convert_float16(q >> (uchar)4), (float16)s.x, (float16)s.y);
-    } else if (wtype == WT_Q8_0) {
-        __global const char *q = (__global const char *)qs;
-        float d = vload_half(blk, dm);
-        *lo = convert_float16(vload16(2 * blk, q)) * d;
-        *hi = convert_float16(vload16(2 * blk + 1, q)) * d;
-    } else {
-        __global const float *w = (__global const float *)qs;
-        *lo = vload16(2 * blk, w);
-        *hi = vload16(2 * blk + 1, w);
-    }
-}
-
-inline float hsum16(float16 v)
-{
-    float8 a = v.lo + v.hi;
-    float4 b = a.lo + a.hi;
-    float2 c = b.lo + b.hi;
-    return c.x + c.y;
-}
-
-/* ======================================================================== */
-/* Row times a tile of columns                                               */
-/* ======================================================================== */
-/* out[c] = W[r, :] . x[c0 + c, :] for c < tile. `wtype` and `tile` are literals
- * at every call site, so after inlining the branches fold away and the
- * accumulators live in registers. Columns past ncols repeat the last one
- * (their results are dropped) so the loop stays branch-free. */
 #define MAX_TILE 8
 
-inline void row_dot_tile(const int wtype, const int tile,
-                         __global const uchar *qs, __global const half *dm,
-                         __global const float *x, int r, int k, int c0,
-                         int ncols, float *out)
+/* ======================================================================== */
+/* Input RMSNorm, folded into the matmul                                     */
+/* ======================================================================== */
+/* n(x) = x * g / rms(x),  rms(x) = sqrt(mean(x^2) + eps). Since
+ *     W . (x * g / rms(x)) = (W . (x * g)) / rms(x)
+ * g scales the dequantized weights (once per block, for every column) and
+ * 1/rms(x) the finished dot product. The work-group computes 1/rms(x) for each
+ * column once, into local memory. Matmuls without a norm pass g = ones and
+ * normalize = 0. */
+inline void column_scales(__global const float *x, __global const int *xrows,
+                          int ncols, int k, float eps, int normalize,
+                          __local float *inv)
 {
-    const int nb = k / 32;
-    float16 acc[MAX_TILE];
-    __global const float *xc[MAX_TILE];
-    for (int c = 0; c < tile; c++) {
-        acc[c] = (float16)0.0f;
-        xc[c] = x + (size_t)min(c0 + c, ncols - 1) * k;
-    }
-    for (int b = 0; b < nb; b++) {
-        float16 lo, hi;
-        load_block(wtype, qs, dm, (size_t)r * nb + b, &lo, &hi);
-        for (int c = 0; c < tile; c++) {
-            acc[c] = fma(lo, vload16(2 * b, xc[c]), acc[c]);
-            acc[c] = fma(hi, vload16(2 * b + 1, xc[c]), acc[c]);
+    for (int c = get_local_id(0); c < ncols; c += get_local_size(0)) {
+        float s = 1.0f;
+        if (normalize) {
+            __global const float *xc = x + (size_t)xrows[c] * k;
+            float16 ss = (float16)0.0f;
+            for (int j = 0; j < k / 16; j++) {
+                float16 v = F16(j, xc);
+                ss += v * v;
+            }
+            s = rsqrt(hsum16(ss) / k + eps);
         }
+        inv[c] = s;
     }
-    for (int c = 0; c < tile; c++)
-        out[c] = hsum16(acc[c]);
+    barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 /* ======================================================================== */
-/* Kernels                                                                   */
+/* A pair of rows times a tile of columns                                    */
 /* ======================================================================== */
-/* matmul:  y[c, r] = (accumulate ? y[c, r] : 0) + W[r] . x[c]
- *          accumulate=1 fuses the residual add into the output projection.
- * swiglu:  W holds the gate rows then the up rows (2 * rows in all);
- *          y[c, r] = silu(gate[r] . x[c]) * (up[r] . x[c]),  silu(g) = g / (1 + e^-g)
- */
+/* out0[c] = W[r] . (g * x[c0+c]),  out1[c] = W[r+1] . (g * x[c0+c]),  c < tile.
+ * `wtype` and `tile` are literals at every call site: after inlining the
+ * accumulators live in registers. Columns past ncols repeat the last one
+ * (their results are dropped) so the inner loop stays branch-free. */
+inline void pair_dot_tile(const int wtype, const int tile,
+                          __global const uchar *qs, __global const half *dm,
+                          __global const float *g, __global const float *x,
+                          __global const int *xrows, int r0, int r1, int k,
+                          int c0, int ncols, float *out0, float *out1)
+{
+    const int nb = k / 32;
+    float8 a0[MAX_TILE], a1[MAX_TILE];
+    __global const float *xc[MAX_TILE];
+    for (int c = 0; c < tile; c++) {
+        a0[c] = a1[c] = (float8)0.0f;
+        xc[c] = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k;
+    }
+    for (int b = 0; b < nb; b++) {
+        float16 lo0, hi0, lo1, hi1;
+        load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
+        load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
+        const float16 glo = F16(2 * b, g), ghi = F16(2 * b + 1, g);
+        lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;
+        for (int c = 0; c < tile; c++) {
+            const float16 xlo = F16(2 * b, xc[c]), xhi = F16(2 * b + 1, xc[c]);
+            a0[c] += lo0.lo * xlo.lo + lo0.hi * xlo.hi + hi0.lo * xhi.lo + hi0.hi * xhi.hi;
+            a1[c] += lo1.lo * xlo.lo + lo1.hi * xlo.hi + hi1.lo * xhi.lo + hi1.hi * xhi.hi;
+        }
+    }
+    for (int c = 0; c < tile; c++) {
+        out0[c] = hsum8(a0[c]);
+        out1[c] = hsum8(a1[c]);
+    }
+}
+
+/* ======================================================================== */
+/* Kernels, one set per weight type and tile                                 */
+/* ======================================================================== */
+#define MATMUL_ARGS                                                             \
+    __global const uchar *qs, __global const half *dm, __global const float *g, \
+    __global const float *x, __global const int *xrows, float eps,              \
+    __global float *y, int rows, int k, int ncols
+
 #define DEFINE_MATMUL(NAME, WTYPE, TILE)                                        \
-__kernel void matmul_##NAME##_t##TILE(                                          \
-    __global const uchar *qs, __global const half *dm,                          \
-    __global const float *x, __global float *y,                                 \
-    int rows, int k, int ncols, int accumulate)                                 \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        \
 {                                                                               \
-    const int r = get_global_id(0);                                             \
+    __local float inv[MAX_COLS];                                                \
+    column_scales(x, xrows, ncols, k, eps, normalize, inv);                     \
+    const int r = 2 * get_global_id(0);                                         \
     if (r >= rows) return;                                                      \
+    const int r1 = min(r + 1, rows - 1); /* an odd last row pairs with itself */ \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
-        float out[TILE];                                                        \
-        row_dot_tile(WTYPE, TILE, qs, dm, x, r, k, c0, ncols, out);            \
+        float o0[TILE], o1[TILE];                                               \
+        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
-            size_t i = (size_t)(c0 + c) * rows + r;                             \
-            y[i] = accumulate ? y[i] + out[c] : out[c];                         \
+            __global float *yc = y + (size_t)(c0 + c) * rows;                   \
+            const float s = inv[c0 + c];                                        \
+            yc[r] = o0[c] * s + (accumulate ? yc[r] : 0.0f);                    \
+            if (r1 != r)                                                        \
+                yc[r1] = o1[c] * s + (accumulate ? yc[r1] : 0.0f);              \
         }                                                                       \
     }                                                                           \
 }                                                                               \
-__kernel void swiglu_##NAME##_t##TILE(                                          \
-    __global const uchar *qs, __global const half *dm,                          \
-    __global const float *x, __global float *y,                                 \
-    int rows, int k, int ncols)                                                 \
+                                                                                \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       \
 {                                                                               \
-    const int r = get_global_id(0);                                             \
+    __local float inv[MAX_COLS];                                                \
+    column_scales(x, xrows, ncols, k, eps, 1, inv);                             \
+    const int r = 2 * get_global_id(0);                                         \
     if (r >= rows) return;                                                      \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
-        float g[TILE], u[TILE];                                                 \
-        row_dot_tile(WTYPE, TILE, qs, dm, x, r, k, c0, ncols, g);              \
-        row_dot_tile(WTYPE, TILE, qs, dm, x, r + rows, k, c0, ncols, u);       \
-        for (int c = 0; c < TILE && c0 + c < ncols; c++)                        \
-            y[(size_t)(c0 + c) * rows + r] = g[c] / (1.0f + exp(-g[c])) * u[c]; \
+        float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
+        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, g0, g1); \
+        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, rows + r, rows + r + 1, k, c0, ncols, u0, u1); \
+        for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
+            const float s = inv[c0 + c];                                        \
+            float2 gate = (float2)(g0[c], g1[c]) * s, up = (float2)(u0[c], u1[c]) * s; \
+            *(__global float2 *)(y + (size_t)(c0 + c) * rows + r) = gate / (1.0f + exp(-gate)) * up; \
+        }                                                                       \
+    }                                                                           \
+}                                                                               \
+                                                                                \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
+                          __global const int *seq, __global const int *tables,  \
+                          int max_blocks, __global const float *inv_freq,       \
+                          __global float *kcache, __global float *vcache,       \
+                          int layer)                                            \
+{                                                                               \
+    __local float inv[MAX_COLS];                                                \
+    column_scales(x, xrows, ncols, k, eps, 1, inv);                             \
+    const int r = 2 * get_global_id(0);                                         \
+    if (r >= rows) return;                                                      \
+    for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
+        float o0[TILE], o1[TILE];                                               \
+        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, o0, o1); \
+        for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
+            const int t = c0 + c, p = pos[t];                                   \
+            const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
+            rope_store(r, (float2)(o0[c], o1[c]) * inv[t], t, p, block,        \
+                       inv_freq, y, kcache, vcache, layer);                     \
+        }                                                                       \
     }                                                                           \
 }
 
