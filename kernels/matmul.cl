@@ -56,7 +56,7 @@ inline void column_scales(__global const float *x, __global const int *xrows,
  * `wtype` and `tile` are literals at every call site: after inlining the
  * accumulators live in registers. Columns past ncols repeat the last one
  * (their results are dropped) so the inner loop stays branch-free. */
-inline void pair_dot_tile(const int wtype, const int tile,
+__attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const int tile,
                           __global const uchar *qs, __global const half *dm,
                           __global const float *g, __global const float *x,
                           __global const int *xrows, int r0, int r1, int k,

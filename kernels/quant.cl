@@ -29,7 +29,7 @@ inline float half_bits_to_float(uint h)
 #define WT_Q8_0 1
 #define WT_F32 2
 
-inline void load_block(const int wtype, __global const uchar *qs,
+__attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const half *dm, size_t blk,
                        float16 *lo, float16 *hi)
 {
