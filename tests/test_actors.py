@@ -10,7 +10,8 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.actors import Actor, ActorSystem, handler
+from runtime.actors import Actor, handler
+from runtime.system import ActorSystem
 from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, WaitCycle
 from runtime.events import EventBus, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
@@ -34,9 +35,17 @@ class Never(msgspec.Struct, tag=True):
     pass
 
 
+class Note(msgspec.Struct, tag=True):
+    pass
+
+
+class TellTwice(msgspec.Struct, tag=True):
+    to: str
+
+
 class Forward(msgspec.Struct, tag=True):
     to: str
-    msg: Ping | Forward
+    msg: Ping | Forward | TellTwice
 
 
 class Echo(Actor):
@@ -57,8 +66,8 @@ class Echo(Actor):
 class Relay(Actor):
     """Asks whoever a Forward names, from inside a handler."""
 
-    def __init__(self, name: str, priority: int = BACKGROUND) -> None:
-        super().__init__(name, priority)
+    def __init__(self, name: str, priority: int = BACKGROUND, **kw) -> None:
+        super().__init__(name, priority, **kw)
         self.entered = anyio.Event()
         self.release = anyio.Event()
 
@@ -71,6 +80,19 @@ class Relay(Actor):
         self.entered.set()
         await self.release.wait()
         return Pong(msg.n)
+
+
+class Teller(Relay):
+    notes = 0
+
+    @handler
+    async def tell_twice(self, msg: TellTwice) -> None:
+        await self.tell(msg.to, Note())
+        await self.tell(msg.to, Note())
+
+    @handler
+    async def note(self, msg: Note) -> None:
+        self.notes += 1
 
 
 class Silent(Actor):
@@ -122,7 +144,7 @@ async def test_told_error_is_logged(bus: EventBus, caplog: pytest.LogCaptureFixt
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
             ref = await system.spawn(Echo("echo"))
-            with caplog.at_level(logging.ERROR, logger="runtime.actors"):
+            with caplog.at_level(logging.ERROR, logger="runtime.system"):
                 await ref.tell(Boom("lost"))
                 await system.wait_idle()
             assert "boom() failed on a told Boom" in caplog.text
@@ -138,7 +160,7 @@ async def test_unhandled_message_names_type_and_handlers(bus: EventBus, caplog: 
                 await ref.ask(Never())
             text = str(info.value)
             assert "'echo'" in text and "Never" in text and "Boom, Ping" in text
-            with caplog.at_level(logging.ERROR, logger="runtime.actors"):
+            with caplog.at_level(logging.ERROR, logger="runtime.system"):
                 await ref.tell(Never())
             assert "no handler for Never" in caplog.text
             with pytest.raises(TypeError, match="msgspec.Struct"):
@@ -384,6 +406,21 @@ async def test_wait_cycles_fail_fast(bus: EventBus) -> None:
             for relay in relays:
                 relay.release.set()
                 assert await relay.ref.ask(Ping(3)) == Pong(3)
+
+
+@pytest.mark.asyncio
+async def test_tell_into_a_full_mailbox_is_a_wait_too(bus: EventBus) -> None:
+    with anyio.fail_after(GUARD):
+        async with ActorSystem(bus) as system:
+            a = Teller("a", mailbox_size=1)
+            await system.spawn(a)
+            await system.spawn(Teller("b"))
+            # a's handler asks b; b tells a twice while a is busy: the first note
+            # fills a's one-slot mailbox, the second would wait on a, who waits on b.
+            with pytest.raises(WaitCycle, match="b -> a -> b"):
+                await system.ask("a", Forward("b", TellTwice("a")))
+            await system.wait_idle()
+            assert a.notes == 1 and system.waits.edges() == {}
 
 
 @pytest.mark.asyncio

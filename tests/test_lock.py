@@ -6,7 +6,8 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.actors import Actor, ActorSystem, handler
+from runtime.actors import Actor, handler
+from runtime.system import ActorSystem
 from runtime.errors import ActorError, WaitCycle
 from runtime.events import EventBus
 from runtime.lock import Lock

@@ -1,0 +1,347 @@
+"""The ActorSystem: spawns actors into one anyio task group, carries their
+messages, records every ask in the wait graph and turns crashes into events.
+What it promises is written down in `runtime.actors`."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
+
+import anyio
+import msgspec
+
+from runtime.actors import Actor, Ref, Target
+from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage
+from runtime.events import Event, EventBus
+from runtime.mailbox import Envelope, Reply, find_handler, handled_names
+from runtime.waits import WaitGraph
+
+__all__ = ["ActorSystem"]
+
+log = logging.getLogger(__name__)
+
+
+class _Cell:
+    """The system's bookkeeping for one spawned actor."""
+
+    def __init__(self, actor: Actor) -> None:
+        self.actor = actor
+        self.name = actor.name
+        self.send, self.recv = anyio.create_memory_object_stream[Envelope](actor.mailbox_size)
+        self.scope = anyio.CancelScope()
+        self.ready = anyio.Event()  # on_start has ended, one way or the other
+        self.finished = anyio.Event()  # on_stop and the hooks have run
+        self.pending: dict[Reply, str] = {}  # asks in flight -> message type name
+        self.alive = True  # still taking messages
+        self.handling = False
+        self.crash: str | None = None  # "Type: message", once crashed
+
+
+class ActorSystem:
+    """Owns the actors' tasks (one anyio task group), the wait graph and the
+    hook lists. `step_source` gives the decode step stamped on events; the GPU
+    owner sets it."""
+
+    def __init__(self, bus: EventBus | None = None, *, stop_timeout: float = 10.0) -> None:
+        self.bus = bus if bus is not None else EventBus()
+        self.step_source: Callable[[], int] = lambda: 0
+        self.waits = WaitGraph(self._priority_changed)
+        self.stop_timeout = stop_timeout
+        # Called with the actor's name once it has stopped (crashed or not),
+        # after its on_stop. Plain functions or coroutine functions.
+        self.on_actor_stopped: list[Callable[[str], Any]] = []
+        # Called with (agent, effective, inherited or None) when the priority an
+        # agent borrows changes. Plain functions: they run inside the graph update.
+        self.on_priority_change: list[Callable[[str, int, int | None], None]] = []
+        self._cells: dict[str, _Cell] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._progress: anyio.Event | None = None
+
+    async def __aenter__(self) -> ActorSystem:
+        if self._tg is not None:
+            raise ActorError("this ActorSystem is already running")
+        self._closing = False
+        self._progress = anyio.Event()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        self._closing = True
+        for cell in self._cells.values():
+            cell.scope.cancel()
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        exc_type = exc_info[0]
+        if exc_type is not None and issubclass(exc_type, Exception):
+            # The body failed: wait for the actors to wind down, then let its
+            # error propagate as itself rather than wrapped in an ExceptionGroup
+            # (actor tasks never raise; they report through the bus and asks).
+            await tg.__aexit__(None, None, None)
+            return None
+        return await tg.__aexit__(*exc_info)
+
+    # ---- lifecycle --------------------------------------------------------
+
+    async def spawn(self, actor: Actor) -> Ref:
+        """Start `actor` and return once its on_start has ended. If on_start
+        raised, the actor is already dead (see the module doc) but spawn returns."""
+        if self._tg is None or self._closing:
+            raise ActorError("the actor system is not running: use `async with ActorSystem(bus) as system`")
+        if not isinstance(actor, Actor) or "name" not in vars(actor):
+            raise TypeError(
+                f"spawn takes an Actor whose __init__ called super().__init__(name), got {type(actor).__qualname__}"
+            )
+        if actor._system is not None:
+            raise ActorError(f"actor {actor.name!r} is already spawned")
+        old = self._cells.get(actor.name)
+        if old is not None and not old.finished.is_set():
+            raise ActorError(f"an actor named {actor.name!r} is already running")
+        cell = _Cell(actor)
+        self._cells[actor.name] = cell
+        actor._system = self
+        self.waits.set_base(actor.name, actor.priority)
+        self._tg.start_soon(self._live, cell, name=f"actor {actor.name}")
+        await cell.ready.wait()
+        return Ref(actor.name, self)
+
+    async def stop(self, target: Target) -> None:
+        """Stop an actor and wait until its on_stop and hooks have run. Stopping
+        a stopped actor does nothing."""
+        cell = self._cell(target)
+        cell.scope.cancel()
+        await cell.finished.wait()
+
+    async def join(self, target: Target) -> None:
+        """Wait until an actor has stopped (crashed or stopped)."""
+        await self._cell(target).finished.wait()
+
+    async def wait_idle(self) -> None:
+        """Wait until every live mailbox is empty and no handler is running.
+        run() loops are not counted: they may run forever."""
+        while not self._idle():
+            assert self._progress is not None
+            await self._progress.wait()
+
+    def ref(self, name: str) -> Ref:
+        self._cell(name)
+        return Ref(name, self)
+
+    def is_alive(self, name: str) -> bool:
+        cell = self._cells.get(name)
+        return cell is not None and cell.alive
+
+    def names(self) -> list[str]:
+        """Every live actor, in spawn order."""
+        return [name for name, cell in self._cells.items() if cell.alive]
+
+    # ---- messages ---------------------------------------------------------
+
+    async def tell(self, target: Target, msg: msgspec.Struct, *, sender: str | None = None) -> None:
+        """Put `msg` in the target's mailbox; returns once it is there (waiting
+        while the mailbox is full). A message of a type the target does not
+        handle is logged, not delivered."""
+        cell = self._cell(target)
+        self._check_message(cell, msg)
+        if find_handler(cell.actor._dispatch, type(msg)) is None:
+            log.error("%s", self._unhandled(cell, msg))
+            return
+        envelope = Envelope(msg, None, sender)
+        try:
+            try:
+                cell.send.send_nowait(envelope)
+            except anyio.WouldBlock:
+                with self._waiting(sender, cell.name):
+                    await cell.send.send(envelope)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise self._gone(cell, type(msg).__qualname__) from None
+
+    async def ask(
+        self, target: Target, msg: msgspec.Struct, *, timeout: float | None = None, sender: str | None = None
+    ) -> Any:
+        """Send `msg` and wait for the handler's return value (or its exception)."""
+        cell = self._cell(target)
+        self._check_message(cell, msg)
+        what = type(msg).__qualname__
+        if find_handler(cell.actor._dispatch, type(msg)) is None:
+            raise self._unhandled(cell, msg)
+        reply = Reply()
+        with self._waiting(sender, cell.name):
+            cell.pending[reply] = what
+            try:
+                with anyio.move_on_after(timeout):
+                    try:
+                        await cell.send.send(Envelope(msg, reply, sender))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        raise self._gone(cell, what) from None
+                    await reply.done.wait()
+            finally:
+                cell.pending.pop(reply, None)
+        if reply.done.is_set():
+            return reply.result()
+        raise AskTimeout(f"no reply from actor {cell.name!r} to {what} within {timeout} s")
+
+    # ---- internals --------------------------------------------------------
+
+    def _cell(self, target: Target) -> _Cell:
+        name = target if isinstance(target, str) else getattr(target, "name", None)
+        if not isinstance(name, str) or not isinstance(target, (str, Actor, Ref)):
+            raise TypeError(f"a message goes to an actor name, Actor or Ref, not {target!r}")
+        cell = self._cells.get(name)
+        if cell is None:
+            raise ActorError(f"no actor named {name!r} (known: {', '.join(self._cells) or 'none'})")
+        return cell
+
+    def _check_message(self, cell: _Cell, msg: object) -> None:
+        if not isinstance(msg, msgspec.Struct):
+            raise TypeError(f"messages must be msgspec.Struct instances, got {type(msg).__qualname__}")
+        if not cell.alive:
+            raise self._gone(cell, type(msg).__qualname__)
+
+    def _unhandled(self, cell: _Cell, msg: msgspec.Struct) -> UnhandledMessage:
+        actor = cell.actor
+        return UnhandledMessage(
+            f"actor {cell.name!r} ({type(actor).__qualname__}) has no handler for {type(msg).__qualname__}; "
+            f"it handles: {handled_names(actor._dispatch)}"
+        )
+
+    def _gone(self, cell: _Cell, what: str, *, before_reply: bool = False) -> ActorCrashed:
+        state = f"crashed ({cell.crash})" if cell.crash else "stopped"
+        if before_reply:
+            return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}")
+        return ActorCrashed(f"actor {cell.name!r} has {state}; it cannot take {what}")
+
+    def _waiting(self, sender: str | None, holder: str) -> ContextManager[object]:
+        return nullcontext() if sender is None else self.waits.waiting(sender, holder)
+
+    def _idle(self) -> bool:
+        for cell in self._cells.values():
+            if not cell.alive:
+                continue
+            stats = cell.recv.statistics()
+            if cell.handling or stats.current_buffer_used or stats.tasks_waiting_send:
+                return False
+        return True
+
+    def _made_progress(self) -> None:
+        assert self._progress is not None
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    async def _live(self, cell: _Cell) -> None:
+        actor = cell.actor
+        try:
+            with cell.scope:
+                try:
+                    await actor.on_start()
+                except Exception as exc:
+                    self._crashed(cell, "on_start", exc)
+                    return
+                finally:
+                    cell.ready.set()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._serve, cell)
+                    run = getattr(actor, "run", None)
+                    if run is not None:
+                        tg.start_soon(self._run, cell, run)
+        finally:
+            self._close(cell)
+            with anyio.CancelScope(shield=True):
+                await self._wind_down(cell)
+
+    async def _serve(self, cell: _Cell) -> None:
+        actor = cell.actor
+        async for envelope in cell.recv:
+            msg, reply = envelope.msg, envelope.reply
+            # The sender already checked that a handler exists.
+            method = getattr(actor, find_handler(actor._dispatch, type(msg)))  # type: ignore[arg-type]
+            cell.handling = True
+            try:
+                result = await method(msg)
+            except Exception as exc:
+                if reply is not None:
+                    reply.fail(exc)
+                else:
+                    log.error("actor %r: handler %s() failed on a told %s", cell.name, method.__name__,
+                              type(msg).__qualname__, exc_info=exc)
+            else:
+                if reply is not None:
+                    reply.succeed(result)
+            finally:
+                cell.handling = False
+                self._made_progress()
+
+    async def _run(self, cell: _Cell, run: Callable[[], Any]) -> None:
+        try:
+            await run()
+        except Exception as exc:
+            self._crashed(cell, "run", exc)
+            cell.scope.cancel()
+
+    def _crashed(self, cell: _Cell, where: str, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        log.error("actor %r crashed in %s(): %s", cell.name, where, reason, exc_info=exc)
+        if cell.crash is not None:
+            return  # one agent.crashed per actor
+        cell.crash = reason
+        cell.alive = False
+        self.bus.emit(
+            Event(event="agent.crashed", t=self.bus.now(), step=self.step_source(), agent=cell.name, reason=reason)
+        )
+
+    def _close(self, cell: _Cell) -> None:
+        """Refuse new messages, fail asks in flight and drop what is left."""
+        cell.alive = False
+        dropped = 0
+        while True:
+            try:
+                cell.recv.receive_nowait()
+                dropped += 1
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        if dropped:
+            log.warning("actor %r stopped with %d undelivered messages; dropped", cell.name, dropped)
+        cell.recv.close()  # a sender still blocked on the full mailbox gets ActorCrashed
+        cell.send.close()
+        for reply, what in list(cell.pending.items()):
+            reply.fail(self._gone(cell, what, before_reply=True))
+        cell.pending.clear()
+
+    async def _wind_down(self, cell: _Cell) -> None:
+        with anyio.move_on_after(self.stop_timeout) as deadline:
+            try:
+                await cell.actor.on_stop()
+            except Exception as exc:
+                self._crashed(cell, "on_stop", exc)
+        if deadline.cancelled_caught:
+            log.error("actor %r: on_stop() ran past %s s and was cancelled", cell.name, self.stop_timeout)
+        for hook in list(self.on_actor_stopped):
+            try:
+                result = hook(cell.name)
+                if inspect.isawaitable(result):
+                    with anyio.move_on_after(self.stop_timeout):
+                        await result
+            except Exception:
+                log.exception("on_actor_stopped hook %r failed for actor %r", hook, cell.name)
+        cell.finished.set()
+        self._made_progress()
+
+    def _priority_changed(self, agent: str, effective: int, inherited: int | None, origin: str | None) -> None:
+        base = self.waits.base(agent)
+        t, step = self.bus.now(), self.step_source()
+        if inherited is None:
+            event = Event(event="priority.restored", t=t, step=step, agent=agent, priority=effective, base_priority=base)
+        else:
+            event = Event(
+                event="priority.inherited", t=t, step=step, agent=agent, priority=effective,
+                base_priority=base, by_agent=origin,
+            )
+        self.bus.emit(event)
+        for hook in list(self.on_priority_change):
+            try:
+                hook(agent, effective, inherited)
+            except Exception:
+                log.exception("on_priority_change hook %r failed for %r", hook, agent)
