@@ -100,10 +100,15 @@ class Scheduler:
 
     def effective(self, turn: Turn, now: float) -> int:
         base = turn.priority
-        if turn.slot is None and base < self.config.aging_cap:
-            aged = int((now - turn.waiting_since) / self.config.aging_s)
+        if base < self.config.aging_cap:
+            # A waiting turn ages; a running one keeps what it had aged to when
+            # admitted, so the turn it displaced cannot displace it straight back.
+            aged = turn.boost if turn.slot is not None else self._aged(turn, now)
             base = min(base + aged, self.config.aging_cap)
         return max(base, self.inherited.get(turn.agent, base))
+
+    def _aged(self, turn: Turn, now: float) -> int:
+        return int((now - turn.waiting_since) / self.config.aging_s)
 
     def next_aging(self, now: float) -> float | None:
         """When the next waiting turn gains an aging level (the simulator skips ahead
@@ -172,6 +177,7 @@ class Scheduler:
             plan.swap_in.append((turn.id, list(table)))
         self.waiting.remove(turn)
         self.running[slot] = turn
+        turn.boost = self._aged(turn, now)
         turn.slot = slot
         turn.last_admit = next(self._admissions)
         if turn.admitted_at is None:
@@ -192,17 +198,20 @@ class Scheduler:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget."""
         budget = self.config.step_tokens
-        order = sorted(self.running.values(), key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
-        for turn in order:
+        order = sorted(
+            ((turn.length - turn.computed, turn) for turn in self.running.values()),
+            key=lambda item: (item[0] > 1, -self.effective(item[1], now), item[1].last_admit),
+        )
+        block_size = self.pool.block_size
+        for pending, turn in order:
             if turn.slot is None or budget <= 0:
                 continue  # preempted for memory while this batch was built
-            n = min(turn.pending, budget)
-            if not self._reserve(turn.blocks, turn.computed + n, now, plan, keep=turn):
-                continue  # it was paused to free memory
+            n = min(pending, budget)
             start = turn.computed
+            if len(turn.blocks) * block_size < start + n and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
+                continue  # it was paused to free memory
             tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
-            sample = start + n == turn.length
-            plan.works.append(Work(turn.id, tokens, start, turn.blocks, sample, turn.sampling))
+            plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == pending, turn.sampling))
             plan.turns.append(turn)
             budget -= n
 
@@ -211,15 +220,18 @@ class Scheduler:
         turn early, move KV or prefill, and their blocks must be reservable now."""
         if steps <= 1 or plan.swap_in or plan.swap_out or plan.preemptions or not plan.works:
             return 1
-        if any(len(w.tokens) > 1 or not t.ignore_eos for w, t in zip(plan.works, plan.turns)):
-            return 1
-        steps = min([steps] + [t.max_tokens - len(t.output) for t in plan.turns])
-        need = sum(self.pool.blocks_for(t.computed + steps) - len(t.blocks) for t in plan.turns)
-        if need > self.pool.num_free:
+        need = 0
+        for work, turn in zip(plan.works, plan.turns):
+            if len(work.tokens) > 1 or not turn.ignore_eos:
+                return 1
+            steps = min(steps, turn.max_tokens - len(turn.output))
+        for turn in plan.turns:
+            need += self.pool.blocks_for(turn.computed + steps) - len(turn.blocks)
+        if steps <= 1 or need > self.pool.num_free:
             return 1
         for turn in plan.turns:
             self.pool.grow(turn.blocks, turn.computed + steps)
-        return max(steps, 1)
+        return steps
 
     # ---------------------------------------------------------- postprocess
 
@@ -298,6 +310,7 @@ class Scheduler:
     def _unslot(self, turn: Turn, now: float) -> None:
         del self.running[turn.slot]
         turn.slot = None
+        turn.boost = 0
         turn.paused_at = now
         turn.waiting_since = now
         self.waiting.append(turn)

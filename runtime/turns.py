@@ -80,6 +80,7 @@ class Turn:
     slot: int | None = None
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
+    boost: int = 0  # aging levels earned by waiting, kept while it runs
     waiting_since: float = 0.0
     paused_at: float | None = None
     paused_s: float = 0.0

@@ -1,0 +1,116 @@
+"""`swarm sim`: foreground wait under each policy on a simulated GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import Manager
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from runtime.errors import ConfigError
+from swarm.sim import POLICIES, Workload, load_workload, simulate
+
+
+def _workload_flags(struct: type, prefix: str = "") -> list[tuple[str, type]]:
+    """Every leaf field of the workload as a dotted flag name, e.g. background.mean."""
+    flags = []
+    for field in msgspec.structs.fields(struct):
+        name = prefix + field.name
+        if isinstance(field.default, msgspec.Struct):
+            flags += _workload_flags(type(field.default), name + ".")
+        else:
+            flags.append((name, type(field.default)))
+    return flags
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("sim", help="simulate the scheduler's policies on the reference workload", description=__doc__)
+    p.add_argument("--workload", default="seed", help="'seed' (the reference workload) or a TOML file of workload fields")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, from: " + ", ".join(POLICIES))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--samples", action="store_true", help="with --json, include every foreground wait (for swarm plot)")
+    p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel processes")
+    group = p.add_argument_group("workload fields (override the workload)")
+    for name, kind in _workload_flags(Workload):
+        group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", type=kind, metavar=kind.__name__.upper())
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("w:")}
+    workload = load_workload(None if args.workload == "seed" else args.workload, **overrides)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for name in policies:
+        if name not in POLICIES:
+            raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    results = _simulate_all(workload, policies, args.jobs, quiet=args.json)
+    if args.json:
+        out = {"workload": msgspec.to_builtins(workload), "policies": {}}
+        for r in results:
+            out["policies"][r.policy] = r.summary()
+            if args.samples:
+                out["policies"][r.policy]["fg_wait_samples_s"] = r.fg_waits
+        json.dump(out, sys.stdout)
+        print()
+    else:
+        _print_table(workload, results)
+    return 0
+
+
+def _simulate_all(workload: Workload, policies: list[str], jobs: int, quiet: bool):
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=quiet) as bar:
+        tasks = {p: bar.add_task(f"{p:>9}", total=workload.arrivals) for p in policies}
+        if jobs <= 1 or len(policies) == 1:
+            return [simulate(workload, p, lambda n, t=tasks[p]: bar.advance(t, n)) for p in policies]
+        with Manager() as manager, ProcessPoolExecutor(max_workers=jobs) as pool:
+            ticks = manager.Queue()
+            futures = [pool.submit(_simulate_reporting, workload, p, ticks) for p in policies]
+            while not all(f.done() for f in futures):
+                try:
+                    policy, n = ticks.get(timeout=0.1)
+                    bar.advance(tasks[policy], n)
+                except Exception:  # queue.Empty, as the manager raises it
+                    pass
+            return [f.result() for f in futures]
+
+
+def _simulate_reporting(workload: Workload, policy: str, ticks):
+    count = 0
+
+    def progress(n: int) -> None:
+        nonlocal count
+        count += n
+        if count >= 200:
+            ticks.put((policy, count))
+            count = 0
+
+    result = simulate(workload, policy, progress)
+    ticks.put((policy, count))
+    return result
+
+
+def _print_table(workload: Workload, results) -> None:
+    t = workload.timing
+    title = (
+        f"{workload.arrivals} foreground turns, {workload.slots} slots at {1 / t.decode_step_s:.0f} tok/s, "
+        f"background {workload.background.dist} mean {workload.background.mean:.0f} tokens, seed {workload.seed}"
+    )
+    table = Table(title=title)
+    for col in ("policy", "fg wait p50", "p90", "p99", "max", "bg tok/s", "preemptions"):
+        table.add_column(col, justify="right")
+    for r in results:
+        s = r.summary()
+        w = s["fg_wait_s"]
+        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p90", "p99", "max")), f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]))
+    Console().print(table)
+
+
+def _seconds(x: float) -> str:
+    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"

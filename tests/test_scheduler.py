@@ -1,0 +1,271 @@
+"""The scheduler's decisions, one scenario at a time, on a step-counted clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.blocks import BlockPool
+from runtime.errors import ConfigError
+from runtime.events import TERMINAL, Event
+from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.timing import TimingEngine, TimingModel
+from runtime.turns import KV, Policy, SchedulerConfig
+
+EOS = 2
+STEP = 0.025
+
+
+class Rig:
+    """A scheduler plus a fake engine: every sampled token is 7 (never eos)."""
+
+    def __init__(self, policy="resident", slots=2, blocks=64, block_size=4, **config):
+        self.events: list[Event] = []
+        self.sched = Scheduler(
+            SchedulerConfig(slots=slots, policy=policy, **config),
+            BlockPool(blocks, block_size),
+            eos_token_ids=[EOS],
+            emit=self.events.append,
+        )
+        self.now = 0.0
+        self.swaps: list[tuple] = []
+
+    def submit(self, agent, priority, prompt=3, max_tokens=10, **kw):
+        return self.sched.submit(agent, priority, [5] * prompt, max_tokens, self.now, **kw)
+
+    def step(self, token=7):
+        plan = self.sched.schedule(self.now)
+        self.swaps += [("out", *op) for op in plan.swap_out] + [("in", *op) for op in plan.swap_in]
+        self.now += STEP
+        self.sched.postprocess(plan, [token if w.sample else None for w in plan.works], self.now)
+        return plan
+
+    def named(self, name):
+        return [e for e in self.events if e.event == name]
+
+
+def test_fills_free_slots_in_priority_order():
+    rig = Rig(policy="priority", slots=1)
+    low = rig.submit("docs", BACKGROUND)
+    high = rig.submit("pair", FOREGROUND)
+    rig.step()
+    assert high.slot == 0 and low.slot is None
+
+
+def test_fcfs_ignores_priority():
+    rig = Rig(policy="fcfs", slots=1)
+    low = rig.submit("docs", BACKGROUND)
+    rig.submit("pair", FOREGROUND)
+    rig.step()
+    assert low.slot == 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_non_preemptive_policies_let_the_foreground_wait(policy):
+    rig = Rig(policy=policy, slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=5)
+    rig.step()
+    high = rig.submit("pair", FOREGROUND)
+    while not low.done:
+        rig.step()
+        assert high.slot is None or low.done
+    rig.step()
+    assert high.slot == 0 and not rig.named("turn.preempted")
+
+
+def test_resident_preempts_at_the_next_boundary_and_keeps_kv():
+    rig = Rig(slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(4):
+        rig.step()
+    blocks, computed = list(low.blocks), low.computed
+    high = rig.submit("pair", FOREGROUND, max_tokens=3)
+    rig.step()
+    assert high.slot == 0 and low.slot is None
+    (pre,) = rig.named("turn.preempted")
+    assert (pre.turn, pre.by_turn, pre.by_agent, pre.by_priority) == (low.id, high.id, "pair", FOREGROUND)
+    assert low.blocks == blocks and low.computed == computed and low.kv is KV.RESIDENT
+    while not high.done:
+        rig.step()
+    rig.step()
+    (res,) = rig.named("turn.resumed")
+    assert res.turn == low.id and res.paused_s > 0 and low.blocks[: len(blocks)] == blocks
+    assert not rig.named("kv.recomputed") and not rig.swaps
+
+
+def test_swap_moves_the_victims_kv_out_and_back():
+    rig = Rig(policy="swap", slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    computed = low.computed
+    high = rig.submit("pair", FOREGROUND, max_tokens=2)
+    rig.step()
+    assert low.blocks == [] and low.kv is KV.SWAPPED
+    while not high.done:
+        rig.step()
+    rig.step()
+    kinds = [op[0] for op in rig.swaps]
+    assert kinds == ["out", "in"]
+    assert rig.swaps[0][1] == low.id and rig.swaps[0][3] == computed
+    assert rig.named("kv.swapped_out") and rig.named("kv.swapped_in")
+
+
+def test_recompute_drops_the_kv_and_reprefills_everything():
+    rig = Rig(policy="recompute", slots=1, step_tokens=64)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    length = low.length
+    high = rig.submit("pair", FOREGROUND, max_tokens=2)
+    rig.step()
+    assert low.blocks == [] and low.computed == 0
+    while not high.done:
+        rig.step()
+    plan = rig.step()
+    (work,) = plan.works
+    assert work.turn == low.id and work.start == 0 and len(work.tokens) == length and work.sample
+    assert rig.named("kv.recomputed")[0].tokens == length
+
+
+def test_equal_priorities_never_preempt():
+    rig = Rig(slots=1)
+    first = rig.submit("a", BACKGROUND, max_tokens=30)
+    rig.step()
+    rig.submit("b", BACKGROUND)
+    for _ in range(10):
+        rig.step()
+    assert first.slot == 0 and not rig.named("turn.preempted")
+
+
+def test_victim_is_lowest_priority_then_latest_admitted():
+    rig = Rig(slots=3)
+    a = rig.submit("a", 1, max_tokens=50)
+    rig.step()
+    b = rig.submit("b", 1, max_tokens=50)
+    rig.step()
+    c = rig.submit("c", 2, max_tokens=50)
+    rig.step()
+    rig.submit("pair", FOREGROUND)
+    rig.step()
+    assert b.slot is None and a.slot is not None and c.slot is not None
+
+
+def test_prefill_is_chunked_under_the_step_budget():
+    rig = Rig(slots=2, step_tokens=8, blocks=64)
+    bg = rig.submit("bg", BACKGROUND, max_tokens=100)
+    rig.step()
+    fg = rig.submit("fg", FOREGROUND, prompt=30)
+    sizes = []
+    while not fg.output:
+        plan = rig.step()
+        assert sum(len(w.tokens) for w in plan.works) <= 8
+        sizes += [len(w.tokens) for w in plan.works if w.turn == fg.id]
+        assert any(w.turn == bg.id for w in plan.works)  # the decode keeps going
+    assert sum(sizes) == 30 and max(sizes) == 7
+
+
+def test_eos_length_and_cancel_end_each_turn_once():
+    rig = Rig(slots=3)
+    a = rig.submit("a", 0, max_tokens=2)
+    b = rig.submit("b", 0, max_tokens=50)
+    c = rig.submit("c", 0, max_tokens=50)
+    rig.step()
+    rig.sched.cancel(c.id, rig.now)
+    rig.sched.cancel(c.id, rig.now)
+    rig.step()
+    rig.step(token=EOS)
+    ends = {e.turn: (e.event, e.reason) for e in rig.events if e.event in TERMINAL}
+    assert ends == {a.id: ("turn.finished", "length"), b.id: ("turn.finished", "eos"), c.id: ("turn.cancelled", "cancelled")}
+    assert len([e for e in rig.events if e.event in TERMINAL]) == 3
+    assert rig.sched.pool.num_free == rig.sched.pool.num_blocks
+
+
+def test_unrunnable_turns_fail_at_once_with_a_reason():
+    rig = Rig(blocks=4, block_size=4)
+    empty = rig.submit("a", 0, prompt=0)
+    huge = rig.submit("a", 0, prompt=10, max_tokens=100)
+    assert empty.done == "turn.failed" and empty.reason == "empty prompt"
+    assert huge.done == "turn.failed" and "KV blocks" in huge.reason
+
+
+def test_inherited_priority_preempts_and_is_restored():
+    rig = Rig(slots=1)
+    busy = rig.submit("tests", 5, max_tokens=50)
+    rig.step()
+    helper = rig.submit("reviewer", BACKGROUND, max_tokens=50)
+    rig.step()
+    assert helper.slot is None
+    rig.sched.set_inherited("reviewer", FOREGROUND, rig.now)
+    rig.step()
+    assert helper.slot == 0 and rig.sched.effective(helper, rig.now) == FOREGROUND
+    rig.sched.set_inherited("reviewer", None, rig.now)
+    assert rig.sched.effective(helper, rig.now) == BACKGROUND
+    assert rig.sched.effective(busy, rig.now) >= 5
+
+
+def test_aging_bounds_a_starved_turns_wait():
+    """A priority-0 turn behind an endless stream of priority-5 turns waits at most
+    (5 - 0 + 1) aging periods plus one step, then preempts (cap stays below FOREGROUND)."""
+    rig = Rig(slots=1, aging_s=1.0)
+    starved = rig.submit("docs", 0, max_tokens=5)
+    while not starved.done and rig.now < 60:
+        if not any(t.priority == 5 and not t.done for t in rig.sched.turns.values()):
+            rig.submit("tests", 5, max_tokens=40)
+        rig.step()
+    assert starved.admitted_at is not None
+    assert starved.admitted_at - starved.arrived <= 6 * 1.0 + STEP
+    assert rig.sched.effective(starved, 1000.0) <= FOREGROUND - 1
+
+
+def test_aging_never_preempts_the_foreground():
+    rig = Rig(slots=1, aging_s=0.1, blocks=256)
+    fg = rig.submit("pair", FOREGROUND, max_tokens=400)
+    bg = rig.submit("docs", BACKGROUND)
+    for _ in range(200):
+        rig.step()
+    assert fg.slot == 0 and bg.slot is None and not rig.named("turn.preempted")
+
+
+def test_memory_pressure_swaps_then_drops_paused_turns_never_errors():
+    # 6 blocks of 4 positions: two turns fill the pool, so the foreground's KV must
+    # come from paused turns: swapped out while host room (2 blocks) lasts, then dropped.
+    rig = Rig(slots=2, blocks=6, block_size=4, swap_blocks=2)
+    turns = [rig.submit(f"bg{i}", 0, prompt=4, max_tokens=8) for i in range(2)]
+    for _ in range(5):
+        rig.step()
+    turns += [rig.submit(f"fg{i}", FOREGROUND, prompt=4, max_tokens=8) for i in range(2)]
+    for _ in range(100):
+        rig.step()
+        used = sum(len(t.blocks) for t in rig.sched.turns.values())
+        assert used + rig.sched.pool.num_free == 6
+    assert all(t.done == "turn.finished" for t in turns)
+    assert rig.named("kv.swapped_out") and rig.named("kv.swapped_in") and rig.named("kv.recomputed")
+    assert rig.sched.pool.num_free == 6 and rig.sched.swapped_blocks == 0
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="policy"):
+        SchedulerConfig(policy="lottery")
+    with pytest.raises(ConfigError, match="step_tokens"):
+        SchedulerConfig(slots=8, step_tokens=4)
+
+
+def test_fast_forward_equals_single_steps():
+    """A plan standing for k steps must leave the scheduler exactly where k single
+    steps would: same events at the same step numbers, same outputs."""
+
+    def run(k):
+        events: list[Event] = []
+        sched = Scheduler(SchedulerConfig(slots=3, policy=Policy.RESIDENT), BlockPool(400, 4), emit=events.append)
+        engine = TimingEngine(TimingModel())
+        turns = [sched.submit(f"bg{i}", 0, [1] * 5, 17 + 13 * i, 0.0, ignore_eos=True) for i in range(4)]
+        while any(not t.done for t in turns):
+            now = sched.step * STEP
+            if sched.step == 20:
+                turns.append(sched.submit("fg", FOREGROUND, [1] * 3, 9, now, ignore_eos=True))
+            plan = sched.schedule(now, steps=k if sched.step >= 20 or sched.step + k <= 20 else 20 - sched.step)
+            sched.postprocess(plan, engine.step(plan.works), (sched.step + plan.steps) * STEP)
+        return [(e.event, e.turn, e.step, e.slot) for e in events], [len(t.output) for t in turns]
+
+    assert run(1) == run(1000)

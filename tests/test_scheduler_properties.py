@@ -1,0 +1,124 @@
+"""Hypothesis drives the scheduler through random submits, steps, cancels, priority
+loans and clock jumps, checking its invariants after every move."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from runtime.blocks import BlockPool
+from runtime.events import TERMINAL, Event
+from runtime.priority import FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.turns import Policy, SchedulerConfig
+
+EOS = 2
+AGENTS = {"pair": FOREGROUND, "tests": 3, "docs": 0, "review": 0}
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        policy=st.sampled_from(list(Policy)),
+        slots=st.integers(1, 4),
+        tight=st.booleans(),
+        swap_blocks=st.sampled_from([None, 0, 4]),
+    )
+    def setup(self, policy, slots, tight, swap_blocks):
+        # A tight pool forces memory-pressure paths; a roomy one lets the
+        # preemption guarantee be checked strictly.
+        self.tight = tight
+        self.blocks = 12 if tight else 400
+        self.events: list[Event] = []
+        self.sched = Scheduler(
+            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks),
+            BlockPool(self.blocks, 4),
+            eos_token_ids=[EOS],
+            emit=self.events.append,
+        )
+        self.now = 0.0
+        self.submitted: list = []
+        self.lent: dict[str, int] = {}
+
+    @rule(agent=st.sampled_from(sorted(AGENTS)), prompt=st.integers(0, 9), max_tokens=st.integers(0, 12))
+    def submit(self, agent, prompt, max_tokens):
+        self.submitted.append(self.sched.submit(agent, AGENTS[agent], [5] * prompt, max_tokens, self.now))
+
+    @rule(eos=st.lists(st.booleans(), max_size=8))
+    def step(self, eos):
+        plan = self.sched.schedule(self.now)
+        if self.sched.policy.preempts and not self.tight:
+            self.check_preemption_guarantee()
+        assert len({w.turn for w in plan.works}) == len(plan.works)
+        tokens = [(EOS if i < len(eos) and eos[i] else 7) if w.sample else None for i, w in enumerate(plan.works)]
+        self.now += 0.1
+        self.sched.postprocess(plan, tokens, self.now)
+
+    @precondition(lambda self: self.sched.turns)
+    @rule(data=st.data())
+    def cancel(self, data):
+        turn_id = data.draw(st.sampled_from(sorted(self.sched.turns)))
+        self.sched.cancel(turn_id, self.now)
+
+    @rule(agent=st.sampled_from(["docs", "review", "tests"]), priority=st.sampled_from([None, 3, FOREGROUND]))
+    def lend(self, agent, priority):
+        self.sched.set_inherited(agent, priority, self.now)
+        if priority is None:
+            self.lent.pop(agent, None)
+        else:
+            self.lent[agent] = priority
+
+    @rule(seconds=st.sampled_from([0.3, 2.0]))
+    def wait(self, seconds):
+        self.now += seconds
+
+    def check_preemption_guarantee(self):
+        """Under a preemptive policy with room to spare, right after a boundary no
+        waiting turn outranks a running one."""
+        running = list(self.sched.running.values())
+        if len(running) < self.sched.config.slots:
+            assert not self.sched.waiting
+            return
+        lowest = min(self.sched.effective(t, self.now) for t in running)
+        for turn in self.sched.waiting:
+            assert self.sched.effective(turn, self.now) <= lowest
+
+    @invariant()
+    def slots_are_never_oversubscribed(self):
+        assert len(self.sched.running) <= self.sched.config.slots
+        for slot, turn in self.sched.running.items():
+            assert turn.slot == slot and 0 <= slot < self.sched.config.slots
+
+    @invariant()
+    def kv_blocks_are_conserved(self):
+        held = [b for t in self.sched.turns.values() for b in t.blocks]
+        assert len(held) == len(set(held))
+        assert len(held) + self.sched.pool.num_free == self.blocks
+
+    @invariant()
+    def each_ended_turn_has_exactly_one_terminal_event(self):
+        ends = Counter(e.turn for e in self.events if e.event in TERMINAL)
+        assert all(n == 1 for n in ends.values())
+        for turn in self.submitted:
+            assert ends[turn.id] == (1 if turn.done else 0)
+            assert (turn.id in self.sched.turns) == (not turn.done)
+
+    @invariant()
+    def equals_never_preempt(self):
+        for e in self.events:
+            if e.event == "turn.preempted" and e.by_turn is not None:
+                assert e.by_priority > e.priority
+
+    @invariant()
+    def priority_is_the_loan_or_the_aged_base(self):
+        cap = self.sched.config.aging_cap
+        for turn in self.sched.turns.values():
+            levels = turn.boost if turn.slot is not None else int((self.now - turn.waiting_since) / 0.5)
+            aged = max(turn.priority, min(cap, turn.priority + levels))
+            assert self.sched.effective(turn, self.now) == max(aged, self.lent.get(turn.agent, aged))
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
