@@ -18,7 +18,8 @@ Semantics, in full:
   every ask records a wait sender -> target in `system.waits` while it is in
   flight (the target inherits the sender's priority), and an ask that would close
   a cycle of waits (B, transitively, is asking A while A asks B; or A asks
-  itself) raises WaitCycle at once. So does a `tell` that blocks on a full mailbox.
+  itself) raises WaitCycle at once. So does a `tell` that has to wait for room
+  in a full mailbox (give actors that must always accept `mailbox_size=math.inf`).
 - An actor may define `async def run(self)`, a background loop (an agent's main
   loop) running alongside its mailbox: it may ask others while the actor keeps
   answering messages. The wait graph knows actors, not tasks, so a cycle through
@@ -63,14 +64,16 @@ class Actor:
     `name` is unique in the system; `priority` is the base priority the wait
     graph starts from (changing it later updates the graph)."""
 
-    mailbox_size: ClassVar[int] = 64
+    # Messages that may wait in the mailbox; a full one makes `tell` wait. Use
+    # math.inf where a sender (the GPU owner's loop) must never block on this actor.
+    mailbox_size: ClassVar[float] = 64
     _dispatch: ClassVar[dict[type, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._dispatch = build_dispatch(cls)
 
-    def __init__(self, name: str, priority: int = BACKGROUND, *, mailbox_size: int | None = None) -> None:
+    def __init__(self, name: str, priority: int = BACKGROUND, *, mailbox_size: float | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"an actor needs a non-empty name, got {name!r}")
         if not isinstance(priority, int) or isinstance(priority, bool):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -125,6 +126,13 @@ async def test_ask_and_tell_in_order(bus: EventBus) -> None:
                 await ref.tell(Ping(n))
             await system.wait_idle()
             assert echo.seen == [1, *range(10)]
+            sink = Echo("sink", mailbox_size=math.inf)
+            await system.spawn(sink)
+            for n in range(1000):
+                await sink.ref.tell(Ping(n))
+            assert sink.seen == []  # no tell ever waited for room (so sink never ran)
+            await system.wait_idle()
+            assert sink.seen == list(range(1000))
             assert system.ref("echo") == ref and ref.alive
 
 
