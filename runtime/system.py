@@ -121,7 +121,8 @@ class ActorSystem:
 
     async def wait_idle(self) -> None:
         """Wait until every live mailbox is empty and no handler is running.
-        run() loops are not counted: they may run forever."""
+        run() loops are not counted: they may run forever. For code outside the
+        actors (tests, the CLI): a handler calling it would wait on itself."""
         while not self._idle():
             assert self._progress is not None
             await self._progress.wait()
