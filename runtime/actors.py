@@ -155,3 +155,13 @@ class Ref:
 
     def __repr__(self) -> str:
         return f"<Ref {self.name!r}>"
+
+
+def __getattr__(name: str) -> Any:
+    # `from runtime.actors import ActorSystem` keeps working although the system
+    # lives in runtime.system (which imports this module, hence the late import).
+    if name == "ActorSystem":
+        from runtime.system import ActorSystem
+
+        return ActorSystem
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
