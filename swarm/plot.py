@@ -198,8 +198,8 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
             (y - 0.35, 0.7),
             facecolors=colours[span.agent],
             alpha=1.0 if span.foreground else 0.45,
-            edgecolors="black" if span.foreground else "none",
-            linewidths=1.2 if span.foreground else 0,
+            edgecolors="black" if span.foreground else "white",  # white: turns back to back stay apart
+            linewidths=1.2 if span.foreground else 0.6,
         )
     for span in tl.pauses:
         ax.broken_barh(

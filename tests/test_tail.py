@@ -63,13 +63,6 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
     running: dict[int, dict] = {}  # slot -> turn
     next_turn = 1
     while arrivals or queue or running:
-        while arrivals and arrivals[0][0] == step:
-            _, agent, prio, length = arrivals.pop(0)
-            turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0,
-                    "since": clock(), "paused": False}
-            next_turn += 1
-            emit("turn.queued", turn=turn["turn"], agent=agent, priority=prio, tokens=7)
-            queue.append(turn)
         queue.sort(key=lambda t: -t["priority"])  # stable: oldest first within a priority
         for turn in list(queue):
             free = [s for s in range(slots) if s not in running]
@@ -95,9 +88,17 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
             running[slot] = turn
             who = {"turn": turn["turn"], "agent": turn["agent"], "priority": turn["priority"]}
             if turn["paused"]:
-                emit("turn.resumed", **who, slot=slot, paused_s=clock() - turn["since"])
+                emit("turn.resumed", **who, slot=slot, paused_s=round(clock() - turn["since"], 6))
             else:
-                emit("turn.admitted", **who, slot=slot, waited_s=clock() - turn["since"])
+                emit("turn.admitted", **who, slot=slot, waited_s=round(clock() - turn["since"], 6))
+        # Requests arriving during this step are seen at the next token boundary.
+        while arrivals and arrivals[0][0] == step:
+            _, agent, prio, length = arrivals.pop(0)
+            turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0,
+                    "since": clock(), "paused": False}
+            next_turn += 1
+            emit("turn.queued", turn=turn["turn"], agent=agent, priority=prio, tokens=7)
+            queue.append(turn)
         step += 1
         clock.now += STEP_S
         for slot, turn in sorted(running.items()):

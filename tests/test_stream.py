@@ -1,0 +1,254 @@
+"""The live event socket: viewers get every event, a stuck or vanishing viewer
+never disturbs the bus, the socket is private and cleaned up."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+import stat
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from runtime.errors import ConfigError
+from runtime.events import Dropped, Event, EventBus
+from runtime.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
+from swarm import tail
+from test_tail import Clock, emit_session
+
+STARTED = Event(event="swarm.started", t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
+
+
+@pytest.fixture
+def sock_path(tmp_path: Path) -> Path:
+    # sun_path is short (108 bytes) and pytest's tmp paths are long: stay near the root.
+    directory = Path("/tmp") / f"ssw-{os.getpid()}-{tmp_path.name[-20:]}"
+    yield directory / "private" / "swarm.sock"
+    for p in sorted(directory.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    directory.rmdir()
+
+
+class Viewer:
+    """A test client reading the stream line by line."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+
+    @classmethod
+    async def connect(cls, path: Path) -> Viewer:
+        return cls(await anyio.connect_unix(path))
+
+    async def read(self) -> Event | Dropped | None:
+        """The next item, or None at the end of the stream."""
+        try:
+            line = await self.reader.receive_until(b"\n", 1 << 20)
+        except anyio.IncompleteRead:
+            return None
+        return tail.parse_line(line, "stream")
+
+    async def read_all(self) -> list[Event | Dropped]:
+        items = []
+        while (item := await self.read()) is not None:
+            items.append(item)
+        return items
+
+
+async def attach(bus: EventBus, path: Path) -> Viewer:
+    """Connect and wait until the server has subscribed us, which it proves by
+    replaying the swarm.started event."""
+    viewer = await Viewer.connect(path)
+    with anyio.fail_after(30):  # a hang guard, not a speed check
+        assert await viewer.read() == STARTED
+    return viewer
+
+
+@pytest.mark.asyncio
+async def test_a_viewer_receives_the_session_exactly(sock_path: Path) -> None:
+    clock = Clock()
+    bus = EventBus(clock=clock)
+    recorded = bus.subscribe(100_000)
+    async with anyio.create_task_group() as tg:
+        assert await tg.start(serve_events, bus, sock_path) == sock_path
+        bus.emit(STARTED)  # the server replays it to each viewer as it connects
+        viewer = await attach(bus, sock_path)
+        emit_session(bus, clock, announce=False)
+        bus.close()  # the server drains the viewer's buffer, then hangs up
+        received = await viewer.read_all()
+        await viewer.stream.aclose()
+    emitted = [item async for item in recorded]
+    assert received == emitted[1:]  # all after the replayed start, in order, no loss
+    assert len(received) > 40
+    assert not sock_path.exists()  # removed when the bus closed
+
+
+@pytest.mark.asyncio
+async def test_socket_is_private(sock_path: Path) -> None:
+    bus = EventBus()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, sock_path)
+        assert stat.S_ISSOCK(sock_path.stat().st_mode)
+        assert stat.S_IMODE(sock_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(sock_path.parent.stat().st_mode) == 0o700
+        tg.cancel_scope.cancel()
+    assert not sock_path.exists()  # removed when cancelled, too
+
+
+@pytest.mark.asyncio
+async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> None:
+    bus = EventBus()
+    flood = 20_000  # a few MB of JSON: far past what the socket buffers hold
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(serve_events, bus, sock_path, max_buffer=16))
+        bus.emit(STARTED)
+        stuck = await attach(bus, sock_path)
+        for i in range(flood):
+            bus.emit(Event(event="turn.queued", t=i * 1e-3, step=i, turn=i, agent="a", priority=0, tokens=7))
+            if i % 50 == 0:
+                await anyio.sleep(0)  # let the server write until the socket is full
+        # The bus never waited on the viewer: all of it was emitted. Now the
+        # viewer reads; it gets what was buffered and a count of what it lost.
+        events, dropped = 0, 0
+        with anyio.fail_after(120):  # a hang guard, not a speed check
+            while dropped == 0 or events + dropped < flood:
+                item = await stuck.read()
+                if isinstance(item, Dropped):
+                    dropped += item.count
+                else:
+                    assert item.event == "turn.queued"
+                    events += 1
+        assert dropped > 0 and events + dropped == flood
+        # and it is live again: a new event arrives
+        bus.emit(Event(event="swarm.stopped", t=99.0, step=flood))
+        assert (await stuck.read()).event == "swarm.stopped"
+        await stuck.stream.aclose()
+        tg.cancel_scope.cancel()
+    assert bus.counts["turn.queued"] == flood
+
+
+@pytest.mark.asyncio
+async def test_viewers_coming_and_going_do_not_disturb_the_others(sock_path: Path) -> None:
+    bus = EventBus()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, sock_path)
+        bus.emit(STARTED)
+        steady = await attach(bus, sock_path)
+        for round_ in range(5):
+            # one hangs up at once, one talks nonsense, one leaves mid-stream
+            quitter = await Viewer.connect(sock_path)
+            await quitter.stream.aclose()
+            chatty = await attach(bus, sock_path)
+            await chatty.stream.send(b"hello?\n" * 1000)
+            leaver = await attach(bus, sock_path)
+            for i in range(100):
+                bus.emit(Event(event="turn.queued", t=float(i), step=round_ * 100 + i, turn=i, agent="a"))
+            await leaver.stream.aclose()  # unread events pending: the server's write fails
+            await chatty.stream.aclose()
+            await anyio.sleep(0)
+        bus.emit(Event(event="swarm.stopped", t=999.0, step=999))
+        items = []
+        while not items or items[-1].event != "swarm.stopped":
+            items.append(await steady.read())
+        assert [e.step for e in items[:-1]] == list(range(500))
+        # the server still accepts viewers
+        late = await attach(bus, sock_path)
+        bus.close()
+        assert await late.read_all() == []
+        for viewer in (steady, late):
+            await viewer.stream.aclose()
+    # every viewer's subscription was released (only the server's own tap remained, now closed too)
+    assert not bus._subscribers
+
+
+@pytest.mark.asyncio
+async def test_a_late_viewer_learns_how_the_swarm_started(sock_path: Path) -> None:
+    bus = EventBus()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, sock_path)
+        bus.emit(STARTED)
+        for i in range(3):
+            bus.emit(Event(event="turn.queued", t=float(i), step=i, turn=i, agent="a"))
+        viewer = await Viewer.connect(sock_path)
+        assert await viewer.read() == STARTED  # replayed, though emitted before it connected
+        bus.emit(Event(event="swarm.stopped", t=9.0, step=9))
+        assert (await viewer.read()).event == "swarm.stopped"
+        await viewer.stream.aclose()
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_tail_follows_the_newest_live_swarm(sock_path: Path, monkeypatch) -> None:
+    runtime_dir = sock_path.parent.parent  # short, and private to this test
+    runtime_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
+    path = default_socket_path()
+    assert path.parent == default_socket_dir() == runtime_dir / "slotswarm"
+    bus = EventBus()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, path)
+        bus.emit(STARTED)
+        kind, found = await anyio.to_thread.run_sync(tail.resolve_source, None)
+        assert (kind, found) == ("socket", path)
+        connected = anyio.Event()
+
+        def read_in_a_thread() -> list:
+            lines = tail.read_socket(found)
+            first = next(lines)
+            anyio.from_thread.run_sync(connected.set)
+            return [first] + list(lines)
+
+        async def emit_when_connected() -> None:
+            await connected.wait()
+            for i in range(10):
+                bus.emit(Event(event="turn.queued", t=float(i), step=i, turn=i, agent="a"))
+            bus.close()
+
+        tg.start_soon(emit_when_connected)
+        lines = await anyio.to_thread.run_sync(read_in_a_thread)
+    assert [item for _, item in lines][0] == STARTED
+    assert [item.step for _, item in lines[1:]] == list(range(10))
+    assert all(raw.endswith(b"\n") and msgspec.json.decode(raw) for raw, _ in lines)
+    assert not path.exists()
+
+
+def test_live_sockets_skips_stale_ones(tmp_path: Path) -> None:
+    directory = Path("/tmp") / f"ssw-live-{os.getpid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    try:
+        stale = directory / "dead.sock"
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(stale))  # bound, never listening: like a swarm that died
+        live = directory / "live.sock"
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(live))
+            s.listen()
+            (directory / "notes.sock").write_text("not a socket")
+            assert live_sockets(directory) == [live]
+        assert live_sockets(directory) == []
+        assert live_sockets(directory / "missing") == []
+    finally:
+        for p in directory.iterdir():
+            p.unlink()
+        directory.rmdir()
+
+
+@pytest.mark.asyncio
+async def test_refuses_a_path_in_use_or_too_long(sock_path: Path) -> None:
+    bus = EventBus()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, sock_path)
+        with pytest.raises(ConfigError, match="another swarm is already serving"):
+            await serve_events(bus, sock_path)
+        tg.cancel_scope.cancel()
+    with pytest.raises(ConfigError, match="at most 107"):
+        await serve_events(bus, sock_path.parent / ("x" * 120 + ".sock"))
+    sock_path.parent.mkdir(parents=True, exist_ok=True)
+    sock_path.write_text("precious")
+    with pytest.raises(ConfigError, match="not a socket"):
+        await serve_events(bus, sock_path)
+    assert sock_path.read_text() == "precious"
