@@ -62,9 +62,13 @@ class Scheduler:
         *,
         sampling: Sampling = GREEDY,
         ignore_eos: bool = False,
+        turn_id: int | None = None,
     ) -> Turn:
         """Queue a turn. A turn that can never run ends at once in turn.failed."""
-        turn = Turn(next(self._ids), agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
+        turn_id = next(self._ids) if turn_id is None else turn_id
+        if turn_id in self.turns:
+            raise ValueError(f"turn id {turn_id} is already live")
+        turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
         self.turns[turn.id] = turn
         self._event("turn.queued", turn, now, tokens=len(turn.prompt))
         problem = self._unrunnable(turn)

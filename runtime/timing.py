@@ -10,6 +10,7 @@ over the host link, and each preemption costs a flush.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import msgspec
@@ -27,14 +28,17 @@ class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TimingEngine:
-    def __init__(self, model: TimingModel, *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1) -> None:
+    def __init__(self, model: TimingModel = TimingModel(), *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1, realtime: bool = False) -> None:
         self.model = model
+        self.realtime = realtime  # sleep through each step, for runs on a wall clock
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()
         self._token = token
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
+        if self.realtime:
+            time.sleep(max(self.model.decode_step_s, sum(len(w.tokens) for w in batch) / self.model.prefill_tok_per_s))
         return [self._token if work.sample else None for work in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:

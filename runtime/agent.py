@@ -1,0 +1,209 @@
+"""Agents: actors that ask the shared GPU for turns.
+
+    class Reviewer(Agent):
+        async def on_pause(self, info: PauseInfo) -> None:
+            print(f"turn {info.turn} paused at token {info.at_token} for {info.by_agent}")
+
+        @handler
+        async def review(self, msg: Review) -> Verdict:
+            async with self.generate([{"role": "user", "content": msg.code}], max_tokens=200) as turn:
+                async for piece in turn:
+                    ...                      # text as it decodes
+            return Verdict(turn.text)
+
+A turn's updates come back on its own channel, in order: queued, admitted,
+tokens, paused / resumed (handed to `on_pause` / `on_resume` as they are read),
+and exactly one end. Leaving the `async with` early, or the agent crashing,
+cancels the turn; its slot and KV are freed at the next token boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import anyio
+
+from runtime.actors import Actor
+from runtime.engine import GREEDY, Sampling
+from runtime.errors import ActorError, TurnCancelled, TurnFailed
+from runtime.messages import Admitted, CancelTurn, Ended, Paused, Queued, Resumed, Token, TurnRequest
+from runtime.owner import TurnChannel
+from runtime.priority import BACKGROUND
+
+if TYPE_CHECKING:
+    from runtime.owner import GPUOwner
+
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    turn: int
+    at_token: int  # tokens generated before the pause
+    by_turn: int | None  # the turn that took the slot (None: paused to free memory)
+    by_agent: str | None
+    by_priority: int | None
+    t: float
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    turn: int
+    at_token: int
+    slot: int
+    paused_s: float
+    t: float
+
+
+class Agent(Actor):
+    """An actor with access to the GPU. Set `priority` to FOREGROUND for the agent
+    a person is reading; the rest default to BACKGROUND."""
+
+    def __init__(self, name: str, priority: int = BACKGROUND, **kwargs: Any) -> None:
+        super().__init__(name, priority, **kwargs)
+        self.gpu: GPUOwner | None = None  # set by Swarm.spawn
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._owner().tokenizer
+
+    async def on_pause(self, info: PauseInfo) -> None:
+        """A turn of this agent lost its slot at a token boundary."""
+
+    async def on_resume(self, info: ResumeInfo) -> None:
+        """A paused turn of this agent is running again."""
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        sampling: Sampling = GREEDY,
+        ignore_eos: bool = False,
+    ) -> TurnHandle:
+        """Start a turn: a chat (a list of {"role", "content"} messages), a single
+        user message (a str), or raw token ids. Use it as `async with`."""
+        return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos)
+
+    async def complete(self, prompt: Prompt, **kwargs: Any) -> str:
+        """Run a turn to its end and return its text."""
+        async with self.generate(prompt, **kwargs) as turn:
+            async for _ in turn:
+                pass
+        return turn.text
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise ActorError(f"agent {self.name!r}: this engine has no tokenizer; pass token ids")
+            return self.tokenizer.chat(list(prompt))
+        return [int(t) for t in prompt]
+
+    def _owner(self) -> GPUOwner:
+        if self.gpu is None:
+            raise ActorError(f"agent {self.name!r} has no GPU: spawn it with Swarm.spawn")
+        return self.gpu
+
+
+class TurnHandle:
+    """One turn, seen from its agent. Iterate it for text pieces; afterwards
+    `tokens`, `text` and the timings say what happened."""
+
+    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool) -> None:
+        self.agent = agent
+        self.prompt = prompt
+        self.id = agent._owner().next_turn_id()
+        self._request = TurnRequest(agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos)
+        self._channel = TurnChannel(self.id)
+        tokenizer = agent.tokenizer
+        self._text = tokenizer.stream() if tokenizer is not None else None
+        self.tokens: list[int] = []
+        self.pieces: list[str] = []
+        self.queued_t: float | None = None
+        self.admitted_t: float | None = None
+        self.first_token_t: float | None = None
+        self.ended: Ended | None = None
+        self.pauses: list[PauseInfo] = []
+        self.paused_s = 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def waited_s(self) -> float | None:
+        """Request to slot: the foreground wait."""
+        return None if self.admitted_t is None else self.admitted_t - self.queued_t
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_t is None else self.first_token_t - self.queued_t
+
+    async def __aenter__(self) -> TurnHandle:
+        self._request.reply = self._channel
+        try:
+            await self.agent._owner().requests.send(self._request)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._channel.send.close()  # nobody else holds it
+            self._channel.receive.close()
+            raise TurnCancelled(f"agent {self.agent.name!r}: the GPU owner has stopped") from None
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._channel.receive.close()  # the owner closes the send end
+        if self.ended is None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.agent._owner().requests.send(CancelTurn(turn=self.id, reason="left by its agent"))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass  # the owner has stopped and ended the turn itself
+
+    def __aiter__(self) -> TurnHandle:
+        return self
+
+    async def __anext__(self) -> str:
+        """The next piece of text. Ends at the turn's end; a cancelled or failed
+        turn raises TurnCancelled / TurnFailed with the reason."""
+        while self.ended is None:
+            try:
+                update = await self._channel.receive.receive()
+            except anyio.EndOfStream:
+                break
+            piece = await self._take(update)
+            if piece:
+                return piece
+        if self._text is not None and (rest := self._text.flush()):
+            self.pieces.append(rest)
+            return rest
+        if self.ended is not None and self.ended.event != "turn.finished":
+            error = TurnCancelled if self.ended.event == "turn.cancelled" else TurnFailed
+            raise error(f"turn {self.id} of agent {self.agent.name!r}: {self.ended.reason}")
+        raise StopAsyncIteration
+
+    async def _take(self, update: Any) -> str:
+        match update:
+            case Token(token=token, t=t):
+                self.tokens.append(token)
+                if self.first_token_t is None:
+                    self.first_token_t = t
+                piece = self._text.push(token) if self._text is not None else f"[{token}]"
+                if piece:
+                    self.pieces.append(piece)
+                return piece
+            case Queued(t=t):
+                self.queued_t = t
+            case Admitted(t=t):
+                self.admitted_t = t
+            case Paused():
+                info = PauseInfo(update.turn, update.at_token, update.by_turn, update.by_agent, update.by_priority, update.t)
+                self.pauses.append(info)
+                await self.agent.on_pause(info)
+            case Resumed():
+                self.paused_s += update.paused_s
+                await self.agent.on_resume(ResumeInfo(update.turn, len(self.tokens), update.slot, update.paused_s, update.t))
+            case Ended():
+                self.ended = update
+        return ""

@@ -1,0 +1,98 @@
+"""What agents and the GPU owner say to each other.
+
+Agents send `OwnerRequest`s over the owner's request channel; the owner answers
+each turn on that turn's own channel with `TurnUpdate`s. Both are tagged unions,
+so a viewer or a log can tell them apart by their `type` field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from runtime.engine import GREEDY, Sampling
+
+# ------------------------------------------------------------------ requests
+
+
+class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
+    agent: str
+    priority: int
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling = GREEDY
+    ignore_eos: bool = False
+    # Where the owner answers: the send end of an anyio memory stream of
+    # TurnUpdate, made by the agent for this turn. (A reply address, not data.)
+    reply: Any = None
+
+
+class CancelTurn(msgspec.Struct, tag="cancel", kw_only=True):
+    turn: int
+    reason: str = "cancelled"
+
+
+class CancelAgent(msgspec.Struct, tag="cancel_agent", kw_only=True):
+    """End every turn of an agent: it crashed or stopped."""
+
+    agent: str
+    reason: str
+
+
+class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
+    agent: str
+    priority: int | None  # None: back to its own
+
+
+OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
+
+# ------------------------------------------------------------------- updates
+
+
+class Queued(msgspec.Struct, tag="queued", kw_only=True):
+    turn: int
+    t: float
+
+
+class Admitted(msgspec.Struct, tag="admitted", kw_only=True):
+    turn: int
+    slot: int
+    waited_s: float
+    t: float
+
+
+class Token(msgspec.Struct, tag="token", kw_only=True):
+    turn: int
+    token: int
+    t: float
+
+
+class Paused(msgspec.Struct, tag="paused", kw_only=True):
+    """The turn lost its slot at a token boundary; its KV stays where the policy
+    keeps it. `by_turn` is None when it was paused to free KV memory."""
+
+    turn: int
+    at_token: int
+    by_turn: int | None
+    by_agent: str | None
+    by_priority: int | None
+    t: float
+
+
+class Resumed(msgspec.Struct, tag="resumed", kw_only=True):
+    turn: int
+    slot: int
+    paused_s: float
+    t: float
+
+
+class Ended(msgspec.Struct, tag="ended", kw_only=True):
+    turn: int
+    event: str  # turn.finished, turn.cancelled or turn.failed
+    reason: str
+    tokens: int
+    t: float
+
+
+TurnUpdate = Union[Queued, Admitted, Token, Paused, Resumed, Ended]

@@ -1,0 +1,204 @@
+"""The GPU owner: the one actor that drives the engine, a token at a time.
+
+Its loop, once per token boundary:
+
+    drain the request channel into the scheduler   (submit, cancel, inherit)
+    plan = scheduler.schedule(now)                  (admit, preempt, resume)
+    move KV, run one engine step in a worker thread (the event loop stays free)
+    scheduler.postprocess(...)                      (finish, count)
+    deliver tokens, then the decisions, on each turn's own channel
+
+Requests are only ever applied at a boundary, never while a step runs, so a
+cancelled turn's blocks are freed when no step can be using them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from runtime.actors import Actor
+from runtime.blocks import BlockPool
+from runtime.engine import Engine
+from runtime.events import TERMINAL, Event, EventBus
+from runtime.messages import Admitted, CancelAgent, CancelTurn, Ended, OwnerRequest, Paused, Queued, Resumed, SetInherited, Token, TurnRequest, TurnUpdate
+from runtime.priority import FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.turns import Plan, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+class GPUOwner(Actor):
+    def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
+        super().__init__(name, FOREGROUND)
+        self.engine = engine
+        self.bus = bus
+        self._decided: list[Event] = []
+        self.scheduler = Scheduler(config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids, emit=self._decided.append)
+        self.requests: MemoryObjectSendStream[OwnerRequest]
+        self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
+        self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
+        self._turn_ids = itertools.count(1)
+        self.step_seconds: list[float] = []  # wall time of each engine step
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.engine, "tokenizer", None)
+
+    def next_turn_id(self) -> int:
+        return next(self._turn_ids)
+
+    # ---------------------------------------------------------------- hooks
+
+    async def on_start(self) -> None:
+        self.system.step_source = lambda: self.scheduler.step
+        self.system.on_actor_stopped.append(self._actor_stopped)
+        self.system.on_priority_change.append(self._priority_changed)
+
+    def _actor_stopped(self, name: str) -> None:
+        if name != self.name:
+            self._request(CancelAgent(agent=name, reason=f"agent {name} stopped"))
+
+    def _priority_changed(self, agent: str, effective: int, inherited: int | None) -> None:
+        self._request(SetInherited(agent=agent, priority=inherited))
+
+    def _request(self, request: OwnerRequest) -> None:
+        try:
+            self.requests.send_nowait(request)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the owner has stopped; on_stop already ended every turn
+
+    async def on_stop(self) -> None:
+        # Every turn ends in exactly one terminal event, even at shutdown.
+        self._drain()
+        now = self.bus.now()
+        for turn_id in list(self.scheduler.turns):
+            self.scheduler.cancel(turn_id, now, "swarm stopped")
+        self._publish()
+        self.requests.close()
+        self._inbox.close()
+
+    # ----------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        while True:
+            if not self.scheduler.turns:
+                self._apply(await self._inbox.receive())  # idle: sleep until asked
+            self._drain()
+            plan = self.scheduler.schedule(self.bus.now())
+            self._publish()
+            if not plan.works:
+                if self.scheduler.turns:
+                    # Nothing can run until something changes (a cancel, a loan).
+                    self._apply(await self._inbox.receive())
+                continue
+            started = time.perf_counter()
+            try:
+                tokens = await anyio.to_thread.run_sync(self._execute, plan)
+            except Exception as exc:  # the engine failed: end this batch's turns, carry on
+                log.exception("engine step failed")
+                now = self.bus.now()
+                for turn in plan.turns:
+                    self.scheduler.fail(turn.id, now, f"engine error: {type(exc).__name__}: {exc}")
+                self._publish()
+                continue
+            self.step_seconds.append(time.perf_counter() - started)
+            now = self.bus.now()
+            for turn, token in self.scheduler.postprocess(plan, tokens, now):
+                self._send(turn.id, Token(turn=turn.id, token=token, t=now))
+            self._publish()
+
+    def _execute(self, plan: Plan) -> list[int | None]:
+        """Runs in a worker thread: the blocking device work of one step."""
+        for turn_id, blocks, length in plan.swap_out:
+            self.engine.swap_out(turn_id, blocks, length)
+        for turn_id, blocks in plan.swap_in:
+            self.engine.swap_in(turn_id, blocks)
+        return self.engine.step(plan.works)
+
+    # ------------------------------------------------------------- requests
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._apply(self._inbox.receive_nowait())
+            except anyio.WouldBlock:
+                return
+
+    def _apply(self, request: OwnerRequest) -> None:
+        now = self.bus.now()
+        sched = self.scheduler
+        if isinstance(request, TurnRequest):
+            turn_id = request.reply.turn_id
+            self._replies[turn_id] = request.reply.send
+            sched.submit(
+                request.agent, request.priority, request.prompt, request.max_tokens, now,
+                sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id,
+            )
+        elif isinstance(request, CancelTurn):
+            sched.cancel(request.turn, now, request.reason)
+        elif isinstance(request, CancelAgent):
+            for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
+                sched.cancel(turn.id, now, request.reason)
+        elif isinstance(request, SetInherited):
+            sched.set_inherited(request.agent, request.priority, now)
+
+    # -------------------------------------------------------------- updates
+
+    def _publish(self) -> None:
+        """Log the scheduler's decisions and tell each turn's agent of its own."""
+        decided, self._decided[:] = list(self._decided), []
+        for event in decided:
+            self.bus.emit(event)
+            update = _update_for(event)
+            if update is not None:
+                self._send(event.turn, update)
+            if event.event in TERMINAL:
+                self.engine.forget(event.turn)
+                reply = self._replies.pop(event.turn, None)
+                if reply is not None:
+                    reply.close()
+
+    def _send(self, turn_id: int, update: TurnUpdate) -> None:
+        reply = self._replies.get(turn_id)
+        if reply is None:
+            return
+        try:
+            reply.send_nowait(update)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            # The agent stopped listening: end the turn at the next boundary.
+            self._replies.pop(turn_id).close()
+            self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))
+
+
+def _update_for(e: Event) -> TurnUpdate | None:
+    match e.event:
+        case "turn.queued":
+            return Queued(turn=e.turn, t=e.t)
+        case "turn.admitted":
+            return Admitted(turn=e.turn, slot=e.slot, waited_s=e.waited_s, t=e.t)
+        case "turn.preempted":
+            return Paused(turn=e.turn, at_token=e.tokens, by_turn=e.by_turn, by_agent=e.by_agent, by_priority=e.by_priority, t=e.t)
+        case "turn.resumed":
+            return Resumed(turn=e.turn, slot=e.slot, paused_s=e.paused_s, t=e.t)
+        case "turn.finished" | "turn.cancelled" | "turn.failed":
+            return Ended(turn=e.turn, event=e.event, reason=e.reason, tokens=e.tokens, t=e.t)
+    return None
+
+
+class TurnChannel:
+    """The reply address a TurnRequest carries: the turn's id and the send end of
+    its update stream. Made by the agent side (runtime.agent.TurnHandle)."""
+
+    def __init__(self, turn_id: int) -> None:
+        self.turn_id = turn_id
+        self.send: MemoryObjectSendStream[TurnUpdate]
+        self.receive: MemoryObjectReceiveStream[TurnUpdate]
+        self.send, self.receive = anyio.create_memory_object_stream[TurnUpdate](math.inf)

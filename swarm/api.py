@@ -1,0 +1,102 @@
+"""`Swarm`: one GPU owner, many agents, one event stream.
+
+    async with Swarm(engine, slots=8, policy="resident", events="events.jsonl") as swarm:
+        await swarm.spawn(PairProgrammer("pair", FOREGROUND))
+        await swarm.spawn(Reviewer("reviewer"))
+        ...
+
+Leaving the block stops every agent, ends every turn in exactly one terminal
+event, frees the KV and closes the event stream.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from runtime.agent import Agent
+from runtime.engine import Engine
+from runtime.errors import ConfigError
+from runtime.events import Event, EventBus
+from runtime.owner import GPUOwner
+from runtime.stream import serve_events
+from runtime.system import ActorSystem
+from runtime.turns import Policy, SchedulerConfig
+
+
+class Swarm:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        slots: int = 8,
+        policy: str | Policy = Policy.RESIDENT,
+        step_tokens: int | None = None,
+        aging_s: float = 10.0,
+        swap_blocks: int | None = None,
+        events: str | Path | None = None,
+        terminal: bool = False,
+        socket: str | Path | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        limit = getattr(engine, "max_batch_tokens", None)
+        step_tokens = step_tokens or min(128, limit or 128)
+        if limit is not None and step_tokens > limit:
+            raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
+        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, max_context=getattr(getattr(engine, "config", None), "context_length", None))
+        self.engine = engine
+        self.bus = EventBus()
+        self.events_path = self.bus.log_to_file(events) if events else None
+        if terminal:
+            self.bus.log_to_terminal()
+        self.socket = Path(socket) if socket else None
+        self.model_name = model_name
+        self.system = ActorSystem(self.bus)
+        self.owner = GPUOwner(engine, self.config, self.bus)
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Swarm:
+        # Exits run in reverse: stop the agents, then the owner (whose on_stop ends
+        # whatever turns are left), then announce the stop and close the stream.
+        async with AsyncExitStack() as stack:
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            if self.socket:
+                await tasks.start(serve_events, self.bus, self.socket)
+            stack.push_async_callback(self._announce_stop)
+            await stack.enter_async_context(self.system)
+            stack.push_async_callback(self._stop_agents)
+            self.bus.emit(Event(
+                event="swarm.started", t=self.bus.now(), step=0, unix_time=time.time(), slots=self.config.slots,
+                policy=self.config.policy.value, device=getattr(self.engine, "device_name", type(self.engine).__name__), model=self.model_name,
+            ))
+            await self.system.spawn(self.owner)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._stack.__aexit__(*exc_info)
+
+    async def _stop_agents(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for name in self.system.names():
+                if name != self.owner.name:
+                    await self.system.stop(name)
+
+    async def _announce_stop(self) -> None:
+        self.bus.emit(Event(event="swarm.stopped", t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
+        self.bus.close()
+
+    async def spawn(self, agent: Agent) -> Agent:
+        if not isinstance(agent, Agent):
+            raise TypeError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
+        agent.gpu = self.owner
+        await self.system.spawn(agent)
+        return agent
+
+    async def join(self, agent: Agent | str) -> None:
+        """Wait until an agent has stopped (its run() returned or it crashed)."""
+        await self.system.join(agent)

@@ -1,0 +1,193 @@
+"""The GPU owner and agents end to end, on the timing-model engine.
+
+Steps are instant here, so everything is asserted in decode steps read from
+the event stream, never in seconds."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import msgspec
+import pytest
+
+from runtime.errors import TurnCancelled
+from runtime.events import TERMINAL, Event
+from runtime.timing import TimingEngine
+from swarm import BACKGROUND, FOREGROUND, Agent, PauseInfo, ResumeInfo, Swarm, handler
+
+LONG = 20_000
+
+
+class Recorder:
+    def __init__(self, swarm: Swarm) -> None:
+        self.events: list[Event] = []
+        self.sub = swarm.bus.subscribe(max_buffer=10**9)
+
+    async def until(self, predicate) -> Event:
+        async for event in self.sub:
+            self.events.append(event)
+            if predicate(event):
+                return event
+        raise AssertionError("event stream ended")
+
+
+class Background(Agent):
+    def __init__(self, name: str, priority: int = BACKGROUND) -> None:
+        super().__init__(name, priority)
+        self.pauses: list[PauseInfo] = []
+        self.resumes: list[ResumeInfo] = []
+
+    async def on_pause(self, info: PauseInfo) -> None:
+        self.pauses.append(info)
+
+    async def on_resume(self, info: ResumeInfo) -> None:
+        self.resumes.append(info)
+
+    async def run(self) -> None:
+        async with self.generate([1, 2, 3], max_tokens=LONG, ignore_eos=True) as turn:
+            async for _ in turn:
+                await anyio.sleep(0)
+
+
+def swarm(slots=2, policy="resident", **kw) -> Swarm:
+    return Swarm(TimingEngine(num_blocks=16_384), slots=slots, policy=policy, **kw)
+
+
+@pytest.mark.asyncio
+async def test_foreground_takes_a_slot_at_the_next_boundary_and_the_victim_is_told():
+    with anyio.fail_after(30):
+        async with swarm(slots=2) as s:
+            rec = Recorder(s)
+            bgs = [await s.spawn(Background(f"bg{i}")) for i in range(2)]
+            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "bg1")
+            fg = await s.spawn(Agent("pair", FOREGROUND))
+            text = await fg.complete([9, 9], max_tokens=5, ignore_eos=True)
+            assert text == "[1]" * 5
+            await rec.until(lambda e: e.event == "turn.resumed")
+            mine = {e.event: e for e in rec.events if e.agent == "pair"}
+            assert mine["turn.admitted"].step - mine["turn.queued"].step <= 1
+            (pre,) = [e for e in rec.events if e.event == "turn.preempted"]
+            assert pre.by_agent == "pair" and pre.by_priority == FOREGROUND and pre.by_turn == mine["turn.queued"].turn
+            victim = next(b for b in bgs if b.name == pre.agent)
+            with anyio.fail_after(5):
+                while not victim.resumes:
+                    await anyio.sleep(0.01)
+            (pause,) = victim.pauses
+            assert pause.by_agent == "pair" and pause.turn == pre.turn and pause.at_token == pre.tokens
+            assert victim.resumes[0].at_token == pause.at_token and victim.resumes[0].paused_s >= 0
+
+
+class Crasher(Agent):
+    async def run(self) -> None:
+        async with self.generate([1], max_tokens=LONG, ignore_eos=True) as turn:
+            async for _ in turn:
+                if len(turn.tokens) == 20:
+                    raise RuntimeError("boom")
+
+
+@pytest.mark.asyncio
+async def test_a_crashing_agent_has_its_turn_ended_and_kv_freed_and_the_swarm_goes_on():
+    with anyio.fail_after(30):
+        async with swarm(slots=2) as s:
+            rec = Recorder(s)
+            await s.spawn(Crasher("crasher"))
+            crashed = await rec.until(lambda e: e.event == "agent.crashed")
+            assert "boom" in crashed.reason
+            end = await rec.until(lambda e: e.event in TERMINAL and e.agent == "crasher")
+            assert end.event == "turn.cancelled"
+            other = await s.spawn(Agent("other"))
+            assert await other.complete([5], max_tokens=3, ignore_eos=True) == "[1]" * 3
+            pool = s.owner.scheduler.pool
+            assert pool.num_free == pool.num_blocks
+
+
+@pytest.mark.asyncio
+async def test_leaving_a_turn_early_cancels_it_once():
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            rec = Recorder(s)
+            agent = await s.spawn(Agent("a"))
+            async with agent.generate([1], max_tokens=LONG, ignore_eos=True) as turn:
+                async for _ in turn:
+                    if len(turn.tokens) >= 3:
+                        break
+            end = await rec.until(lambda e: e.event in TERMINAL)
+            assert (end.event, end.reason) == ("turn.cancelled", "left by its agent")
+
+
+@pytest.mark.asyncio
+async def test_a_turn_that_cannot_run_fails_with_its_reason():
+    with anyio.fail_after(30):
+        async with Swarm(TimingEngine(num_blocks=2, block_size=4), slots=1) as s:
+            agent = await s.spawn(Agent("a"))
+            with pytest.raises(Exception, match="KV blocks"):
+                await agent.complete([1] * 20, max_tokens=4)
+
+
+class Review(msgspec.Struct):
+    code: str
+
+
+class Reviewer(Agent):
+    @handler
+    async def review(self, msg: Review) -> str:
+        return await self.complete([7, 7, 7], max_tokens=30, ignore_eos=True)
+
+
+class Asker(Agent):
+    async def run(self) -> None:
+        self.verdict = await self.ask("reviewer", Review("x = 1"), timeout=30)
+
+
+@pytest.mark.asyncio
+async def test_a_foreground_ask_lends_its_priority_to_the_reviewers_turn():
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            rec = Recorder(s)
+            await s.spawn(Background("tests", priority=5))
+            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "tests")
+            await s.spawn(Reviewer("reviewer"))
+            await s.spawn(Asker("pair", FOREGROUND))
+            lent = await rec.until(lambda e: e.event == "priority.inherited")
+            assert (lent.agent, lent.priority, lent.base_priority, lent.by_agent) == ("reviewer", FOREGROUND, BACKGROUND, "pair")
+            pre = await rec.until(lambda e: e.event == "turn.preempted")
+            assert (pre.agent, pre.by_agent, pre.by_priority) == ("tests", "reviewer", FOREGROUND)
+            await rec.until(lambda e: e.event == "turn.finished" and e.agent == "reviewer")
+            restored = await rec.until(lambda e: e.event == "priority.restored")
+            assert (restored.agent, restored.priority) == ("reviewer", BACKGROUND)
+
+
+@pytest.mark.asyncio
+async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with anyio.fail_after(30):
+        async with swarm(slots=2, events=path) as s:
+            rec = Recorder(s)
+            for i in range(4):
+                await s.spawn(Background(f"bg{i}"))
+            for _ in range(4):
+                await rec.until(lambda e: e.event == "turn.queued")
+            pool = s.owner.scheduler.pool
+        assert pool.num_free == pool.num_blocks
+    from runtime.events import read_events
+
+    events = list(read_events(path))
+    queued = {e.turn for e in events if e.event == "turn.queued"}
+    ends = Counter(e.turn for e in events if e.event in TERMINAL)
+    assert len(queued) == 4 and all(ends[t] == 1 for t in queued)
+    assert events[0].event == "swarm.started" and events[-1].event == "swarm.stopped"
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_turn_raises_turn_cancelled_to_its_reader():
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            agent = await s.spawn(Agent("a"))
+            async with agent.generate([1], max_tokens=LONG, ignore_eos=True) as turn:
+                with pytest.raises(TurnCancelled, match="told to stop"):
+                    async for _ in turn:
+                        if len(turn.tokens) == 2:
+                            from runtime.messages import CancelTurn
+
+                            await s.owner.requests.send(CancelTurn(turn=turn.id, reason="told to stop"))
