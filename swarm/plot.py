@@ -288,8 +288,14 @@ def plot_bench(data: dict, out: str | os.PathLike[str], title: str | None = None
         _draw_ecdf(ax, policies, samples)
     else:
         _draw_percentile_bars(ax, policies)
-    ax.set_title(title or "foreground wait per policy")
+    ax.set_title(title or _bench_title(data))
     return _save(fig, out)
+
+
+def _bench_title(data: dict) -> str:
+    workload = data.get("workload") if isinstance(data.get("workload"), dict) else {}
+    facts = [f"{workload[k]} {label}" for k, label in (("slots", "slots"), ("arrivals", "arrivals")) if k in workload]
+    return " · ".join(["foreground wait per policy", *facts])
 
 
 def _policies(data: dict) -> dict[str, dict[str, float]]:
@@ -329,7 +335,7 @@ def _draw_ecdf(ax: Any, policies: dict, samples: dict[str, list[float]]) -> None
             points = [max(policies[name][k] * 1000, FLOOR_MS) for k in PERCENTILES]
             ax.plot(points, [0.5, 0.9, 0.99, 1.0], "o--", color=colour, label=f"{name} (percentiles)")
     ax.set_xscale("log")
-    ax.set_xlabel("foreground wait, queued -> admitted (ms, log)")
+    ax.set_xlabel("foreground wait, queued -> admitted (ms, log; a zero wait is drawn at 1 µs)")
     ax.set_ylabel("fraction of foreground turns")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3, which="both")
@@ -344,7 +350,7 @@ def _draw_percentile_bars(ax: Any, policies: dict) -> None:
         ax.bar(xs, heights, width, label=key, color=f"C{j}")
     ax.set_xticks(range(len(policies)), list(policies))
     ax.set_yscale("log")
-    ax.set_ylabel("foreground wait (ms, log)")
+    ax.set_ylabel("foreground wait (ms, log; zero drawn at 1 µs)")
     top = max(max(p.values()) for p in policies.values()) * 1000
     ax.set_ylim(FLOOR_MS / 2, max(top, FLOOR_MS) * 3)
     ax.grid(axis="y", alpha=0.3, which="both")
