@@ -106,6 +106,8 @@ class Result:
     fg_waits: list[float] = field(default_factory=list)
     bg_tokens: int = 0
     preemptions: int = 0
+    recomputed_tokens: int = 0  # what resuming cost under recompute
+    swapped_bytes: int = 0  # and under swap (both directions)
     span_s: float = 0.0
     steps: int = 0
 
@@ -116,6 +118,8 @@ class Result:
             "fg_wait_s": {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": float(waits.max())},
             "bg_tok_per_s": self.bg_tokens / self.span_s if self.span_s else 0.0,
             "preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed_tokens,
+            "swapped_mb": self.swapped_bytes / 1e6,
         }
 
 
@@ -141,6 +145,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     def count(event: Event) -> None:
         if event.event == "turn.preempted":
             result.preemptions += 1
+        elif event.event == "kv.recomputed":
+            result.recomputed_tokens += event.tokens
 
     config = SchedulerConfig(slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s)
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
@@ -172,6 +178,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         for turn in plan.turns:
             if turn.agent == "fg" and turn.computed == 0 and turn.admitted_at == now and not turn.output:
                 result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))
+        moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
+        result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
         tokens = engine.step(plan.works)
         now += engine.overhead_s(plan) + engine.step_s(plan) * plan.steps
         for turn, _ in sched.postprocess(plan, tokens, now):

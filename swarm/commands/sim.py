@@ -103,13 +103,14 @@ def _print_table(workload: Workload, results) -> None:
         f"background {workload.background.dist} mean {workload.background.mean:.0f} tokens, seed {workload.seed}"
     )
     table = Table(title=title)
-    for col in ("policy", "fg wait p50", "p90", "p99", "max", "bg tok/s", "preemptions"):
-        table.add_column(col, justify="right")
+    for col in ("policy", "fg wait p50", "p90", "p99", "max", "bg tok/s", "preempts", "resumes cost"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         s = r.summary()
         w = s["fg_wait_s"]
-        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p90", "p99", "max")), f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]))
-    Console().print(table)
+        cost = f"{r.recomputed_tokens / 1e3:.0f}k tok" if r.recomputed_tokens else f"{s['swapped_mb'] / 1e3:.1f} GB" if r.swapped_bytes else "-"
+        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p90", "p99", "max")), f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost)
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def _seconds(x: float) -> str:

@@ -1,0 +1,63 @@
+"""`swarm sim`: the simulator's claims, on small but real runs (virtual time)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.errors import ConfigError
+from swarm.cli import main
+from swarm.sim import load_workload, simulate
+
+
+@pytest.mark.parametrize("dist", ["lognormal", "pareto"])
+def test_resident_caps_the_foreground_wait_at_one_step_plus_the_flush(dist):
+    workload = load_workload(None, arrivals=300, **{"background.dist": dist})
+    step, flush = workload.timing.decode_step_s, workload.timing.flush_s
+    resident = simulate(workload, "resident").summary()["fg_wait_s"]
+    priority = simulate(workload, "priority").summary()["fg_wait_s"]
+    assert resident["p99"] <= step + flush + 1e-9
+    # A wait can start inside a step that itself paid a flush: at most one more.
+    assert resident["max"] <= step + 2 * flush + 1e-9
+    # Without preemption the wait follows the background turn lengths.
+    assert priority["p50"] > 10 * resident["p99"]
+    assert priority["max"] > 1.0
+
+
+def test_swap_and_recompute_pay_for_their_resumes():
+    workload = load_workload(None, arrivals=200)
+    swap, recompute, resident = (simulate(workload, p) for p in ("swap", "recompute", "resident"))
+    assert swap.swapped_bytes > 0 and recompute.recomputed_tokens > 0
+    assert resident.swapped_bytes == 0 and resident.recomputed_tokens == 0
+    assert max(swap.fg_waits) >= max(resident.fg_waits)
+
+
+def test_a_seed_makes_a_run_reproducible():
+    workload = load_workload(None, arrivals=100, seed=7)
+    assert simulate(workload, "priority").fg_waits == simulate(workload, "priority").fg_waits
+    other = load_workload(None, arrivals=100, seed=8)
+    assert simulate(other, "priority").fg_waits != simulate(workload, "priority").fg_waits
+
+
+def test_json_output_has_the_documented_shape(capsys):
+    assert main(["sim", "--arrivals", "50", "--policies", "priority,resident", "--json", "--jobs", "1", "--slots", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"]["slots"] == 4 and out["workload"]["arrivals"] == 50
+    for name in ("priority", "resident"):
+        policy = out["policies"][name]
+        assert set(policy["fg_wait_s"]) == {"p50", "p90", "p99", "max"}
+        assert policy["bg_tok_per_s"] > 0 and isinstance(policy["preemptions"], int)
+
+
+def test_a_workload_file_sets_fields_and_names_bad_ones(tmp_path):
+    good = tmp_path / "w.toml"
+    good.write_text("slots = 4\narrivals = 10\n[background]\ndist = 'pareto'\nalpha = 1.3\n")
+    workload = load_workload(good)
+    assert (workload.slots, workload.background.dist, workload.background.alpha) == (4, "pareto", 1.3)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("slots = 4\nslotz = 5\n")
+    with pytest.raises(ConfigError, match="slotz"):
+        load_workload(bad)
+    with pytest.raises(ConfigError, match="unknown policy"):
+        simulate(workload, "lottery")
