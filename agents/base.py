@@ -1,0 +1,60 @@
+"""What every ready-made agent shares: timing records for its turns, and prompts
+that work with or without a tokenizer.
+
+These agents are plain subclasses of the public `swarm.Agent`, written the way
+you would write your own: read them as examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from swarm import GREEDY, Agent, Sampling
+
+# The default model is tiny (SmolLM2-135M): short prompts, short answers.
+MAX_FILE_CHARS = 1200  # about 300 tokens of code
+MAX_TOKENS = 96
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """How one turn went, for the session summary (seconds)."""
+
+    agent: str
+    priority: int
+    tokens: int
+    waited_s: float | None  # request to slot
+    ttft_s: float | None  # request to first token
+    paused_s: float
+    pauses: int
+
+
+class RecordingAgent(Agent):
+    """An Agent that keeps a TurnRecord for every turn it runs through `answer`."""
+
+    def __init__(self, name: str, priority: int, *, log_text: bool = False, **kwargs: Any) -> None:
+        super().__init__(name, priority, **kwargs)
+        self.records: list[TurnRecord] = []
+        self.log_text = log_text  # keep prompts and answers in the agent's own files
+
+    async def answer(self, system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY) -> str:
+        """One chat turn: a system prompt and a user message in, the reply out."""
+        async with self.generate(self.chat(system, user), max_tokens=max_tokens, sampling=sampling) as turn:
+            async for _ in turn:
+                pass
+        self.records.append(
+            TurnRecord(self.name, self.effective_priority, len(turn.tokens), turn.waited_s, turn.ttft_s, turn.paused_s, len(turn.pauses))
+        )
+        return turn.text
+
+    def chat(self, system: str, user: str) -> list[dict[str, str]] | list[int]:
+        if self.tokenizer is None:
+            # An engine without a tokenizer (the timing model) takes token ids:
+            # stand in one id per byte so prompt lengths still follow the text.
+            return list((system + "\n" + user).encode()[:512])
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def clip(text: str, limit: int = MAX_FILE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "\n# ... (truncated)\n"

@@ -1,0 +1,91 @@
+"""`swarm run [session.toml]`: run a swarm of agents from a session file.
+
+Without a file it runs the built-in demo: the ready-made coding agents on the
+sample project, a scripted foreground asking questions while the background
+agents keep every slot busy. It ends by itself in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+
+from runtime.events import read_events
+from runtime.stream import default_socket_path
+from swarm import tail
+from swarm.session import DEMO_SESSION, SessionRunner, Summary, load_session, percentiles, summarize
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run a swarm from a session file (or the built-in demo)", description=__doc__)
+    p.add_argument("session", nargs="?", help="session TOML file (default: the built-in demo)")
+    p.add_argument("--model", help="GGUF model file (overrides the session's)")
+    p.add_argument("--device", help="OpenCL device (overrides the session's)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
+    p.add_argument("--quiet", action="store_true", help="no live event lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    session = load_session(args.session or DEMO_SESSION)
+    for flag in ("model", "device", "duration"):
+        if getattr(args, flag) is not None:
+            setattr(session, flag, getattr(args, flag))
+    console = Console(highlight=False, soft_wrap=True)
+    # Agent crashes are reported as events and in the summary; keep tracebacks off the screen.
+    logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
+    socket = default_socket_path()
+    runner = SessionRunner(
+        session, socket=socket,
+        on_event=None if args.quiet else (lambda e: console.print(tail.render(e))),
+        say=lambda text: console.print(text, style="bold cyan", markup=False),
+    )
+    for problem in runner.problems:
+        console.print(f"[bold red]warning:[/] {problem}", highlight=False)
+    console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
+    if not args.session:
+        console.print("demo: the built-in agents on the sample project (Ctrl-C stops it early)")
+    interrupted = False
+    try:
+        anyio.run(runner.run)
+    except KeyboardInterrupt:
+        interrupted = True
+    events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
+    print_summary(console, summarize(events, runner.agents), runner)
+    if interrupted:
+        console.print("stopped by Ctrl-C")
+    return 130 if interrupted else 0
+
+
+def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
+    table = Table(title=f"{s.seconds:.1f} s, {s.steps} decode steps, {s.preemptions} preemptions, {s.inheritances} inheritances")
+    for col in ("agent", "turns", "tokens", "paused", "preempted", "inherited", "crashed"):
+        table.add_column(col, justify="left" if col in ("agent", "crashed") else "right")
+    for name, a in s.agents.items():
+        table.add_row(name, str(a.turns), str(a.tokens), f"{a.paused_s:.1f} s", str(a.preempted), str(a.inherited), a.crashed or "")
+    console.print(table)
+    waits = Table(title="foreground (turns at foreground priority)")
+    for col in ("", "n", "p50", "p90", "p99", "max"):
+        waits.add_column(col, justify="right")
+    for label, samples in (("wait (request to slot)", s.fg_wait_s), ("time to first token", s.fg_ttft_s)):
+        p = percentiles(samples)
+        cells = [_s(p[k]) for k in ("p50", "p90", "p99", "max")] if p else ["-"] * 4
+        waits.add_row(label, str(len(samples)), *cells)
+    console.print(waits)
+    steps = getattr(getattr(runner, "swarm", None), "owner", None)
+    if steps is not None and steps.step_seconds:
+        import statistics
+
+        console.print(f"median decode step: {_s(statistics.median(steps.step_seconds))}")
+    console.print(f"events: {runner.events_path}\nproposals: {runner.out}")
+
+
+def _s(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
