@@ -74,7 +74,8 @@ async def test_a_viewer_receives_the_session_exactly(sock_path: Path) -> None:
     bus = EventBus(clock=clock)
     recorded = bus.subscribe(100_000)
     async with anyio.create_task_group() as tg:
-        assert await tg.start(serve_events, bus, sock_path) == sock_path
+        # a long grace: however slow the machine, the viewer gets to read everything
+        assert await tg.start(partial(serve_events, bus, sock_path, grace_s=60)) == sock_path
         bus.emit(STARTED)  # the server replays it to each viewer as it connects
         viewer = await attach(bus, sock_path)
         emit_session(bus, clock, announce=False)
@@ -129,6 +130,25 @@ async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> N
         await stuck.stream.aclose()
         tg.cancel_scope.cancel()
     assert bus.counts["turn.queued"] == flood
+
+
+@pytest.mark.asyncio
+async def test_a_stuck_viewer_does_not_hold_up_the_swarm_stopping(sock_path: Path) -> None:
+    bus = EventBus()
+    # A hang guard, not a speed check: without the grace period the server would
+    # wait on the stuck viewer forever and leaving the task group would hang.
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(serve_events, bus, sock_path, max_buffer=16, grace_s=0.05))
+            bus.emit(STARTED)
+            stuck = await attach(bus, sock_path)
+            for i in range(20_000):
+                bus.emit(Event(event="turn.queued", t=0.0, step=i, turn=i, agent="a"))
+                if i % 50 == 0:
+                    await anyio.sleep(0)
+            bus.close()  # serve_events returns by itself, which lets the group exit
+    assert not sock_path.exists()
+    await stuck.stream.aclose()
 
 
 @pytest.mark.asyncio
