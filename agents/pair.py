@@ -16,7 +16,7 @@ import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from agents.reviewer import Review, Verdict
-from swarm import FOREGROUND, ActorCrashed, AskTimeout
+from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnFailed
 
 SYSTEM = "You are a friendly pair programmer. Answer briefly."
 
@@ -76,7 +76,7 @@ class PairProgrammer(RecordingAgent):
         self.review_asks += 1
         try:
             verdict: Verdict = await self.ask(self.reviewer, Review(name, clip(path.read_text(errors="replace"))), timeout=600)
-        except (ActorCrashed, AskTimeout) as exc:
+        except (ActorCrashed, AskTimeout, TurnFailed) as exc:
             return f"(the reviewer could not answer: {exc})"
         return verdict.text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
+from agents.base import clip
 from agents.workspace import WorkspaceAgent
 from swarm import handler
 
@@ -28,5 +29,5 @@ class Reviewer(WorkspaceAgent):
 
     @handler
     async def review(self, msg: Review) -> Verdict:
-        text = await self.answer(self.system_prompt, f"{self.task}\n\n```\n{msg.code}\n```", max_tokens=self.max_tokens)
+        text = await self.answer(self.system_prompt, f"{self.task}\n\n```\n{clip(msg.code, self.max_file_chars)}\n```", max_tokens=self.max_tokens)
         return Verdict(msg.path, text)

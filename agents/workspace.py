@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
-from swarm import BACKGROUND, TurnCancelled
+from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
 SOURCE_SUFFIXES = (".py", ".md", ".txt", ".toml")
 
@@ -48,6 +48,7 @@ class WorkspaceAgent(RecordingAgent):
         self.parallel = parallel
         self.rounds = rounds
         self.written: list[Path] = []
+        self.failed: list[str] = []  # files the model could not take
 
     def files(self) -> list[Path]:
         """The workspace's text files, skipping hidden folders and our own output."""
@@ -88,6 +89,8 @@ class WorkspaceAgent(RecordingAgent):
                     await self.propose(path)
                 except TurnCancelled:
                     return  # the swarm is stopping
+                except TurnFailed as exc:  # e.g. a file too long for the context: skip it
+                    self.failed.append(f"{path.name}: {exc}")
 
         async with anyio.create_task_group() as tasks:
             for _ in range(self.parallel):

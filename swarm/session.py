@@ -301,23 +301,43 @@ class SessionRunner:
                         viewers.start_soon(self._forward, swarm.bus.subscribe())
                     # Background first, so the foreground arrives to a busy GPU.
                     order = sorted(self.agents, key=lambda a: a.priority)
+                    self._done = [_signal_when_run_returns(a) for a in order if a.priority >= FOREGROUND]
                     for agent in order:
                         await swarm.spawn(agent)
-                    await self._until_done(swarm, [a for a in order if a.priority >= FOREGROUND])
+                    await self._until_done()
         finally:
             self.stopped = time.monotonic()
 
-    async def _until_done(self, swarm: Any, foreground: list[Any]) -> None:
+    async def _until_done(self) -> None:
         """Until the duration is up, or every foreground agent has finished."""
         with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")):
-            if not foreground:
+            if not self._done:
                 await anyio.sleep_forever()
-            for agent in foreground:
-                await swarm.join(agent)
+            for done in self._done:
+                await done.wait()
 
     async def _forward(self, sub: Any) -> None:
         async for item in sub:
             self.on_event(item)
+
+
+def _signal_when_run_returns(agent: Any) -> anyio.Event:
+    """An event set when the agent's run() ends (returns or raises): an actor
+    whose run() returns keeps serving its mailbox, so joining it would not do."""
+    done = anyio.Event()
+    run = getattr(agent, "run", None)
+    if run is None:
+        done.set()
+        return done
+
+    async def run_then_signal() -> None:
+        try:
+            await run()
+        finally:
+            done.set()
+
+    agent.run = run_then_signal
+    return done
 
 
 # ------------------------------------------------------------------ summary

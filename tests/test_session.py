@@ -1,0 +1,229 @@
+"""Session files and `swarm run`: errors that name the field and line, agents
+left out or crashing while the session goes on, and one run end to end on the
+tiny model."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime.errors import ConfigError
+from runtime.events import TERMINAL, read_events
+from swarm.cli import main
+from swarm.session import SessionRunner, find_line, load_session, parse_session, summarize
+
+SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_gguf: Path):
+    from gpu.engine import OpenCLEngine
+
+    return OpenCLEngine(tiny_gguf)
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE, ws)
+    return ws
+
+
+def session_text(body: str) -> str:
+    return textwrap.dedent(body).lstrip()
+
+
+# ------------------------------------------------------------ validation
+
+
+def test_an_unknown_field_is_named_with_its_line():
+    text = session_text("""
+        slots = 4
+        policy = "resident"
+        colour = "blue"
+    """)
+    with pytest.raises(ConfigError, match=r"line 3: .*unknown field `colour`"):
+        parse_session(text, where="s.toml")
+
+
+def test_a_wrong_type_inside_an_agent_table_is_named_with_its_line():
+    text = session_text("""
+        slots = 4
+
+        [[agents]]
+        class = "pair"
+        priority = "foreground"
+
+        [[agents]]
+        class = "reviewer"
+        name = "reviewer"
+        priority = 2.5
+    """)
+    with pytest.raises(ConfigError, match=r"s.toml, line 10: .*\$\.agents\[1\]\.priority"):
+        parse_session(text, where="s.toml")
+
+
+def test_an_unknown_field_in_an_agent_and_a_wrong_top_level_type_are_located():
+    text = session_text("""
+        [[agents]]
+        class = "pair"
+        [[agents]]
+        class = "docs"
+        speed = 3
+    """)
+    with pytest.raises(ConfigError, match=r"line 5: .*unknown field `speed`"):
+        parse_session(text)
+    with pytest.raises(ConfigError, match=r"line 2: Expected `int`.*\$\.slots"):
+        parse_session('model = "m.gguf"\nslots = "eight"\n')
+
+
+def test_a_bad_priority_name_and_policy_are_errors_with_lines():
+    with pytest.raises(ConfigError, match=r"line 3: agents\[0\]\.priority"):
+        parse_session('[[agents]]\nclass = "pair"\npriority = "urgent"\n')
+    with pytest.raises(ConfigError, match=r"line 1: unknown policy 'fastest'"):
+        parse_session('policy = "fastest"\n')
+
+
+def test_find_line_walks_arrays_of_tables():
+    text = 'a = 1\n[[agents]]\nname = "x"\n[[agents]]\nclass = "y"\nname = "z"\n'
+    assert find_line(text, ["a"]) == 1
+    assert find_line(text, ["agents", 1, "name"]) == 6
+    assert find_line(text, ["agents", 0, "name"]) == 3
+    assert find_line(text, ["nowhere"]) is None
+
+
+def test_a_missing_workspace_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text('workspace = "no_such_folder"\n')
+    with pytest.raises(ConfigError, match="workspace .*no_such_folder.* does not exist"):
+        SessionRunner(load_session(path), out=tmp_path / "out")
+
+
+def test_relative_paths_resolve_against_the_session_file(tmp_path: Path, workspace: Path):
+    path = tmp_path / "s.toml"
+    path.write_text('workspace = "ws"\n')
+    runner = SessionRunner(load_session(path), out=tmp_path / "out")
+    assert runner.workspace == workspace.resolve()
+
+
+def test_an_agent_class_that_fails_to_import_is_reported_and_left_out(tmp_path: Path, workspace: Path):
+    text = session_text("""
+        [[agents]]
+        class = "no_such_module_xyz:Agent"
+        name = "ghost"
+        [[agents]]
+        class = "docs"
+        [[agents]]
+        class = "reviewer"
+        options = { not_an_option = 1 }
+    """)
+    session = parse_session(text, base=tmp_path)
+    session.workspace = str(workspace)
+    runner = SessionRunner(session, out=tmp_path / "out")
+    assert [a.name for a in runner.agents] == ["docs"]
+    assert len(runner.problems) == 2
+    assert "ghost" in runner.problems[0] and "no_such_module_xyz" in runner.problems[0]
+    assert "reviewer" in runner.problems[1] and "not_an_option" in runner.problems[1]
+
+
+# ------------------------------------------------------------ real sessions
+
+
+CRASHY = '''
+from swarm import Agent
+
+class Crashy(Agent):
+    async def run(self):
+        async with self.generate([5, 6, 7], max_tokens=10_000, ignore_eos=True) as turn:
+            async for _ in turn:
+                if len(turn.tokens) == 5:
+                    raise RuntimeError("crashy gives up")
+'''
+
+
+@pytest.mark.asyncio
+async def test_a_crashing_agent_is_reported_its_turn_ended_and_the_session_goes_on(tmp_path, workspace, tiny_engine, monkeypatch):
+    (tmp_path / "crashy_agents.py").write_text(CRASHY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = session_text("""
+        slots = 2
+        step_tokens = 32
+        interval = 0.5
+        script = ["hello", "review pricing.py"]
+        [[agents]]
+        class = "crashy_agents:Crashy"
+        name = "crashy"
+        [[agents]]
+        class = "reviewer"
+        options = { max_tokens = 8, max_file_chars = 200 }
+        [[agents]]
+        class = "pair"
+        priority = "foreground"
+        options = { max_tokens = 8 }
+    """)
+    session = parse_session(text, base=tmp_path)
+    session.workspace = str(workspace)
+    said: list[str] = []
+    runner = SessionRunner(session, engine=tiny_engine, out=tmp_path / "out", say=said.append)
+    with anyio.fail_after(120):
+        await runner.run()
+    events = list(read_events(runner.events_path))
+    (crash,) = [e for e in events if e.event == "agent.crashed"]
+    assert crash.agent == "crashy" and "crashy gives up" in crash.reason
+    ends = [e for e in events if e.event in TERMINAL and e.agent == "crashy"]
+    assert [e.event for e in ends] == ["turn.cancelled"]
+    after = [e for e in events if e.event == "turn.finished" and e.agent == "pair" and e.t > crash.t]
+    assert after, "the session went on after the crash"
+    assert sum(1 for line in said if line.startswith("pair>")) == 2  # stopped when the script was done
+    summary = summarize(events, runner.agents)
+    assert summary.agents["crashy"].crashed and summary.agents["pair"].turns == 1
+    assert len(summary.fg_ttft_s) >= 2  # the pair's turn and the reviewer's while it inherited
+
+
+def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, capsys):
+    before = tree_hash(workspace)
+    path = tmp_path / "session.toml"
+    path.write_text(session_text(f"""
+        model = "{tiny_gguf}"
+        slots = 4
+        step_tokens = 32
+        workspace = "ws"
+        out = "{tmp_path / 'swarm-out'}"
+        duration = 60
+        turns = 2
+        interval = 0.2
+        script = ["what does report.py do?", "review inventory.py", "never sent"]
+
+        [[agents]]
+        class = "pair"
+        priority = "foreground"
+        options = {{ max_tokens = 8 }}
+        [[agents]]
+        class = "reviewer"
+        options = {{ max_tokens = 8, parallel = 2 }}
+        [[agents]]
+        class = "refactorer"
+        options = {{ max_tokens = 8 }}
+    """))
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "events:" in out and "swarm tail" in out and "time to first token" in out
+    (run_dir,) = (tmp_path / "swarm-out").iterdir()
+    events = list(read_events(run_dir / "events.jsonl"))
+    assert events[0].event == "swarm.started" and events[-1].event == "swarm.stopped"
+    queued = {e.turn for e in events if e.event == "turn.queued"}
+    assert Counter(e.turn for e in events if e.event in TERMINAL) == Counter(queued)
+    assert [e.agent for e in events if e.event == "priority.inherited"] == ["reviewer"]
+    assert "never sent" not in out  # turns = 2 stopped the script
+    assert tree_hash(workspace) == before
+    assert any((run_dir / "reviewer").rglob("*.md"))
