@@ -220,21 +220,23 @@ class Scheduler:
             budget -= n
 
     def _fast_forward(self, plan: Plan, steps: int) -> int:
-        """How many identical decode steps this plan can stand for: none may end a
-        turn early, move KV or prefill, and their blocks must be reservable now."""
-        if steps <= 1 or plan.swap_in or plan.swap_out or plan.preemptions or not plan.works:
-            return 1
-        need = 0
+        """How many steps this plan can stand for: its first step, then decodes of
+        every item until the first turn ends. Each item must sample (the last
+        chunk of a prefill does), ignore eos, and have its blocks reservable now."""
+        if steps <= 1 or not plan.works or plan.preemptions or plan.swap_in or plan.swap_out:
+            return 1  # (a KV move or flush makes the first step longer than the rest)
         for work, turn in zip(plan.works, plan.turns):
-            if len(work.tokens) > 1 or not turn.ignore_eos:
+            if not work.sample or not turn.ignore_eos:
                 return 1
             steps = min(steps, turn.max_tokens - len(turn.output))
-        for turn in plan.turns:
-            need += self.pool.blocks_for(turn.computed + steps) - len(turn.blocks)
-        if steps <= 1 or need > self.pool.num_free:
+        if steps <= 1:
             return 1
-        for turn in plan.turns:
-            self.pool.grow(turn.blocks, turn.computed + steps)
+        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
+        need = sum(self.pool.blocks_for(end) - len(turn.blocks) for end, turn in zip(ends, plan.turns))
+        if need > self.pool.num_free:
+            return 1
+        for end, turn in zip(ends, plan.turns):
+            self.pool.grow(turn.blocks, end)
         return steps
 
     # ---------------------------------------------------------- postprocess

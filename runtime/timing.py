@@ -53,9 +53,11 @@ class TimingEngine:
     # ------------------------------------------------------------- pricing
 
     def step_s(self, plan: Plan) -> float:
-        """Seconds for one of the plan's steps, KV moves and flushes excluded."""
-        tokens = sum(len(work.tokens) for work in plan.works)
-        return max(self.model.decode_step_s, tokens / self.model.prefill_tok_per_s)
+        """Seconds for the plan's steps, KV moves and flushes excluded: its first
+        step as given, the rest (the simulator's fast-forward) as one-token decodes."""
+        first = max(self.model.decode_step_s, sum(len(w.tokens) for w in plan.works) / self.model.prefill_tok_per_s)
+        rest = max(self.model.decode_step_s, len(plan.works) / self.model.prefill_tok_per_s)
+        return first + (plan.steps - 1) * rest
 
     def overhead_s(self, plan: Plan) -> float:
         """Seconds spent before the step can start: flushes and KV moves."""

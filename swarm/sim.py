@@ -181,7 +181,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
         result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
         tokens = engine.step(plan.works)
-        now += engine.overhead_s(plan) + engine.step_s(plan) * plan.steps
+        now += engine.overhead_s(plan) + engine.step_s(plan)
         for turn, _ in sched.postprocess(plan, tokens, now):
             if turn.agent != "fg" and now > workload.warmup_s:
                 result.bg_tokens += plan.steps
