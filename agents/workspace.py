@@ -75,9 +75,9 @@ class WorkspaceAgent(RecordingAgent):
 
     async def run(self) -> None:
         files = self.files()
-        if not files:
-            return
-        queue = [f for _ in range(self.rounds or 1) for f in files]
+        queue = [f for _ in range(1 if self.rounds is None else self.rounds) for f in files]
+        if not queue:
+            return  # nothing to do; the mailbox is still served (a reviewer's asks)
         position = 0
 
         async def worker() -> None:

@@ -1,0 +1,124 @@
+"""The ready-made agents: they write proposals only into the out folder, and the
+pair programmer's review request makes the reviewer inherit its priority."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agents import DocWriter, PairProgrammer, Refactorer, Reviewer, TestWriter, WorkspaceAgent
+from runtime.timing import TimingEngine
+from swarm import BACKGROUND, FOREGROUND, Swarm
+
+SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_gguf: Path):
+    from gpu.engine import OpenCLEngine
+
+    return OpenCLEngine(tiny_gguf)
+
+
+def tree_hash(root: Path, skip: Path | None = None) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and (skip is None or not p.is_relative_to(skip))
+    }
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE, ws)
+    return ws
+
+
+@pytest.mark.asyncio
+async def test_background_agents_write_one_proposal_per_file_only_under_out(workspace: Path):
+    # The out folder inside the workspace is the awkward case: the agents must
+    # neither read their own proposals back nor touch the user's files.
+    out = workspace / "swarm-out"
+    before = tree_hash(workspace)
+    classes = [Refactorer, TestWriter, DocWriter, Reviewer]
+    with anyio.fail_after(60):
+        async with Swarm(TimingEngine(), slots=4) as swarm:  # no tokenizer: the agents pass token ids
+            agents = [await swarm.spawn(cls(cls.__name__.lower(), workspace=workspace, out=out, max_tokens=5, rounds=1, parallel=2)) for cls in classes]
+            for agent in agents:
+                while agent.system.is_alive(agent.name) and len(agent.records) < len(agent.files()):
+                    await anyio.sleep(0.01)
+    assert tree_hash(workspace, skip=out) == before
+    for agent in agents:
+        sources = agent.files()
+        assert sources and not any(p.is_relative_to(out) for p in sources)
+        expected = {out / agent.name / (p.name + ".md") for p in sources}
+        assert set(agent.written) == expected and all(p.is_file() for p in expected)
+    assert all(p.suffix == ".py" for p in agents[1].files())  # the test writer only takes code
+    written = {p for p in out.rglob("*") if p.is_file()}
+    assert written == {p for a in agents for p in a.written}
+
+
+def test_an_agent_refuses_to_write_outside_its_out_folder(tmp_path: Path, workspace: Path):
+    agent = DocWriter("docs", workspace=workspace, out=tmp_path / "out")
+    with pytest.raises(PermissionError, match="may only write under"):
+        agent._write(workspace / "pricing.py", "oops")
+    with pytest.raises(PermissionError):
+        agent._write(tmp_path / "out" / "docs" / ".." / ".." / "ws" / "report.py", "oops")
+    assert "oops" not in (workspace / "pricing.py").read_text()
+
+
+class Hog(WorkspaceAgent):
+    """Keeps a slot busy with one long turn (token ids: no text needed)."""
+
+    async def run(self) -> None:
+        async with self.generate([9] * 8, max_tokens=100_000, ignore_eos=True) as turn:
+            async for _ in turn:
+                pass
+
+
+@pytest.mark.asyncio
+async def test_the_pairs_review_request_lends_the_reviewer_foreground_priority(tmp_path: Path, workspace: Path, tiny_engine):
+    out = tmp_path / "out"
+    said: list[str] = []
+    events = []
+    with anyio.fail_after(120):
+        async with Swarm(tiny_engine, slots=2, step_tokens=32) as swarm:
+            sub = swarm.bus.subscribe(max_buffer=10**9)
+            for i in range(2):
+                await swarm.spawn(Hog(f"hog{i}", workspace=workspace, out=out))
+            # rounds=0 passes: the reviewer only answers asks.
+            reviewer = await swarm.spawn(Reviewer("reviewer", workspace=workspace, out=out, rounds=0, max_tokens=6, max_file_chars=300))
+            pair = PairProgrammer("pair", workspace=workspace, out=out, script=["review pricing.py"], interval_s=0.2, say=said.append, log_text=True)
+            await swarm.spawn(pair)
+            async for event in sub:
+                events.append(event)
+                if event.event == "priority.restored":
+                    break
+            while pair.answered < 1:
+                await anyio.sleep(0.01)
+    inherited = [e for e in events if e.event == "priority.inherited"]
+    assert [(e.agent, e.priority, e.base_priority, e.by_agent) for e in inherited] == [("reviewer", FOREGROUND, BACKGROUND, "pair")]
+    review_turn = next(e for e in events if e.event == "turn.queued" and e.agent == "reviewer")
+    assert review_turn.priority == FOREGROUND
+    preempted = next(e for e in events if e.event == "turn.preempted")
+    assert preempted.agent.startswith("hog") and (preempted.by_agent, preempted.by_priority) == ("reviewer", FOREGROUND)
+    assert events[-1].agent == "reviewer" and events[-1].priority == BACKGROUND
+    assert pair.review_asks == 1 and said[0] == "you> review pricing.py" and said[1].startswith("pair> ")
+    assert reviewer.records[0].priority == FOREGROUND and reviewer.records[0].tokens >= 1
+    assert (out / "pair" / "transcript.md").is_file()  # log_text: the pair keeps its conversation
+
+
+@pytest.mark.asyncio
+async def test_a_review_of_a_missing_file_is_answered_without_asking(tmp_path: Path, workspace: Path):
+    said: list[str] = []
+    with anyio.fail_after(30):
+        async with Swarm(TimingEngine(), slots=1) as swarm:
+            pair = await swarm.spawn(PairProgrammer("pair", workspace=workspace, script=["review nope.py"], interval_s=0, say=said.append))
+            while pair.answered < 1:
+                await anyio.sleep(0.01)
+    assert pair.review_asks == 0 and "no file 'nope.py'" in said[1]

@@ -1,0 +1,60 @@
+"""`swarm bench swarm` on the tiny model: the JSON schema, and figures that agree
+with the raw samples they came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.errors import ConfigError
+from swarm import bench_swarm
+from swarm.plot import plot_bench
+
+PERCENTILES = ("p50", "p90", "p99", "max")
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_gguf: Path):
+    from gpu.engine import OpenCLEngine
+
+    return OpenCLEngine(tiny_gguf)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_swarm.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, capsys, tmp_path):
+    args = parse("--seconds", "2", "--policies", "resident,priority", "--slots", "3", "--fg-interval", "0.1",
+                 "--fg-tokens", "4", "--bg-max", "48", "--json")
+    assert bench_swarm.run(args, engine=tiny_engine) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["policies"]) == {"resident", "priority"}
+    assert data["workload"]["slots"] == 3
+    for name, r in data["policies"].items():
+        waits, ttfts = r["fg_wait_samples_s"], r["fg_ttft_samples_s"]
+        assert r["fg_turns"] == len(waits) == len(ttfts) > 0, name
+        for key, samples in (("fg_wait_s", waits), ("fg_ttft_s", ttfts)):
+            assert set(r[key]) == set(PERCENTILES)
+            assert r[key]["max"] == pytest.approx(max(samples))
+            assert r[key]["p50"] == pytest.approx(float(np.percentile(samples, 50)))
+            assert r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"] <= r[key]["max"]
+        assert all(t >= w for w, t in zip(waits, ttfts))  # the first token comes after the slot
+        assert r["bg_tok_per_s"] > 0 and r["step_s_median"] > 0 and r["seconds"] >= 2
+        assert isinstance(r["preemptions"], int) and r["paused_s"] >= 0
+    assert data["policies"]["priority"]["preemptions"] == 0  # it orders the queue, never preempts
+    assert data["policies"]["resident"]["preemptions"] > 0  # every slot was busy when the foreground came
+    assert plot_bench(data, tmp_path / "bench.png").is_file()  # swarm plot reads it
+
+
+def test_bad_policies_and_durations_are_config_errors(tiny_engine):
+    with pytest.raises(ConfigError, match="unknown policy 'fast'"):
+        bench_swarm.run(parse("--policies", "resident,fast"), engine=tiny_engine)
+    with pytest.raises(ConfigError, match="--seconds must be positive"):
+        bench_swarm.run(parse("--seconds", "0"), engine=tiny_engine)
