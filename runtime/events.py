@@ -101,21 +101,25 @@ def read_events(path: str | Path) -> Iterator[Event]:
 
 class Subscription:
     """A bounded, lossy queue of events for one live viewer. Iterate it with
-    `async for item in sub`; items are Events, or a Dropped notice."""
+    `async for item in sub`; items are Events, and where events were lost a
+    Dropped notice, in the place of the gap."""
 
     def __init__(self, bus: EventBus, max_buffer: int) -> None:
         self._bus = bus
-        self._buffer: collections.deque[Event] = collections.deque()
+        self._buffer: collections.deque[Event | Dropped] = collections.deque()
+        self._events = 0  # Events in the buffer (Dropped markers take no room)
         self._max = max_buffer
-        self._dropped = 0
         self._wakeup = anyio.Event()
         self.closed = False
 
     def put(self, event: Event) -> None:
-        if len(self._buffer) >= self._max:
-            self._dropped += 1
-        else:
+        if self._events < self._max:
             self._buffer.append(event)
+            self._events += 1
+        elif self._buffer and isinstance(self._buffer[-1], Dropped):
+            self._buffer[-1].count += 1
+        else:
+            self._buffer.append(Dropped(1))
         self._wakeup.set()
 
     def close(self) -> None:
@@ -127,16 +131,15 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Event | Dropped:
-        while True:
-            if self._dropped and (not self._buffer or len(self._buffer) >= self._max):
-                dropped, self._dropped = self._dropped, 0
-                return Dropped(dropped)
-            if self._buffer:
-                return self._buffer.popleft()
+        while not self._buffer:
             if self.closed:
                 raise StopAsyncIteration
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
+        item = self._buffer.popleft()
+        if isinstance(item, Event):
+            self._events -= 1
+        return item
 
 
 class EventBus:
@@ -150,12 +153,15 @@ class EventBus:
         self._loggers: list[structlog.typing.FilteringBoundLogger] = []
         self._files: list[IO[str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
+        self.last_started: Event | None = None  # replayed to viewers that attach late
 
     def now(self) -> float:
         return self._clock()
 
     def emit(self, event: Event) -> None:
         self.counts[event.event] += 1
+        if event.event == "swarm.started":
+            self.last_started = event
         if self._loggers:
             fields = {k: v for k, v in msgspec.structs.asdict(event).items() if v is not None}
             name = fields.pop("event")
