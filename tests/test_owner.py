@@ -191,3 +191,46 @@ async def test_a_cancelled_turn_raises_turn_cancelled_to_its_reader():
                             from runtime.messages import CancelTurn
 
                             await s.owner.requests.send(CancelTurn(turn=turn.id, reason="told to stop"))
+
+
+class Holder(Agent):
+    def __init__(self, name: str, lock) -> None:
+        super().__init__(name)
+        self.lock = lock
+
+    async def run(self) -> None:
+        async with self.lock(self):
+            await self.complete([4, 4], max_tokens=20, ignore_eos=True)
+
+
+class Waiter(Agent):
+    def __init__(self, name: str, lock) -> None:
+        super().__init__(name, FOREGROUND)
+        self.lock = lock
+
+    async def run(self) -> None:
+        async with self.lock(self):
+            self.got_it = True
+
+
+@pytest.mark.asyncio
+async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
+    from swarm import Lock
+
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            rec = Recorder(s)
+            lock = Lock("workspace")
+            await s.spawn(Background("busy", priority=5))
+            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "busy")
+            await s.spawn(Holder("docs", lock))
+            await rec.until(lambda e: e.event == "turn.queued" and e.agent == "docs")
+            await s.spawn(Waiter("pair", lock))
+            lent = await rec.until(lambda e: e.event == "priority.inherited")
+            assert (lent.agent, lent.priority, lent.by_agent) == ("docs", FOREGROUND, "pair")
+            pre = await rec.until(lambda e: e.event == "turn.preempted")
+            assert (pre.agent, pre.by_agent) == ("busy", "docs")
+            restored = await rec.until(lambda e: e.event == "priority.restored")
+            assert restored.agent == "docs"
+            finished = [e for e in rec.events if e.event == "turn.finished" and e.agent == "docs"]
+            assert finished and finished[0].step <= restored.step
