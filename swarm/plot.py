@@ -36,6 +36,8 @@ from swarm.tail import read_file
 PERCENTILES = ("p50", "p90", "p99", "max")
 FLOOR_MS = 1e-3  # log axes cannot show zero; a zero wait is drawn at 1 µs
 MAX_WAIT_LABELS = 40  # label at most this many foreground waits (the longest)
+MAX_TURN_LABELS = 200  # and at most this many turns by number
+MAX_PAUSE_LEVELS = 6  # turns of one agent paused at once, stacked in its lane
 
 
 # ---------------------------------------------------------------- input
@@ -189,27 +191,8 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
 
     fig = Figure(figsize=(12, 1.6 + 0.45 * len(labels)), layout="constrained")
     ax = fig.add_subplot()
-    for span in tl.runs:
-        y = row[("slot", span.slot)] if span.slot is not None else None
-        if y is None:
-            continue
-        ax.broken_barh(
-            [(span.start, max(span.end - span.start, 1e-9))],
-            (y - 0.35, 0.7),
-            facecolors=colours[span.agent],
-            alpha=1.0 if span.foreground else 0.45,
-            edgecolors="black" if span.foreground else "white",  # white: turns back to back stay apart
-            linewidths=1.2 if span.foreground else 0.6,
-        )
-    for span in tl.pauses:
-        ax.broken_barh(
-            [(span.start, max(span.end - span.start, 1e-9))],
-            (row[("paused", span.agent)] - 0.25, 0.5),
-            facecolors="white",
-            edgecolors=colours[span.agent],
-            hatch="///",
-            linewidths=0.8,
-        )
+    _draw_runs(ax, tl, row, colours)
+    _draw_pauses(ax, tl, row, colours)
     if tl.preemptions:
         ax.scatter(
             [t for t, _ in tl.preemptions],
@@ -238,13 +221,68 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
     return _save(fig, out)
 
 
+def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
+    # One collection per (slot, agent, kind), not one per span: thousands of
+    # turns still draw in a second or two.
+    groups: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
+    for span in tl.runs:
+        if span.slot is not None:
+            groups.setdefault((span.slot, span.agent, span.foreground), []).append(
+                (span.start, max(span.end - span.start, 1e-9))
+            )
+    for (slot, agent, fg), xranges in groups.items():
+        ax.broken_barh(
+            xranges,
+            (row[("slot", slot)] - 0.35, 0.7),
+            facecolors=colours[agent],
+            alpha=1.0 if fg else 0.45,
+            edgecolors="black" if fg else "white",  # white: turns back to back stay apart
+            linewidths=1.2 if fg else 0.6,
+        )
+    # Name the turns wide enough to hold a label, to match them with `swarm tail`.
+    wide = (tl.end - tl.start) * 0.04
+    spans = [s for s in tl.runs if s.slot is not None and s.end - s.start >= wide]
+    for span in spans[:MAX_TURN_LABELS]:
+        ax.text(
+            (span.start + span.end) / 2, row[("slot", span.slot)], f"t{span.turn}",
+            ha="center", va="center", fontsize=6, color="white" if span.foreground else "black", clip_on=True,
+        )
+
+
+def _draw_pauses(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
+    # Turns of one agent can be paused at the same time: stack them in its lane.
+    by_agent: dict[str, list[Span]] = {}
+    for span in sorted(tl.pauses, key=lambda p: p.start):
+        by_agent.setdefault(span.agent, []).append(span)
+    for agent, spans in by_agent.items():
+        level_ends: list[float] = []
+        levels: dict[int, list[tuple[float, float]]] = {}
+        for span in spans:
+            level = next((i for i, end in enumerate(level_ends) if end <= span.start), len(level_ends))
+            if level == len(level_ends):
+                level_ends.append(span.end)
+            level_ends[level] = span.end
+            # Past a few levels stacking is unreadable; deeper ones share (and overlap).
+            levels.setdefault(level % MAX_PAUSE_LEVELS, []).append((span.start, max(span.end - span.start, 1e-9)))
+        height = 0.6 / min(len(level_ends), MAX_PAUSE_LEVELS)
+        for level, xranges in levels.items():
+            ax.broken_barh(
+                xranges,
+                (row[("paused", agent)] - 0.3 + level * height + height * 0.1, height * 0.8),
+                facecolors="white",
+                edgecolors=colours[agent],
+                hatch="///",
+                linewidths=0.8,
+            )
+
+
 def _draw_waits(ax: Any, tl: Timeline, row: dict) -> None:
-    labelled = sorted(tl.waits, key=lambda w: w.waited, reverse=True)[:MAX_WAIT_LABELS]
-    for w in tl.waits:
-        y = row[("slot", w.slot)] + 0.42
-        ax.plot([w.queued, w.admitted], [y, y], color="black", linewidth=1.0, zorder=3)
-        ax.plot([w.admitted], [y], color="black", marker="|", markersize=9, zorder=3)
-    for w in labelled:
+    if not tl.waits:
+        return
+    ys = [row[("slot", w.slot)] + 0.42 for w in tl.waits]
+    ax.hlines(ys, [w.queued for w in tl.waits], [w.admitted for w in tl.waits], color="black", linewidth=1.0, zorder=3)
+    ax.plot([w.admitted for w in tl.waits], ys, color="black", marker="|", markersize=9, linestyle="none", zorder=3)
+    for w in sorted(tl.waits, key=lambda w: w.waited, reverse=True)[:MAX_WAIT_LABELS]:
         ax.annotate(
             _ms(w.waited),
             (w.admitted, row[("slot", w.slot)] + 0.42),
