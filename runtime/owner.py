@@ -96,8 +96,10 @@ class GPUOwner(Actor):
             self._publish()
             if not plan.works:
                 if self.scheduler.turns:
-                    # Nothing can run until something changes (a cancel, a loan).
-                    self._apply(await self._inbox.receive())
+                    # Nothing could run this boundary (memory was being freed):
+                    # look again soon, or as soon as something changes.
+                    with anyio.move_on_after(0.05):
+                        self._apply(await self._inbox.receive())
                 continue
             started = time.perf_counter()
             try:
