@@ -389,7 +389,12 @@ def summarize(events: list[Any], agents: list[Any] = ()) -> Summary:
             s.crashed = e.reason
         if e.event == "turn.admitted" and (e.priority or 0) >= FOREGROUND and e.waited_s is not None:
             fg_wait.append(e.waited_s)
-    ttft = [r.ttft_s for a in agents for r in getattr(a, "records", []) if r.priority >= FOREGROUND and r.ttft_s is not None]
+    # Agents that keep TurnRecords time from the request leaving the agent, which
+    # the event log cannot (a request is logged at the next token boundary).
+    records = [r for a in agents for r in getattr(a, "records", []) if r.priority >= FOREGROUND and r.ttft_s is not None]
+    if records:
+        fg_wait = [r.waited_s for r in records]
+    ttft = [r.ttft_s for r in records]
     return Summary(
         agents=per,
         fg_wait_s=fg_wait,
