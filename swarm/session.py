@@ -294,11 +294,11 @@ class SessionRunner:
         self.started = time.monotonic()
         try:
             async with anyio.create_task_group() as viewers:
+                if self.on_event is not None:
+                    # From swarm.started on; ends by itself when the swarm closes its event stream.
+                    viewers.start_soon(self._forward, swarm.bus.subscribe())
                 async with swarm:
                     self.swarm = swarm
-                    if self.on_event is not None:
-                        # Ends by itself when the swarm closes its event stream.
-                        viewers.start_soon(self._forward, swarm.bus.subscribe())
                     # Background first, so the foreground arrives to a busy GPU.
                     order = sorted(self.agents, key=lambda a: a.priority)
                     self._done = [_signal_when_run_returns(a) for a in order if a.priority >= FOREGROUND]
