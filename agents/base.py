@@ -41,15 +41,11 @@ class RecordingAgent(Agent):
     async def answer(self, system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY) -> str:
         """One chat turn: a system prompt and a user message in, the reply out."""
         prompt = self.chat(system, user)
-        # Timed from the request leaving this agent, on the swarm's clock: the owner
-        # only sees it at its next token boundary, so turn.waited_s starts later.
-        requested = self.gpu.bus.now() if self.gpu is not None else None
         async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling) as turn:
             priority = self.effective_priority  # the inherited one while someone waits on us
             async for _ in turn:
                 pass
-        since = (lambda t: None if t is None or requested is None else t - requested)  # noqa: E731
-        self.records.append(TurnRecord(self.name, priority, len(turn.tokens), since(turn.admitted_t), since(turn.first_token_t), turn.paused_s, len(turn.pauses)))
+        self.records.append(TurnRecord(self.name, priority, len(turn.tokens), turn.waited_s, turn.ttft_s, turn.paused_s, len(turn.pauses)))
         return turn.text
 
     def chat(self, system: str, user: str) -> list[dict[str, str]] | list[int]:

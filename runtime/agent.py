@@ -144,6 +144,7 @@ class TurnHandle:
 
     async def __aenter__(self) -> TurnHandle:
         self._request.reply = self._channel
+        self._request.t = self.agent._owner().bus.now()
         try:
             await self.agent._owner().requests.send(self._request)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):

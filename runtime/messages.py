@@ -23,6 +23,7 @@ class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
     max_tokens: int
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
+    t: float = 0.0  # when the agent asked, on the swarm's clock: the wait starts here
     # Where the owner answers: the send end of an anyio memory stream of
     # TurnUpdate, made by the agent for this turn. (A reply address, not data.)
     reply: Any = None

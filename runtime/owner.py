@@ -140,8 +140,10 @@ class GPUOwner(Actor):
         if isinstance(request, TurnRequest):
             turn_id = request.reply.turn_id
             self._replies[turn_id] = request.reply.send
+            # Arrival is when the agent asked, not this boundary: the wait a person
+            # sees includes the rest of the step that was running.
             sched.submit(
-                request.agent, request.priority, request.prompt, request.max_tokens, now,
+                request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
                 sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id,
             )
         elif isinstance(request, CancelTurn):

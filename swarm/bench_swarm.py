@@ -83,15 +83,12 @@ class Foreground(Agent):
     async def run(self) -> None:
         while True:
             await anyio.sleep(next(self.gaps))
-            # From the request leaving the agent (the owner only sees it at its next
-            # token boundary, where turn.waited_s starts), on the swarm's clock.
-            requested = self.gpu.bus.now()
             async with self.generate(self.prompt, max_tokens=self.tokens, ignore_eos=True) as turn:
                 async for _ in turn:
                     pass
-            if turn.admitted_t is not None and turn.first_token_t is not None:
-                self.stats.fg_wait_s.append(turn.admitted_t - requested)
-                self.stats.fg_ttft_s.append(turn.first_token_t - requested)
+            if turn.waited_s is not None and turn.ttft_s is not None:
+                self.stats.fg_wait_s.append(turn.waited_s)
+                self.stats.fg_ttft_s.append(turn.ttft_s)
 
 
 async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> dict[str, Any]:
