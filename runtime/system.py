@@ -33,6 +33,7 @@ class _Cell:
         self.scope = anyio.CancelScope()
         self.ready = anyio.Event()  # on_start has ended, one way or the other
         self.finished = anyio.Event()  # on_stop and the hooks have run
+        self.ran = anyio.Event()  # run() has ended (or there is none, or the actor stopped)
         self.pending: dict[Reply, str] = {}  # asks in flight -> message type name
         self.alive = True  # still taking messages
         self.handling = False
@@ -118,6 +119,11 @@ class ActorSystem:
     async def join(self, target: Target) -> None:
         """Wait until an actor has stopped (crashed or stopped)."""
         await self._cell(target).finished.wait()
+
+    async def wait_run(self, target: Target) -> None:
+        """Wait until an actor's run() has ended: returned, crashed, or stopped.
+        (An actor whose run() returns keeps serving its mailbox.)"""
+        await self._cell(target).ran.wait()
 
     async def wait_idle(self) -> None:
         """Wait until every live mailbox is empty and no handler is running.
@@ -248,7 +254,10 @@ class ActorSystem:
                     run = getattr(actor, "run", None)
                     if run is not None:
                         tg.start_soon(self._run, cell, run)
+                    else:
+                        cell.ran.set()
         finally:
+            cell.ran.set()
             self._close(cell)
             with anyio.CancelScope(shield=True):
                 await self._wind_down(cell)
@@ -281,6 +290,8 @@ class ActorSystem:
         except Exception as exc:
             self._crashed(cell, "run", exc)
             cell.scope.cancel()
+        finally:
+            cell.ran.set()
 
     def _crashed(self, cell: _Cell, where: str, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"

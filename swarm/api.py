@@ -98,5 +98,6 @@ class Swarm:
         return agent
 
     async def join(self, agent: Agent | str) -> None:
-        """Wait until an agent has stopped (its run() returned or it crashed)."""
-        await self.system.join(agent)
+        """Wait until an agent's run() has ended: it returned, crashed or was
+        stopped. The agent still answers asks until the swarm stops."""
+        await self.system.wait_run(agent)

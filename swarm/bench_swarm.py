@@ -27,8 +27,8 @@ import numpy as np
 
 from runtime.errors import ConfigError
 from runtime.turns import Policy
-from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, TurnCancelled
-from swarm.session import percentiles
+from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
+from swarm.summary import percentiles
 from swarm.sim import Lengths
 
 

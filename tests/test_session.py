@@ -16,7 +16,9 @@ import pytest
 from runtime.errors import ConfigError
 from runtime.events import TERMINAL, read_events
 from swarm.cli import main
-from swarm.session import SessionRunner, find_line, load_session, parse_session, summarize
+from swarm.runner import SessionRunner
+from swarm.session import find_line, load_session, parse_session
+from swarm.summary import summarize
 
 SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"
 

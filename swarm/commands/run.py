@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 import anyio
 from rich.console import Console
@@ -18,7 +17,9 @@ from rich.table import Table
 from runtime.events import read_events
 from runtime.stream import default_socket_path
 from swarm import tail
-from swarm.session import DEMO_SESSION, SessionRunner, Summary, load_session, percentiles, summarize
+from swarm.runner import SessionRunner
+from swarm.session import DEMO_SESSION, load_session
+from swarm.summary import Summary, percentiles, summarize
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

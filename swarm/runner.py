@@ -1,0 +1,78 @@
+"""The runner behind `swarm run`: one session, from its agents to its summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+
+from runtime.priority import FOREGROUND
+from swarm.session import Session, _resolve, build_agents, new_out_dir, workspace_of
+
+
+class SessionRunner:
+    """Runs one session. `run()` is async; `events_path`, `agents` and `problems`
+    stay readable afterwards (also after Ctrl-C) for the summary."""
+
+    def __init__(self, session: Session, *, engine: Any = None, out: Path | None = None, socket: Path | str | None = None,
+                 on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None) -> None:
+        self.session = session
+        self.workspace = workspace_of(session)  # fail early, before loading a model
+        self.engine = engine
+        self.out = out or new_out_dir(session)
+        self.events_path = self.out / "events.jsonl"
+        self.socket = socket
+        self.on_event = on_event
+        self.say = say
+        loaded = build_agents(session, self.workspace, self.out, say)
+        self.agents, self.problems = loaded.agents, loaded.problems
+        self.started = self.stopped = None
+
+    def load_engine(self) -> Any:
+        if self.engine is None:
+            from gpu.engine import OpenCLEngine
+            from gpu.fetch import resolve_model
+
+            model = resolve_model(_resolve(self.session, self.session.model) if self.session.model else None)
+            self.engine = OpenCLEngine(model, device=self.session.device)
+            self.model_name = model.name
+        return self.engine
+
+    async def run(self) -> None:
+        from swarm.api import Swarm
+
+        s = self.session
+        engine = self.load_engine()
+        swarm = Swarm(
+            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, events=self.events_path,
+            socket=self.socket, model_name=getattr(self, "model_name", None),
+        )
+        self.started = time.monotonic()
+        try:
+            async with anyio.create_task_group() as viewers:
+                if self.on_event is not None:
+                    # From swarm.started on; ends by itself when the swarm closes its event stream.
+                    viewers.start_soon(self._forward, swarm.bus.subscribe())
+                async with swarm:
+                    self.swarm = swarm
+                    # Background first, so the foreground arrives to a busy GPU.
+                    order = sorted(self.agents, key=lambda a: a.priority)
+                    for agent in order:
+                        await swarm.spawn(agent)
+                    await self._until_done(swarm, [a for a in order if a.priority >= FOREGROUND])
+        finally:
+            self.stopped = time.monotonic()
+
+    async def _until_done(self, swarm: Any, foreground: list[Any]) -> None:
+        """Until the duration is up, or every foreground agent has finished."""
+        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")):
+            if not foreground:
+                await anyio.sleep_forever()
+            for agent in foreground:
+                await swarm.join(agent)
+
+    async def _forward(self, sub: Any) -> None:
+        async for item in sub:
+            self.on_event(item)

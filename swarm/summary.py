@@ -1,0 +1,80 @@
+"""What a session comes to: per agent, and the foreground's waits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.priority import FOREGROUND
+
+@dataclass
+class AgentSummary:
+    turns: int = 0
+    tokens: int = 0
+    paused_s: float = 0.0
+    preempted: int = 0
+    inherited: int = 0
+    crashed: str | None = None
+
+
+@dataclass
+class Summary:
+    agents: dict[str, AgentSummary]
+    fg_wait_s: list[float]  # request to slot, turns run at foreground priority
+    fg_ttft_s: list[float]  # request to first token, from the agents' records
+    preemptions: int
+    inheritances: int
+    steps: int
+    seconds: float
+
+
+def summarize(events: list[Any], agents: list[Any] = ()) -> Summary:
+    """Per-agent counts from the event log; time to first token from the agents'
+    own records (events carry no per-token times)."""
+    from runtime.events import TERMINAL
+
+    per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
+    fg_wait: list[float] = []
+    for e in events:
+        if e.agent is None or e.agent == "gpu":
+            continue
+        s = per.setdefault(e.agent, AgentSummary())
+        if e.event == "turn.queued":
+            s.turns += 1
+        elif e.event in TERMINAL:
+            s.tokens += e.tokens or 0
+        elif e.event == "turn.resumed":
+            s.paused_s += e.paused_s or 0.0
+        elif e.event == "turn.preempted":
+            s.preempted += 1
+        elif e.event == "priority.inherited":
+            s.inherited += 1
+        elif e.event == "agent.crashed":
+            s.crashed = e.reason
+        if e.event == "turn.admitted" and (e.priority or 0) >= FOREGROUND and e.waited_s is not None:
+            fg_wait.append(e.waited_s)
+    # Agents that keep TurnRecords time from the request leaving the agent, which
+    # the event log cannot (a request is logged at the next token boundary).
+    records = [r for a in agents for r in getattr(a, "records", []) if r.priority >= FOREGROUND and r.ttft_s is not None]
+    if records:
+        fg_wait = [r.waited_s for r in records]
+    ttft = [r.ttft_s for r in records]
+    return Summary(
+        agents=per,
+        fg_wait_s=fg_wait,
+        fg_ttft_s=ttft,
+        preemptions=sum(s.preempted for s in per.values()),
+        inheritances=sum(s.inherited for s in per.values()),
+        steps=max((e.step for e in events), default=0),
+        seconds=max((e.t for e in events), default=0.0),
+    )
+
+
+def percentiles(samples: list[float]) -> dict[str, float] | None:
+    """p50 / p90 / p99 / max, or None without samples."""
+    if not samples:
+        return None
+    import numpy as np
+
+    a = np.asarray(samples, dtype=float)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
