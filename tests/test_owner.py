@@ -234,3 +234,17 @@ async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
             assert restored.agent == "docs"
             finished = [e for e in rec.events if e.event == "turn.finished" and e.agent == "docs"]
             assert finished and finished[0].step <= restored.step
+
+
+class OneTurn(Agent):
+    async def run(self) -> None:
+        self.text = await self.complete([3], max_tokens=2, ignore_eos=True)
+
+
+@pytest.mark.asyncio
+async def test_join_returns_when_run_ends_and_the_agent_still_answers():
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            agent = await s.spawn(OneTurn("one"))
+            await s.join(agent)
+            assert agent.text == "[1][1]" and s.system.is_alive("one")
