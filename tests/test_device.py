@@ -1,0 +1,56 @@
+"""Choosing the OpenCL device and building programs on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from gpu.device import describe_devices, list_devices, select_device
+from runtime.errors import DeviceError
+
+
+def test_default_choice_opens_a_device() -> None:
+    device = select_device()
+    found = list_devices()
+    assert device.device.int_ptr in [d.int_ptr for *_, d in found]
+    gpus = [d for *_, d in found if d.type & cl.device_type.GPU]
+    if gpus:  # a GPU is preferred whenever there is one
+        assert device.device.int_ptr == gpus[0].int_ptr
+    assert device.device.name.strip() in describe_devices()
+
+
+def test_spec_by_index_and_by_name_substring() -> None:
+    pi, di, platform, dev = list_devices()[0]
+    assert select_device(f"{pi}:{di}").device.int_ptr == dev.int_ptr
+    word = dev.name.split()[0][:6]
+    assert select_device(f":{word.lower()}").device.int_ptr == dev.int_ptr
+    assert select_device(word.upper()).device.int_ptr == dev.int_ptr  # no colon: any platform
+
+
+def test_unknown_spec_lists_what_was_found() -> None:
+    with pytest.raises(DeviceError, match=r"no OpenCL device matches 'no-such-device'; found: 0:0 "):
+        select_device("no-such-device")
+
+
+def test_pyopencl_ctx_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYOPENCL_CTX", "7:7")
+    with pytest.raises(DeviceError, match="'7:7'"):
+        select_device()
+    assert select_device("0:0")  # an explicit spec wins over the environment
+
+
+def test_build_failure_carries_the_build_log() -> None:
+    device = select_device()
+    with pytest.raises(DeviceError, match=r"(?s)kernel build failed.*undeclared_thing"):
+        device.build("__kernel void broken(__global float *x) { x[0] = undeclared_thing; }")
+
+
+def test_build_succeeds_and_the_program_runs() -> None:
+    device = select_device()
+    program = device.build("__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }")
+    host = np.arange(8, dtype=np.float32)
+    buf = cl.Buffer(device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    program.twice(device.queue, (8,), None, buf)
+    cl.enqueue_copy(device.queue, host, buf)
+    assert host.tolist() == [2.0 * i for i in range(8)]

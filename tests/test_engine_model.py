@@ -1,0 +1,57 @@
+"""The OpenCL engine on the real default model (SmolLM2-135M-Instruct, Q4_1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu.engine import OpenCLEngine
+from gpu.model import Model
+from gpu.reference import ReferenceModel
+from gpu.tokenizer import Tokenizer
+from runtime.engine import Work
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_model: Model) -> OpenCLEngine:
+    return OpenCLEngine(smollm2_model, num_blocks=64)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_model: Model) -> ReferenceModel:
+    return ReferenceModel(smollm2_model)
+
+
+def generate(engine: OpenCLEngine, prompt: list[int], n: int, chunk: int = 16) -> list[int]:
+    """Greedy tokens after `prompt`, prefilled in chunks of `chunk`."""
+    blocks = list(range(20, 40))
+    token = None
+    for start in range(0, len(prompt), chunk):
+        piece = prompt[start : start + chunk]
+        last = start + len(piece) == len(prompt)
+        token = engine.step([Work(turn=0, tokens=piece, start=start, block_table=blocks, sample=last)])[0]
+    out = [token]
+    while len(out) < n and out[-1] not in engine.eos_token_ids:
+        out.append(engine.step([Work(turn=0, tokens=[out[-1]], start=len(prompt) + len(out) - 1, block_table=blocks, sample=True)])[0])
+    return out
+
+
+def test_greedy_answer_agrees_with_the_reference(
+    engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer
+) -> None:
+    prompt = smollm2_tokenizer.chat([{"role": "user", "content": "What is the capital of France?"}])
+    got = generate(engine, prompt, 16)
+    want = reference.generate(prompt, 16, stop_ids=engine.eos_token_ids)
+    assert got == want
+    assert "Paris" in smollm2_tokenizer.decode(got)
+
+
+def test_prefill_logits_match_the_reference(
+    engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer
+) -> None:
+    prompt = smollm2_tokenizer.chat([{"role": "user", "content": "Name three colours."}])
+    want = reference.forward(prompt, 0, reference.new_cache())[-1]
+    got = engine.step_logits([Work(turn=1, tokens=prompt, start=0, block_table=list(range(8)), sample=True)])[0]
+    assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-3
