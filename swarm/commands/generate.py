@@ -1,0 +1,91 @@
+"""`swarm generate "message"`: one chat turn on the model, streamed to stdout.
+
+The chat template is applied to the single user message, the prompt is prefilled
+in chunks, and tokens are decoded one step at a time until an end-of-turn token
+or --max-tokens. With --json nothing streams; one JSON object is printed at the end:
+{"prompt_ids": [...], "tokens": [...], "text": "..."}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from runtime.engine import GREEDY, Sampling, Work
+from runtime.errors import ConfigError
+
+PREFILL_CHUNK = 128
+BLOCK_SIZE = 16
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="run one chat turn on the model and stream the answer")
+    parser.add_argument("message", help="the user message")
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most new tokens (default 256)")
+    parser.add_argument("--greedy", action="store_true", help="always take the likeliest token (the default)")
+    parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    parser.add_argument("--model", metavar="PATH", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
+    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    parser.set_defaults(func=run)
+
+
+def sampling_from(args: argparse.Namespace) -> Sampling:
+    if args.greedy and args.temperature is not None:
+        raise ConfigError("--greedy and --temperature exclude each other")
+    if args.temperature is None:
+        return GREEDY
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise ConfigError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}")
+    return Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu.engine import OpenCLEngine
+    from gpu.fetch import resolve_model
+    from gpu.model import load_model
+    from gpu.tokenizer import Tokenizer
+
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    sampling = sampling_from(args)
+    path = resolve_model(args.model)
+
+    model = load_model(path)
+    tokenizer = Tokenizer.from_model(model)
+    prompt = tokenizer.chat([{"role": "user", "content": args.message}])
+    limit = model.config.context_length
+    max_tokens = min(args.max_tokens, limit - len(prompt))
+    if max_tokens < 1:
+        raise ConfigError(f"the prompt is {len(prompt)} tokens, the model's context is {limit}")
+    # One turn: a KV pool just big enough for it, not a fraction of the device.
+    blocks = list(range(-(-(len(prompt) + max_tokens) // BLOCK_SIZE)))
+    engine = OpenCLEngine(model, device=args.device, block_size=BLOCK_SIZE, num_blocks=len(blocks))
+
+    stream = tokenizer.stream()
+    tokens: list[int] = []
+    for start in range(0, len(prompt), PREFILL_CHUNK):
+        chunk = prompt[start : start + PREFILL_CHUNK]
+        last = start + len(chunk) == len(prompt)
+        token = engine.step([Work(0, chunk, start, blocks, sample=last, sampling=sampling)])[0]
+    while True:
+        tokens.append(token)
+        if token in engine.eos_token_ids:
+            break
+        if not args.json:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+        if len(tokens) == max_tokens:
+            break
+        position = len(prompt) + len(tokens) - 1
+        token = engine.step([Work(0, [token], position, blocks, sample=True, sampling=sampling)])[0]
+
+    if args.json:
+        text = tokenizer.decode(tokens, skip_special=True)
+        print(json.dumps({"prompt_ids": prompt, "tokens": tokens, "text": text}))
+    else:
+        sys.stdout.write(stream.flush() + "\n")
+    return 0
