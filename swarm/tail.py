@@ -229,7 +229,9 @@ def describe(e: Event) -> str:
     who = f"turn {e.turn} ({e.agent})"
     name = e.event
     if name == "swarm.started":
-        return f"swarm up: {e.slots} slots, policy {e.policy}, {e.model or 'no model'} on {e.device or '?'}"
+        model = f", model {e.model}" if e.model else ""
+        device = f" on {e.device}" if e.device else ""
+        return f"swarm up: {e.slots} slots, policy {e.policy}{model}{device}"
     if name == "swarm.stopped":
         return "swarm down"
     if name == "turn.queued":

@@ -277,6 +277,9 @@ def test_follow_in_a_terminal_stops_cleanly_on_ctrl_c(events_file: Path) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=Path(__file__).parent.parent,
+        # A shell that runs the tests in the background starts them with SIGINT
+        # ignored, which the child would inherit; give it the terminal's default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         existing = len(events_file.read_bytes().splitlines())
