@@ -11,10 +11,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.errors import ConfigError
 from runtime.events import Dropped, Event, EventBus, read_events
@@ -301,3 +304,38 @@ def test_source_kinds(events_file: Path, tmp_path: Path) -> None:
     assert tail.resolve_source(events_file) == ("file", events_file)
     with pytest.raises(ConfigError, match="is a directory"):
         tail.resolve_source(tmp_path)
+
+
+# Events as the schema allows them: any name, optional fields set or not.
+events_strategy = st.builds(
+    Event,
+    event=st.sampled_from(["turn.queued", "turn.admitted", "turn.preempted", "kv.swapped_in", "x.new"]),
+    t=st.floats(0, 1e6, allow_nan=False),
+    step=st.integers(0, 2**40),
+    turn=st.none() | st.integers(0, 10**6),
+    agent=st.none() | st.text(min_size=1, max_size=12),
+    priority=st.none() | st.integers(-100, 100),
+    slot=st.none() | st.integers(0, 255),
+    reason=st.none() | st.text(max_size=20),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(events=st.lists(events_strategy, min_size=1, max_size=12), cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_follow_reassembles_lines_however_the_writer_splits_them(events: list[Event], cuts: list[int]) -> None:
+    data = b"".join(msgspec.json.encode(e) + b"\n" for e in events)
+    bounds = sorted({c % len(data) for c in cuts} | {0, len(data)})
+    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        path.write_bytes(chunks[0])
+
+        def wait() -> bool:  # the writer adds the next piece, wherever it was cut
+            if len(chunks) == 1:
+                return False
+            chunks.pop(0)
+            append(path, chunks[0])
+            return True
+
+        seen = [item for _, item in tail.read_file(path, follow=True, wait=wait)]
+    assert seen == events
