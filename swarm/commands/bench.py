@@ -1,0 +1,55 @@
+"""`swarm bench ...`: benchmarks.
+
+    swarm bench engine   what one decode step costs on this device (gpu/bench.py)
+    swarm bench swarm    the whole swarm under load (swarm/bench_swarm.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmark the engine or the swarm")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
+
+    engine = sub.add_parser("engine", help="decode step time for 1-8 turns, prefill rate, bandwidth")
+    engine.add_argument("--model", metavar="PATH", help="GGUF file (default: SmolLM2-135M-Instruct)")
+    engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    engine.add_argument("--steps", type=int, default=16, metavar="N", help="timed decode steps per batch size")
+    engine.add_argument("--json", action="store_true", help="print one JSON object")
+    engine.set_defaults(bench_run=run_engine)
+
+    # ---- `swarm bench swarm` (the lead's): registered when swarm/bench_swarm.py exists,
+    # which provides add_arguments(parser) and run(args) -> int.
+    try:
+        bench_swarm = importlib.import_module("swarm.bench_swarm")
+    except ModuleNotFoundError as exc:
+        if exc.name != "swarm.bench_swarm":
+            raise
+    else:
+        swarm = sub.add_parser("swarm", help="the swarm under a foreground + background load")
+        bench_swarm.add_arguments(swarm)
+        swarm.set_defaults(bench_run=bench_swarm.run)
+
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.bench_run(args) or 0
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from gpu.bench import format_report, kv_blocks_needed, run_engine_bench
+    from gpu.engine import OpenCLEngine
+    from gpu.fetch import resolve_model
+    from runtime.errors import ConfigError
+
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {args.steps}")
+    engine = OpenCLEngine(resolve_model(args.model), device=args.device, num_blocks=kv_blocks_needed(args.steps))
+    report = run_engine_bench(engine, steps=args.steps)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
