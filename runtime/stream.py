@@ -168,33 +168,32 @@ async def serve_events(
     closed. `task_status.started` reports the path once clients can connect."""
     path = Path(path)
     _prepare_socket_path(path)
-    tap = _StartedTap(bus)
+    closing = _CloseWatch(bus)
     try:
         listener = await anyio.create_unix_listener(path, mode=0o600)
     except OSError as exc:
-        tap.close()
+        closing.close()
         raise ConfigError(f"cannot listen on {path}: {exc}") from exc
     inode = path.stat().st_ino
     try:
         async with listener, anyio.create_task_group() as clients:
             accepting = anyio.CancelScope()
-            clients.start_soon(_accept_clients, listener, bus, tap, max_buffer, clients, accepting)
+            clients.start_soon(_accept_clients, listener, bus, max_buffer, clients, accepting)
             task_status.started(path)
-            await tap.wait_closed()
+            await closing.wait()
             # The swarm is done: no new viewers, and the current ones get a moment
             # to read what is still buffered for them (their subscriptions are
             # closed, so their tasks end once drained).
             accepting.cancel()
             clients.cancel_scope.deadline = anyio.current_time() + grace_s
     finally:
-        tap.close()
+        closing.close()
         _remove_socket(path, inode)
 
 
 async def _accept_clients(
     listener: anyio.abc.SocketListener,
     bus: EventBus,
-    tap: _StartedTap,
     max_buffer: int,
     clients: anyio.abc.TaskGroup,
     scope: anyio.CancelScope,
@@ -211,10 +210,10 @@ async def _accept_clients(
                 await anyio.sleep(0.1)
                 continue
             # Subscribe here, synchronously, so the viewer misses nothing emitted
-            # from the moment it connected.
+            # from the moment it connected; a viewer that attaches late still
+            # learns the slots, policy and model from the replayed swarm.started.
             sub = bus.subscribe(max_buffer)
-            started = getattr(bus, "last_started", None) or tap.last_started
-            clients.start_soon(_serve_client, stream, sub, started)
+            clients.start_soon(_serve_client, stream, sub, bus.last_started)
 
 
 async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None) -> None:
@@ -257,26 +256,19 @@ def _remove_socket(path: Path, inode: int) -> None:
             log.warning("event stream: cannot remove %s: %s", path, exc)
 
 
-class _StartedTap(Subscription):
-    """A subscription that keeps no events. It remembers the latest
-    `swarm.started` (replayed to each viewer as it connects, so a viewer that
-    attaches late still learns the slots, policy and model), and it tells
-    `serve_events` when the bus closes.
-
-    EventBus.subscribe makes plain Subscriptions, so this registers itself; an
-    `EventBus.last_started` attribute, if the bus grows one, is preferred."""
+class _CloseWatch(Subscription):
+    """A subscription that keeps no events and wakes no one: it only tells
+    `serve_events` when the bus closes (EventBus.close closes every subscriber).
+    EventBus.subscribe makes plain Subscriptions, so this registers itself."""
 
     def __init__(self, bus: EventBus) -> None:
         super().__init__(bus, max_buffer=0)
-        self.last_started: Event | None = None
         bus._subscribers.add(self)
 
     def put(self, event: Event) -> None:
-        # Called inside bus.emit: must stay cheap and never wake anyone.
-        if event.event == "swarm.started":
-            self.last_started = event
+        pass  # called inside bus.emit: nothing to keep
 
-    async def wait_closed(self) -> None:
+    async def wait(self) -> None:
         # put() never buffers, so iteration only ends, when the bus closes us.
         async for _ in self:
             pass

@@ -188,9 +188,9 @@ async def test_viewers_coming_and_going_do_not_disturb_the_others(sock_path: Pat
 @pytest.mark.asyncio
 async def test_a_late_viewer_learns_how_the_swarm_started(sock_path: Path) -> None:
     bus = EventBus()
+    bus.emit(STARTED)  # even before the server was up
     async with anyio.create_task_group() as tg:
         await tg.start(serve_events, bus, sock_path)
-        bus.emit(STARTED)
         for i in range(3):
             bus.emit(Event(event="turn.queued", t=float(i), step=i, turn=i, agent="a"))
         viewer = await Viewer.connect(sock_path)
