@@ -63,10 +63,10 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
                           int c0, int ncols, float *out0, float *out1)
 {
     const int nb = k / 32;
-    float8 a0[MAX_TILE], a1[MAX_TILE];
+    float16 a0[MAX_TILE], a1[MAX_TILE];
     __global const float *xc[MAX_TILE];
     for (int c = 0; c < tile; c++) {
-        a0[c] = a1[c] = (float8)0.0f;
+        a0[c] = a1[c] = (float16)0.0f;
         xc[c] = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k;
     }
     for (int b = 0; b < nb; b++) {
@@ -77,13 +77,13 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
         lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;
         for (int c = 0; c < tile; c++) {
             const float16 xlo = F16(2 * b, xc[c]), xhi = F16(2 * b + 1, xc[c]);
-            a0[c] += lo0.lo * xlo.lo + lo0.hi * xlo.hi + hi0.lo * xhi.lo + hi0.hi * xhi.hi;
-            a1[c] += lo1.lo * xlo.lo + lo1.hi * xlo.hi + hi1.lo * xhi.lo + hi1.hi * xhi.hi;
+            a0[c] += lo0 * xlo + hi0 * xhi;
+            a1[c] += lo1 * xlo + hi1 * xhi;
         }
     }
     for (int c = 0; c < tile; c++) {
-        out0[c] = hsum8(a0[c]);
-        out1[c] = hsum8(a1[c]);
+        out0[c] = hsum16(a0[c]);
+        out1[c] = hsum16(a1[c]);
     }
 }
 
