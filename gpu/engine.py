@@ -71,6 +71,7 @@ class OpenCLEngine:
         self.weights = upload_weights(self.device.context, self.model)
         self._build()
         self._allocate(max_batch_tokens)
+        self._bind()
 
     # ------------------------------------------------------------------ setup
 
@@ -86,15 +87,14 @@ class OpenCLEngine:
             f"-DMAX_COLS={self.max_batch_tokens}",
         ]
         text = "\n".join(source(name) for name in ("quant", "layers", "matmul"))
-        program = self.device.build(text, options)
-        self._kernels = {k.function_name: k for k in program.all_kernels()}
+        self._program = self.device.build(text, options)
 
     def _allocate(self, t: int) -> None:
         """Buffers for a step of up to `t` tokens, made once."""
         cfg, ctx = self.config, self.device.context
         f = lambda n: cl.Buffer(ctx, RW, 4 * n)  # noqa: E731
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        self._x, self._xn = f(t * cfg.d_model), f(t * cfg.d_model)
+        self._x = f(t * cfg.d_model)
         self._qkv, self._att = f(t * qkv_dim), f(t * cfg.n_heads * cfg.head_dim)
         self._h = f(t * cfg.d_ff)
         self._tokens, self._pos, self._seq, self._sample_rows = f(t), f(t), f(t), f(t)
@@ -107,16 +107,33 @@ class OpenCLEngine:
         )
         ones = np.ones(max(cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim), np.float32)
         self._ones = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=ones)
-        self._tables, self._tables_size = f(1), 1
-        self._logits, self._logits_rows = f(cfg.vocab_size), 1
+        self._max_blocks = -(-cfg.context_length // self.block_size)  # block table width
+        self._tables = f(t * self._max_blocks)
+        self._logits = f(t * cfg.vocab_size)
 
-    def _grow(self, tables_size: int, logits_rows: int) -> None:
-        ctx = self.device.context
-        if tables_size > self._tables_size:
-            self._tables, self._tables_size = cl.Buffer(ctx, RW, 4 * tables_size), tables_size
-        if logits_rows > self._logits_rows:
-            self._logits = cl.Buffer(ctx, RW, 4 * logits_rows * self.config.vocab_size)
-            self._logits_rows = logits_rows
+    def _bind(self) -> None:
+        """Every launch of a step with its arguments set once (pyopencl's per-call
+        argument setting cost more host time than the kernels took at batch 1)."""
+        cfg, W = self.config, self.weights
+        width, eps = i32(self._max_blocks), np.float32(cfg.norm_eps)
+        self._embed = _Grid(self._program, f"embed_{W.embed.kind}", cfg.d_model // 32,
+                            W.embed.qs, W.embed.dm, self._tokens, self._x, i32(cfg.d_model))  # fmt: skip
+
+        def matmul(op, w, g, x, xrows, y, *extra):
+            return _Matmul(self._program, op, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
+
+        self._layers = []
+        for layer, L in enumerate(W.layers):
+            kv = (self._pos, self._seq, self._tables, width, self._inv_freq, self.kv.k, self.kv.v, i32(layer))
+            self._layers += [
+                matmul("qkv", L.qkv, L.attn_norm, self._x, self._all_rows, self._qkv, *kv),
+                _Grid(self._program, "attention", cfg.n_heads, self._qkv, self._pos, self._seq, self._tables, width,
+                      self.kv.k, self.kv.v, self._att, i32(layer)),  # fmt: skip
+                matmul("matmul", L.out, self._ones, self._att, self._all_rows, self._x, i32(0), i32(1)),
+                matmul("swiglu", L.gate_up, L.ffn_norm, self._x, self._all_rows, self._h),
+                matmul("matmul", L.down, self._ones, self._h, self._all_rows, self._x, i32(0), i32(1)),
+            ]
+        self._head = matmul("matmul", W.output, W.output_norm, self._x, self._sample_rows, self._logits, i32(1), i32(0))
 
     # --------------------------------------------------------------- protocol
 
@@ -160,10 +177,10 @@ class OpenCLEngine:
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
-        width = max(len(w.block_table) for w in batch)
-        tables = np.zeros((len(batch), width), dtype=i32)
+        tables = np.zeros((len(batch), self._max_blocks), dtype=i32)
         for s, w in enumerate(batch):
-            tables[s, : len(w.block_table)] = w.block_table
+            need = -(-(w.start + len(w.tokens)) // self.block_size)
+            tables[s, :need] = w.block_table[:need]
         ends = np.cumsum([len(w.tokens) for w in batch]) - 1
         sample_at = np.array([e for e, w in zip(ends, batch) if w.sample], dtype=i32)
 
@@ -174,7 +191,8 @@ class OpenCLEngine:
         for c0 in range(0, len(tokens), m):
             c1 = min(c0 + m, len(tokens))
             rows = sample_at[(sample_at >= c0) & (sample_at < c1)] - c0
-            logits = self._forward(tokens[c0:c1], pos[c0:c1], seq[c0:c1], tables, rows.astype(i32))
+            turns, local_seq = np.unique(seq[c0:c1], return_inverse=True)
+            logits = self._forward(tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], rows.astype(i32))
             if logits is not None:
                 out.append(logits)
         if not out:
@@ -207,44 +225,52 @@ class OpenCLEngine:
             self.kv.check_blocks(w.block_table[:need], f"turn {w.turn}")
 
     def _forward(self, tokens, pos, seq, tables, sample_rows) -> np.ndarray | None:
-        cfg, q, k = self.config, self.device.queue, self._kernels
-        t = len(tokens)
-        self._grow(tables.size, len(sample_rows))
+        q, t, n = self.device.queue, len(tokens), len(sample_rows)
         for buf, arr in ((self._tokens, tokens), (self._pos, pos), (self._seq, seq), (self._tables, tables)):
             cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
-        if len(sample_rows):
+        if n:
             cl.enqueue_copy(q, self._sample_rows, sample_rows, is_blocking=False)
-        width, d = i32(tables.shape[1]), i32(cfg.d_model)
-
-        W, rows = self.weights, self._all_rows
-        k[f"embed_{W.embed.kind}"](q, (cfg.d_model // 32, t), None, W.embed.qs, W.embed.dm, self._tokens, self._x, d)
-        for layer, L in enumerate(W.layers):
-            kv_args = (self._pos, self._seq, self._tables, width, self._inv_freq, self.kv.k, self.kv.v, i32(layer))
-            self._launch("qkv", L.qkv, L.attn_norm, self._x, rows, self._qkv, t, *kv_args)
-            k["attention"](
-                q, (cfg.n_heads, t), None, self._qkv, self._pos, self._seq, self._tables, width,
-                self.kv.k, self.kv.v, self._att, i32(layer),
-            )  # fmt: skip
-            self._launch("matmul", L.out, self._ones, self._att, rows, self._x, t, i32(0), i32(1))
-            self._launch("swiglu", L.gate_up, L.ffn_norm, self._x, rows, self._h, t)
-            self._launch("matmul", L.down, self._ones, self._h, rows, self._x, t, i32(0), i32(1))
-
-        n = len(sample_rows)
+        self._embed.enqueue(q, t)
+        for launch in self._layers:
+            launch.enqueue(q, t)
         if n == 0:
             q.finish()
             return None
-        self._launch("matmul", W.output, W.output_norm, self._x, self._sample_rows, self._logits, n, i32(1), i32(0))
-        logits = np.empty((n, cfg.vocab_size), np.float32)
+        self._head.enqueue(q, n)
+        logits = np.empty((n, self.config.vocab_size), np.float32)
         cl.enqueue_copy(q, logits, self._logits, is_blocking=True)
         return logits
 
-    def _launch(self, op: str, w: DeviceMatrix, g: cl.Buffer, x: cl.Buffer, xrows: cl.Buffer, y: cl.Buffer,
-                ncols: int, *extra) -> None:  # fmt: skip
-        """One fused matmul kernel (see kernels/matmul.cl): `op` is matmul, swiglu or qkv."""
+
+class _Grid:
+    """A kernel over a (dim0, tokens) grid, its arguments set once."""
+
+    def __init__(self, program: cl.Program, name: str, dim0: int, *args):
+        self.kernel = cl.Kernel(program, name)
+        self.kernel.set_args(*args)
+        self.dim0 = dim0
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> None:
+        cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), None)
+
+
+class _Matmul:
+    """One fused matmul (kernels/matmul.cl; op is matmul, swiglu or qkv) bound to its
+    weights and buffers, in every tile variant; a step only sets the batch width."""
+
+    NCOLS = 9  # index of the ncols argument
+
+    def __init__(self, program: cl.Program, op: str, w: DeviceMatrix, head: tuple, extra: tuple):
         rows = w.rows // 2 if op == "swiglu" else w.rows
         pairs = -(-rows // 2)
-        kernel = self._kernels[f"{op}_{w.kind}_t{_tile(ncols)}"]
-        kernel(
-            self.device.queue, (-(-pairs // WG) * WG,), (WG,), w.qs, w.dm, g, x, xrows,
-            np.float32(self.config.norm_eps), y, i32(rows), i32(w.cols), i32(ncols), *extra,
-        )  # fmt: skip
+        self.global_size = (-(-pairs // WG) * WG,)
+        self.tiles = {}
+        for tile in (1, 2, 4, 8):
+            kernel = cl.Kernel(program, f"{op}_{w.kind}_t{tile}")
+            kernel.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra)
+            self.tiles[tile] = kernel
+
+    def enqueue(self, queue: cl.CommandQueue, ncols: int) -> None:
+        kernel = self.tiles[_tile(ncols)]
+        kernel.set_arg(self.NCOLS, i32(ncols))
+        cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (WG,))
