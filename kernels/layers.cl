@@ -103,20 +103,29 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
     for (int p0 = 0; p0 < n; p0 += BLOCK_SIZE) {
         const size_t base = kv_index(table[p0 / BLOCK_SIZE], layer, kv_head, 0);
         const int slots = min(BLOCK_SIZE, n - p0);
+        /* a block at a time: its scores and their max first, so the running
+         * sums are rescaled once per block rather than once per position */
+        float score[BLOCK_SIZE], m_new = m;
         for (int s = 0; s < slots; s++) {
             __global const float *k = kcache + base + s * HEAD_DIM;
-            __global const float *v = vcache + base + s * HEAD_DIM;
             float16 prod = q[0] * F16(0, k);
             for (int j = 1; j < HV; j++)
-                prod = fma(q[j], F16(j, k), prod);
-            const float score = hsum16(prod);
-            const float m_new = fmax(m, score);
-            const float correction = exp(m - m_new), w = exp(score - m_new);
-            l = l * correction + w;
-            for (int j = 0; j < HV; j++)
-                acc[j] = fma((float16)w, F16(j, v), acc[j] * correction);
-            m = m_new;
+                prod += q[j] * F16(j, k);
+            score[s] = hsum16(prod);
+            m_new = fmax(m_new, score[s]);
         }
+        const float correction = exp(m - m_new);
+        l *= correction;
+        for (int j = 0; j < HV; j++)
+            acc[j] *= correction;
+        for (int s = 0; s < slots; s++) {
+            __global const float *v = vcache + base + s * HEAD_DIM;
+            const float w = exp(score[s] - m_new);
+            l += w;
+            for (int j = 0; j < HV; j++)
+                acc[j] += w * F16(j, v);
+        }
+        m = m_new;
     }
     for (int j = 0; j < HV; j++)
         ((__global float16 *)(out + (size_t)t * Q_DIM + h * HEAD_DIM))[j] = acc[j] / l;
