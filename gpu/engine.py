@@ -30,7 +30,7 @@ from gpu.model import Model, load_model
 from gpu.weights import DeviceMatrix, upload_weights
 from kernels import source
 from runtime.engine import Work
-from runtime.errors import UnsupportedModelError
+from runtime.errors import ConfigError, UnsupportedModelError
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -57,6 +57,8 @@ class OpenCLEngine:
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         cfg = self.config = self.model.config
+        if block_size % 16:
+            raise ConfigError(f"block_size must be a multiple of 16 (the attention kernel's width), got {block_size}")
         if cfg.head_dim % 16 or cfg.d_model % 32 or cfg.d_ff % 32 or cfg.n_heads % cfg.n_kv_heads:
             raise UnsupportedModelError(
                 f"{self.model.path}: the kernels need head_dim % 16 == 0, d_model and d_ff % 32 == 0 "
