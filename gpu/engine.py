@@ -253,7 +253,7 @@ class _Grid:
         self.dim0 = dim0
 
     def enqueue(self, queue: cl.CommandQueue, t: int) -> None:
-        cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), None)
+        cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), (1, 1))
 
 
 class _Matmul:
