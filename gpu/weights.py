@@ -4,8 +4,9 @@ GGUF stores a quantized row as a run of blocks of 32 weights, each block its
 scale(s) followed by its quants (Q4_1: f16 d, f16 m, 16 bytes of nibbles; Q8_0:
 f16 d, 32 int8). Those 20- and 34-byte blocks are not 16-byte aligned, so the
 upload splits each matrix into two arrays, the quants (`qs`) and the scales
-(`dm`), which keeps the bytes the same and lets the kernels use aligned vector
-loads. Types the kernels do not read directly are dequantized to float32.
+(`dm`), so the kernels can use aligned vector loads. The scales are widened to
+float32 (see kernels/quant.cl for why). Types the kernels do not read directly
+are dequantized to float32.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
         raw = np.concatenate([t.raw for t in tensors]) if len(tensors) > 1 else tensors[0].raw
         rows = raw.shape[0]
         blocks = np.asarray(raw, np.uint8).reshape(rows, cols // 32, -1)
-        return kind, blocks[:, :, scale_bytes:].copy(), blocks[:, :, :scale_bytes].copy()
+        scales = np.ascontiguousarray(blocks[:, :, :scale_bytes]).view(np.float16).astype(np.float32)
+        return kind, blocks[:, :, scale_bytes:].copy(), scales
     dense = np.concatenate([t.dequantize().reshape(t.rows, t.cols) for t in tensors])
     return "f32", dense.astype(np.float32), np.zeros(4, np.uint8)
 

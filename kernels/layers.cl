@@ -32,7 +32,7 @@ inline size_t kv_tile(int block, int layer, int kv_head)
 /* x[t, :] = dequantized row tokens[t] of the embedding table. One work-item per
  * (block of 32, token). */
 #define DEFINE_EMBED(NAME, WTYPE)                                               \
-__kernel void embed_##NAME(__global const uchar *qs, __global const half *dm,   \
+__kernel void embed_##NAME(__global const uchar *qs, __global const float *dm,   \
                            __global const int *tokens, __global float *x, int d) \
 {                                                                               \
     const int b = get_global_id(0), t = get_global_id(1);                       \

@@ -57,7 +57,7 @@ inline void column_scales(__global const float *x, __global const int *xrows,
  * accumulators live in registers. Columns past ncols repeat the last one
  * (their results are dropped) so the inner loop stays branch-free. */
 __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const int tile,
-                          __global const uchar *qs, __global const half *dm,
+                          __global const uchar *qs, __global const float *dm,
                           __global const float *g, __global const float *x,
                           __global const int *xrows, int r0, int r1, int k,
                           int c0, int ncols, float *out0, float *out1)
@@ -91,7 +91,7 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
 /* Kernels, one set per weight type and tile                                 */
 /* ======================================================================== */
 #define MATMUL_ARGS                                                             \
-    __global const uchar *qs, __global const half *dm, __global const float *g, \
+    __global const uchar *qs, __global const float *dm, __global const float *g, \
     __global const float *x, __global const int *xrows, float eps,              \
     __global float *y, int rows, int k, int ncols
 
