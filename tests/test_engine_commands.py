@@ -1,0 +1,67 @@
+"""`swarm generate` and `swarm bench engine` end to end, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpu.model import load_model
+from gpu.reference import ReferenceModel
+from gpu.tokenizer import Tokenizer
+from runtime.engine import Sampling
+from runtime.errors import ConfigError
+from swarm.cli import main
+
+
+def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json_greedy_matches_the_reference(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["generate", "hello there", "--model", str(tiny_gguf), "--max-tokens", "12", "--json"])
+    model = load_model(tiny_gguf)
+    tokenizer = Tokenizer.from_model(model)
+    assert out["prompt_ids"] == tokenizer.chat([{"role": "user", "content": "hello there"}])
+    want = ReferenceModel(model).generate(out["prompt_ids"], 12, stop_ids=tokenizer.eos_ids)
+    assert out["tokens"] == want
+    assert out["text"] == tokenizer.decode(want, skip_special=True)
+
+
+def test_generate_seeded_sampling_is_reproducible_and_matches_the_reference(
+    tiny_gguf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "10", "--json",
+            "--temperature", "1.0", "--top-p", "0.9", "--seed", "5"]  # fmt: skip
+    first, second = run_json(capsys, argv), run_json(capsys, argv)
+    assert first == second
+    model = load_model(tiny_gguf)
+    sampling = Sampling(temperature=1.0, top_p=0.9, seed=5)
+    eos = Tokenizer.from_model(model).eos_ids
+    assert first["tokens"] == ReferenceModel(model).generate(first["prompt_ids"], 10, sampling, stop_ids=eos)
+
+
+def test_generate_streams_text(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hello", "--model", str(tiny_gguf), "--max-tokens", "8"]) == 0
+    streamed = capsys.readouterr().out
+    want = run_json(capsys, ["generate", "hello", "--model", str(tiny_gguf), "--max-tokens", "8", "--json"])
+    assert streamed == want["text"] + "\n"
+
+
+def test_generate_rejects_greedy_with_a_temperature(tiny_gguf: Path) -> None:
+    from swarm.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "x", "--model", str(tiny_gguf), "--greedy", "--temperature", "1"])
+    with pytest.raises(ConfigError, match="exclude each other"):
+        args.func(args)
+
+
+def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["bench", "engine", "--model", str(tiny_gguf), "--steps", "2", "--json"])
+    assert [s["batch"] for s in out["steps"]] == [1, 2, 4, 8]
+    assert all(s["step_ms"] > 0 for s in out["steps"])
+    for key in ("prefill_tok_per_s", "decode_tok_per_s", "weight_bytes_per_step", "copy_gb_s", "achieved_gb_s"):
+        assert out[key] > 0
+    assert out["device"]
