@@ -12,8 +12,12 @@ step whatever the batch holds. Per layer (x is the residual stream, [T, d]):
     h   = silu(xn @ Wgate^T) * (xn @ Wup^T)        one fused kernel
     x  += h @ Wdown^T                              residual fused
 
-then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T. The
-whole step is enqueued without a host sync; the logits are the one read-back.
+then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T.
+
+That is five kernel launches per layer (kernels/matmul.cl fuses each norm, RoPE
+and the K/V store, SwiGLU and the residual adds into the matmuls), all bound to
+their buffers once at start-up. The whole step is enqueued without a host sync;
+the logits are the one read-back.
 """
 
 from __future__ import annotations

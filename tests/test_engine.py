@@ -13,6 +13,7 @@ from gpu.engine import OpenCLEngine
 from gpu.model import Model
 from gpu.reference import ReferenceModel
 from runtime.engine import GREEDY, Sampling, Work
+from runtime.errors import ConfigError
 
 BLOCK = 16
 BLOCKS_PER_TURN = 8  # 128 positions
@@ -240,3 +241,19 @@ def test_two_items_for_one_turn_are_rejected(engine: OpenCLEngine) -> None:
 def test_token_outside_the_vocabulary_is_rejected(engine: OpenCLEngine) -> None:
     with pytest.raises(ValueError, match="token ids must be in"):
         engine.step([Work(turn=0, tokens=[engine.config.vocab_size], start=0, block_table=[0], sample=True)])
+
+
+def test_pool_and_block_size_are_checked(tiny_model: Model) -> None:
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        OpenCLEngine(tiny_model, block_size=8, num_blocks=4)
+    with pytest.raises(ConfigError, match="largest allocation"):
+        OpenCLEngine(tiny_model, num_blocks=10**9)
+    with pytest.raises(ConfigError, match="kv_fraction"):
+        OpenCLEngine(tiny_model, kv_fraction=1.5)
+
+
+def test_default_pool_follows_the_kv_fraction(tiny_model: Model) -> None:
+    small = OpenCLEngine(tiny_model, kv_fraction=0.01)
+    large = OpenCLEngine(tiny_model, kv_fraction=0.02)
+    assert 0 < small.num_blocks < large.num_blocks
+    assert 2 * large.num_blocks * large.kv.block_bytes <= 0.02 * large.device.global_mem
