@@ -31,6 +31,8 @@ import pyopencl as cl
 from gpu.device import Device, select_device
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
+from gpu.sampling import sample_batch
+from gpu.tokenizer import Tokenizer
 from gpu.weights import DeviceMatrix, upload_weights
 from kernels import source
 from runtime.engine import Work
@@ -144,9 +146,7 @@ class OpenCLEngine:
     # --------------------------------------------------------------- protocol
 
     @functools.cached_property
-    def tokenizer(self):
-        from gpu.tokenizer import Tokenizer
-
+    def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_model(self.model)
 
     @functools.cached_property
@@ -154,8 +154,6 @@ class OpenCLEngine:
         return frozenset(self.tokenizer.eos_ids)
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
-        from gpu.sampling import sample_batch
-
         logits = self.step_logits(batch)
         sampled = [w for w in batch if w.sample]
         tokens = iter(
