@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+
+from swarm import bench_swarm
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,17 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(bench_run=run_engine)
 
-    # ---- `swarm bench swarm` (the lead's): registered when swarm/bench_swarm.py exists,
-    # which provides add_arguments(parser) and run(args) -> int.
-    try:
-        bench_swarm = importlib.import_module("swarm.bench_swarm")
-    except ModuleNotFoundError as exc:
-        if exc.name != "swarm.bench_swarm":
-            raise
-    else:
-        swarm = sub.add_parser("swarm", help="the swarm under a foreground + background load")
-        bench_swarm.add_arguments(swarm)
-        swarm.set_defaults(bench_run=bench_swarm.run)
+    swarm = sub.add_parser("swarm", help="foreground wait per policy on the real engine, under background load")
+    bench_swarm.add_arguments(swarm)
+    swarm.set_defaults(bench_run=bench_swarm.run)
 
     parser.set_defaults(func=run)
 
