@@ -158,7 +158,8 @@ class GPUOwner(Actor):
 
     def _publish(self) -> None:
         """Log the scheduler's decisions and tell each turn's agent of its own."""
-        decided, self._decided[:] = list(self._decided), []
+        decided = self._decided[:]
+        self._decided.clear()  # the scheduler appends to this very list
         for event in decided:
             self.bus.emit(event)
             update = _update_for(event)

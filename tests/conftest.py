@@ -48,3 +48,17 @@ def smollm2_model(smollm2_path: Path) -> Model:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
     return Tokenizer.from_model(smollm2_model)
+
+
+@pytest.fixture
+def events_file(tmp_path: Path) -> Path:
+    """A made-up session's events as a JSON-lines file."""
+    from fake_session import Clock, emit_session
+    from runtime.events import EventBus
+
+    clock = Clock()
+    bus = EventBus(clock=clock)
+    path = bus.log_to_file(tmp_path / "events.jsonl")
+    emit_session(bus, clock)
+    bus.close()
+    return path

@@ -8,23 +8,12 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import Event, EventBus, read_events
+from runtime.events import Event, read_events
 from runtime.priority import FOREGROUND
 from swarm import plot
 from swarm.cli import main
-from test_tail import Clock, emit_session
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def events_file(tmp_path: Path) -> Path:
-    clock = Clock()
-    bus = EventBus(clock=clock)
-    path = bus.log_to_file(tmp_path / "events.jsonl")
-    emit_session(bus, clock)
-    bus.close()
-    return path
 
 
 def bench(samples: bool) -> dict:

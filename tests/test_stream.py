@@ -18,7 +18,7 @@ from runtime.errors import ConfigError
 from runtime.events import Dropped, Event, EventBus
 from runtime.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
 from swarm import tail
-from test_tail import Clock, emit_session
+from fake_session import Clock, emit_session
 
 STARTED = Event(event="swarm.started", t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
 
