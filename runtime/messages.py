@@ -51,49 +51,43 @@ OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
 # ------------------------------------------------------------------- updates
 
 
-class Queued(msgspec.Struct, tag="queued", kw_only=True):
+class _Update(msgspec.Struct, kw_only=True):
     turn: int
-    t: float
+    t: float  # on the swarm's clock
 
 
-class Admitted(msgspec.Struct, tag="admitted", kw_only=True):
-    turn: int
+class Queued(_Update, tag="queued"):
+    pass
+
+
+class Admitted(_Update, tag="admitted"):
     slot: int
     waited_s: float
-    t: float
 
 
-class Token(msgspec.Struct, tag="token", kw_only=True):
-    turn: int
+class Token(_Update, tag="token"):
     token: int
-    t: float
 
 
-class Paused(msgspec.Struct, tag="paused", kw_only=True):
+class Paused(_Update, tag="paused"):
     """The turn lost its slot at a token boundary; its KV stays where the policy
     keeps it. `by_turn` is None when it was paused to free KV memory."""
 
-    turn: int
     at_token: int
     by_turn: int | None
     by_agent: str | None
     by_priority: int | None
-    t: float
 
 
-class Resumed(msgspec.Struct, tag="resumed", kw_only=True):
-    turn: int
+class Resumed(_Update, tag="resumed"):
     slot: int
     paused_s: float
-    t: float
 
 
-class Ended(msgspec.Struct, tag="ended", kw_only=True):
-    turn: int
+class Ended(_Update, tag="ended"):
     event: str  # turn.finished, turn.cancelled or turn.failed
     reason: str
     tokens: int
-    t: float
 
 
 TurnUpdate = Union[Queued, Admitted, Token, Paused, Resumed, Ended]
