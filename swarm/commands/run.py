@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 
 import anyio
 from rich.console import Console
@@ -78,11 +79,9 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
         cells = [_s(p[k]) for k in ("p50", "p90", "p99", "max")] if p else ["-"] * 4
         waits.add_row(label, str(len(samples)), *cells)
     console.print(waits)
-    steps = getattr(getattr(runner, "swarm", None), "owner", None)
-    if steps is not None and steps.step_seconds:
-        import statistics
-
-        console.print(f"median decode step: {_s(statistics.median(steps.step_seconds))}")
+    owner = getattr(getattr(runner, "swarm", None), "owner", None)
+    if owner is not None and owner.step_seconds:
+        console.print(f"median decode step: {_s(statistics.median(owner.step_seconds))}")
     console.print(f"events: {runner.events_path}\nproposals: {runner.out}")
 
 
