@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
     parser.add_argument("--fg-tokens", type=int, default=16, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths (a CPU decodes slowly)")
-    parser.add_argument("--step-tokens", type=int, default=32, help="tokens one step may process")
+    parser.add_argument("--step-tokens", type=int, default=16, help="tokens one step may process (small on a CPU: a prefill chunk lengthens its step, and so the wait)")
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per turn")
     parser.add_argument("--warmup", type=float, default=30.0, help="at most this many seconds for every slot to fill first")
     parser.add_argument("--seed", type=int, default=0)
