@@ -9,7 +9,7 @@ means something:
 |---------------------|----------------------------------------|-------------------------------------------|
 | swarm.started       | the swarm is up                        | unix_time, slots, policy, device, model   |
 | swarm.stopped       | the swarm is down                      | unix_time                                 |
-| turn.queued         | a turn request reached the owner       | turn, agent, priority, tokens (prompt)    |
+| turn.queued         | an agent asked for a turn (t: when)    | turn, agent, priority, tokens (prompt)    |
 | turn.admitted       | it got a slot for the first time       | turn, agent, priority, slot, waited_s     |
 | turn.preempted      | paused at a token boundary             | turn, agent, priority, slot, tokens,      |
 |                     |                                        | by_turn, by_agent, by_priority            |
