@@ -73,12 +73,14 @@ def test_an_agent_refuses_to_write_outside_its_out_folder(tmp_path: Path, worksp
 
 
 class Hog(WorkspaceAgent):
-    """Keeps a slot busy with one long turn (token ids: no text needed)."""
+    """Keeps a slot busy, turn after turn (token ids: no text needed). Each turn
+    stays inside the tiny model's 512-token context."""
 
     async def run(self) -> None:
-        async with self.generate([9] * 8, max_tokens=100_000, ignore_eos=True) as turn:
-            async for _ in turn:
-                pass
+        while True:
+            async with self.generate([9] * 8, max_tokens=400, ignore_eos=True) as turn:
+                async for _ in turn:
+                    pass
 
 
 @pytest.mark.asyncio
@@ -105,8 +107,13 @@ async def test_the_pairs_review_request_lends_the_reviewer_foreground_priority(t
     assert [(e.agent, e.priority, e.base_priority, e.by_agent) for e in inherited] == [("reviewer", FOREGROUND, BACKGROUND, "pair")]
     review_turn = next(e for e in events if e.event == "turn.queued" and e.agent == "reviewer")
     assert review_turn.priority == FOREGROUND
-    preempted = next(e for e in events if e.event == "turn.preempted")
-    assert preempted.agent.startswith("hog") and (preempted.by_agent, preempted.by_priority) == ("reviewer", FOREGROUND)
+    # The review takes a hog's slot at the next boundary, unless a hog turn
+    # happened to end right then and left one free (rare, but timing is real here).
+    admitted = next(e for e in events if e.event == "turn.admitted" and e.agent == "reviewer")
+    preempted = [e for e in events if e.event == "turn.preempted" and e.by_agent == "reviewer"]
+    freed = [e for e in events if e.event == "turn.finished" and e.agent.startswith("hog") and e.step == admitted.step]
+    assert preempted or freed
+    assert all(e.agent.startswith("hog") and e.by_priority == FOREGROUND for e in preempted)
     assert events[-1].agent == "reviewer" and events[-1].priority == BACKGROUND
     assert pair.review_asks == 1 and said[0] == "you> review pricing.py" and said[1].startswith("pair> ")
     assert reviewer.records[0].priority == FOREGROUND and reviewer.records[0].tokens >= 1
