@@ -2,7 +2,11 @@
 
 Choice, first that applies: an explicit spec (argument, `--device` flag or the
 session config), the `PYOPENCL_CTX` environment variable, else the first GPU of
-any platform, else the first device at all (the CPU through PoCL). A spec is
+any platform, else the first device at all (the CPU through PoCL). Without a spec,
+a device whose compiler cannot build a one-line kernel is passed over: PoCL's
+bundled LLVM names CPUs newer than itself "generic" and then refuses to compile
+for "generic" (on AMD Zen 5, say), while a distribution's PoCL on the same
+machine works. A spec is
 "platform:device" where each part is an index or a case-insensitive substring
 of the name; a spec without a colon matches a device on any platform.
 
@@ -21,7 +25,11 @@ import pyopencl as cl
 
 from runtime.errors import DeviceError
 
-INSTALL_HINT = 'pip install "pyopencl[pocl]" gives a CPU device'
+INSTALL_HINT = (
+    'pip install "pyopencl[pocl]" gives a CPU device; where its compiler does not know the CPU, '
+    "a distribution's PoCL does (Debian: apt-get install pocl-opencl-icd)"
+)
+_PROBE = "__kernel void probe(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 
 
 @dataclass
@@ -97,6 +105,18 @@ def describe_devices() -> str:
     return "; ".join(f"{pi}:{di} {p.name.strip()} / {d.name.strip()}" for pi, di, p, d in found)
 
 
+def _cannot_compile(device: cl.Device) -> str | None:
+    """Why `device` cannot build a trivial kernel, or None if it can. Cheap after
+    the first run: pyopencl caches the binary."""
+    _enable_binary_cache()
+    try:
+        cl.Program(cl.Context([device]), _PROBE).build()
+    except cl.Error as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if "error" in line.lower()]
+        return (lines[-1] if lines else str(exc).strip())[:200]
+    return None
+
+
 def _matches(part: str, index: int, name: str) -> bool:
     part = part.strip()
     if part == "":
@@ -124,7 +144,15 @@ def select_device(spec: str | None = None) -> Device:
         if not found:
             raise DeviceError(f"no usable OpenCL device: {describe_devices()}. {INSTALL_HINT}")
         gpus = [d for _, _, _, d in found if d.type & cl.device_type.GPU]
-        device = (gpus or [d for _, _, _, d in found])[0]
+        ordered = gpus + [d for _, _, _, d in found if not d.type & cl.device_type.GPU]
+        failures = []
+        for device in ordered:
+            problem = _cannot_compile(device)
+            if problem is None:
+                break
+            failures.append(f"{device.name.strip()}: {problem}")
+        else:
+            raise DeviceError(f"no OpenCL device can compile a kernel ({'; '.join(failures)}). {INSTALL_HINT}")
     try:
         context = cl.Context([device])
         queue = cl.CommandQueue(context, device)
