@@ -30,9 +30,11 @@ from runtime.events import TERMINAL, Event, EventBus
 from runtime.messages import Admitted, CancelAgent, CancelTurn, Ended, OwnerRequest, Paused, Queued, Resumed, SetInherited, Token, TurnRequest, TurnUpdate
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import Plan, SchedulerConfig
+from runtime.turns import Plan, SchedulerConfig, SwapOut
 
 log = logging.getLogger(__name__)
+
+KV_MOVES = ("kv.swapped_out", "kv.swapped_in")
 
 
 class GPUOwner(Actor):
@@ -93,6 +95,9 @@ class GPUOwner(Actor):
                 self._apply(await self._inbox.receive())  # idle: sleep until asked
             self._drain()
             plan = self.scheduler.schedule(self.bus.now())
+            if plan.moves:
+                # Before the decisions are told: a move that fails is not reported as made.
+                self._settle(plan, await anyio.to_thread.run_sync(self._move, plan))
             self._publish()
             if not plan.works:
                 if self.scheduler.turns:
@@ -119,11 +124,35 @@ class GPUOwner(Actor):
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""
-        for turn_id, blocks, length in plan.swap_out:
-            self.engine.swap_out(turn_id, blocks, length)
-        for turn_id, blocks in plan.swap_in:
-            self.engine.swap_in(turn_id, blocks)
         return self.engine.step(plan.works)
+
+    def _move(self, plan: Plan) -> dict[int, str]:
+        """Runs in a worker thread: the plan's KV moves, in the order decided.
+        Returns the turns whose move failed, with why; their later moves are skipped."""
+        failed: dict[int, str] = {}
+        for move in plan.moves:
+            if move.turn in failed:
+                continue
+            try:
+                if isinstance(move, SwapOut):
+                    self.engine.swap_out(move.turn, move.blocks, move.length)
+                else:
+                    self.engine.swap_in(move.turn, move.blocks)
+            except Exception as exc:
+                failed[move.turn] = f"{type(move).__name__} failed: {type(exc).__name__}: {exc}"
+        return failed
+
+    def _settle(self, plan: Plan, failed: dict[int, str]) -> None:
+        """A turn whose KV move failed has lost its cache: unsay the move and
+        have the scheduler re-prefill it, rather than fail it."""
+        if not failed:
+            return
+        self._decided[:] = [e for e in self._decided if not (e.turn in failed and e.event in KV_MOVES)]
+        now = self.bus.now()
+        for turn_id, why in failed.items():
+            log.warning("turn %d: %s; its KV is recomputed", turn_id, why)
+            self.engine.forget(turn_id)
+            self.scheduler.lose_kv(plan, turn_id, now)
 
     # ------------------------------------------------------------- requests
 

@@ -4,7 +4,7 @@ State in, decision out. The GPU owner, the simulator and the tests all drive it 
 same way, once per token boundary:
 
     plan = scheduler.schedule(now)         # admit, preempt, resume; pick the batch
-    tokens = engine.step(plan.works)       # (after plan.swap_out / plan.swap_in)
+    tokens = engine.step(plan.works)       # (after plan.moves, in order)
     scheduler.postprocess(plan, tokens, now)
 
 Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 from runtime.blocks import BlockPool
 from runtime.engine import GREEDY, Sampling, Work
 from runtime.events import Event
-from runtime.turns import KV, Plan, Policy, SchedulerConfig, Turn
+from runtime.turns import KV, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
 
 
 class Scheduler:
@@ -91,6 +91,23 @@ class Scheduler:
             return False
         self._end(turn, "turn.failed", reason, now)
         return True
+
+    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
+        """A KV move of this plan failed for the turn: whatever copy it had is gone.
+        It is re-prefilled from its tokens (nothing is lost but time), and its share
+        of this plan's step is dropped, since that assumed the cache."""
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            return
+        if turn in plan.turns:
+            i = plan.turns.index(turn)
+            del plan.turns[i], plan.works[i]
+        turn.computed = 0
+        if turn.kv is KV.SWAPPED:
+            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
+            turn.kv, turn.swapped_len = KV.DROPPED, 0  # kv.recomputed when it resumes
+        elif turn.slot is not None:
+            self._event("kv.recomputed", turn, now, tokens=turn.length)
 
     def set_inherited(self, agent: str, priority: int | None, now: float) -> None:
         """An agent runs at least at `priority` (None: back to its own) until told
@@ -178,7 +195,10 @@ class Scheduler:
                 return False
             turn.blocks, turn.kv = table, KV.RESIDENT
             self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
-            plan.swap_in.append((turn.id, list(table)))
+            plan.moves.append(SwapIn(turn.id, list(table)))
+            swapped_in = True
+        else:
+            swapped_in = False
         self.waiting.remove(turn)
         self.running[slot] = turn
         turn.boost = self._aged(turn, now)
@@ -192,7 +212,7 @@ class Scheduler:
             turn.paused_s += paused
             turn.paused_at = None
             self._event("turn.resumed", turn, now, paused_s=paused)
-            if plan.swap_in and plan.swap_in[-1][0] == turn.id:
+            if swapped_in:
                 self._event("kv.swapped_in", turn, now, blocks=len(turn.blocks))
             elif recomputed:
                 self._event("kv.recomputed", turn, now, tokens=turn.length)
@@ -223,7 +243,7 @@ class Scheduler:
         """How many steps this plan can stand for: its first step, then decodes of
         every item until the first turn ends. Each item must sample (the last
         chunk of a prefill does), ignore eos, and have its blocks reservable now."""
-        if steps <= 1 or not plan.works or plan.preemptions or plan.swap_in or plan.swap_out:
+        if steps <= 1 or not plan.works or plan.preemptions or plan.moves:
             return 1  # (a KV move or flush makes the first step longer than the rest)
         for work, turn in zip(plan.works, plan.turns):
             if not work.sample or not turn.ignore_eos:
@@ -288,10 +308,13 @@ class Scheduler:
         """Free a turn's device blocks: swap them out while host room lasts, else drop."""
         if not turn.blocks:
             return
-        n = len(turn.blocks)
+        if turn.computed == 0:  # nothing in them yet: nothing to keep
+            self.pool.release(turn.blocks)
+            return
+        n = self.pool.blocks_for(turn.computed)
         cap = self.config.swap_blocks
         if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + n <= cap):
-            plan.swap_out.append((turn.id, list(turn.blocks), turn.computed))
+            plan.moves.append(SwapOut(turn.id, list(turn.blocks), turn.computed))
             turn.swapped_len = turn.computed
             turn.kv = KV.SWAPPED
             self.swapped_blocks += n

@@ -108,16 +108,44 @@ class Turn:
         return self.length - self.computed
 
 
+@dataclass(frozen=True)
+class SwapOut:
+    """Copy the first `length` positions of a turn's KV from `blocks` to host memory."""
+
+    turn: int
+    blocks: list[int]
+    length: int
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """Copy a turn's host copy into `blocks`, and forget the host copy."""
+
+    turn: int
+    blocks: list[int]
+
+
 @dataclass
 class Plan:
-    """One step's decisions: KV moves to make first, then the batch to run."""
+    """One step's decisions: KV moves to make first, in order, then the batch to run.
+
+    The moves must run in the order they were decided: one plan can swap a turn in
+    and then evict it again (its KV goes back out from the blocks it just got), or
+    evict a turn and hand its blocks to another's swap-in."""
 
     works: list[Work] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    swap_out: list[tuple[int, list[int], int]] = field(default_factory=list)
-    swap_in: list[tuple[int, list[int]]] = field(default_factory=list)
+    moves: list[SwapOut | SwapIn] = field(default_factory=list)
     preemptions: int = 0
     steps: int = 1  # identical decode steps this plan stands for (the simulator's fast-forward)
+
+    @property
+    def swap_out(self) -> list[tuple[int, list[int], int]]:
+        return [(m.turn, m.blocks, m.length) for m in self.moves if isinstance(m, SwapOut)]
+
+    @property
+    def swap_in(self) -> list[tuple[int, list[int]]]:
+        return [(m.turn, m.blocks) for m in self.moves if isinstance(m, SwapIn)]
 
     @property
     def prefill_tokens(self) -> int:

@@ -1,0 +1,111 @@
+"""An engine whose KV cache really holds something, to prove the scheduler and the
+owner keep it intact: for tests that need many thousands of steps, where even the
+tiny OpenCL model would be slow.
+
+Its "K/V" at a position is the token there, stored through the turn's block table
+in a pool of `num_blocks` blocks; swaps copy blocks to and from a host dict exactly
+as gpu/kvcache.KVPool does (a swap-in without a host copy raises). A step first
+checks every position before the work's start reads back what the turn really
+holds, then writes its tokens, then samples a token that is a hash of the whole
+sequence *as read from the cache*: so a lost, stale or mixed-up block changes the
+output, and greedy outputs under memory pressure equal those without it.
+
+Faults can be injected: `fail_next(kind, turn)` makes the next swap_out, swap_in or
+step touching that turn (any turn, for None) raise.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Sequence
+
+import numpy as np
+
+from runtime.engine import Work
+from runtime.errors import SlotswarmError
+
+VOCAB = 64
+EOS = 2
+
+
+class InjectedFault(SlotswarmError):
+    pass
+
+
+def next_token(sequence: Sequence[int], vocab: int = VOCAB) -> int:
+    h = 1469598103934665603
+    for t in sequence:
+        h = ((h ^ int(t)) * 1099511628211) & 0xFFFF_FFFF_FFFF_FFFF
+    return 3 + h % (vocab - 3)  # never eos, never a control token
+
+
+class KVEngine:
+    def __init__(self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.vocab_size = vocab
+        self.eos_token_ids = frozenset({EOS} if eos else ())
+        self.cache = np.full((num_blocks, block_size), -1, np.int64)
+        self.host: dict[int, np.ndarray] = {}
+        self.faults: list[tuple[str, int | None, str]] = []
+        self.failed: list[tuple[str, int]] = []  # faults that fired
+        self.done: collections.Counter[str] = collections.Counter()  # swaps that succeeded
+        self.steps = 0
+
+    def fail_next(self, kind: str, turn: int | None = None, why: str = "injected fault") -> None:
+        self.faults.append((kind, turn, why))
+
+    def _fault(self, kind: str, turn: int) -> None:
+        for fault in self.faults:
+            if fault[0] == kind and fault[1] in (None, turn):
+                self.faults.remove(fault)
+                self.failed.append((kind, turn))
+                raise InjectedFault(f"{kind} of turn {turn}: {fault[2]}")
+
+    def _read(self, table: Sequence[int], n: int) -> list[int]:
+        bs = self.block_size
+        return [int(self.cache[table[p // bs], p % bs]) for p in range(n)]
+
+    def step(self, batch: Sequence[Work]) -> list[int | None]:
+        for w in batch:
+            self._fault("step", w.turn)
+        out = []
+        for w in batch:
+            if any(not 0 <= t < self.vocab_size for t in w.tokens):
+                raise ValueError(f"turn {w.turn}: token outside the vocabulary")
+            before = self._read(w.block_table, w.start)
+            if -1 in before:
+                raise AssertionError(f"turn {w.turn}: positions before {w.start} were never written (lost KV)")
+            bs = self.block_size
+            for i, t in enumerate(w.tokens):
+                p = w.start + i
+                self.cache[w.block_table[p // bs], p % bs] = t
+            out.append(next_token(before + list(w.tokens), self.vocab_size) if w.sample else None)
+        self.steps += 1
+        return out
+
+    def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
+        self._fault("swap_out", turn)
+        n = -(-length // self.block_size)
+        self.host[turn] = self.cache[list(blocks[:n])].copy()
+        self.done["swap_out"] += 1
+
+    def swap_in(self, turn: int, blocks: Sequence[int]) -> None:
+        self._fault("swap_in", turn)
+        if turn not in self.host:
+            raise ValueError(f"turn {turn} has no swapped-out KV to swap in")
+        copy = self.host.pop(turn)
+        self.cache[list(blocks[: len(copy)])] = copy
+        self.done["swap_in"] += 1
+
+    def forget(self, turn: int) -> None:
+        self.host.pop(turn, None)
+
+
+def reference_output(prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB) -> list[int]:
+    """What a turn alone, never paused, generates (greedy, eos ignored)."""
+    seq, out = list(prompt), []
+    for _ in range(max_tokens):
+        out.append(next_token(seq, vocab))
+        seq.append(out[-1])
+    return out
