@@ -1,7 +1,9 @@
 """Engine micro-benchmark: what one decode step costs on this device.
 
 Decode reads every weight once per step, so the floor of a step is
-weight bytes / memory bandwidth; the report puts the measured step next to it.
+weight bytes / memory bandwidth; the report puts the measured step next to it,
+and the step cost law (runtime.cost) fitted to the calibration and every step
+timed here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 import numpy as np
 
 from gpu.engine import OpenCLEngine
+from runtime.cost import step_features
 from runtime.engine import Work
 
 BATCHES = (1, 2, 4, 8)
@@ -37,6 +40,8 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     if kv_blocks_needed(steps, engine.block_size) > engine.num_blocks:
         raise ValueError(f"the bench needs {len(tables) * span} KV blocks, the engine has {engine.num_blocks}")
 
+    engine.calibrate()
+    cost = engine.cost
     # prefill: one chunk of PREFILL tokens (after a warm-up step that compiles and touches memory)
     chunk = rng.integers(0, vocab, PREFILL).tolist()
     prefill = Work(turn=99, tokens=chunk, start=0, block_table=tables[-1], sample=True)
@@ -44,6 +49,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     t0 = time.perf_counter()
     engine.step([prefill])
     prefill_s = time.perf_counter() - t0
+    cost.observe(*step_features([prefill]), prefill_s)
 
     for turn in range(max(BATCHES)):
         engine.step([Work(turn=turn, tokens=rng.integers(0, vocab, PROMPT).tolist(), start=0, block_table=tables[turn], sample=False)])
@@ -56,6 +62,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
             t0 = time.perf_counter()
             engine.step(work)
             times.append(time.perf_counter() - t0)
+            cost.observe(*step_features(work), times[-1])
             position += 1
         results.append({"batch": batch, "step_ms": 1e3 * statistics.median(times[1:])})
 
@@ -71,7 +78,13 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "copy_gb_s": copy / 1e9,
         "achieved_gb_s": weight_bytes / step1 / 1e9,
         "floor_ms": 1e3 * weight_bytes / copy,
+        "step_cost": _refit(cost),
     }
+
+
+def _refit(cost) -> dict:
+    cost.refit()
+    return {**cost.coefficients, "calibration_steps": len(cost.anchors), "observed_steps": cost.observed}
 
 
 def format_report(r: dict) -> str:
@@ -86,4 +99,9 @@ def format_report(r: dict) -> str:
         f"memory floor of a step: {r['floor_ms']:.2f} ms (weight bytes / copy bandwidth)",
         f"achieved at batch 1: {r['achieved_gb_s']:.2f} GB/s of weights",
     ]
+    c = r["step_cost"]
+    lines.append(
+        f"step cost law: {c['fixed_s'] * 1e3:.2f} ms + {c['token_s'] * 1e3:.3f} ms/token + {c['kv_s'] * 1e9:.2f} ns/KV position read"
+        f"  (fitted on {c['calibration_steps']} calibration + {c['observed_steps']} measured steps)"
+    )
     return "\n".join(lines)

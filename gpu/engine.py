@@ -35,6 +35,7 @@ from gpu.sampling import sample_batch
 from gpu.tokenizer import Tokenizer
 from gpu.weights import DeviceMatrix, upload_weights
 from kernels import source
+from runtime.cost import StepCost
 from runtime.engine import Work
 from runtime.errors import ConfigError, UnsupportedModelError
 
@@ -80,6 +81,8 @@ class OpenCLEngine:
         self._build()
         self._allocate(max_batch_tokens)
         self._bind()
+        self.cost = StepCost()  # a placeholder until `calibrate` measures this device
+        self.calibrated = False
 
     # ------------------------------------------------------------------ setup
 
@@ -152,6 +155,15 @@ class OpenCLEngine:
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.eos_ids)
+
+    def calibrate(self) -> None:
+        """Seed the step cost law from a few timed steps (gpu.calibrate), once."""
+        if self.calibrated:
+            return
+        from gpu.calibrate import calibration_samples
+
+        self.cost.calibrate(calibration_samples(self))
+        self.calibrated = True
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
         logits = self.step_logits(batch)

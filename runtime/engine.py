@@ -21,9 +21,12 @@ any number of times samples exactly what it samples unpaused.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import msgspec
+
+if TYPE_CHECKING:
+    from runtime.cost import StepCost
 
 
 class Sampling(msgspec.Struct, frozen=True):
@@ -58,6 +61,14 @@ class Engine(Protocol):
     block_size: int  # token positions per KV block
     num_blocks: int  # blocks in the device pool
     eos_token_ids: frozenset[int]
+    # What a step costs on this engine (runtime.cost): the scheduler's step shaping
+    # reads it, the GPU owner feeds it every measured step.
+    cost: StepCost
+
+    def calibrate(self) -> None:
+        """Time a few deliberately varied steps to seed `cost`. Called once by the
+        GPU owner before the first turn; cheap to call again (it does nothing)."""
+        ...
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
         """Run one forward pass over the batch; one entry per item, a token where

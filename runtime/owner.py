@@ -25,6 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from runtime.actors import Actor
 from runtime.blocks import BlockPool
+from runtime.cost import step_features
 from runtime.engine import Engine
 from runtime.events import TERMINAL, Event, EventBus
 from runtime.messages import Admitted, CancelAgent, CancelTurn, Ended, OwnerRequest, Paused, Queued, Resumed, SetInherited, Token, TurnRequest, TurnUpdate
@@ -43,7 +44,9 @@ class GPUOwner(Actor):
         self.engine = engine
         self.bus = bus
         self._decided: list[Event] = []
-        self.scheduler = Scheduler(config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids, emit=self._decided.append)
+        self.scheduler = Scheduler(
+            config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids, emit=self._decided.append, cost=engine.cost,
+        )
         self.requests: MemoryObjectSendStream[OwnerRequest]
         self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
         self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
@@ -60,6 +63,8 @@ class GPUOwner(Actor):
     # ---------------------------------------------------------------- hooks
 
     async def on_start(self) -> None:
+        # Before any turn: the step shaping needs to know what a step costs here.
+        await anyio.to_thread.run_sync(self.engine.calibrate)
         self.system.step_source = lambda: self.scheduler.step
         self.system.on_actor_stopped.append(self._actor_stopped)
         self.system.on_priority_change.append(self._priority_changed)
@@ -106,7 +111,6 @@ class GPUOwner(Actor):
                     with anyio.move_on_after(0.05):
                         self._apply(await self._inbox.receive())
                 continue
-            started = time.perf_counter()
             try:
                 tokens = await anyio.to_thread.run_sync(self._execute, plan)
             except Exception as exc:  # the engine failed: end this batch's turns, carry on
@@ -116,7 +120,7 @@ class GPUOwner(Actor):
                     self.scheduler.fail(turn.id, now, f"engine error: {type(exc).__name__}: {exc}")
                 self._publish()
                 continue
-            self.step_seconds.append(time.perf_counter() - started)
+            self.engine.cost.observe(*step_features(plan.works), self.step_seconds[-1])
             now = self.bus.now()
             for turn, token in self.scheduler.postprocess(plan, tokens, now):
                 self._send(turn.id, Token(turn=turn.id, token=token, t=now))
@@ -124,7 +128,10 @@ class GPUOwner(Actor):
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""
-        return self.engine.step(plan.works)
+        started = time.perf_counter()
+        tokens = self.engine.step(plan.works)
+        self.step_seconds.append(time.perf_counter() - started)  # KV moves excluded: the law prices the step
+        return tokens
 
     def _move(self, plan: Plan) -> dict[int, str]:
         """Runs in a worker thread: the plan's KV moves, in the order decided.

@@ -22,8 +22,10 @@ import itertools
 from typing import Callable, Iterable, Sequence
 
 from runtime.blocks import BlockPool
+from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling, Work
 from runtime.events import Event
+from runtime.shaping import StepBudget, protected_level
 from runtime.turns import KV, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
 
 
@@ -35,8 +37,13 @@ class Scheduler:
         *,
         eos_token_ids: Iterable[int] = (),
         emit: Callable[[Event], None] = lambda event: None,
+        cost: StepCost | None = None,
     ) -> None:
         self.config = config
+        # What a step costs (runtime.cost): the input step shaping decides by. The
+        # default makes batching free, so without a measured law only background
+        # prefill is held back for the foreground.
+        self.cost = cost or StepCost(fixed_s=1.0)
         self.policy = config.policy
         self.pool = blocks
         self.eos = frozenset(eos_token_ids)
@@ -220,24 +227,64 @@ class Scheduler:
 
     def _batch(self, now: float, plan: Plan) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
-        chunks in priority order from what is left of the token budget."""
+        chunks in priority order from what is left of the token budget. While a
+        turn above background priority is live, the step is shaped for it instead."""
+        level = self._protected_level()
+        if level is not None and self._batch_shaped(level, now, plan):
+            return
         budget = self.config.step_tokens
-        order = sorted(
-            ((turn.length - turn.computed, turn) for turn in self.running.values()),
-            key=lambda item: (item[0] > 1, -self.effective(item[1], now), item[1].last_admit),
-        )
-        block_size = self.pool.block_size
-        for pending, turn in order:
-            if turn.slot is None or budget <= 0:
-                continue  # preempted for memory while this batch was built
-            n = min(pending, budget)
+        for turn in self._batch_order(self.running.values(), now):
+            if budget <= 0:
+                break
+            if self._take(turn, min(turn.pending, budget), now, plan):
+                budget -= len(plan.works[-1].tokens)
+
+    def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
+        """runtime.shaping: the protected turns' work, then background decodes that
+        fit the cost budget. False (nothing added) if no protected work can run."""
+        protected = [t for t in self.running.values() if self._level(t) >= level]
+        budget = StepBudget(self.cost, self.config.slack)
+        chunk = max(self.config.prefill_chunk, self.config.step_tokens)
+        for turn in self._batch_order(protected, now):
             start = turn.computed
-            if len(turn.blocks) * block_size < start + n and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
-                continue  # it was paused to free memory
-            tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
-            plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == pending, turn.sampling))
-            plan.turns.append(turn)
-            budget -= n
+            if chunk > 0 and self._take(turn, min(turn.pending, chunk), now, plan):
+                n = len(plan.works[-1].tokens)
+                budget.add(start, n)
+                chunk -= n if n > 1 else 0
+        if not plan.works:
+            return False  # e.g. waiting for memory that only background progress frees
+        budget.close_base()
+        others = [t for t in self.running.values() if self._level(t) < level and t.pending == 1]
+        for turn in sorted(others, key=lambda t: (-self.effective(t, now), t.last_stepped, t.last_admit)):
+            if turn.slot is not None and budget.fits(turn.computed, 1) and self._take(turn, 1, now, plan):
+                budget.add(turn.computed, 1)
+        return True
+
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
+        return sorted(turns, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
+
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> bool:
+        """Add `n` tokens of a running turn's work to the plan, growing its KV."""
+        if turn.slot is None:
+            return False  # preempted for memory while this batch was built
+        start = turn.computed
+        if len(turn.blocks) * self.pool.block_size < start + n and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
+            return False  # it was paused to free memory
+        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))
+        plan.turns.append(turn)
+        turn.last_stepped = self.step
+        return True
+
+    def _protected_level(self) -> int | None:
+        if not (self.config.shaping and self.policy.preempts):
+            return None
+        return protected_level([self._level(t) for t in self.turns.values()])
+
+    def _level(self, turn: Turn) -> int:
+        """Priority without aging: what step shaping protects (aging only reorders
+        background work among itself)."""
+        return max(turn.priority, self.inherited.get(turn.agent, turn.priority))
 
     def _fast_forward(self, plan: Plan, steps: int) -> int:
         """How many steps this plan can stand for: its first step, then decodes of

@@ -1,11 +1,16 @@
 """A timing-model engine: the simulator's stand-in for a GPU.
 
 It implements the Engine protocol (no model, no memory: tokens are a constant
-that is never end-of-sequence) and prices a step the way a decode-bound GPU does,
-a roofline: a step costs the time to read the weights once, `decode_step_s`,
-until the batch holds more tokens than the compute can absorb in that time
-(`prefill_tok_per_s`), after which it grows with the tokens. KV moves cost bytes
-over the host link, and each preemption costs a flush.
+that is never end-of-sequence) and prices a step by the same law as the real
+engine's cost model (runtime.cost), with exact coefficients:
+
+    step_s = decode_step_s + (tokens - 1) / prefill_tok_per_s + kv_read_s * kv_reads
+
+so one turn's decode costs `decode_step_s`, each further token in the step (a
+batch-mate's decode, a prefill token) costs compute time, and attention costs the
+KV positions it reads. The defaults are a GPU in its memory-bound regime, where a
+batch of eight costs a few percent more than one turn; a CPU profile is `cpu()`.
+KV moves cost bytes over the host link, and each preemption costs a flush.
 """
 
 from __future__ import annotations
@@ -15,16 +20,28 @@ from typing import Sequence
 
 import msgspec
 
+from runtime.cost import StepCost, step_features
 from runtime.engine import Work
 from runtime.turns import Plan
 
 
 class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
-    decode_step_s: float = 1 / 39  # one step over any batch within the roofline knee
-    prefill_tok_per_s: float = 5000.0  # compute throughput: the knee is decode_step_s * this
+    decode_step_s: float = 1 / 39  # one turn's decode step (reading the weights once)
+    prefill_tok_per_s: float = 5000.0  # compute throughput: each further token in a step
+    kv_read_s: float = 4e-8  # per KV position attention reads (128 KiB at ~3 TB/s)
     flush_s: float = 0.004  # per preemption: drain and re-launch the batch
     kv_bytes_per_token: int = 131_072  # an 8B-class model in f16
     swap_gb_s: float = 16.0  # host link bandwidth for KV swaps
+
+    def cost(self) -> StepCost:
+        token_s = 1 / self.prefill_tok_per_s
+        return StepCost(self.decode_step_s - token_s, token_s, self.kv_read_s, learns=False)
+
+    @classmethod
+    def cpu(cls) -> TimingModel:
+        """SmolLM2-135M on the 2-core CPU through PoCL: a step of eight decodes
+        costs about three of one, so batching is far from free."""
+        return cls(decode_step_s=0.010, prefill_tok_per_s=400.0, kv_read_s=2e-8)
 
 
 class TimingEngine:
@@ -34,11 +51,16 @@ class TimingEngine:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()
+        self.cost = model.cost()  # exact: there is nothing to learn
+        self._law = model.cost()  # what steps really cost, whatever `cost` is told
         self._token = token
+
+    def calibrate(self) -> None:
+        pass
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
         if self.realtime:
-            time.sleep(max(self.model.decode_step_s, sum(len(w.tokens) for w in batch) / self.model.prefill_tok_per_s))
+            time.sleep(self._law.predict_works(batch))
         return [self._token if work.sample else None for work in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
@@ -54,10 +76,20 @@ class TimingEngine:
 
     def step_s(self, plan: Plan) -> float:
         """Seconds for the plan's steps, KV moves and flushes excluded: its first
-        step as given, the rest (the simulator's fast-forward) as one-token decodes."""
-        first = max(self.model.decode_step_s, sum(len(w.tokens) for w in plan.works) / self.model.prefill_tok_per_s)
-        rest = max(self.model.decode_step_s, len(plan.works) / self.model.prefill_tok_per_s)
-        return first + (plan.steps - 1) * rest
+        step as given, the rest (the simulator's fast-forward) as one-token decodes
+        whose attention reads one more position per item each step."""
+        rest = plan.steps - 1
+        # Fast-forwarded step k (1 .. rest) reads k - 1 more positions per item than the first of them.
+        growth = self._law.kv_s * len(plan.works) * (rest * (rest - 1) // 2)
+        return self.first_step_s(plan) + rest * self.next_step_s(plan) + growth
+
+    def first_step_s(self, plan: Plan) -> float:
+        return self._law.predict(*step_features(plan.works))
+
+    def next_step_s(self, plan: Plan) -> float:
+        """The first fast-forwarded step: one decode per item, just past the first step."""
+        ends = sum(w.start + len(w.tokens) for w in plan.works)
+        return self._law.predict(len(plan.works), ends + len(plan.works))
 
     def overhead_s(self, plan: Plan) -> float:
         """Seconds spent before the step can start: flushes and KV moves."""

@@ -45,6 +45,14 @@ class SchedulerConfig:
     # memory pressure drops KV (recompute on resume) instead.
     swap_blocks: int | None = None
     max_context: int | None = None
+    # Step shaping (runtime.shaping), under the preempting policies: while a turn
+    # above background priority is live, background decodes join its step only
+    # while the predicted step stays within (1 + slack) of the step without them,
+    # and background prefill waits. The protected turn's prompt goes in chunks of
+    # up to `prefill_chunk` tokens.
+    shaping: bool = True
+    slack: float = 0.25
+    prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
         self.policy = Policy.parse(self.policy) if isinstance(self.policy, str) else self.policy
@@ -54,6 +62,10 @@ class SchedulerConfig:
             raise ConfigError(f"step_tokens ({self.step_tokens}) must be at least slots ({self.slots}), so every running turn can decode each step")
         if self.aging_s <= 0:
             raise ConfigError(f"aging_s must be positive, got {self.aging_s}")
+        if self.slack < 0:
+            raise ConfigError(f"slack must be at least 0, got {self.slack}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
 
 
 class KV(enum.Enum):
@@ -80,6 +92,7 @@ class Turn:
     slot: int | None = None
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
+    last_stepped: int = 0  # the step it last had work in (shaping serves the longest-unserved first)
     boost: int = 0  # aging levels earned by waiting, kept while it runs
     waiting_since: float = 0.0
     paused_at: float | None = None

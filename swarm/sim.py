@@ -71,6 +71,8 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     block_size: int = 16
     aging_s: float = 10.0
     timing: TimingModel = TimingModel()
+    shaping: bool = True  # step shaping for the foreground (runtime.shaping)
+    slack: float = 0.25
     seed: int = 0
 
     @property
@@ -104,6 +106,9 @@ def load_workload(path: str | Path | None, **overrides) -> Workload:
 class Result:
     policy: str
     fg_waits: list[float] = field(default_factory=list)
+    fg_ttft: list[float] = field(default_factory=list)  # request to first token
+    fg_itl: list[float] = field(default_factory=list)  # between consecutive tokens
+    fg_turn: list[float] = field(default_factory=list)  # request to last token
     bg_tokens: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0  # what resuming cost under recompute
@@ -112,15 +117,21 @@ class Result:
     steps: int = 0
 
     def summary(self) -> dict:
-        waits = np.array(self.fg_waits) if self.fg_waits else np.zeros(1)
-        pct = lambda q: float(np.percentile(waits, q))  # noqa: E731
         return {
-            "fg_wait_s": {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": float(waits.max())},
+            "fg_wait_s": _percentiles(self.fg_waits),
+            "fg_ttft_s": _percentiles(self.fg_ttft),
+            "fg_itl_s": _percentiles(self.fg_itl),
+            "fg_turn_s": _percentiles(self.fg_turn),
             "bg_tok_per_s": self.bg_tokens / self.span_s if self.span_s else 0.0,
             "preemptions": self.preemptions,
             "recomputed_tokens": self.recomputed_tokens,
             "swapped_mb": self.swapped_bytes / 1e6,
         }
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    a = np.array(samples) if samples else np.zeros(1)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
 def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = lambda n: None) -> Result:
@@ -148,10 +159,13 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         elif event.event == "kv.recomputed":
             result.recomputed_tokens += event.tokens
 
-    config = SchedulerConfig(slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s)
+    config = SchedulerConfig(
+        slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,
+        shaping=workload.shaping, slack=workload.slack,
+    )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
-    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count)
-    step_s = workload.timing.decode_step_s
+    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
+    last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def submit_bg(agent: str, now: float) -> None:
         sched.submit(agent, BACKGROUND, [0] * workload.background_prompt, bg_length(), now, ignore_eos=True)
@@ -170,6 +184,9 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         aging = sched.next_aging(now) if sched.waiting else None
         if aging is not None:
             horizon.append(aging)
+        # A decode step of every slot bounds the steps to come from above, so
+        # skipping ahead by it never runs past the horizon by more than a step.
+        step_s = engine.cost.predict(workload.slots, sum(t.length + 1 for t in sched.running.values()) + workload.slots)
         steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
         plan = sched.schedule(now, steps)
         if not plan.works:  # idle until the next arrival
@@ -181,9 +198,21 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
         result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
         tokens = engine.step(plan.works)
+        first = now + engine.overhead_s(plan) + engine.first_step_s(plan)
         now += engine.overhead_s(plan) + engine.step_s(plan)
+        rest = (now - first) / (plan.steps - 1) if plan.steps > 1 else 0.0
         for turn, _ in sched.postprocess(plan, tokens, now):
-            if turn.agent != "fg" and now > workload.warmup_s:
+            if turn.agent == "fg":
+                if turn.id in last_token:
+                    result.fg_itl.append(first - last_token[turn.id])
+                else:
+                    result.fg_ttft.append(first - turn.arrived)
+                result.fg_itl.extend([rest] * (plan.steps - 1))
+                last_token[turn.id] = now
+                if turn.done:
+                    result.fg_turn.append(now - turn.arrived)
+                    del last_token[turn.id]
+            elif now > workload.warmup_s:
                 result.bg_tokens += plan.steps
             if turn.done and turn.agent != "fg":
                 submit_bg(turn.agent, now)

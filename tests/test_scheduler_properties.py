@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from runtime.blocks import BlockPool
+from runtime.cost import StepCost, step_features
 from runtime.events import TERMINAL, Event
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
@@ -25,18 +26,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         slots=st.integers(1, 4),
         tight=st.booleans(),
         swap_blocks=st.sampled_from([None, 0, 4]),
+        law=st.sampled_from([(0.025, 0.0002, 4e-8), (0.009, 0.0018, 1e-6), (0.01, 0.01, 0.0)]),  # GPU, CPU, all-compute
+        slack=st.sampled_from([0.0, 0.25, 1.0]),
     )
-    def setup(self, policy, slots, tight, swap_blocks):
+    def setup(self, policy, slots, tight, swap_blocks, law, slack):
         # A tight pool forces memory-pressure paths; a roomy one lets the
         # preemption guarantee be checked strictly.
         self.tight = tight
         self.blocks = 12 if tight else 400
         self.events: list[Event] = []
         self.sched = Scheduler(
-            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks),
+            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks, slack=slack),
             BlockPool(self.blocks, 4),
             eos_token_ids=[EOS],
             emit=self.events.append,
+            cost=StepCost(*law),
         )
         self.now = 0.0
         self.submitted: list = []
@@ -51,6 +55,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         plan = self.sched.schedule(self.now)
         if self.sched.policy.preempts and not self.tight:
             self.check_preemption_guarantee()
+        self.check_shaping(plan)
         assert len({w.turn for w in plan.works}) == len(plan.works)
         tokens = [(EOS if i < len(eos) and eos[i] else 7) if w.sample else None for i, w in enumerate(plan.works)]
         self.now += 0.1
@@ -73,6 +78,22 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.3, 2.0]))
     def wait(self, seconds):
         self.now += seconds
+
+    def check_shaping(self, plan):
+        """With a turn above background priority live, background work in a step is
+        decodes only, within (1 + slack) of the cost of the step without it."""
+        sched = self.sched
+        levels = [sched._level(t) for t in sched.turns.values()]
+        top = max(levels, default=0)
+        if not sched.policy.preempts or top <= 0:
+            return
+        mine = [w for w, t in zip(plan.works, plan.turns) if sched._level(t) >= top]
+        theirs = [w for w, t in zip(plan.works, plan.turns) if sched._level(t) < top]
+        if not mine:
+            return  # nothing protected could run (memory): the step is unshaped
+        assert all(len(w.tokens) == 1 for w in theirs)
+        cost = sched.cost
+        assert cost.predict(*step_features(plan.works)) <= (1 + sched.config.slack) * cost.predict(*step_features(mine)) + 1e-12
 
     def check_preemption_guarantee(self):
         """Under a preemptive policy with room to spare, right after a boundary no
@@ -122,3 +143,28 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    moves=st.lists(st.tuples(st.sampled_from(["submit", "step", "step", "step"]), st.integers(1, 12), st.integers(1, 9)), max_size=60),
+    policy=st.sampled_from([p for p in Policy if p.preempts]),
+)
+def test_without_a_protected_turn_shaping_changes_nothing(moves, policy):
+    """Background-only load: the shaped and the unshaped scheduler plan alike."""
+    law = StepCost(0.009, 0.0018, 1e-6)
+    twins = [
+        Scheduler(SchedulerConfig(slots=3, policy=policy, step_tokens=6, shaping=shaping), BlockPool(60, 4), eos_token_ids=[EOS], cost=law)
+        for shaping in (True, False)
+    ]
+    now = 0.0
+    for i, (move, prompt, tokens) in enumerate(moves):
+        if move == "submit":
+            for sched in twins:
+                sched.submit(["docs", "review"][i % 2], 0, [5] * prompt, tokens, now)
+            continue
+        plans = [sched.schedule(now) for sched in twins]
+        assert [(w.turn, w.tokens, w.start) for w in plans[0].works] == [(w.turn, w.tokens, w.start) for w in plans[1].works]
+        now += 0.1
+        for sched, plan in zip(twins, plans):
+            sched.postprocess(plan, [7 if w.sample else None for w in plan.works], now)

@@ -14,7 +14,10 @@ from swarm.sim import load_workload, simulate
 @pytest.mark.parametrize("dist", ["lognormal", "pareto"])
 def test_resident_caps_the_foreground_wait_at_one_step_plus_the_flush(dist):
     workload = load_workload(None, arrivals=300, **{"background.dist": dist})
-    step, flush = workload.timing.decode_step_s, workload.timing.flush_s
+    # The longest step there can be: a full token budget, every slot at its longest context.
+    longest = workload.background_prompt + workload.background.max + workload.foreground_prompt + workload.foreground.max
+    step = workload.timing.cost().predict(workload.step_tokens, workload.slots * longest)
+    flush = workload.timing.flush_s
     resident = simulate(workload, "resident").summary()["fg_wait_s"]
     priority = simulate(workload, "priority").summary()["fg_wait_s"]
     assert resident["p99"] <= step + flush + 1e-9

@@ -38,7 +38,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel processes")
     group = p.add_argument_group("workload fields (override the workload)")
     for name, kind in _workload_flags(Workload):
-        group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", type=kind, metavar=kind.__name__.upper())
+        if kind is bool:  # --shaping / --no-shaping
+            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", action=argparse.BooleanOptionalAction)
+        else:
+            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", type=kind, metavar=kind.__name__.upper())
     p.set_defaults(func=run)
 
 

@@ -1,0 +1,121 @@
+"""What one engine step costs: a small linear law, fitted online.
+
+    step_s = fixed_s + token_s * tokens + kv_s * kv_reads
+
+`tokens` are all the tokens in the step (decodes and prefill chunks); `kv_reads`
+are the KV positions attention reads, summed over those tokens (a token at
+position p reads p + 1). Three coefficients say what kind of device this is:
+on a GPU in its memory-bound regime `token_s` is tiny next to `fixed_s` (a batch
+costs about what one turn does); on a CPU every token costs real time. The
+scheduler's step shaping (runtime.shaping) asks this model, never the device type.
+
+Each engine carries one (`Engine.cost`). The OpenCL engine seeds it with a quick
+calibration at start-up and the GPU owner feeds it every step it measures; the
+simulator's timing model owns an exact one. The fit is least squares on relative
+error (a 10 ms step 1 ms off is as wrong as a 100 ms one 10 ms off) with every
+coefficient kept non-negative, over the calibration samples plus a window of
+recent steps, so a burst of identical steps cannot make the law forget what
+batch size costs.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from runtime.engine import Work
+
+
+def kv_reads(start: int, n: int) -> int:
+    """KV positions read by `n` tokens at positions start .. start + n - 1."""
+    return n * start + n * (n + 1) // 2
+
+
+def step_features(works: Sequence[Work]) -> tuple[int, int]:
+    """(tokens, kv_reads) of one engine step."""
+    return sum(len(w.tokens) for w in works), sum(kv_reads(w.start, len(w.tokens)) for w in works)
+
+
+class StepCost:
+    """Predicts step seconds; `observe` refits it from measured steps."""
+
+    def __init__(self, fixed_s: float = 0.01, token_s: float = 0.0, kv_s: float = 0.0, *, learns: bool = True, window: int = 256, refit_every: int = 16) -> None:
+        self.fixed_s, self.token_s, self.kv_s = float(fixed_s), float(token_s), float(kv_s)
+        self.learns = learns  # False: an exact law (the simulator's), never refitted
+        self.anchors: list[tuple[int, int, float]] = []  # calibration samples, kept for good
+        self.recent: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=window)
+        self.observed = 0
+        self.refit_every = refit_every
+
+    def predict(self, tokens: int, kv: int = 0) -> float:
+        return self.fixed_s + self.token_s * tokens + self.kv_s * kv
+
+    def predict_works(self, works: Sequence[Work]) -> float:
+        return self.predict(*step_features(works))
+
+    # ------------------------------------------------------------- fitting
+
+    def calibrate(self, samples: Iterable[tuple[int, int, float]]) -> None:
+        """Seed the law from deliberately varied steps (tokens, kv_reads, seconds)."""
+        self.anchors = [s for s in samples if s[2] > 0]
+        self.recent.clear()
+        self.refit()
+
+    def observe(self, tokens: int, kv: int, seconds: float) -> None:
+        """One measured step. The law is refitted every `refit_every` steps."""
+        if not self.learns or seconds <= 0 or tokens <= 0:
+            return
+        self.recent.append((tokens, kv, seconds))
+        self.observed += 1
+        if self.observed % self.refit_every == 0:
+            self.refit()
+
+    def refit(self) -> None:
+        # Anchors weigh as much as a quarter of a full window, whatever their number.
+        rows = [(s, 1.0) for s in self.recent]
+        if self.anchors:
+            w = max(1.0, 0.25 * (self.recent.maxlen or 1) / len(self.anchors))
+            rows += [(s, w) for s in self.anchors]
+        fitted = fit([s for s, _ in rows], [w for _, w in rows])
+        if fitted is not None:
+            self.fixed_s, self.token_s, self.kv_s = fitted
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        return {"fixed_s": self.fixed_s, "token_s": self.token_s, "kv_s": self.kv_s}
+
+    def describe(self) -> str:
+        return f"{self.fixed_s * 1e3:.2f} ms + {self.token_s * 1e3:.3f} ms/token + {self.kv_s * 1e9:.2f} ns/KV position read"
+
+    def __repr__(self) -> str:
+        return f"<StepCost {self.describe()}>"
+
+
+def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | None = None) -> tuple[float, float, float] | None:
+    """Non-negative least squares on relative error, by trying every subset of the
+    three coefficients (there are only seven) and keeping the best admissible one."""
+    if not samples:
+        return None
+    data = np.asarray(samples, dtype=float)
+    y = data[:, 2]
+    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
+    w = (np.ones(len(data)) if weights is None else np.asarray(weights, dtype=float)) / y
+    xw, yw = x * w[:, None], y * w
+    best, best_err = None, np.inf
+    for k in (3, 2, 1):
+        for cols in itertools.combinations(range(3), k):
+            sub = xw[:, cols]
+            if np.linalg.matrix_rank(sub) < k:
+                continue
+            coef, *_ = np.linalg.lstsq(sub, yw, rcond=None)
+            if (coef < 0).any():
+                continue
+            err = float(np.sum((sub @ coef - yw) ** 2))
+            if err < best_err - 1e-15:
+                full = np.zeros(3)
+                full[list(cols)] = coef
+                best, best_err = full, err
+    return None if best is None else (float(best[0]), float(best[1]), float(best[2]))

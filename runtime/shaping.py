@@ -1,0 +1,55 @@
+"""Step shaping: while a turn above background priority is live, each step is
+built for it, and background work rides along only where it is nearly free.
+
+A slot is not what a person feels; the time to the first token and between
+tokens is. On a device where a step's cost grows with the tokens in it (a CPU,
+or prefill chunks on a GPU), a foreground decode sharing its step with seven
+background decodes and a prefill chunk runs several times slower than alone.
+So, while such a turn is live (running or waiting):
+
+- its work comes first: decodes, then its prefill in chunks of up to
+  `SchedulerConfig.prefill_chunk` tokens (every step pays the fixed cost once,
+  so the fewer the chunks, the sooner the first token);
+- background prefill waits;
+- background decodes join, longest-unserved first, only while the predicted step
+  stays within `(1 + slack)` of the step without them.
+
+The step cost model (runtime.cost) makes the call: where a batch costs about
+what one turn does (a GPU in its memory-bound regime) every background decode
+fits and runs at full speed; on a CPU they are thinned. With no such turn live
+the batch is exactly the unshaped one.
+"""
+
+from __future__ import annotations
+
+from runtime.cost import StepCost, kv_reads
+from runtime.priority import BACKGROUND
+
+
+class StepBudget:
+    """The cost ceiling background work must fit under in a shaped step."""
+
+    def __init__(self, cost: StepCost, slack: float) -> None:
+        self.cost, self.slack = cost, slack
+        self.tokens = self.kv = 0
+        self.limit: float | None = None  # set by `close_base`
+
+    def add(self, start: int, n: int) -> None:
+        self.tokens += n
+        self.kv += kv_reads(start, n)
+
+    def close_base(self) -> float:
+        """The protected work is in: fix the ceiling at (1 + slack) times its cost."""
+        self.limit = (1 + self.slack) * self.cost.predict(self.tokens, self.kv)
+        return self.limit
+
+    def fits(self, start: int, n: int) -> bool:
+        assert self.limit is not None
+        return self.cost.predict(self.tokens + n, self.kv + kv_reads(start, n)) <= self.limit
+
+
+def protected_level(levels: list[int]) -> int | None:
+    """The priority the step is shaped for: the highest unaged priority among
+    the live turns, if it is above background."""
+    top = max(levels, default=BACKGROUND)
+    return top if top > BACKGROUND else None

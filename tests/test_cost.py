@@ -1,0 +1,155 @@
+"""The step cost law (runtime.cost) and the step shaping it drives (runtime.shaping)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.blocks import BlockPool
+from runtime.cost import StepCost, fit, kv_reads, step_features
+from runtime.engine import Work
+from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.timing import TimingEngine, TimingModel
+from runtime.turns import SchedulerConfig
+
+CPU = (0.009, 0.0018, 1e-6)  # about what SmolLM2-135M costs on the 2-core CPU
+GPU = (0.025, 0.0002, 4e-8)  # an 8B model on a GPU: a batch costs about one turn
+
+
+def law(fixed, token, kv):
+    return lambda tokens, reads: fixed + token * tokens + kv * reads
+
+
+def random_steps(rng, n):
+    """Shapes like a swarm's: 1-8 decodes at various contexts, some prefill chunks."""
+    shapes = []
+    for _ in range(n):
+        if rng.random() < 0.2:
+            chunk, start = int(rng.integers(8, 256)), int(rng.integers(0, 512))
+            shapes.append((chunk, kv_reads(start, chunk)))
+        else:
+            batch = int(rng.integers(1, 9))
+            shapes.append((batch, sum(int(rng.integers(16, 1024)) for _ in range(batch))))
+    return shapes
+
+
+@pytest.mark.parametrize("coefficients", [CPU, GPU])
+def test_the_online_fit_recovers_a_synthetic_law_within_ten_percent(coefficients):
+    rng = np.random.default_rng(1)
+    truth = law(*coefficients)
+    cost = StepCost()  # a wrong prior: the measurements must win
+    noisy = lambda t, k: truth(t, k) * rng.uniform(0.95, 1.05)  # noqa: E731
+    cost.calibrate([(t, k, noisy(t, k)) for t, k in random_steps(rng, 10)])
+    for t, k in random_steps(rng, 600):
+        cost.observe(t, k, noisy(t, k))
+    for t, k in random_steps(np.random.default_rng(2), 200):
+        assert cost.predict(t, k) == pytest.approx(truth(t, k), rel=0.10)
+
+
+def test_the_fit_keeps_every_coefficient_non_negative():
+    # Steps that get cheaper with more tokens (noise) must not make a token cost negative.
+    samples = [(1, 10, 0.012), (8, 80, 0.011), (4, 40, 0.0115)]
+    fixed, token, kv = fit(samples)
+    assert min(fixed, token, kv) >= 0
+    assert fixed == pytest.approx(0.0115, rel=0.1)
+
+
+def test_a_steady_stream_of_one_shape_does_not_erase_what_calibration_learned():
+    cost = StepCost()
+    truth = law(*CPU)
+    cost.calibrate([(t, k, truth(t, k)) for t, k in [(1, 20), (8, 160), (64, 2080), (1, 800), (8, 6400)]])
+    for _ in range(1000):
+        cost.observe(8, 2000, truth(8, 2000))
+    assert cost.predict(1, 250) == pytest.approx(truth(1, 250), rel=0.05)
+    assert cost.predict(128, kv_reads(0, 128)) == pytest.approx(truth(128, kv_reads(0, 128)), rel=0.05)
+
+
+def test_features_count_tokens_and_the_positions_attention_reads():
+    works = [Work(1, [5], 9, [0, 1, 2], True), Work(2, [5, 5, 5], 0, [3], True)]
+    assert step_features(works) == (4, 10 + (1 + 2 + 3))
+
+
+def test_the_timing_engine_prices_steps_by_the_same_law_and_never_learns():
+    model = TimingModel.cpu()
+    engine = TimingEngine(model)
+    before = engine.cost.coefficients
+    engine.cost.observe(8, 100, 123.0)
+    engine.cost.refit()
+    assert engine.cost.coefficients == before
+    assert engine.cost.predict(1, 0) == pytest.approx(model.decode_step_s, rel=1e-3)
+
+
+# ---------------------------------------------------------------- shaping
+
+
+class Rig:
+    def __init__(self, coefficients, slots=8, **config):
+        self.sched = Scheduler(SchedulerConfig(slots=slots, step_tokens=16, **config), BlockPool(2000, 16), cost=StepCost(*coefficients))
+        self.now = 0.0
+
+    def submit(self, agent, priority, prompt=4, max_tokens=1000):
+        return self.sched.submit(agent, priority, [5] * prompt, max_tokens, self.now, ignore_eos=True)
+
+    def step(self):
+        plan = self.sched.schedule(self.now)
+        self.now += 0.01
+        self.sched.postprocess(plan, [7 if w.sample else None for w in plan.works], self.now)
+        return plan
+
+
+def busy(rig, n=7):
+    bg = [rig.submit(f"bg{i}", BACKGROUND) for i in range(n)]
+    for _ in range(3):
+        rig.step()
+    return bg
+
+
+def test_on_a_cpu_background_decodes_are_thinned_to_the_slack_and_take_turns():
+    rig = Rig(CPU)
+    bg = busy(rig)
+    fg = rig.submit("fg", FOREGROUND, prompt=300)
+    first = rig.step()
+    assert [len(w.tokens) for w in first.works][0] == 300  # the whole prompt in one chunk
+    served = set()
+    for _ in range(20):
+        plan = rig.step()
+        assert plan.works[0].turn == fg.id
+        ours, others = plan.works[:1], plan.works[1:]
+        assert 0 < len(others) < 7  # thinned, not stopped
+        assert rig.sched.cost.predict_works(plan.works) <= 1.25 * rig.sched.cost.predict_works(ours)
+        served |= {w.turn for w in others}
+    assert served == {t.id for t in bg}  # round robin: nobody starves
+
+
+def test_on_a_gpu_background_decodes_keep_full_speed():
+    rig = Rig(GPU)
+    busy(rig)
+    rig.submit("fg", FOREGROUND, prompt=30)
+    rig.step()
+    for _ in range(5):
+        assert len(rig.step().works) == 8
+
+
+def test_background_prefill_waits_while_the_foreground_is_live_and_not_after():
+    rig = Rig(GPU, slots=3)
+    busy(rig, 1)
+    fg = rig.submit("fg", FOREGROUND, prompt=10, max_tokens=5)
+    late = rig.submit("late", BACKGROUND, prompt=40)
+    while not fg.done:
+        plan = rig.step()
+        assert late.id not in [w.turn for w in plan.works]
+    assert late.id in [w.turn for w in rig.step().works]
+
+
+def test_no_shaping_and_zero_slack_are_honoured():
+    off = Rig(CPU, shaping=False)
+    busy(off)
+    off.submit("fg", FOREGROUND, prompt=4)
+    off.step()
+    assert len(off.step().works) == 8
+    tight = Rig(GPU, slack=0.0)
+    busy(tight)
+    tight.submit("fg", FOREGROUND, prompt=4)
+    tight.step()
+    assert len(tight.step().works) == 1
