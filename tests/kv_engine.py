@@ -23,6 +23,7 @@ import numpy as np
 
 from runtime.engine import Work
 from runtime.errors import SlotswarmError
+from runtime.timing import TimingModel
 
 VOCAB = 64
 EOS = 2
@@ -45,6 +46,7 @@ class KVEngine:
         self.num_blocks = num_blocks
         self.vocab_size = vocab
         self.eos_token_ids = frozenset({EOS} if eos else ())
+        self.cost = TimingModel.cpu().cost()  # a CPU's law, so step shaping thins the batch here too
         self.cache = np.full((num_blocks, block_size), -1, np.int64)
         self.host: dict[int, np.ndarray] = {}
         self.faults: list[tuple[str, int | None, str]] = []
@@ -100,6 +102,9 @@ class KVEngine:
 
     def forget(self, turn: int) -> None:
         self.host.pop(turn, None)
+
+    def calibrate(self) -> None:
+        pass
 
 
 def reference_output(prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB) -> list[int]:
