@@ -5,7 +5,8 @@ Most users want the public names re-exported by `swarm`."""
 from runtime.actors import Actor, Ref, handler
 from runtime.agent import Agent, PauseInfo, ResumeInfo, TurnHandle
 from runtime.engine import GREEDY, Engine, Sampling, Work
-from runtime.events import Event, EventBus, read_events
+from runtime.bus import EventBus
+from runtime.events import Event, read_events
 from runtime.lock import Lock
 from runtime.owner import GPUOwner
 from runtime.priority import BACKGROUND, FOREGROUND

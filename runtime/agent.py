@@ -27,7 +27,8 @@ import anyio
 from runtime.actors import Actor
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import ActorError, TurnCancelled, TurnFailed
-from runtime.messages import Admitted, CancelTurn, Ended, Paused, Queued, Resumed, Token, TurnRequest
+from runtime.events import Admitted, Cancelled, Ended, Finished, Preempted, Queued, Resumed
+from runtime.messages import CancelTurn, Token, TurnRequest
 from runtime.owner import TurnChannel
 from runtime.priority import BACKGROUND
 
@@ -179,8 +180,8 @@ class TurnHandle:
         if self._text is not None and (rest := self._text.flush()):
             self.pieces.append(rest)
             return rest
-        if self.ended is not None and self.ended.event != "turn.finished":
-            error = TurnCancelled if self.ended.event == "turn.cancelled" else TurnFailed
+        if self.ended is not None and not isinstance(self.ended, Finished):
+            error = TurnCancelled if isinstance(self.ended, Cancelled) else TurnFailed
             raise error(f"turn {self.id} of agent {self.agent.name!r}: {self.ended.reason}")
         raise StopAsyncIteration
 
@@ -198,8 +199,8 @@ class TurnHandle:
                 self.queued_t = t
             case Admitted(t=t):
                 self.admitted_t = t
-            case Paused():
-                info = PauseInfo(update.turn, update.at_token, update.by_turn, update.by_agent, update.by_priority, update.t)
+            case Preempted():
+                info = PauseInfo(update.turn, update.tokens, update.by_turn, update.by_agent, update.by_priority, update.t)
                 self.pauses.append(info)
                 await self.agent.on_pause(info)
             case Resumed():

@@ -1,5 +1,10 @@
 """The live event stream: every scheduling decision as one structured record.
 
+Each kind of event is a msgspec Struct below, tagged by its name: the scheduler,
+the actor system and the swarm emit them, and the log, the live viewers, the
+summary, the plot, the simulator and each turn's own agent `match` on the classes.
+Only this module knows the names.
+
 Schema (stable; new optional fields may be added, none removed or renamed). Every
 event has `event` (its name), `t` (seconds since the swarm started, virtual in the
 simulator) and `step` (the decode step it was decided at). The rest is set where it
@@ -28,42 +33,34 @@ means something:
 `priority` is always the *effective* priority (base, aged, or inherited) at the time
 of the event. `slot` is absent while a turn holds none.
 
-Sinks: JSON lines to a file, readable lines on a terminal (both through structlog),
-and in-process subscribers for live viewers. A subscriber has a bounded buffer; when
-it falls behind it loses the newest events and is told how many, so a slow viewer
-can never slow the decode loop.
+The bus that carries them to the log and the viewers is `runtime.bus`.
 """
 
 from __future__ import annotations
 
-import collections
-import sys
-import time
+import fnmatch
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Any, Iterable, Iterator, Union
 
-import anyio
 import msgspec
-import structlog
+
+from runtime.errors import ConfigError
 
 
-class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
-    event: str
+class Event(msgspec.Struct, omit_defaults=True, tag_field="event"):
+    """A scheduling decision. Each kind below is tagged by its name, which is the
+    JSON `event` field; match on the classes, never on the names."""
+
     t: float
     step: int
-    turn: int | None = None
-    agent: str | None = None
-    priority: int | None = None
-    slot: int | None = None
-    tokens: int | None = None
-    by_turn: int | None = None
-    by_agent: str | None = None
-    by_priority: int | None = None
-    base_priority: int | None = None
-    waited_s: float | None = None
-    paused_s: float | None = None
-    blocks: int | None = None
-    reason: str | None = None
+
+    @property
+    def event(self) -> str:
+        """The kind's name, as written in the log (for display and filters)."""
+        return type(self).__struct_config__.tag
+
+
+class SwarmStarted(Event, kw_only=True, tag="swarm.started"):
     unix_time: float | None = None
     slots: int | None = None
     policy: str | None = None
@@ -71,161 +68,182 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: str | None = None
 
 
-class Dropped(msgspec.Struct):
-    """Told to a subscriber in place of the events it lost by falling behind."""
+class SwarmStopped(Event, kw_only=True, tag="swarm.stopped"):
+    unix_time: float | None = None
+
+
+class TurnEvent(Event):
+    """Something that happened to one turn. `slot` is None while it holds none."""
+
+    turn: int
+    agent: str
+    priority: int
+    slot: int | None = None
+
+
+class Queued(TurnEvent, kw_only=True, tag="turn.queued"):
+    tokens: int  # in the prompt
+
+
+class Admitted(TurnEvent, kw_only=True, tag="turn.admitted"):
+    waited_s: float | None = None
+
+
+class Preempted(TurnEvent, kw_only=True, tag="turn.preempted"):
+    """Paused at a token boundary. `by_*` name the turn that took the slot; they
+    are None (and `reason` is "memory") when it was paused to free KV memory."""
+
+    tokens: int  # generated before the pause
+    by_turn: int | None = None
+    by_agent: str | None = None
+    by_priority: int | None = None
+    reason: str | None = None
+
+
+class Resumed(TurnEvent, kw_only=True, tag="turn.resumed"):
+    paused_s: float
+
+
+class Ended(TurnEvent, kw_only=True):
+    """Every turn ends in exactly one of the three kinds below."""
+
+    tokens: int
+    reason: str
+
+
+class Finished(Ended, tag="turn.finished"):
+    pass  # reason: "eos", "length" or "context"
+
+
+class Cancelled(Ended, tag="turn.cancelled"):
+    pass
+
+
+class Failed(Ended, tag="turn.failed"):
+    pass
+
+
+class SwappedOut(TurnEvent, kw_only=True, tag="kv.swapped_out"):
+    blocks: int
+
+
+class SwappedIn(TurnEvent, kw_only=True, tag="kv.swapped_in"):
+    blocks: int
+
+
+class Recomputed(TurnEvent, kw_only=True, tag="kv.recomputed"):
+    tokens: int
+
+
+class Inherited(Event, kw_only=True, tag="priority.inherited"):
+    agent: str
+    priority: int
+    by_agent: str  # the waiter whose priority it borrows (the chain's origin)
+    base_priority: int
+
+
+class Restored(Event, kw_only=True, tag="priority.restored"):
+    agent: str
+    priority: int
+    base_priority: int
+
+
+class AgentCrashed(Event, kw_only=True, tag="agent.crashed"):
+    agent: str
+    reason: str
+
+
+class Unrecognized(msgspec.Struct):
+    """An event of a kind newer than this version, read from a log or a socket:
+    kept whole so viewers can pass it on and show its fields plainly."""
+
+    name: str
+    t: float
+    step: int
+    fields: dict[str, Any]
+
+    @property
+    def event(self) -> str:
+        return self.name
+
+
+KINDS: tuple[type[Event], ...] = (
+    SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Finished,
+    Cancelled, Failed, Inherited, Restored, SwappedOut, SwappedIn, Recomputed,
+    AgentCrashed,
+)
+AnyEvent = Union[KINDS]  # type: ignore[valid-type]
+_BY_NAME = {kind.__struct_config__.tag: kind for kind in KINDS}
+
+
+def kind_named(name: str) -> type[Event]:
+    """The class of an event kind, from its name in the log (ConfigError if none)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigError(f"no event kind named {name!r}") from None
+
+
+def fields_of(event: Event | Unrecognized) -> dict[str, Any]:
+    """The fields an event was written with, beyond its name, t and step."""
+    if isinstance(event, Unrecognized):
+        return dict(event.fields)
+    return {k: v for k, v in msgspec.structs.asdict(event).items() if v is not None and k not in ("t", "step")}
+
+
+def name_matches(event: Event | Unrecognized, patterns: Iterable[str]) -> bool:
+    """Whether an event's name matches any pattern: a glob (`turn.*`) if it has
+    glob characters, else a prefix (`turn`, `kv.swap`, `turn.preempted`)."""
+    name = event.event
+    for pattern in patterns:
+        is_glob = any(c in pattern for c in "*?[")
+        if fnmatch.fnmatchcase(name, pattern) if is_glob else name.startswith(pattern):
+            return True
+    return False
+
+
+class Dropped(msgspec.Struct, tag_field="event", tag="events.dropped"):
+    """Told to a subscriber in place of the events it lost by falling behind; on
+    a live socket, one line of its own. Not an Event: nothing happened."""
 
     count: int
 
 
-TERMINAL = frozenset({"turn.finished", "turn.cancelled", "turn.failed"})
-
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Event)
+_decoder = msgspec.json.Decoder(Union[(*KINDS, Dropped)])  # type: ignore[valid-type]
+_KNOWN = {*_BY_NAME, Dropped.__struct_config__.tag}
 
 
-def encode(event: Event) -> bytes:
+class _Header(msgspec.Struct):
+    event: str
+    t: float
+    step: int
+
+
+def encode(event: Event | Unrecognized | Dropped) -> bytes:
+    if isinstance(event, Unrecognized):
+        return _encoder.encode({"event": event.name, "t": event.t, "step": event.step, **event.fields})
     return _encoder.encode(event)
 
 
-def decode(line: bytes | str) -> Event:
-    return _decoder.decode(line)
+def decode(line: bytes | str) -> Event | Unrecognized | Dropped:
+    """One JSON line as its event kind (or a viewer's Dropped notice); a kind
+    this version does not know comes back as Unrecognized. Raises msgspec's
+    DecodeError / ValidationError."""
+    try:
+        return _decoder.decode(line)
+    except msgspec.ValidationError:
+        raw = msgspec.json.decode(line)
+        if not isinstance(raw, dict) or raw.get("event") in _KNOWN:
+            raise  # a known kind with bad fields, or not an event at all
+        head = msgspec.convert(raw, _Header)
+        rest = {k: v for k, v in raw.items() if k not in ("event", "t", "step")}
+        return Unrecognized(head.event, head.t, head.step, rest)
 
 
-def read_events(path: str | Path) -> Iterator[Event]:
+def read_events(path: str | Path) -> Iterator[Event | Unrecognized]:
     """Every event in a JSON-lines file, in order."""
     with open(path, "rb") as f:
         for line in f:
             if line.strip():
                 yield decode(line)
-
-
-class Subscription:
-    """A bounded, lossy queue of events for one live viewer. Iterate it with
-    `async for item in sub`; items are Events, and where events were lost a
-    Dropped notice, in the place of the gap."""
-
-    def __init__(self, bus: EventBus, max_buffer: int) -> None:
-        self._bus = bus
-        self._buffer: collections.deque[Event | Dropped] = collections.deque()
-        self._events = 0  # Events in the buffer (Dropped markers take no room)
-        self._max = max_buffer
-        self._wakeup = anyio.Event()
-        self.closed = False
-
-    def put(self, event: Event) -> None:
-        if self._events < self._max:
-            self._buffer.append(event)
-            self._events += 1
-        elif self._buffer and isinstance(self._buffer[-1], Dropped):
-            self._buffer[-1].count += 1
-        else:
-            self._buffer.append(Dropped(1))
-        self._wakeup.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self._bus._subscribers.discard(self)
-        self._wakeup.set()
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Event | Dropped:
-        while not self._buffer:
-            if self.closed:
-                raise StopAsyncIteration
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
-        item = self._buffer.popleft()
-        if isinstance(item, Event):
-            self._events -= 1
-        return item
-
-
-class EventBus:
-    """Fans each event out to the log sinks and the live subscribers. `emit` is
-    synchronous and never blocks, so the owner loop can call it between steps."""
-
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        self._start = time.monotonic()
-        self._clock = clock or (lambda: time.monotonic() - self._start)
-        self._subscribers: set[Subscription] = set()
-        self._loggers: list[structlog.typing.FilteringBoundLogger] = []
-        self._files: list[IO[str]] = []
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.last_started: Event | None = None  # replayed to viewers that attach late
-
-    def now(self) -> float:
-        return self._clock()
-
-    def emit(self, event: Event) -> None:
-        self.counts[event.event] += 1
-        if event.event == "swarm.started":
-            self.last_started = event
-        if self._loggers:
-            fields = {k: v for k, v in msgspec.structs.asdict(event).items() if v is not None}
-            name = fields.pop("event")
-            for logger in self._loggers:
-                logger.info(name, **fields)
-        for sub in tuple(self._subscribers):
-            sub.put(event)
-
-    def subscribe(self, max_buffer: int = 10_000) -> Subscription:
-        sub = Subscription(self, max_buffer)
-        self._subscribers.add(sub)
-        return sub
-
-    def log_to_file(self, path: str | Path) -> Path:
-        """Append every event to `path` as one JSON object a line."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "a", buffering=1, encoding="utf-8")
-        self._files.append(f)
-        self._loggers.append(
-            structlog.wrap_logger(
-                structlog.WriteLogger(f),
-                processors=[_drop_method_name, _to_json],
-            )
-        )
-        return path
-
-    def log_to_terminal(self, file: IO[str] | None = None, colors: bool | None = None) -> None:
-        """Readable lines, for a person watching the swarm."""
-        out = file or sys.stderr
-        self._loggers.append(
-            structlog.wrap_logger(
-                structlog.WriteLogger(out),
-                processors=[
-                    _drop_method_name,
-                    _format_time,
-                    structlog.dev.ConsoleRenderer(
-                        colors=out.isatty() if colors is None else colors,
-                        sort_keys=False,
-                        pad_event_to=18,
-                    ),
-                ],
-            )
-        )
-
-    def close(self) -> None:
-        for sub in tuple(self._subscribers):
-            sub.close()
-        for f in self._files:
-            f.close()
-        self._files.clear()
-        self._loggers.clear()
-
-
-def _drop_method_name(logger: object, method: str, event_dict: dict) -> dict:
-    return event_dict
-
-
-def _to_json(logger: object, method: str, event_dict: dict) -> str:
-    # The structlog event key is the event name; the file keeps our schema's name.
-    event_dict = {"event": event_dict.pop("event"), **event_dict}
-    return _encoder.encode(event_dict).decode()
-
-
-def _format_time(logger: object, method: str, event_dict: dict) -> dict:
-    event_dict["t"] = f"{event_dict['t']:9.3f}s"
-    return event_dict

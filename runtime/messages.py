@@ -1,8 +1,7 @@
 """What agents and the GPU owner say to each other.
 
 Agents send `OwnerRequest`s over the owner's request channel; the owner answers
-each turn on that turn's own channel with `TurnUpdate`s. Both are tagged unions,
-so a viewer or a log can tell them apart by their `type` field.
+each turn on that turn's own channel with its tokens and its events.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from typing import Any, Union
 import msgspec
 
 from runtime.engine import GREEDY, Sampling
+from runtime.events import TurnEvent
 
 # ------------------------------------------------------------------ requests
 
@@ -51,43 +51,13 @@ OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
 # ------------------------------------------------------------------- updates
 
 
-class _Update(msgspec.Struct, kw_only=True):
+class Token(msgspec.Struct, tag="token", kw_only=True):
+    """A sampled token. The rest of what a turn's channel carries are the turn's
+    own events (`runtime.events.TurnEvent`), the very objects the log gets."""
+
     turn: int
+    token: int
     t: float  # on the swarm's clock
 
 
-class Queued(_Update, tag="queued"):
-    pass
-
-
-class Admitted(_Update, tag="admitted"):
-    slot: int
-    waited_s: float
-
-
-class Token(_Update, tag="token"):
-    token: int
-
-
-class Paused(_Update, tag="paused"):
-    """The turn lost its slot at a token boundary; its KV stays where the policy
-    keeps it. `by_turn` is None when it was paused to free KV memory."""
-
-    at_token: int
-    by_turn: int | None
-    by_agent: str | None
-    by_priority: int | None
-
-
-class Resumed(_Update, tag="resumed"):
-    slot: int
-    paused_s: float
-
-
-class Ended(_Update, tag="ended"):
-    event: str  # turn.finished, turn.cancelled or turn.failed
-    reason: str
-    tokens: int
-
-
-TurnUpdate = Union[Queued, Admitted, Token, Paused, Resumed, Ended]
+TurnUpdate = Union[Token, TurnEvent]

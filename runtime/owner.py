@@ -27,15 +27,14 @@ from runtime.actors import Actor
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
 from runtime.engine import Engine
-from runtime.events import TERMINAL, Event, EventBus
-from runtime.messages import Admitted, CancelAgent, CancelTurn, Ended, OwnerRequest, Paused, Queued, Resumed, SetInherited, Token, TurnRequest, TurnUpdate
+from runtime.bus import EventBus
+from runtime.events import Ended, Event, SwappedIn, SwappedOut, TurnEvent
+from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan, SchedulerConfig, SwapOut
 
 log = logging.getLogger(__name__)
-
-KV_MOVES = ("kv.swapped_out", "kv.swapped_in")
 
 
 class GPUOwner(Actor):
@@ -154,7 +153,7 @@ class GPUOwner(Actor):
         have the scheduler re-prefill it, rather than fail it."""
         if not failed:
             return
-        self._decided[:] = [e for e in self._decided if not (e.turn in failed and e.event in KV_MOVES)]
+        self._decided[:] = [e for e in self._decided if not (isinstance(e, (SwappedOut, SwappedIn)) and e.turn in failed)]
         now = self.bus.now()
         for turn_id, why in failed.items():
             log.warning("turn %d: %s; its KV is recomputed", turn_id, why)
@@ -198,10 +197,10 @@ class GPUOwner(Actor):
         self._decided.clear()  # the scheduler appends to this very list
         for event in decided:
             self.bus.emit(event)
-            update = _update_for(event)
-            if update is not None:
-                self._send(event.turn, update)
-            if event.event in TERMINAL:
+            if not isinstance(event, TurnEvent):
+                continue
+            self._send(event.turn, event)
+            if isinstance(event, Ended):
                 self.engine.forget(event.turn)
                 reply = self._replies.pop(event.turn, None)
                 if reply is not None:
@@ -217,21 +216,6 @@ class GPUOwner(Actor):
             # The agent stopped listening: end the turn at the next boundary.
             self._replies.pop(turn_id).close()
             self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))
-
-
-def _update_for(e: Event) -> TurnUpdate | None:
-    match e.event:
-        case "turn.queued":
-            return Queued(turn=e.turn, t=e.t)
-        case "turn.admitted":
-            return Admitted(turn=e.turn, slot=e.slot, waited_s=e.waited_s, t=e.t)
-        case "turn.preempted":
-            return Paused(turn=e.turn, at_token=e.tokens, by_turn=e.by_turn, by_agent=e.by_agent, by_priority=e.by_priority, t=e.t)
-        case "turn.resumed":
-            return Resumed(turn=e.turn, slot=e.slot, paused_s=e.paused_s, t=e.t)
-        case "turn.finished" | "turn.cancelled" | "turn.failed":
-            return Ended(turn=e.turn, event=e.event, reason=e.reason, tokens=e.tokens, t=e.t)
-    return None
 
 
 class TurnChannel:

@@ -8,7 +8,7 @@ same way, once per token boundary:
     scheduler.postprocess(plan, tokens, now)
 
 Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
-Every decision is reported through `emit` as a `runtime.events.Event`.
+Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
 The effective priority of a turn is the highest of its agent's base priority (aged
 while it waits, see SchedulerConfig) and the priority its agent inherits from agents
@@ -24,7 +24,10 @@ from typing import Callable, Iterable, Sequence
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling, Work
-from runtime.events import Event
+from runtime.events import (
+    Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn,
+    SwappedOut,
+)
 from runtime.shaping import StepBudget, protected_level
 from runtime.turns import KV, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
 
@@ -77,10 +80,10 @@ class Scheduler:
             raise ValueError(f"turn id {turn_id} is already live")
         turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
         self.turns[turn.id] = turn
-        self._event("turn.queued", turn, now, tokens=len(turn.prompt))
+        self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
         problem = self._unrunnable(turn)
         if problem:
-            self._end(turn, "turn.failed", problem, now)
+            self._end(turn, Failed, problem, now)
         else:
             self.waiting.append(turn)
         return turn
@@ -89,14 +92,14 @@ class Scheduler:
         turn = self.turns.get(turn_id)
         if turn is None:
             return False
-        self._end(turn, "turn.cancelled", reason, now)
+        self._end(turn, Cancelled, reason, now)
         return True
 
     def fail(self, turn_id: int, now: float, reason: str) -> bool:
         turn = self.turns.get(turn_id)
         if turn is None:
             return False
-        self._end(turn, "turn.failed", reason, now)
+        self._end(turn, Failed, reason, now)
         return True
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
@@ -114,7 +117,7 @@ class Scheduler:
             self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
             turn.kv, turn.swapped_len = KV.DROPPED, 0  # kv.recomputed when it resumes
         elif turn.slot is not None:
-            self._event("kv.recomputed", turn, now, tokens=turn.length)
+            self.emit(Recomputed(**self._about(turn, now), tokens=turn.length))
 
     def set_inherited(self, agent: str, priority: int | None, now: float) -> None:
         """An agent runs at least at `priority` (None: back to its own) until told
@@ -181,9 +184,9 @@ class Scheduler:
         """Pause a running turn at this token boundary. `by` is the turn taking its
         slot, or None when it is paused to free KV memory."""
         if by is None or by is victim:
-            self._event("turn.preempted", victim, now, tokens=len(victim.output), reason="memory")
+            self.emit(Preempted(**self._about(victim, now), tokens=len(victim.output), reason="memory"))
         else:
-            self._event("turn.preempted", victim, now, tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now))
+            self.emit(Preempted(**self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now)))
         self._unslot(victim, now)
         victim.preemptions += 1
         plan.preemptions += 1
@@ -213,16 +216,16 @@ class Scheduler:
         turn.last_admit = next(self._admissions)
         if turn.admitted_at is None:
             turn.admitted_at = now
-            self._event("turn.admitted", turn, now, waited_s=now - turn.arrived)
+            self.emit(Admitted(**self._about(turn, now), waited_s=now - turn.arrived))
         else:
             paused = now - turn.paused_at
             turn.paused_s += paused
             turn.paused_at = None
-            self._event("turn.resumed", turn, now, paused_s=paused)
+            self.emit(Resumed(**self._about(turn, now), paused_s=paused))
             if swapped_in:
-                self._event("kv.swapped_in", turn, now, blocks=len(turn.blocks))
+                self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks)))
             elif recomputed:
-                self._event("kv.recomputed", turn, now, tokens=turn.length)
+                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length))
         return True
 
     def _batch(self, now: float, plan: Plan) -> None:
@@ -322,11 +325,11 @@ class Scheduler:
             turn.output.extend([token] * plan.steps)
             delivered.append((turn, token))
             if token in self.eos and not turn.ignore_eos:
-                self._end(turn, "turn.finished", "eos", now)
+                self._end(turn, Finished, "eos", now)
             elif len(turn.output) >= turn.max_tokens:
-                self._end(turn, "turn.finished", "length", now)
+                self._end(turn, Finished, "length", now)
             elif self.config.max_context and turn.length >= self.config.max_context:
-                self._end(turn, "turn.finished", "context", now)
+                self._end(turn, Finished, "context", now)
         return delivered
 
     # --------------------------------------------------------------- memory
@@ -366,7 +369,7 @@ class Scheduler:
             turn.kv = KV.SWAPPED
             self.swapped_blocks += n
             self.pool.release(turn.blocks)
-            self._event("kv.swapped_out", turn, now, blocks=n)
+            self.emit(SwappedOut(**self._about(turn, now), blocks=n))
         else:
             self._drop(turn)
 
@@ -403,11 +406,11 @@ class Scheduler:
             return f"needs {self.pool.blocks_for(most)} KV blocks, the pool has {self.pool.num_blocks}"
         return None
 
-    def _end(self, turn: Turn, event: str, reason: str, now: float) -> None:
+    def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        self._event(event, turn, now, tokens=len(turn.output), reason=reason)
-        turn.done, turn.reason = event, reason
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason)
+        self.emit(turn.ended)
         if turn.slot is not None:
             del self.running[turn.slot]
             turn.slot = None
@@ -418,5 +421,6 @@ class Scheduler:
         self.pool.release(turn.blocks)
         del self.turns[turn.id]
 
-    def _event(self, name: str, turn: Turn, now: float, **fields) -> None:
-        self.emit(Event(event=name, t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot, **fields))
+    def _about(self, turn: Turn, now: float) -> dict:
+        """The fields every event about a turn carries."""
+        return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot)

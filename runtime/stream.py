@@ -2,7 +2,8 @@
 
 `swarm tail` (or any program) connects to the socket and reads JSON lines, one per
 event, in the schema of `runtime.events`. When a viewer falls behind it loses
-events and is sent `{"event": "events.dropped", "count": N}` in their place.
+events and is sent `{"event": "events.dropped", "count": N}` in their place
+(`runtime.events.Dropped`).
 
 The swarm runner starts the server inside its task group:
 
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
-import msgspec
 
 from runtime.errors import ConfigError
-from runtime.events import Dropped, Event, EventBus, Subscription, encode
+from runtime.bus import EventBus, Subscription
+from runtime.events import Dropped, Event, encode
 
 log = logging.getLogger("slotswarm.stream")
 
@@ -54,20 +55,8 @@ _CLIENT_GONE = (
 )
 
 
-class DroppedNotice(msgspec.Struct, kw_only=True):
-    """The wire form of `Dropped`: one JSON line in the event stream."""
-
-    event: str = "events.dropped"
-    count: int
-
-
-DROPPED_EVENT = "events.dropped"
-
-
 def encode_line(item: Event | Dropped) -> bytes:
     """One item of a subscription as one line of the stream."""
-    if isinstance(item, Dropped):
-        return msgspec.json.encode(DroppedNotice(count=item.count)) + b"\n"
     return encode(item) + b"\n"
 
 

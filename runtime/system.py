@@ -14,7 +14,8 @@ import msgspec
 
 from runtime.actors import Actor, Ref, Target
 from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage
-from runtime.events import Event, EventBus
+from runtime.bus import EventBus
+from runtime.events import AgentCrashed, Inherited, Restored
 from runtime.mailbox import Envelope, Reply, find_handler, handled_names
 from runtime.waits import WaitGraph
 
@@ -300,9 +301,7 @@ class ActorSystem:
             return  # one agent.crashed per actor
         cell.crash = reason
         cell.alive = False
-        self.bus.emit(
-            Event(event="agent.crashed", t=self.bus.now(), step=self.step_source(), agent=cell.name, reason=reason)
-        )
+        self.bus.emit(AgentCrashed(t=self.bus.now(), step=self.step_source(), agent=cell.name, reason=reason))
 
     def _close(self, cell: _Cell) -> None:
         """Refuse new messages, fail asks in flight and drop what is left."""
@@ -345,12 +344,9 @@ class ActorSystem:
         base = self.waits.base(agent)
         t, step = self.bus.now(), self.step_source()
         if inherited is None:
-            event = Event(event="priority.restored", t=t, step=step, agent=agent, priority=effective, base_priority=base)
+            event = Restored(t=t, step=step, agent=agent, priority=effective, base_priority=base)
         else:
-            event = Event(
-                event="priority.inherited", t=t, step=step, agent=agent, priority=effective,
-                base_priority=base, by_agent=origin,
-            )
+            event = Inherited(t=t, step=step, agent=agent, priority=effective, by_agent=origin, base_priority=base)
         self.bus.emit(event)
         for hook in list(self.on_priority_change):
             try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from runtime.engine import GREEDY, Sampling, Work
 from runtime.errors import ConfigError
+from runtime.events import Ended
 from runtime.priority import FOREGROUND
 
 
@@ -98,8 +99,11 @@ class Turn:
     paused_at: float | None = None
     paused_s: float = 0.0
     preemptions: int = 0
-    done: str | None = None  # the terminal event's name once ended
-    reason: str | None = None
+    ended: Ended | None = None  # its terminal event, once it has one
+
+    @property
+    def done(self) -> bool:
+        return self.ended is not None
 
     @property
     def length(self) -> int:

@@ -21,7 +21,8 @@ import anyio
 from runtime.agent import Agent
 from runtime.engine import Engine
 from runtime.errors import ConfigError
-from runtime.events import Event, EventBus
+from runtime.bus import EventBus
+from runtime.events import SwarmStarted, SwarmStopped
 from runtime.owner import GPUOwner
 from runtime.stream import serve_events
 from runtime.system import ActorSystem
@@ -69,8 +70,8 @@ class Swarm:
             stack.push_async_callback(self._announce_stop)
             await stack.enter_async_context(self.system)
             stack.push_async_callback(self._stop_agents)
-            self.bus.emit(Event(
-                event="swarm.started", t=self.bus.now(), step=0, unix_time=time.time(), slots=self.config.slots,
+            self.bus.emit(SwarmStarted(
+                t=self.bus.now(), step=0, unix_time=time.time(), slots=self.config.slots,
                 policy=self.config.policy.value, device=getattr(self.engine, "device_name", type(self.engine).__name__), model=self.model_name,
             ))
             await self.system.spawn(self.owner)
@@ -87,7 +88,7 @@ class Swarm:
                     await self.system.stop(name)
 
     async def _announce_stop(self) -> None:
-        self.bus.emit(Event(event="swarm.stopped", t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
+        self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
         self.bus.close()
 
     async def spawn(self, agent: Agent) -> Agent:

@@ -26,6 +26,7 @@ import anyio
 import numpy as np
 
 from runtime.errors import ConfigError
+from runtime.events import Admitted, Preempted
 from runtime.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 from swarm.summary import percentiles
@@ -104,10 +105,10 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
         for i in range(args.slots):
             await swarm.spawn(Background(f"bg{i}", lengths, prompt, stats))
         with anyio.move_on_after(args.warmup):  # every slot busy before measuring
-            while swarm.bus.counts["turn.admitted"] < args.slots:
+            while swarm.bus.counts[Admitted] < args.slots:
                 await anyio.sleep(0.05)
         steps_before = len(swarm.owner.step_seconds)
-        preempted_before = swarm.bus.counts["turn.preempted"]
+        preempted_before = swarm.bus.counts[Preempted]
         stats.measuring = True
         started = time.monotonic()
         await swarm.spawn(Foreground("fg", gaps, prompt, args.fg_tokens, stats))
@@ -115,7 +116,7 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
         stats.measuring = False
         elapsed = time.monotonic() - started
         steps = swarm.owner.step_seconds[steps_before:]
-        preemptions = swarm.bus.counts["turn.preempted"] - preempted_before
+        preemptions = swarm.bus.counts[Preempted] - preempted_before
     return {
         "fg_wait_s": percentiles(stats.fg_wait_s),
         "fg_ttft_s": percentiles(stats.fg_ttft_s),

@@ -29,7 +29,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from runtime.errors import ConfigError
-from runtime.events import TERMINAL, Event
+from runtime.events import Admitted, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, fields_of
 from runtime.priority import FOREGROUND
 from swarm.tail import read_file
 
@@ -103,7 +103,7 @@ class Timeline:
     agents: list[str]  # in order of first appearance
     start: float
     end: float
-    started: Event | None
+    started: SwarmStarted | None
 
 
 @dataclass
@@ -124,7 +124,7 @@ def build_timeline(events: list[Event]) -> Timeline:
     preemptions: list[tuple[float, int]] = []
     turns: dict[int, _Turn] = {}
     agents: dict[str, None] = {}
-    started = next((e for e in events if e.event == "swarm.started"), None)
+    started = next((e for e in events if isinstance(e, SwarmStarted)), None)
     max_slot = -1
 
     def close(turn_id: int, state: _Turn, t: float, open_: bool = False) -> None:
@@ -135,36 +135,37 @@ def build_timeline(events: list[Event]) -> Timeline:
         state.since = None
 
     for e in events:
-        if e.agent is not None:
-            agents.setdefault(e.agent, None)
-        if e.slot is not None:
-            max_slot = max(max_slot, e.slot)
-        if e.turn is None or not e.event.startswith("turn."):
+        fields = fields_of(e)
+        if fields.get("agent") is not None:
+            agents.setdefault(fields["agent"], None)
+        if fields.get("slot") is not None:
+            max_slot = max(max_slot, fields["slot"])
+        if not isinstance(e, (Queued, Admitted, Preempted, Resumed, Ended)):
             continue
         state = turns.get(e.turn)
         if state is None:
-            fg = e.priority is not None and e.priority >= FOREGROUND
-            state = turns[e.turn] = _Turn(e.agent or "?", fg)
-        if e.event == "turn.queued":
-            state.queued = e.t
-        elif e.event == "turn.admitted":
-            state.slot, state.since, state.paused = e.slot, e.t, False
-            if state.foreground and e.slot is not None:
-                queued = state.queued if state.queued is not None else e.t - (e.waited_s or 0.0)
-                waited = e.waited_s if e.waited_s is not None else e.t - queued
-                waits.append(Wait(e.turn, state.agent, queued, e.t, e.slot, waited))
-        elif e.event == "turn.preempted":
-            state.slot = e.slot if e.slot is not None else state.slot
-            close(e.turn, state, e.t)
-            if state.slot is not None:
-                preemptions.append((e.t, state.slot))
-            state.paused, state.since = True, e.t
-        elif e.event == "turn.resumed":
-            close(e.turn, state, e.t)
-            state.slot, state.since, state.paused = e.slot, e.t, False
-        elif e.event in TERMINAL:
-            close(e.turn, state, e.t)
-            del turns[e.turn]
+            state = turns[e.turn] = _Turn(e.agent, e.priority >= FOREGROUND)
+        match e:
+            case Queued():
+                state.queued = e.t
+            case Admitted():
+                state.slot, state.since, state.paused = e.slot, e.t, False
+                if state.foreground and e.slot is not None:
+                    queued = state.queued if state.queued is not None else e.t - (e.waited_s or 0.0)
+                    waited = e.waited_s if e.waited_s is not None else e.t - queued
+                    waits.append(Wait(e.turn, state.agent, queued, e.t, e.slot, waited))
+            case Preempted():
+                state.slot = e.slot if e.slot is not None else state.slot
+                close(e.turn, state, e.t)
+                if state.slot is not None:
+                    preemptions.append((e.t, state.slot))
+                state.paused, state.since = True, e.t
+            case Resumed():
+                close(e.turn, state, e.t)
+                state.slot, state.since, state.paused = e.slot, e.t, False
+            case Ended():
+                close(e.turn, state, e.t)
+                del turns[e.turn]
 
     end = max(e.t for e in events)
     for turn_id, state in turns.items():

@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Event
+from runtime.events import Event, Preempted, Recomputed
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
@@ -154,10 +154,11 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     result = Result(policy)
 
     def count(event: Event) -> None:
-        if event.event == "turn.preempted":
-            result.preemptions += 1
-        elif event.event == "kv.recomputed":
-            result.recomputed_tokens += event.tokens
+        match event:
+            case Preempted():
+                result.preemptions += 1
+            case Recomputed(tokens=tokens):
+                result.recomputed_tokens += tokens
 
     config = SchedulerConfig(
         slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Resumed
 from runtime.priority import FOREGROUND
+
 
 @dataclass
 class AgentSummary:
@@ -31,28 +33,28 @@ class Summary:
 def summarize(events: list[Any], agents: list[Any] = ()) -> Summary:
     """Per-agent counts from the event log; time to first token from the agents'
     own records (events carry no per-token times)."""
-    from runtime.events import TERMINAL
-
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
     for e in events:
-        if e.agent is None or e.agent == "gpu":
+        agent = getattr(e, "agent", None)
+        if agent is None or agent == "gpu":
             continue
-        s = per.setdefault(e.agent, AgentSummary())
-        if e.event == "turn.queued":
-            s.turns += 1
-        elif e.event in TERMINAL:
-            s.tokens += e.tokens or 0
-        elif e.event == "turn.resumed":
-            s.paused_s += e.paused_s or 0.0
-        elif e.event == "turn.preempted":
-            s.preempted += 1
-        elif e.event == "priority.inherited":
-            s.inherited += 1
-        elif e.event == "agent.crashed":
-            s.crashed = e.reason
-        if e.event == "turn.admitted" and (e.priority or 0) >= FOREGROUND and e.waited_s is not None:
-            fg_wait.append(e.waited_s)
+        s = per.setdefault(agent, AgentSummary())
+        match e:
+            case Queued():
+                s.turns += 1
+            case Ended(tokens=tokens):
+                s.tokens += tokens
+            case Resumed(paused_s=paused_s):
+                s.paused_s += paused_s
+            case Preempted():
+                s.preempted += 1
+            case Inherited():
+                s.inherited += 1
+            case AgentCrashed(reason=reason):
+                s.crashed = reason
+            case Admitted(priority=priority, waited_s=waited_s) if priority >= FOREGROUND and waited_s is not None:
+                fg_wait.append(waited_s)
     # Agents that keep TurnRecords time from the request leaving the agent, which
     # the event log cannot (a request is logged at the next token boundary).
     records = [r for a in agents for r in getattr(a, "records", []) if r.priority >= FOREGROUND and r.ttft_s is not None]

@@ -13,7 +13,6 @@ following, a last line still missing its newline is waited for, not rejected.)
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import socket
 import stat
@@ -24,24 +23,20 @@ from typing import Callable, Iterable, Iterator, Sequence
 import msgspec
 from rich.text import Text
 
+from runtime import events as ev
 from runtime.errors import ConfigError
-from runtime.events import Dropped, Event, decode
+from runtime.events import Dropped, Event, Unrecognized, decode
 from runtime.priority import FOREGROUND
-from runtime.stream import DROPPED_EVENT, DroppedNotice, default_socket_dir, live_sockets
+from runtime.stream import default_socket_dir, live_sockets
 
-Item = Event | Dropped
+Item = Event | Unrecognized | Dropped
 Line = tuple[bytes, Item]
 
-_dropped_decoder = msgspec.json.Decoder(DroppedNotice)
 
 
 def parse_line(raw: bytes, where: str) -> Item:
     """Decode one stream line; `where` ("events.jsonl:17") names it in errors."""
     try:
-        if DROPPED_EVENT.encode() in raw:
-            notice = _dropped_decoder.decode(raw)
-            if notice.event == DROPPED_EVENT:
-                return Dropped(notice.count)
         return decode(raw)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: not a slotswarm event ({exc}): {_clip(raw)}") from None
@@ -159,19 +154,14 @@ def make_filter(agents: Sequence[str] = (), events: Sequence[str] = ()) -> Calla
     `kv.swap`, `turn.preempted`). Dropped notices are always kept: they say the
     view has gaps."""
     agents = set(agents)
-    globs = [p for p in events if any(c in p for c in "*?[")]
-    prefixes = tuple(p for p in events if p not in globs)
 
     def keep(item: Item) -> bool:
         if isinstance(item, Dropped):
             return True
-        if agents and item.agent not in agents and item.by_agent not in agents:
+        fields = ev.fields_of(item)
+        if agents and fields.get("agent") not in agents and fields.get("by_agent") not in agents:
             return False
-        if events and not (
-            item.event.startswith(prefixes) or any(fnmatch.fnmatchcase(item.event, g) for g in globs)
-        ):
-            return False
-        return True
+        return not events or ev.name_matches(item, events)
 
     return keep
 
@@ -182,22 +172,22 @@ def filtered(lines: Iterable[Line], keep: Callable[[Item], bool]) -> Iterator[Li
 
 # ---------------------------------------------------------------- showing events
 
-STYLES = {
-    "swarm.started": "bold white",
-    "swarm.stopped": "bold white",
-    "turn.queued": "dim",
-    "turn.admitted": "cyan",
-    "turn.preempted": "bold yellow",
-    "turn.resumed": "green",
-    "turn.finished": "blue",
-    "turn.cancelled": "yellow",
-    "turn.failed": "bold red",
-    "priority.inherited": "magenta",
-    "priority.restored": "dim magenta",
-    "kv.swapped_out": "dark_orange",
-    "kv.swapped_in": "dark_cyan",
-    "kv.recomputed": "red",
-    "agent.crashed": "bold red",
+STYLES: dict[type, str] = {
+    ev.SwarmStarted: "bold white",
+    ev.SwarmStopped: "bold white",
+    ev.Queued: "dim",
+    ev.Admitted: "cyan",
+    ev.Preempted: "bold yellow",
+    ev.Resumed: "green",
+    ev.Finished: "blue",
+    ev.Cancelled: "yellow",
+    ev.Failed: "bold red",
+    ev.Inherited: "magenta",
+    ev.Restored: "dim magenta",
+    ev.SwappedOut: "dark_orange",
+    ev.SwappedIn: "dark_cyan",
+    ev.Recomputed: "red",
+    ev.AgentCrashed: "bold red",
 }
 
 
@@ -206,15 +196,17 @@ def render(item: Item) -> Text:
     if isinstance(item, Dropped):
         return Text(f"{'':>10} {'':>7}  … {item.count} events dropped: this viewer fell behind", "bold red")
     e = item
+    fields = ev.fields_of(e)
+    priority = fields.get("priority")
+    fg = priority is not None and priority >= FOREGROUND
     line = Text()
     line.append(f"{e.t:9.3f}s ", "dim")
     line.append(f"{e.step:>7} ", "dim")
-    line.append(f"{e.event:<19}", STYLES.get(e.event, "white"))
-    fg = e.priority is not None and e.priority >= FOREGROUND
-    line.append(f"{_or_blank(e.agent):<12.12} ", "bold" if fg else "")
-    line.append(f"{_or_blank(e.turn, 't'):>5} ")
-    line.append(f"{_or_blank(e.slot, 's'):>4} ")
-    line.append(f"{_or_blank(e.priority, 'p'):>4}  ", "bold" if fg else "dim")
+    line.append(f"{e.event:<19}", STYLES.get(type(e), "white"))
+    line.append(f"{_or_blank(fields.get('agent')):<12.12} ", "bold" if fg else "")
+    line.append(f"{_or_blank(fields.get('turn'), 't'):>5} ")
+    line.append(f"{_or_blank(fields.get('slot'), 's'):>4} ")
+    line.append(f"{_or_blank(priority, 'p'):>4}  ", "bold" if fg else "dim")
     line.append(describe(e))
     return line
 
@@ -223,48 +215,48 @@ def _or_blank(value: object, prefix: str = "") -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
-def describe(e: Event) -> str:
+def describe(e: Event | Unrecognized) -> str:
     """A short human phrase for an event, e.g. "turn 12 (tests) paused at token
     87, slot 3 given to turn 40 (pair, prio 10)"."""
-    who = f"turn {e.turn} ({e.agent})"
-    name = e.event
-    if name == "swarm.started":
-        model = f", model {e.model}" if e.model else ""
-        device = f" on {e.device}" if e.device else ""
-        return f"swarm up: {e.slots} slots, policy {e.policy}{model}{device}"
-    if name == "swarm.stopped":
-        return "swarm down"
-    if name == "turn.queued":
-        return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
-    if name == "turn.admitted":
-        return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}"
-    if name == "turn.preempted":
-        return (
-            f"{who} paused at token {e.tokens}, slot {e.slot} given to "
-            f"turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})"
-        )
-    if name == "turn.resumed":
-        return f"{who} back in slot {e.slot} after {_duration(e.paused_s)} paused"
-    if name == "turn.finished":
-        return f"{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free"
-    if name in ("turn.cancelled", "turn.failed"):
-        verb = name.split(".")[1]
-        return f"{who} {verb} at token {e.tokens}: {e.reason}"
-    if name == "priority.inherited":
-        return f"{e.agent} runs at prio {e.priority} (base {e.base_priority}): {e.by_agent} waits on it"
-    if name == "priority.restored":
-        return f"{e.agent} back to prio {e.priority}"
-    if name == "kv.swapped_out":
-        return f"{who} KV moved to host memory ({e.blocks} blocks)"
-    if name == "kv.swapped_in":
-        return f"{who} KV back on the device ({e.blocks} blocks), slot {e.slot}"
-    if name == "kv.recomputed":
-        return f"{who} KV dropped, re-prefilling {e.tokens} tokens"
-    if name == "agent.crashed":
-        return f"agent {e.agent} crashed: {e.reason}"
+    who = f"turn {e.turn} ({e.agent})" if isinstance(e, ev.TurnEvent) else ""
+    match e:
+        case ev.SwarmStarted():
+            model = f", model {e.model}" if e.model else ""
+            device = f" on {e.device}" if e.device else ""
+            return f"swarm up: {e.slots} slots, policy {e.policy}{model}{device}"
+        case ev.SwarmStopped():
+            return "swarm down"
+        case ev.Queued():
+            return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
+        case ev.Admitted():
+            return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}"
+        case ev.Preempted():
+            return (
+                f"{who} paused at token {e.tokens}, slot {e.slot} given to "
+                f"turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})"
+            )
+        case ev.Resumed():
+            return f"{who} back in slot {e.slot} after {_duration(e.paused_s)} paused"
+        case ev.Finished():
+            return f"{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free"
+        case ev.Cancelled():
+            return f"{who} cancelled at token {e.tokens}: {e.reason}"
+        case ev.Failed():
+            return f"{who} failed at token {e.tokens}: {e.reason}"
+        case ev.Inherited():
+            return f"{e.agent} runs at prio {e.priority} (base {e.base_priority}): {e.by_agent} waits on it"
+        case ev.Restored():
+            return f"{e.agent} back to prio {e.priority}"
+        case ev.SwappedOut():
+            return f"{who} KV moved to host memory ({e.blocks} blocks)"
+        case ev.SwappedIn():
+            return f"{who} KV back on the device ({e.blocks} blocks), slot {e.slot}"
+        case ev.Recomputed():
+            return f"{who} KV dropped, re-prefilling {e.tokens} tokens"
+        case ev.AgentCrashed():
+            return f"agent {e.agent} crashed: {e.reason}"
     # An event newer than this viewer: show its fields plainly.
-    fields = msgspec.structs.asdict(e)
-    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("event", "t", "step"))
+    return " ".join(f"{k}={v}" for k, v in ev.fields_of(e).items() if v is not None)
 
 
 def _duration(seconds: float | None) -> str:

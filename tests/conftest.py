@@ -54,7 +54,7 @@ def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
 def events_file(tmp_path: Path) -> Path:
     """A made-up session's events as a JSON-lines file."""
     from fake_session import Clock, emit_session
-    from runtime.events import EventBus
+    from runtime.bus import EventBus
 
     clock = Clock()
     bus = EventBus(clock=clock)

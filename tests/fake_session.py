@@ -3,7 +3,13 @@ the viewers (tail, plot, the live stream)."""
 
 from __future__ import annotations
 
-from runtime.events import Event, EventBus
+from runtime.bus import EventBus
+
+from runtime.events import (
+
+    Admitted, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, SwarmStopped,
+
+)
 from runtime.priority import BACKGROUND, FOREGROUND
 
 STEP_S = 0.01  # virtual seconds per decode step
@@ -37,11 +43,11 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
     """Emit a whole session on `bus`, advancing `clock` by STEP_S per step."""
     step = 0
 
-    def emit(name: str, **fields: object) -> None:
-        bus.emit(Event(event=name, t=clock(), step=step, **fields))
+    def emit(kind: type[Event], **fields: object) -> None:
+        bus.emit(kind(t=clock(), step=step, **fields))
 
     if announce:
-        emit("swarm.started", unix_time=1.7e9, slots=slots, policy="preempt", device="pocl-cpu", model="toy")
+        emit(SwarmStarted, unix_time=1.7e9, slots=slots, policy="preempt", device="pocl-cpu", model="toy")
     arrivals = list(ARRIVALS)
     queue: list[dict] = []  # waiting to be admitted or resumed
     running: dict[int, dict] = {}  # slot -> turn
@@ -58,10 +64,10 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
                 if victim_slot is not None:
                     victim = running.pop(victim_slot)
                     who = {"turn": victim["turn"], "agent": victim["agent"], "priority": victim["priority"]}
-                    emit("turn.preempted", **who, slot=victim_slot, tokens=victim["done"],
+                    emit(Preempted, **who, slot=victim_slot, tokens=victim["done"],
                          by_turn=turn["turn"], by_agent=turn["agent"], by_priority=turn["priority"])
                     if victim["turn"] % 2:
-                        emit("kv.swapped_out", **who, blocks=4)
+                        emit(SwappedOut, **who, blocks=4)
                     victim.update(paused=True, since=clock())
                     queue.append(victim)
                     free = [victim_slot]
@@ -72,16 +78,16 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
             running[slot] = turn
             who = {"turn": turn["turn"], "agent": turn["agent"], "priority": turn["priority"]}
             if turn["paused"]:
-                emit("turn.resumed", **who, slot=slot, paused_s=round(clock() - turn["since"], 6))
+                emit(Resumed, **who, slot=slot, paused_s=round(clock() - turn["since"], 6))
             else:
-                emit("turn.admitted", **who, slot=slot, waited_s=round(clock() - turn["since"], 6))
+                emit(Admitted, **who, slot=slot, waited_s=round(clock() - turn["since"], 6))
         # Requests arriving during this step are seen at the next token boundary.
         while arrivals and arrivals[0][0] == step:
             _, agent, prio, length = arrivals.pop(0)
             turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0,
                     "since": clock(), "paused": False}
             next_turn += 1
-            emit("turn.queued", turn=turn["turn"], agent=agent, priority=prio, tokens=7)
+            emit(Queued, turn=turn["turn"], agent=agent, priority=prio, tokens=7)
             queue.append(turn)
         step += 1
         clock.now += STEP_S
@@ -89,10 +95,10 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
             turn["done"] += 1
             if turn["done"] == turn["length"]:
                 del running[slot]
-                emit("turn.finished", turn=turn["turn"], agent=turn["agent"], priority=turn["priority"],
+                emit(Finished, turn=turn["turn"], agent=turn["agent"], priority=turn["priority"],
                      slot=slot, tokens=turn["done"], reason="eos" if turn["turn"] % 3 else "length")
         if step == 10:
-            emit("priority.inherited", agent="lint", priority=FOREGROUND, base_priority=BACKGROUND, by_agent="pair")
+            emit(Inherited, agent="lint", priority=FOREGROUND, base_priority=BACKGROUND, by_agent="pair")
         if step == 14:
-            emit("priority.restored", agent="lint", priority=BACKGROUND, base_priority=BACKGROUND)
-    emit("swarm.stopped", unix_time=1.7e9 + clock())
+            emit(Restored, agent="lint", priority=BACKGROUND, base_priority=BACKGROUND)
+    emit(SwarmStopped, unix_time=1.7e9 + clock())

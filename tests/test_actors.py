@@ -14,7 +14,8 @@ import pytest
 from runtime.actors import Actor, handler
 from runtime.system import ActorSystem
 from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, WaitCycle
-from runtime.events import EventBus, read_events
+from runtime.bus import EventBus
+from runtime.events import AgentCrashed, Event, Inherited, Restored, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
 
 GUARD = 10  # seconds: a hang guard, never a threshold
@@ -102,9 +103,9 @@ class Silent(Actor):
         await anyio.sleep_forever()
 
 
-def events(bus: EventBus, name: str) -> list:
+def events(bus: EventBus, kind: type) -> list:
     """Every event of that name emitted so far, from the bus's JSON-lines log."""
-    return [e for e in read_events(bus.log_path) if e.event == name]
+    return [e for e in read_events(bus.log_path) if isinstance(e, kind)]
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ async def test_handler_error_goes_to_asker_and_actor_survives(bus: EventBus) -> 
             with pytest.raises(ValueError, match="bad review"):
                 await ref.ask(Boom("bad review"))
             assert await ref.ask(Ping(5)) == Pong(6)
-            assert events(bus, "agent.crashed") == []
+            assert events(bus, AgentCrashed) == []
 
 
 @pytest.mark.asyncio
@@ -280,7 +281,7 @@ async def test_crash_in_run_is_isolated(bus: EventBus) -> None:
 
             assert len(errors) == 1 and "'victim' crashed (RuntimeError: main loop fell over)" in str(errors[0])
             assert "before replying to Never" in str(errors[0])
-            [crash] = events(bus, "agent.crashed")
+            [crash] = events(bus, AgentCrashed)
             assert (crash.agent, crash.reason) == ("victim", "RuntimeError: main loop fell over")
             assert victim.stopped and stopped == ["victim"]
             assert system.waits.edges() == {}
@@ -312,7 +313,7 @@ async def test_crash_in_on_start(bus: EventBus) -> None:
             assert not ref.alive and bad.seen == [-1]  # on_stop ran
             with pytest.raises(ActorCrashed, match="'bad' has crashed \\(OSError: no model file\\)"):
                 await ref.ask(Ping())
-            [crash] = events(bus, "agent.crashed")
+            [crash] = events(bus, AgentCrashed)
             assert crash.reason == "OSError: no model file"
             assert await (await system.spawn(Echo("ok"))).ask(Ping(0)) == Pong(1)
 
@@ -362,7 +363,7 @@ async def test_leaving_the_system_stops_everything(bus: EventBus) -> None:
         assert sorted(hooked) == ["a", "b"]
         assert len(errors) == 1 and "'a' stopped before replying to Never" in str(errors[0])
         assert system.waits.edges() == {}
-        assert events(bus, "agent.crashed") == []
+        assert events(bus, AgentCrashed) == []
 
 
 @pytest.mark.asyncio
@@ -453,10 +454,10 @@ async def test_priority_inherited_along_an_ask_chain_and_restored(bus: EventBus)
                 low.release.set()
             assert (low.effective_priority, mid.effective_priority) == (BACKGROUND, 3)
 
-            inherited = [(e.agent, e.priority, e.base_priority, e.by_agent) for e in events(bus, "priority.inherited")]
+            inherited = [(e.agent, e.priority, e.base_priority, e.by_agent) for e in events(bus, Inherited)]
             assert ("low", FOREGROUND, BACKGROUND, "fg") in inherited
             assert ("mid", FOREGROUND, 3, "fg") in inherited
-            restored = {(e.agent, e.priority, e.base_priority) for e in events(bus, "priority.restored")}
+            restored = {(e.agent, e.priority, e.base_priority) for e in events(bus, Restored)}
             assert restored == {("low", BACKGROUND, BACKGROUND), ("mid", 3, 3)}
             assert changes[-1][2] is None and {c[0] for c in changes} == {"mid", "low"}
             assert system.waits.edges() == {}

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from agents import DocWriter, PairProgrammer, Refactorer, Reviewer, TestWriter, WorkspaceAgent
+from runtime.events import Admitted, Finished, Inherited, Preempted, Queued, Restored
 from runtime.timing import TimingEngine
 from swarm import BACKGROUND, FOREGROUND, Swarm
 
@@ -99,19 +100,19 @@ async def test_the_pairs_review_request_lends_the_reviewer_foreground_priority(t
             await swarm.spawn(pair)
             async for event in sub:
                 events.append(event)
-                if event.event == "priority.restored":
+                if isinstance(event, Restored):
                     break
             while pair.answered < 1:
                 await anyio.sleep(0.01)
-    inherited = [e for e in events if e.event == "priority.inherited"]
+    inherited = [e for e in events if isinstance(e, Inherited)]
     assert [(e.agent, e.priority, e.base_priority, e.by_agent) for e in inherited] == [("reviewer", FOREGROUND, BACKGROUND, "pair")]
-    review_turn = next(e for e in events if e.event == "turn.queued" and e.agent == "reviewer")
+    review_turn = next(e for e in events if isinstance(e, Queued) and e.agent == "reviewer")
     assert review_turn.priority == FOREGROUND
     # The review takes a hog's slot at the next boundary, unless a hog turn
     # happened to end right then and left one free (rare, but timing is real here).
-    admitted = next(e for e in events if e.event == "turn.admitted" and e.agent == "reviewer")
-    preempted = [e for e in events if e.event == "turn.preempted" and e.by_agent == "reviewer"]
-    freed = [e for e in events if e.event == "turn.finished" and e.agent.startswith("hog") and e.step == admitted.step]
+    admitted = next(e for e in events if isinstance(e, Admitted) and e.agent == "reviewer")
+    preempted = [e for e in events if isinstance(e, Preempted) and e.by_agent == "reviewer"]
+    freed = [e for e in events if isinstance(e, Finished) and e.agent.startswith("hog") and e.step == admitted.step]
     assert preempted or freed
     assert all(e.agent.startswith("hog") and e.by_priority == FOREGROUND for e in preempted)
     assert events[-1].agent == "reviewer" and events[-1].priority == BACKGROUND

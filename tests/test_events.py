@@ -7,11 +7,13 @@ import io
 import anyio
 import pytest
 
-from runtime.events import Dropped, Event, EventBus, decode, encode, read_events
+from runtime.bus import EventBus
+
+from runtime.events import Dropped, Event, Preempted, decode, encode, read_events
 
 
 def sample(i: int = 0) -> Event:
-    return Event(event="turn.preempted", t=1.5, step=7 + i, turn=3, agent="tests", priority=0, slot=2, tokens=40, by_turn=9, by_agent="pair", by_priority=10)
+    return Preempted(t=1.5, step=7 + i, turn=3, agent="tests", priority=0, slot=2, tokens=40, by_turn=9, by_agent="pair", by_priority=10)
 
 
 def test_events_round_trip_through_json_with_only_their_fields():
@@ -53,4 +55,4 @@ async def test_a_slow_subscriber_loses_events_and_is_told_how_many():
     bus.close()
     with anyio.fail_after(5):
         assert [x async for x in sub] == []
-    assert bus.counts["turn.preempted"] == 11
+    assert bus.counts[Preempted] == 11

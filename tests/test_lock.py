@@ -9,7 +9,8 @@ import pytest
 from runtime.actors import Actor, handler
 from runtime.system import ActorSystem
 from runtime.errors import ActorError, WaitCycle
-from runtime.events import EventBus
+from runtime.bus import EventBus
+from runtime.events import Event, Inherited, Restored, read_events
 from runtime.lock import Lock
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.waits import WaitGraph
@@ -98,10 +99,10 @@ async def test_holder_inherits_waiters_priority_until_release(tmp_path) -> None:
     bus.close()
     from runtime.events import read_events
 
-    seen = [(e.event, e.agent, e.priority, e.base_priority, e.by_agent) for e in read_events(path)]
+    seen = [(type(e), e.agent, e.priority, e.base_priority, getattr(e, "by_agent", None)) for e in read_events(path)]
     assert seen == [
-        ("priority.inherited", "low", FOREGROUND, BACKGROUND, "high"),
-        ("priority.restored", "low", BACKGROUND, BACKGROUND, None),
+        (Inherited, "low", FOREGROUND, BACKGROUND, "high"),
+        (Restored, "low", BACKGROUND, BACKGROUND, None),
     ]
 
 

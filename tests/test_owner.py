@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from runtime.errors import TurnCancelled
-from runtime.events import TERMINAL, Event
+from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped, decode, read_events
 from runtime.timing import TimingEngine
 from swarm import BACKGROUND, FOREGROUND, Agent, PauseInfo, ResumeInfo, Swarm, handler
 
@@ -60,15 +60,15 @@ async def test_foreground_takes_a_slot_at_the_next_boundary_and_the_victim_is_to
         async with swarm(slots=2) as s:
             rec = Recorder(s)
             bgs = [await s.spawn(Background(f"bg{i}")) for i in range(2)]
-            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "bg1")
+            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "bg1")
             fg = await s.spawn(Agent("pair", FOREGROUND))
             text = await fg.complete([9, 9], max_tokens=5, ignore_eos=True)
             assert text == "[1]" * 5
-            await rec.until(lambda e: e.event == "turn.resumed")
-            mine = {e.event: e for e in rec.events if e.agent == "pair"}
-            assert mine["turn.admitted"].step - mine["turn.queued"].step <= 1
-            (pre,) = [e for e in rec.events if e.event == "turn.preempted"]
-            assert pre.by_agent == "pair" and pre.by_priority == FOREGROUND and pre.by_turn == mine["turn.queued"].turn
+            await rec.until(lambda e: isinstance(e, Resumed))
+            mine = {type(e): e for e in rec.events if e.agent == "pair"}
+            assert mine[Admitted].step - mine[Queued].step <= 1
+            (pre,) = [e for e in rec.events if isinstance(e, Preempted)]
+            assert pre.by_agent == "pair" and pre.by_priority == FOREGROUND and pre.by_turn == mine[Queued].turn
             victim = next(b for b in bgs if b.name == pre.agent)
             with anyio.fail_after(5):
                 while not victim.resumes:
@@ -92,10 +92,10 @@ async def test_a_crashing_agent_has_its_turn_ended_and_kv_freed_and_the_swarm_go
         async with swarm(slots=2) as s:
             rec = Recorder(s)
             await s.spawn(Crasher("crasher"))
-            crashed = await rec.until(lambda e: e.event == "agent.crashed")
+            crashed = await rec.until(lambda e: isinstance(e, AgentCrashed))
             assert "boom" in crashed.reason
-            end = await rec.until(lambda e: e.event in TERMINAL and e.agent == "crasher")
-            assert end.event == "turn.cancelled"
+            end = await rec.until(lambda e: isinstance(e, Ended) and e.agent == "crasher")
+            assert isinstance(end, Cancelled)
             other = await s.spawn(Agent("other"))
             assert await other.complete([5], max_tokens=3, ignore_eos=True) == "[1]" * 3
             pool = s.owner.scheduler.pool
@@ -112,8 +112,8 @@ async def test_leaving_a_turn_early_cancels_it_once():
                 async for _ in turn:
                     if len(turn.tokens) >= 3:
                         break
-            end = await rec.until(lambda e: e.event in TERMINAL)
-            assert (end.event, end.reason) == ("turn.cancelled", "left by its agent")
+            end = await rec.until(lambda e: isinstance(e, Ended))
+            assert (type(end), end.reason) == (Cancelled, "left by its agent")
 
 
 @pytest.mark.asyncio
@@ -146,15 +146,15 @@ async def test_a_foreground_ask_lends_its_priority_to_the_reviewers_turn():
         async with swarm(slots=1) as s:
             rec = Recorder(s)
             await s.spawn(Background("tests", priority=5))
-            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "tests")
+            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "tests")
             await s.spawn(Reviewer("reviewer"))
             await s.spawn(Asker("pair", FOREGROUND))
-            lent = await rec.until(lambda e: e.event == "priority.inherited")
+            lent = await rec.until(lambda e: isinstance(e, Inherited))
             assert (lent.agent, lent.priority, lent.base_priority, lent.by_agent) == ("reviewer", FOREGROUND, BACKGROUND, "pair")
-            pre = await rec.until(lambda e: e.event == "turn.preempted")
+            pre = await rec.until(lambda e: isinstance(e, Preempted))
             assert (pre.agent, pre.by_agent, pre.by_priority) == ("tests", "reviewer", FOREGROUND)
-            await rec.until(lambda e: e.event == "turn.finished" and e.agent == "reviewer")
-            restored = await rec.until(lambda e: e.event == "priority.restored")
+            await rec.until(lambda e: isinstance(e, Finished) and e.agent == "reviewer")
+            restored = await rec.until(lambda e: isinstance(e, Restored))
             assert (restored.agent, restored.priority) == ("reviewer", BACKGROUND)
 
 
@@ -167,16 +167,16 @@ async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
             for i in range(4):
                 await s.spawn(Background(f"bg{i}"))
             for _ in range(4):
-                await rec.until(lambda e: e.event == "turn.queued")
+                await rec.until(lambda e: isinstance(e, Queued))
             pool = s.owner.scheduler.pool
         assert pool.num_free == pool.num_blocks
     from runtime.events import read_events
 
     events = list(read_events(path))
-    queued = {e.turn for e in events if e.event == "turn.queued"}
-    ends = Counter(e.turn for e in events if e.event in TERMINAL)
+    queued = {e.turn for e in events if isinstance(e, Queued)}
+    ends = Counter(e.turn for e in events if isinstance(e, Ended))
     assert len(queued) == 4 and all(ends[t] == 1 for t in queued)
-    assert events[0].event == "swarm.started" and events[-1].event == "swarm.stopped"
+    assert isinstance(events[0], SwarmStarted) and isinstance(events[-1], SwarmStopped)
 
 
 @pytest.mark.asyncio
@@ -222,17 +222,17 @@ async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
             rec = Recorder(s)
             lock = Lock("workspace")
             await s.spawn(Background("busy", priority=5))
-            await rec.until(lambda e: e.event == "turn.admitted" and e.agent == "busy")
+            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "busy")
             await s.spawn(Holder("docs", lock))
-            await rec.until(lambda e: e.event == "turn.queued" and e.agent == "docs")
+            await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")
             await s.spawn(Waiter("pair", lock))
-            lent = await rec.until(lambda e: e.event == "priority.inherited")
+            lent = await rec.until(lambda e: isinstance(e, Inherited))
             assert (lent.agent, lent.priority, lent.by_agent) == ("docs", FOREGROUND, "pair")
-            pre = await rec.until(lambda e: e.event == "turn.preempted")
+            pre = await rec.until(lambda e: isinstance(e, Preempted))
             assert (pre.agent, pre.by_agent) == ("busy", "docs")
-            restored = await rec.until(lambda e: e.event == "priority.restored")
+            restored = await rec.until(lambda e: isinstance(e, Restored))
             assert restored.agent == "docs"
-            finished = [e for e in rec.events if e.event == "turn.finished" and e.agent == "docs"]
+            finished = [e for e in rec.events if isinstance(e, Finished) and e.agent == "docs"]
             assert finished and finished[0].step <= restored.step
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import Event, read_events
+from runtime.events import Admitted, Preempted, Queued, Resumed, SwappedOut, read_events
 from runtime.priority import FOREGROUND
 from swarm import plot
 from swarm.cli import main
@@ -47,14 +47,14 @@ def test_timeline_runs_never_overlap_within_a_slot(events_file: Path) -> None:
 def test_timeline_matches_the_events(events_file: Path) -> None:
     events = list(read_events(events_file))
     tl = plot.build_timeline(events)
-    by_name = lambda name: [e for e in events if e.event == name]  # noqa: E731
+    by_name = lambda kind: [e for e in events if isinstance(e, kind)]  # noqa: E731
     # one run per admission or resume; one pause per preemption, ending when it resumed
-    assert len(tl.runs) == len(by_name("turn.admitted")) + len(by_name("turn.resumed"))
-    assert sorted((p.turn, p.start) for p in tl.pauses) == sorted((e.turn, e.t) for e in by_name("turn.preempted"))
-    resumed_at = {(e.turn, e.t) for e in by_name("turn.resumed")}
+    assert len(tl.runs) == len(by_name(Admitted)) + len(by_name(Resumed))
+    assert sorted((p.turn, p.start) for p in tl.pauses) == sorted((e.turn, e.t) for e in by_name(Preempted))
+    resumed_at = {(e.turn, e.t) for e in by_name(Resumed)}
     assert all((p.turn, p.end) in resumed_at for p in tl.pauses)
     # foreground waits: exactly the foreground admissions, with the owner's own waited_s
-    fg = [e for e in by_name("turn.admitted") if e.priority >= FOREGROUND]
+    fg = [e for e in by_name(Admitted) if e.priority >= FOREGROUND]
     assert [(w.turn, w.slot, w.waited) for w in tl.waits] == [(e.turn, e.slot, e.waited_s) for e in fg]
     assert all(s.foreground == (s.agent == "pair") for s in tl.runs)
     assert not any(s.open for s in tl.runs + tl.pauses)
@@ -62,13 +62,13 @@ def test_timeline_matches_the_events(events_file: Path) -> None:
 
 def test_turns_still_running_at_the_end_are_drawn_to_the_end() -> None:
     events = [
-        Event(event="turn.queued", t=0.0, step=0, turn=1, agent="a", priority=0, tokens=3),
-        Event(event="turn.admitted", t=0.1, step=1, turn=1, agent="a", priority=0, slot=2, waited_s=0.1),
-        Event(event="turn.queued", t=0.2, step=2, turn=2, agent="b", priority=FOREGROUND, tokens=3),
-        Event(event="turn.preempted", t=0.3, step=3, turn=1, agent="a", priority=0, slot=2, tokens=2,
+        Queued(t=0.0, step=0, turn=1, agent="a", priority=0, tokens=3),
+        Admitted(t=0.1, step=1, turn=1, agent="a", priority=0, slot=2, waited_s=0.1),
+        Queued(t=0.2, step=2, turn=2, agent="b", priority=FOREGROUND, tokens=3),
+        Preempted(t=0.3, step=3, turn=1, agent="a", priority=0, slot=2, tokens=2,
               by_turn=2, by_agent="b", by_priority=FOREGROUND),
-        Event(event="turn.admitted", t=0.3, step=3, turn=2, agent="b", priority=FOREGROUND, slot=2, waited_s=0.1),
-        Event(event="kv.swapped_out", t=0.5, step=5, turn=1, agent="a", priority=0, blocks=2),
+        Admitted(t=0.3, step=3, turn=2, agent="b", priority=FOREGROUND, slot=2, waited_s=0.1),
+        SwappedOut(t=0.5, step=5, turn=1, agent="a", priority=0, blocks=2),
     ]
     tl = plot.build_timeline(events)
     assert tl.slots == 3  # no swarm.started: as many as the highest slot seen

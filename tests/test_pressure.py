@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from kv_engine import KVEngine, reference_output
-from runtime.events import TERMINAL, Event
+from runtime.events import Ended, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
 from runtime.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
@@ -64,8 +64,8 @@ async def test_memory_pressure_loses_nothing_under_any_policy(policy: str, swap_
     for name, got in results.items():
         i = int(name[2:])
         assert got == reference_output(prompt_for(i), 14), f"{policy}: {name} got {got!r}"
-    ends = [e for e in events if e.event in TERMINAL]
-    assert len(ends) == 28 and {e.event for e in ends} == {"turn.finished"}
+    ends = [e for e in events if isinstance(e, Ended)]
+    assert len(ends) == 28 and {type(e) for e in ends} == {Finished}
     assert not engine.host  # no host copy left behind
 
 
@@ -78,14 +78,14 @@ async def test_a_failed_kv_move_is_not_reported_as_made_and_its_turn_recomputes(
     with anyio.fail_after(60):
         results, events = await pressure_run("swap", engine)
     assert len(engine.failed) == 2
-    named = lambda name: [e for e in events if e.event == name]  # noqa: E731
+    named = lambda kind: [e for e in events if isinstance(e, kind)]  # noqa: E731
     # The log says exactly the moves that happened.
-    assert len(named("kv.swapped_out")) == engine.done["swap_out"]
-    assert len(named("kv.swapped_in")) == engine.done["swap_in"]
+    assert len(named(SwappedOut)) == engine.done["swap_out"]
+    assert len(named(SwappedIn)) == engine.done["swap_in"]
     for name, got in results.items():
         assert got == reference_output(prompt_for(int(name[2:])), 14), f"{name} got {got!r}"
-    assert {e.event for e in events if e.event in TERMINAL} == {"turn.finished"}
-    assert named("kv.recomputed") and not engine.host
+    assert {type(e) for e in events if isinstance(e, Ended)} == {Finished}
+    assert named(Recomputed) and not engine.host
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,6 @@ async def test_greedy_outputs_under_pressure_equal_those_without_on_the_opencl_e
     engine = OpenCLEngine(tiny_model, num_blocks=16, block_size=16)  # 8 slots want ~20
     with anyio.fail_after(240):
         results, events = await pressure_run(policy, engine, bg=16, fg=12)
-    assert any(e.event == "turn.preempted" and e.reason == "memory" for e in events) or any(e.event.startswith("kv.") for e in events)
+    assert any(isinstance(e, Preempted) and e.reason == "memory" for e in events) or any(isinstance(e, (SwappedOut, SwappedIn, Recomputed)) for e in events)
     assert results == unpressed
     assert not engine.kv.swapped_turns()

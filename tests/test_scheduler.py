@@ -6,7 +6,7 @@ import pytest
 
 from runtime.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import TERMINAL, Event
+from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted, Recomputed, Resumed, SwappedIn, SwappedOut, decode
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
@@ -40,8 +40,8 @@ class Rig:
         self.sched.postprocess(plan, [token if w.sample else None for w in plan.works], self.now)
         return plan
 
-    def named(self, name):
-        return [e for e in self.events if e.event == name]
+    def named(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
 
 
 def test_fills_free_slots_in_priority_order():
@@ -70,7 +70,7 @@ def test_non_preemptive_policies_let_the_foreground_wait(policy):
         rig.step()
         assert high.slot is None or low.done
     rig.step()
-    assert high.slot == 0 and not rig.named("turn.preempted")
+    assert high.slot == 0 and not rig.named(Preempted)
 
 
 def test_resident_preempts_at_the_next_boundary_and_keeps_kv():
@@ -82,15 +82,15 @@ def test_resident_preempts_at_the_next_boundary_and_keeps_kv():
     high = rig.submit("pair", FOREGROUND, max_tokens=3)
     rig.step()
     assert high.slot == 0 and low.slot is None
-    (pre,) = rig.named("turn.preempted")
+    (pre,) = rig.named(Preempted)
     assert (pre.turn, pre.by_turn, pre.by_agent, pre.by_priority) == (low.id, high.id, "pair", FOREGROUND)
     assert low.blocks == blocks and low.computed == computed and low.kv is KV.RESIDENT
     while not high.done:
         rig.step()
     rig.step()
-    (res,) = rig.named("turn.resumed")
+    (res,) = rig.named(Resumed)
     assert res.turn == low.id and res.paused_s > 0 and low.blocks[: len(blocks)] == blocks
-    assert not rig.named("kv.recomputed") and not rig.swaps
+    assert not rig.named(Recomputed) and not rig.swaps
 
 
 def test_swap_moves_the_victims_kv_out_and_back():
@@ -108,7 +108,7 @@ def test_swap_moves_the_victims_kv_out_and_back():
     kinds = [op[0] for op in rig.swaps]
     assert kinds == ["out", "in"]
     assert rig.swaps[0][1] == low.id and rig.swaps[0][3] == computed
-    assert rig.named("kv.swapped_out") and rig.named("kv.swapped_in")
+    assert rig.named(SwappedOut) and rig.named(SwappedIn)
 
 
 def test_recompute_drops_the_kv_and_reprefills_everything():
@@ -125,7 +125,7 @@ def test_recompute_drops_the_kv_and_reprefills_everything():
     plan = rig.step()
     (work,) = plan.works
     assert work.turn == low.id and work.start == 0 and len(work.tokens) == length and work.sample
-    assert rig.named("kv.recomputed")[0].tokens == length
+    assert rig.named(Recomputed)[0].tokens == length
 
 
 def test_equal_priorities_never_preempt():
@@ -135,7 +135,7 @@ def test_equal_priorities_never_preempt():
     rig.submit("b", BACKGROUND)
     for _ in range(10):
         rig.step()
-    assert first.slot == 0 and not rig.named("turn.preempted")
+    assert first.slot == 0 and not rig.named(Preempted)
 
 
 def test_victim_is_lowest_priority_then_latest_admitted():
@@ -175,9 +175,9 @@ def test_eos_length_and_cancel_end_each_turn_once():
     rig.sched.cancel(c.id, rig.now)
     rig.step()
     rig.step(token=EOS)
-    ends = {e.turn: (e.event, e.reason) for e in rig.events if e.event in TERMINAL}
-    assert ends == {a.id: ("turn.finished", "length"), b.id: ("turn.finished", "eos"), c.id: ("turn.cancelled", "cancelled")}
-    assert len([e for e in rig.events if e.event in TERMINAL]) == 3
+    ends = {e.turn: (type(e), e.reason) for e in rig.events if isinstance(e, Ended)}
+    assert ends == {a.id: (Finished, "length"), b.id: (Finished, "eos"), c.id: (Cancelled, "cancelled")}
+    assert len([e for e in rig.events if isinstance(e, Ended)]) == 3
     assert rig.sched.pool.num_free == rig.sched.pool.num_blocks
 
 
@@ -185,8 +185,8 @@ def test_unrunnable_turns_fail_at_once_with_a_reason():
     rig = Rig(blocks=4, block_size=4)
     empty = rig.submit("a", 0, prompt=0)
     huge = rig.submit("a", 0, prompt=10, max_tokens=100)
-    assert empty.done == "turn.failed" and empty.reason == "empty prompt"
-    assert huge.done == "turn.failed" and "KV blocks" in huge.reason
+    assert isinstance(empty.ended, Failed) and empty.ended.reason == "empty prompt"
+    assert isinstance(huge.ended, Failed) and "KV blocks" in huge.ended.reason
 
 
 def test_inherited_priority_preempts_and_is_restored():
@@ -224,7 +224,7 @@ def test_aging_never_preempts_the_foreground():
     bg = rig.submit("docs", BACKGROUND)
     for _ in range(200):
         rig.step()
-    assert fg.slot == 0 and bg.slot is None and not rig.named("turn.preempted")
+    assert fg.slot == 0 and bg.slot is None and not rig.named(Preempted)
 
 
 def test_memory_pressure_swaps_then_drops_paused_turns_never_errors():
@@ -239,8 +239,8 @@ def test_memory_pressure_swaps_then_drops_paused_turns_never_errors():
         rig.step()
         used = sum(len(t.blocks) for t in rig.sched.turns.values())
         assert used + rig.sched.pool.num_free == 6
-    assert all(t.done == "turn.finished" for t in turns)
-    assert rig.named("kv.swapped_out") and rig.named("kv.swapped_in") and rig.named("kv.recomputed")
+    assert all(isinstance(t.ended, Finished) for t in turns)
+    assert rig.named(SwappedOut) and rig.named(SwappedIn) and rig.named(Recomputed)
     assert rig.sched.pool.num_free == 6 and rig.sched.swapped_blocks == 0
 
 
@@ -266,6 +266,6 @@ def test_fast_forward_equals_single_steps():
                 turns.append(sched.submit("fg", FOREGROUND, [1] * 3, 9, now, ignore_eos=True))
             plan = sched.schedule(now, steps=k if sched.step >= 20 or sched.step + k <= 20 else 20 - sched.step)
             sched.postprocess(plan, engine.step(plan.works), (sched.step + plan.steps) * STEP)
-        return [(e.event, e.turn, e.step, e.slot) for e in events], [len(t.output) for t in turns]
+        return [(type(e), e.turn, e.step, e.slot) for e in events], [len(t.output) for t in turns]
 
     assert run(1) == run(1000)

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost, step_features
-from runtime.events import TERMINAL, Event
+from runtime.events import Ended, Event, Preempted
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.turns import Policy, SchedulerConfig
@@ -120,7 +120,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def each_ended_turn_has_exactly_one_terminal_event(self):
-        ends = Counter(e.turn for e in self.events if e.event in TERMINAL)
+        ends = Counter(e.turn for e in self.events if isinstance(e, Ended))
         assert all(n == 1 for n in ends.values())
         for turn in self.submitted:
             assert ends[turn.id] == (1 if turn.done else 0)
@@ -129,7 +129,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def equals_never_preempt(self):
         for e in self.events:
-            if e.event == "turn.preempted" and e.by_turn is not None:
+            if isinstance(e, Preempted) and e.by_turn is not None:
                 assert e.by_priority > e.priority
 
     @invariant()

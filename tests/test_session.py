@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import TERMINAL, read_events
+from runtime.events import AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
 from swarm.cli import main
 from swarm.runner import SessionRunner
 from swarm.session import find_line, load_session, parse_session
@@ -180,11 +180,11 @@ async def test_a_crashing_agent_is_reported_its_turn_ended_and_the_session_goes_
     with anyio.fail_after(120):
         await runner.run()
     events = list(read_events(runner.events_path))
-    (crash,) = [e for e in events if e.event == "agent.crashed"]
+    (crash,) = [e for e in events if isinstance(e, AgentCrashed)]
     assert crash.agent == "crashy" and "crashy gives up" in crash.reason
-    ends = [e for e in events if e.event in TERMINAL and e.agent == "crashy"]
-    assert [e.event for e in ends] == ["turn.cancelled"]
-    after = [e for e in events if e.event == "turn.finished" and e.agent == "pair" and e.t > crash.t]
+    ends = [e for e in events if isinstance(e, Ended) and e.agent == "crashy"]
+    assert [type(e) for e in ends] == [Cancelled]
+    after = [e for e in events if isinstance(e, Finished) and e.agent == "pair" and e.t > crash.t]
     assert after, "the session went on after the crash"
     assert sum(1 for line in said if line.startswith("pair>")) == 2  # stopped when the script was done
     summary = summarize(events, runner.agents)
@@ -222,10 +222,10 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
     assert "events:" in out and "swarm tail" in out and "time to first token" in out
     (run_dir,) = (tmp_path / "swarm-out").iterdir()
     events = list(read_events(run_dir / "events.jsonl"))
-    assert events[0].event == "swarm.started" and events[-1].event == "swarm.stopped"
-    queued = {e.turn for e in events if e.event == "turn.queued"}
-    assert Counter(e.turn for e in events if e.event in TERMINAL) == Counter(queued)
-    assert [e.agent for e in events if e.event == "priority.inherited"] == ["reviewer"]
+    assert isinstance(events[0], SwarmStarted) and isinstance(events[-1], SwarmStopped)
+    queued = {e.turn for e in events if isinstance(e, Queued)}
+    assert Counter(e.turn for e in events if isinstance(e, Ended)) == Counter(queued)
+    assert [e.agent for e in events if isinstance(e, Inherited)] == ["reviewer"]
     assert "never sent" not in out  # turns = 2 stopped the script
     assert tree_hash(workspace) == before
     assert any((run_dir / "reviewer").rglob("*.md"))

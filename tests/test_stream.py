@@ -15,12 +15,13 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from runtime.errors import ConfigError
-from runtime.events import Dropped, Event, EventBus
+from runtime.bus import EventBus
+from runtime.events import Dropped, Event, Queued, SwarmStarted, SwarmStopped, decode
 from runtime.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
 from swarm import tail
 from fake_session import Clock, emit_session
 
-STARTED = Event(event="swarm.started", t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
+STARTED = SwarmStarted(t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> N
         bus.emit(STARTED)
         stuck = await attach(bus, sock_path)
         for i in range(flood):
-            bus.emit(Event(event="turn.queued", t=i * 1e-3, step=i, turn=i, agent="a", priority=0, tokens=7))
+            bus.emit(Queued(t=i * 1e-3, step=i, turn=i, agent="a", priority=0, tokens=7))
             if i % 50 == 0:
                 await anyio.sleep(0)  # let the server write until the socket is full
         # The bus never waited on the viewer: all of it was emitted. Now the
@@ -121,15 +122,15 @@ async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> N
                 if isinstance(item, Dropped):
                     dropped += item.count
                 else:
-                    assert item.event == "turn.queued"
+                    assert isinstance(item, Queued)
                     events += 1
         assert dropped > 0 and events + dropped == flood
         # and it is live again: a new event arrives
-        bus.emit(Event(event="swarm.stopped", t=99.0, step=flood))
-        assert (await stuck.read()).event == "swarm.stopped"
+        bus.emit(SwarmStopped(t=99.0, step=flood))
+        assert isinstance((await stuck.read()), SwarmStopped)
         await stuck.stream.aclose()
         tg.cancel_scope.cancel()
-    assert bus.counts["turn.queued"] == flood
+    assert bus.counts[Queued] == flood
 
 
 @pytest.mark.asyncio
@@ -143,7 +144,7 @@ async def test_a_stuck_viewer_does_not_hold_up_the_swarm_stopping(sock_path: Pat
             bus.emit(STARTED)
             stuck = await attach(bus, sock_path)
             for i in range(20_000):
-                bus.emit(Event(event="turn.queued", t=0.0, step=i, turn=i, agent="a"))
+                bus.emit(Queued(t=0.0, step=i, turn=i, agent="a", priority=0, tokens=7))
                 if i % 50 == 0:
                     await anyio.sleep(0)
             bus.close()  # serve_events returns by itself, which lets the group exit
@@ -166,13 +167,13 @@ async def test_viewers_coming_and_going_do_not_disturb_the_others(sock_path: Pat
             await chatty.stream.send(b"hello?\n" * 1000)
             leaver = await attach(bus, sock_path)
             for i in range(100):
-                bus.emit(Event(event="turn.queued", t=float(i), step=round_ * 100 + i, turn=i, agent="a"))
+                bus.emit(Queued(t=float(i), step=round_ * 100 + i, turn=i, agent="a", priority=0, tokens=7))
             await leaver.stream.aclose()  # unread events pending: the server's write fails
             await chatty.stream.aclose()
             await anyio.sleep(0)
-        bus.emit(Event(event="swarm.stopped", t=999.0, step=999))
+        bus.emit(SwarmStopped(t=999.0, step=999))
         items = []
-        while not items or items[-1].event != "swarm.stopped":
+        while not items or not isinstance(items[-1], SwarmStopped):
             items.append(await steady.read())
         assert [e.step for e in items[:-1]] == list(range(500))
         # the server still accepts viewers
@@ -192,11 +193,11 @@ async def test_a_late_viewer_learns_how_the_swarm_started(sock_path: Path) -> No
     async with anyio.create_task_group() as tg:
         await tg.start(serve_events, bus, sock_path)
         for i in range(3):
-            bus.emit(Event(event="turn.queued", t=float(i), step=i, turn=i, agent="a"))
+            bus.emit(Queued(t=float(i), step=i, turn=i, agent="a", priority=0, tokens=7))
         viewer = await Viewer.connect(sock_path)
         assert await viewer.read() == STARTED  # replayed, though emitted before it connected
-        bus.emit(Event(event="swarm.stopped", t=9.0, step=9))
-        assert (await viewer.read()).event == "swarm.stopped"
+        bus.emit(SwarmStopped(t=9.0, step=9))
+        assert isinstance((await viewer.read()), SwarmStopped)
         await viewer.stream.aclose()
         tg.cancel_scope.cancel()
 
@@ -225,7 +226,7 @@ async def test_tail_follows_the_newest_live_swarm(sock_path: Path, monkeypatch) 
         async def emit_when_connected() -> None:
             await connected.wait()
             for i in range(10):
-                bus.emit(Event(event="turn.queued", t=float(i), step=i, turn=i, agent="a"))
+                bus.emit(Queued(t=float(i), step=i, turn=i, agent="a", priority=0, tokens=7))
             bus.close()
 
         tg.start_soon(emit_when_connected)

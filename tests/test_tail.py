@@ -20,7 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.errors import ConfigError
-from runtime.events import Dropped, Event, EventBus, read_events
+from runtime.bus import EventBus
+from runtime.events import (
+    Admitted, Dropped, Event, Finished, Preempted, Queued, Resumed, SwappedIn, SwarmStarted, SwarmStopped, TurnEvent, Unrecognized, encode, read_events,
+)
 from fake_session import Clock
 from swarm import tail
 from swarm.cli import main
@@ -29,9 +32,9 @@ from swarm.cli import main
 
 def test_session_is_coherent(events_file: Path) -> None:
     # The generator itself: every kind the plot and tail care about occurs.
-    names = {e.event for e in read_events(events_file)}
-    assert {"turn.queued", "turn.admitted", "turn.preempted", "turn.resumed", "turn.finished"} <= names
-    assert {e.slot for e in read_events(events_file) if e.slot is not None} == {0, 1, 2, 3}
+    kinds = {type(e) for e in read_events(events_file)}
+    assert {Queued, Admitted, Preempted, Resumed, Finished} <= kinds
+    assert {e.slot for e in read_events(events_file) if isinstance(e, TurnEvent) and e.slot is not None} == {0, 1, 2, 3}
 
 
 # ---------------------------------------------------------------- reading and filtering
@@ -59,7 +62,7 @@ def test_json_keeps_fields_this_version_does_not_know(tmp_path: Path, capfdbinar
 def test_agent_filter_keeps_events_of_and_by_the_agent(events_file: Path, capfdbinary) -> None:
     assert main(["tail", str(events_file), "--json", "--agent", "pair"]) == 0
     shown = [msgspec.json.decode(line) for line in capfdbinary.readouterr().out.splitlines()]
-    expected = [e for e in read_events(events_file) if "pair" in (e.agent, e.by_agent)]
+    expected = [e for e in read_events(events_file) if "pair" in (getattr(e, "agent", None), getattr(e, "by_agent", None))]
     assert len(shown) == len(expected) > 0
     assert all("pair" in (d.get("agent"), d.get("by_agent")) for d in shown)
     # preemptions of other agents' turns caused by pair are included
@@ -85,9 +88,9 @@ def test_event_filter_accepts_prefixes_and_globs(events_file: Path, patterns, wa
 
 def test_filters_combine_and_always_keep_dropped_notices() -> None:
     keep = tail.make_filter(agents=["docs"], events=["turn.finished"])
-    assert keep(Event(event="turn.finished", t=0, step=0, turn=1, agent="docs"))
-    assert not keep(Event(event="turn.finished", t=0, step=0, turn=2, agent="tests"))
-    assert not keep(Event(event="turn.queued", t=0, step=0, turn=1, agent="docs"))
+    assert keep(Finished(t=0, step=0, turn=1, agent="docs", priority=0, tokens=1, reason="eos"))
+    assert not keep(Finished(t=0, step=0, turn=2, agent="tests", priority=0, tokens=1, reason="eos"))
+    assert not keep(Queued(t=0, step=0, turn=1, agent="docs", priority=0, tokens=1))
     assert keep(Dropped(3))
 
 
@@ -95,7 +98,7 @@ def test_pretty_output_has_a_phrase_for_each_event(events_file: Path, capsys) ->
     assert main(["tail", str(events_file)]) == 0
     out = capsys.readouterr().out
     assert len(out.splitlines()) == len(list(read_events(events_file)))
-    preempted = next(e for e in read_events(events_file) if e.event == "turn.preempted")
+    preempted = next(e for e in read_events(events_file) if isinstance(e, Preempted))
     assert (
         f"turn {preempted.turn} ({preempted.agent}) paused at token {preempted.tokens}, slot {preempted.slot} "
         f"given to turn {preempted.by_turn} ({preempted.by_agent}, prio {preempted.by_priority})"
@@ -105,7 +108,7 @@ def test_pretty_output_has_a_phrase_for_each_event(events_file: Path, capsys) ->
 
 
 def test_describe_shows_unknown_events_plainly() -> None:
-    text = tail.describe(Event(event="slot.defragmented", t=0, step=1, slot=2, blocks=5))
+    text = tail.describe(Unrecognized("slot.defragmented", 0, 1, {"slot": 2, "blocks": 5}))
     assert text == "slot=2 blocks=5"
 
 
@@ -142,9 +145,9 @@ def test_follow_picks_up_appended_lines_and_waits_for_partial_ones(tmp_path: Pat
     clock = Clock()
     bus = EventBus(clock=clock)
     path = bus.log_to_file(tmp_path / "live.jsonl")
-    bus.emit(Event(event="swarm.started", t=0.0, step=0, slots=4))
-    later = Event(event="turn.queued", t=0.5, step=9, turn=1, agent="a", priority=0, tokens=3)
-    last = Event(event="swarm.stopped", t=0.9, step=12)
+    bus.emit(SwarmStarted(t=0.0, step=0, slots=4))
+    later = Queued(t=0.5, step=9, turn=1, agent="a", priority=0, tokens=3)
+    last = SwarmStopped(t=0.9, step=12)
 
     # Called at each end of file: the "swarm" writes more between reads.
     appends = [
@@ -161,7 +164,7 @@ def test_follow_picks_up_appended_lines_and_waits_for_partial_ones(tmp_path: Pat
 
     seen = [item for _, item in tail.read_file(path, follow=True, wait=wait)]
     bus.close()
-    assert seen == [Event(event="swarm.started", t=0.0, step=0, slots=4), later, last]
+    assert seen == [SwarmStarted(t=0.0, step=0, slots=4), later, last]
 
 
 def halves(event: Event) -> tuple[bytes, bytes]:
@@ -206,24 +209,27 @@ def test_source_kinds(events_file: Path, tmp_path: Path) -> None:
         tail.resolve_source(tmp_path)
 
 
-# Events as the schema allows them: any name, optional fields set or not.
-events_strategy = st.builds(
-    Event,
-    event=st.sampled_from(["turn.queued", "turn.admitted", "turn.preempted", "kv.swapped_in", "x.new"]),
-    t=st.floats(0, 1e6, allow_nan=False),
-    step=st.integers(0, 2**40),
-    turn=st.none() | st.integers(0, 10**6),
-    agent=st.none() | st.text(min_size=1, max_size=12),
-    priority=st.none() | st.integers(-100, 100),
-    slot=st.none() | st.integers(0, 255),
-    reason=st.none() | st.text(max_size=20),
+# Events as the schema allows them: known kinds with their optional fields set
+# or not, and kinds newer than this version.
+_t = st.floats(0, 1e6, allow_nan=False)
+_step = st.integers(0, 2**40)
+_turn = dict(t=_t, step=_step, turn=st.integers(0, 10**6), agent=st.text(min_size=1, max_size=12),
+             priority=st.integers(-100, 100), slot=st.none() | st.integers(0, 255))
+events_strategy = st.one_of(
+    st.builds(Queued, **_turn, tokens=st.integers(0, 4096)),
+    st.builds(Admitted, **_turn, waited_s=st.none() | _t),
+    st.builds(Preempted, **_turn, tokens=st.integers(0, 4096), by_agent=st.none() | st.text(max_size=12),
+              reason=st.none() | st.text(max_size=20)),
+    st.builds(SwappedIn, **_turn, blocks=st.integers(0, 100)),
+    st.builds(Unrecognized, st.just("x.new"), _t, _step,
+              st.dictionaries(st.sampled_from(["slot", "reason"]), st.integers(0, 255) | st.text(max_size=20))),
 )
 
 
 @settings(max_examples=60, deadline=None)
 @given(events=st.lists(events_strategy, min_size=1, max_size=12), cuts=st.lists(st.integers(0, 10_000), max_size=8))
 def test_follow_reassembles_lines_however_the_writer_splits_them(events: list[Event], cuts: list[int]) -> None:
-    data = b"".join(msgspec.json.encode(e) + b"\n" for e in events)
+    data = b"".join(encode(e) + b"\n" for e in events)
     bounds = sorted({c % len(data) for c in cuts} | {0, len(data)})
     chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
     with tempfile.TemporaryDirectory() as tmp:
