@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,10 +56,16 @@ class Device:
     def build(self, source: str, options: list[str] | None = None) -> cl.Program:
         """Compile `source`; a failure raises DeviceError carrying the build log."""
         _enable_binary_cache()
-        try:
-            return cl.Program(self.context, source).build(options=options or [])
-        except cl.Error as exc:
-            raise DeviceError(f"OpenCL kernel build failed on {self.name}:\n{exc}") from exc
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", cl.CompilerWarning)
+            try:
+                program = cl.Program(self.context, source).build(options=options or [])
+            except cl.Error as exc:
+                raise DeviceError(f"OpenCL kernel build failed on {self.name}:\n{exc}") from exc
+        for w in caught:
+            if not _only_bogus(str(w.message)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return program
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
         """Measured device-to-device copy rate in bytes/s (read + write counted)."""
@@ -76,9 +83,25 @@ class Device:
         return 2 * nbytes / best
 
 
+# NVIDIA drivers since 550 print this for every kernel, whatever its source says
+# (openwall/john#5456, silx-kit/pyFAI#2368); it is not about our code. Any other
+# build message is passed on as the CompilerWarning it is.
+_NVIDIA_NOISE = ("is a kernel, so overriding noinline attribute", "The function may be inlined when called")
+
+
+def _only_bogus(message: str) -> bool:
+    """Whether a build log holds nothing but NVIDIA's noinline notice."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    log = [line for line in lines if not line.endswith(":") and set(line) != {"="}]
+    return bool(log) and all(any(n in line for n in _NVIDIA_NOISE) for line in log)
+
+
 def _enable_binary_cache() -> None:
     # pyopencl caches compiled binaries unless told not to; make sure nobody did.
     os.environ.pop("PYOPENCL_NO_CACHE", None)
+    # Put the compiler's log itself in a CompilerWarning (not "non-empty output
+    # encountered"), so build() can tell NVIDIA's notice from a real warning.
+    os.environ["PYOPENCL_COMPILER_OUTPUT"] = "1"
 
 
 def list_devices() -> list[tuple[int, int, cl.Platform, cl.Device]]:
