@@ -6,61 +6,66 @@ step whatever the batch holds. Per layer (x is the residual stream, [T, d]):
 
     xn  = rmsnorm(x) * attn_norm
     qkv = xn @ [Wq | Wk | Wv]^T                    one matmul for all three
-    q, k = rope(q, k); K/V cache[pos] = k, v       through each turn's block table
-    x  += attention(q, K, V) @ Wo^T                causal, grouped-query; residual fused
+    q, k = rope(q, k); K/V cache[pos] = k, v       f16, through each turn's block table
+    x  += attention(q, K, V) @ Wo^T                causal, grouped-query
     xn  = rmsnorm(x) * ffn_norm
     h   = silu(xn @ Wgate^T) * (xn @ Wup^T)        one fused kernel
-    x  += h @ Wdown^T                              residual fused
+    x  += h @ Wdown^T
 
-then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T.
+then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T, and
+for greedy items the argmax, on the device.
 
-That is five kernel launches per layer (kernels/matmul.cl fuses each norm, RoPE
-and the K/V store, SwiGLU and the residual adds into the matmuls), all bound to
-their buffers once at start-up. The whole step is enqueued without a host sync;
-the logits are the one read-back.
+The kernels come in two families shaped for a CPU or a GPU (gpu/families.py),
+chosen per device or forced with `kernels=`; both fuse the norms, RoPE, the K/V
+store, SwiGLU and the residual adds into the matmuls. Every launch is bound to
+its buffers once at start-up and a step is enqueued without a host sync; what a
+step reads back is the sampled token ids, plus the logits rows of the items
+that sample at a temperature.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
+from gpu.families import make_family
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
 from gpu.sampling import sample_batch
 from gpu.tokenizer import Tokenizer
-from gpu.weights import DeviceMatrix, upload_weights
-from kernels import source
+from gpu.weights import upload_weights
 from runtime.cost import StepCost
 from runtime.engine import Work
 from runtime.errors import ConfigError, UnsupportedModelError
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
-WG = 16  # work-group size of the matmul kernels (each work-item owns two rows)
-
-
-def _tile(ncols: int) -> int:
-    """The matmul kernel variant: how many batch columns one weight read serves."""
-    return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8
 
 
 class OpenCLEngine:
-    """Implements `runtime.engine.Engine` on an OpenCL device."""
+    """Implements `runtime.engine.Engine` on an OpenCL device.
+
+    kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
+    profile: time every launch with OpenCL profiling events (`last_profile`).
+    """
 
     def __init__(
         self,
         model: str | Model,
         *,
         device: str | Device | None = None,
+        kernels: str | None = None,
         block_size: int = 16,
         num_blocks: int | None = None,
         kv_fraction: float = 0.25,
         max_batch_tokens: int = 256,
+        profile: bool = False,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         cfg = self.config = self.model.config
@@ -71,22 +76,35 @@ class OpenCLEngine:
                 f"{self.model.path}: the kernels need head_dim % 16 == 0, d_model and d_ff % 32 == 0 "
                 f"and n_heads a multiple of n_kv_heads (got {cfg})"
             )
-        self.device = device if isinstance(device, Device) else select_device(device)
-        self.device_name = self.device.name
+        device = device if isinstance(device, Device) else select_device(device)
+        if profile:
+            props = cl.command_queue_properties.PROFILING_ENABLE
+            device = dataclasses.replace(device, queue=cl.CommandQueue(device.context, device.device, properties=props))
+        self.device = device
+        self.device_name = device.name
+        self.family = make_family(kernels, device)
+        self.family.check(self)
+        self.profile = profile
+        self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
         self.block_size = block_size
         self.num_blocks = num_blocks or choose_num_blocks(self.device, cfg, block_size, kv_fraction)
         self.max_batch_tokens = max_batch_tokens
+        self.max_blocks = -(-cfg.context_length // block_size)  # block table width
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
         self.weights = upload_weights(self.device.context, self.model)
-        self._build()
         self._allocate(max_batch_tokens)
-        self._bind()
+        self.launches = self.family.bind(self, self._build())
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device
         self.calibrated = False
 
+    @property
+    def kernels(self) -> str:
+        """The kernel family in use: "cpu" or "gpu"."""
+        return self.family.name
+
     # ------------------------------------------------------------------ setup
 
-    def _build(self) -> None:
+    def _build(self) -> cl.Program:
         cfg = self.config
         options = [
             f"-DHEAD_DIM={cfg.head_dim}",
@@ -94,57 +112,34 @@ class OpenCLEngine:
             f"-DN_KV_HEADS={cfg.n_kv_heads}",
             f"-DN_LAYERS={cfg.n_layers}",
             f"-DBLOCK_SIZE={self.block_size}",
-            f"-DWG={WG}",
-            f"-DMAX_COLS={self.max_batch_tokens}",
         ]
-        text = "\n".join(source(name) for name in ("quant", "layers", "matmul"))
-        self._program = self.device.build(text, options)
+        while True:
+            program = self.device.build(self.family.source(), options + self.family.options(self))
+            if self.family.name == "cpu" or self.family.fit(program, self.device) or self.family.wg <= 16:
+                return program
+            self.family.wg //= 2  # some kernel needs more registers than a full work-group has
 
     def _allocate(self, t: int) -> None:
         """Buffers for a step of up to `t` tokens, made once."""
         cfg, ctx = self.config, self.device.context
         f = lambda n: cl.Buffer(ctx, RW, 4 * n)  # noqa: E731
+        const = lambda a: cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        self._x = f(t * cfg.d_model)
-        self._qkv, self._att = f(t * qkv_dim), f(t * cfg.n_heads * cfg.head_dim)
-        self._h = f(t * cfg.d_ff)
-        self._tokens, self._pos, self._seq, self._sample_rows = f(t), f(t), f(t), f(t)
-        self._all_rows = cl.Buffer(
-            ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.arange(t, dtype=i32)
-        )
         inv_freq = cfg.rope_base ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
-        self._inv_freq = cl.Buffer(
-            ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=inv_freq.astype(np.float32)
-        )
         ones = np.ones(max(cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim), np.float32)
-        self._ones = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=ones)
-        self._max_blocks = -(-cfg.context_length // self.block_size)  # block table width
-        self._tables = f(t * self._max_blocks)
-        self._logits = f(t * cfg.vocab_size)
-
-    def _bind(self) -> None:
-        """Every launch of a step with its arguments set once (pyopencl's per-call
-        argument setting cost more host time than the kernels took at batch 1)."""
-        cfg, W = self.config, self.weights
-        width, eps = i32(self._max_blocks), np.float32(cfg.norm_eps)
-        self._embed = _Grid(self._program, f"embed_{W.embed.kind}", cfg.d_model // 32,
-                            W.embed.qs, W.embed.dm, self._tokens, self._x, i32(cfg.d_model))  # fmt: skip
-
-        def matmul(op, w, g, x, xrows, y, *extra):
-            return _Matmul(self._program, op, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
-
-        self._layers = []
-        for layer, L in enumerate(W.layers):
-            kv = (self._pos, self._seq, self._tables, width, self._inv_freq, self.kv.k, self.kv.v, i32(layer))
-            self._layers += [
-                matmul("qkv", L.qkv, L.attn_norm, self._x, self._all_rows, self._qkv, *kv),
-                _Grid(self._program, "attention", cfg.n_heads, self._qkv, self._pos, self._seq, self._tables, width,
-                      self.kv.k, self.kv.v, self._att, i32(layer)),  # fmt: skip
-                matmul("matmul", L.out, self._ones, self._att, self._all_rows, self._x, i32(0), i32(1)),
-                matmul("swiglu", L.gate_up, L.ffn_norm, self._x, self._all_rows, self._h),
-                matmul("matmul", L.down, self._ones, self._h, self._all_rows, self._x, i32(0), i32(1)),
-            ]
-        self._head = matmul("matmul", W.output, W.output_norm, self._x, self._sample_rows, self._logits, i32(1), i32(0))
+        self.buffers = SimpleNamespace(
+            x=f(t * cfg.d_model),
+            qkv=f(t * qkv_dim),
+            att=f(t * cfg.n_heads * cfg.head_dim),  # attention output (cpu family)
+            parts=f(cfg.n_kv_heads * t * cfg.d_model),  # per-KV-head output projections (gpu family)
+            h=f(t * cfg.d_ff),
+            tokens=f(t), pos=f(t), seq=f(t), sample_rows=f(t), ids=f(t),
+            all_rows=const(np.arange(t, dtype=i32)),
+            inv_freq=const(inv_freq.astype(np.float32)),
+            ones=const(ones),
+            tables=f(t * self.max_blocks),
+            logits=f(t * cfg.vocab_size),
+        )  # fmt: skip
 
     # --------------------------------------------------------------- protocol
 
@@ -166,14 +161,16 @@ class OpenCLEngine:
         self.calibrated = True
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
-        logits = self.step_logits(batch)
+        self._check(batch)
         sampled = [w for w in batch if w.sample]
-        tokens = iter(
-            sample_batch(logits, [w.sampling for w in sampled], [w.start + len(w.tokens) for w in sampled])
-            if sampled
-            else []
-        )
-        return [int(next(tokens)) if w.sample else None for w in batch]
+        hot = np.array([not w.sampling.greedy for w in sampled], dtype=bool)
+        ids, logits = self._run(batch, hot)
+        if hot.any():  # only the rows of the items that sample at a temperature came back
+            chosen = [w for w, h in zip(sampled, hot) if h]
+            drawn = sample_batch(logits, [w.sampling for w in chosen], [w.start + len(w.tokens) for w in chosen])
+            ids[hot] = drawn
+        tokens = iter(ids.tolist())
+        return [next(tokens) if w.sample else None for w in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         self.kv.swap_out(turn, blocks, length)
@@ -190,10 +187,16 @@ class OpenCLEngine:
         """Run a step; the logits (n_sampled, vocab) at the last position of each
         item with `sample` set, in batch order. Writes K/V like `step`."""
         self._check(batch)
+        n = sum(w.sample for w in batch)
+        return self._run(batch, np.ones(n, dtype=bool))[1]
+
+    def _run(self, batch: Sequence[Work], want_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Enqueue the step; (greedy token ids of the sampled items, the logits rows
+        of the sampled items where want_logits is set)."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
-        tables = np.zeros((len(batch), self._max_blocks), dtype=i32)
+        tables = np.zeros((len(batch), self.max_blocks), dtype=i32)
         for s, w in enumerate(batch):
             need = -(-(w.start + len(w.tokens)) // self.block_size)
             tables[s, :need] = w.block_table[:need]
@@ -202,18 +205,20 @@ class OpenCLEngine:
 
         # A step longer than the buffers runs as consecutive sub-steps; that is
         # exact, since a later sub-step sees the K/V the earlier ones stored.
-        out = []
+        self.last_profile = []
+        ids, logits = [], []
         m = self.max_batch_tokens
         for c0 in range(0, len(tokens), m):
             c1 = min(c0 + m, len(tokens))
-            rows = sample_at[(sample_at >= c0) & (sample_at < c1)] - c0
+            here = (sample_at >= c0) & (sample_at < c1)
             turns, local_seq = np.unique(seq[c0:c1], return_inverse=True)
-            logits = self._forward(tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], rows.astype(i32))
-            if logits is not None:
-                out.append(logits)
-        if not out:
-            return np.zeros((0, self.config.vocab_size), np.float32)
-        return np.concatenate(out)
+            got = self._forward(
+                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here]
+            )
+            ids.append(got[0])
+            logits.append(got[1])
+        vocab = self.config.vocab_size
+        return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
     def _check(self, batch: Sequence[Work]) -> None:
         if not batch:
@@ -240,53 +245,30 @@ class OpenCLEngine:
                 )
             self.kv.check_blocks(w.block_table[:need], f"turn {w.turn}")
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows) -> np.ndarray | None:
-        q, t, n = self.device.queue, len(tokens), len(sample_rows)
-        for buf, arr in ((self._tokens, tokens), (self._pos, pos), (self._seq, seq), (self._tables, tables)):
+    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits) -> tuple[np.ndarray, np.ndarray]:
+        q, b, step = self.device.queue, self.buffers, self.launches
+        t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
+        for buf, arr in ((b.tokens, tokens), (b.pos, pos), (b.seq, seq), (b.tables, tables)):
             cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
         if n:
-            cl.enqueue_copy(q, self._sample_rows, sample_rows, is_blocking=False)
-        self._embed.enqueue(q, t)
-        for launch in self._layers:
-            launch.enqueue(q, t)
-        if n == 0:
-            q.finish()
-            return None
-        self._head.enqueue(q, n)
-        logits = np.empty((n, self.config.vocab_size), np.float32)
-        cl.enqueue_copy(q, logits, self._logits, is_blocking=True)
-        return logits
-
-
-class _Grid:
-    """A kernel over a (dim0, tokens) grid, its arguments set once."""
-
-    def __init__(self, program: cl.Program, name: str, dim0: int, *args):
-        self.kernel = cl.Kernel(program, name)
-        self.kernel.set_args(*args)
-        self.dim0 = dim0
-
-    def enqueue(self, queue: cl.CommandQueue, t: int) -> None:
-        cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), (1, 1))
-
-
-class _Matmul:
-    """One fused matmul (kernels/matmul.cl; op is matmul, swiglu or qkv) bound to its
-    weights and buffers, in every tile variant; a step only sets the batch width."""
-
-    NCOLS = 9  # index of the ncols argument
-
-    def __init__(self, program: cl.Program, op: str, w: DeviceMatrix, head: tuple, extra: tuple):
-        rows = w.rows // 2 if op == "swiglu" else w.rows
-        pairs = -(-rows // 2)
-        self.global_size = (-(-pairs // WG) * WG,)
-        self.tiles = {}
-        for tile in (1, 2, 4, 8):
-            kernel = cl.Kernel(program, f"{op}_{w.kind}_t{tile}")
-            kernel.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra)
-            self.tiles[tile] = kernel
-
-    def enqueue(self, queue: cl.CommandQueue, ncols: int) -> None:
-        kernel = self.tiles[_tile(ncols)]
-        kernel.set_arg(self.NCOLS, i32(ncols))
-        cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (WG,))
+            cl.enqueue_copy(q, b.sample_rows, sample_rows, is_blocking=False)
+        launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
+        if n:
+            launches.append((step.head, n))
+        if not want_logits.all():
+            launches.append((step.argmax, n))
+        for launch, size in launches:
+            event = launch.enqueue(q, size)
+            if self.profile:
+                self.last_profile.append((launch.name, launch.weight_bytes, event))
+        ids = np.zeros(n, i32)
+        logits = np.empty((int(want_logits.sum()), vocab), np.float32)
+        if want_logits.all():
+            if n:
+                cl.enqueue_copy(q, logits, b.logits, is_blocking=False)
+        else:
+            for j, i in enumerate(np.flatnonzero(want_logits)):
+                cl.enqueue_copy(q, logits[j], b.logits, src_offset=4 * int(i) * vocab, is_blocking=False)
+            cl.enqueue_copy(q, ids, b.ids, is_blocking=False)
+        q.finish()
+        return ids, logits

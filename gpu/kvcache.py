@@ -1,7 +1,7 @@
 """The paged KV pool in device memory, and swapping turns to host memory.
 
-K and V are one buffer each, laid out [num_blocks][n_layers][n_kv_heads]
-[block_size][head_dim] float32: a block holds every layer's K (or V) for
+K and V are one buffer each of half-precision floats (kernels/common.cl has
+the layout within a block): a block holds every layer's K (or V) for
 `block_size` positions of one turn, so moving a block is one contiguous copy.
 The scheduler decides which block ids a turn owns; this pool only stores them.
 """
@@ -20,9 +20,12 @@ from runtime.errors import ConfigError
 CPU_KV_CAP = 1 << 30  # bytes; on a CPU device the "device memory" is the host's RAM
 
 
+KV_BYTES = 2  # f16: half the memory of f32, so twice the paused turns stay resident
+
+
 def block_bytes(config: ModelConfig, block_size: int) -> int:
     """Bytes of K (or of V) in one block."""
-    return config.n_layers * config.n_kv_heads * block_size * config.head_dim * 4
+    return config.n_layers * config.n_kv_heads * block_size * config.head_dim * KV_BYTES
 
 
 def choose_num_blocks(device: Device, config: ModelConfig, block_size: int, kv_fraction: float) -> int:

@@ -25,6 +25,12 @@
 #define WT_Q8_0 1
 #define WT_F32 2
 
+/* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
+ * kernel family instantiates its weight-reading kernels once per entry, so a new
+ * type is: a WT_ constant, its branch in load_block, its entry here, and its
+ * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. */
+#define FOR_EACH_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32)
+
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const float *dm, size_t blk,
                        float16 *lo, float16 *hi)

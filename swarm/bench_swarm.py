@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--model", help="GGUF model file (default: the default model)")
     parser.add_argument("--device", help="OpenCL device (default: the first one)")
+    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
     parser.add_argument("--fg-tokens", type=int, default=16, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths (a CPU decodes slowly)")
@@ -142,7 +143,7 @@ def load_engine(args: argparse.Namespace) -> Any:
     from gpu.engine import OpenCLEngine
     from gpu.fetch import resolve_model
 
-    return OpenCLEngine(resolve_model(args.model), device=args.device)
+    return OpenCLEngine(resolve_model(args.model), device=args.device, kernels=args.kernels)
 
 
 def run(args: argparse.Namespace, engine: Any = None) -> int:

@@ -36,7 +36,7 @@ class SessionRunner:
             from gpu.fetch import resolve_model
 
             model = resolve_model(_resolve(self.session, self.session.model) if self.session.model else None)
-            self.engine = OpenCLEngine(model, device=self.session.device)
+            self.engine = OpenCLEngine(model, device=self.session.device, kernels=self.session.kernels)
             self.model_name = model.name
         return self.engine
 

@@ -53,6 +53,7 @@ class AgentSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     device: str | None = None
+    kernels: str | None = None  # kernel family: auto, cpu or gpu
     slots: int = 8
     policy: str = "resident"
     step_tokens: int | None = None

@@ -1,4 +1,6 @@
-"""The OpenCL engine on the real default model (SmolLM2-135M-Instruct, Q4_1)."""
+"""The OpenCL engine on the real default model (SmolLM2-135M-Instruct, Q4_1), in
+both kernel families. Logits tolerance 2e-3 relative L2: K/V are f16 (see
+tests/test_engine.py); greedy tokens must equal the float32 reference's."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from runtime.engine import Work
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def engine(smollm2_model: Model) -> OpenCLEngine:
-    return OpenCLEngine(smollm2_model, num_blocks=64)
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def engine(smollm2_model: Model, request: pytest.FixtureRequest) -> OpenCLEngine:
+    return OpenCLEngine(smollm2_model, num_blocks=64, kernels=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -54,4 +56,4 @@ def test_prefill_logits_match_the_reference(
     prompt = smollm2_tokenizer.chat([{"role": "user", "content": "Name three colours."}])
     want = reference.forward(prompt, 0, reference.new_cache())[-1]
     got = engine.step_logits([Work(turn=1, tokens=prompt, start=0, block_table=list(range(8)), sample=True)])[0]
-    assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-3
+    assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 2e-3

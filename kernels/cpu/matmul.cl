@@ -1,5 +1,5 @@
-/* Quantized matrix times a batch of vectors, with the layer glue fused in.
- * Built after quant.cl and layers.cl; the host passes WG (work-group size) and
+/* CPU family: quantized matrix times a batch of vectors, with the layer glue
+ * fused in. Built after quant.cl and common.cl; the host passes WG (work-group size) and
  * MAX_COLS (most vectors in a batch) as -D constants.
  *
  * Decode reads every weight once per step, so weight bytes are the cost of a
@@ -10,7 +10,7 @@
  *
  *   matmul  y[c] = (accumulate ? y[c] : 0) + W . n(x[c])   residual add fused
  *   swiglu  y[c] = silu(Wgate . n(x[c])) * (Wup . n(x[c]))  silu(g) = g / (1 + e^-g)
- *   qkv     [q|k|v] = Wqkv . n(x[c]), then RoPE and the K/V store (layers.cl)
+ *   qkv     [q|k|v] = Wqkv . n(x[c]), then RoPE and the K/V store (common.cl)
  *
  * Shapes (row-major):  W [rows, k]   x [*, k]   y [ncols, rows]
  * Column c reads x row xrows[c] (the output head only reads the sampled rows).
@@ -140,7 +140,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        
 void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           __global const int *seq, __global const int *tables,  \
                           int max_blocks, __global const float *inv_freq,       \
-                          __global float *kcache, __global float *vcache,       \
+                          __global half *kcache, __global half *vcache,         \
                           int layer)                                            \
 {                                                                               \
     __local float inv[MAX_COLS];                                                \
@@ -165,6 +165,4 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
     DEFINE_MATMUL(NAME, WTYPE, 4)   \
     DEFINE_MATMUL(NAME, WTYPE, 8)
 
-DEFINE_MATMULS(q4_1, WT_Q4_1)
-DEFINE_MATMULS(q8_0, WT_Q8_0)
-DEFINE_MATMULS(f32, WT_F32)
+FOR_EACH_WTYPE(DEFINE_MATMULS)

@@ -29,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     parser.add_argument("--model", metavar="PATH", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
     parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     parser.set_defaults(func=run)
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the prompt is {len(prompt)} tokens, the model's context is {limit}")
     # One turn: a KV pool just big enough for it, not a fraction of the device.
     blocks = list(range(-(-(len(prompt) + max_tokens) // BLOCK_SIZE)))
-    engine = OpenCLEngine(model, device=args.device, block_size=BLOCK_SIZE, num_blocks=len(blocks))
+    engine = OpenCLEngine(model, device=args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=len(blocks))
 
     stream = tokenizer.stream()
     tokens: list[int] = []

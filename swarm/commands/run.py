@@ -28,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", nargs="?", help="session TOML file (default: the built-in demo)")
     p.add_argument("--model", help="GGUF model file (overrides the session's)")
     p.add_argument("--device", help="OpenCL device (overrides the session's)")
+    p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
     p.set_defaults(func=run)
@@ -35,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     session = load_session(args.session or DEMO_SESSION)
-    for flag in ("model", "device", "duration"):
+    for flag in ("model", "device", "kernels", "duration"):
         if getattr(args, flag) is not None:
             setattr(session, flag, getattr(args, flag))
     console = Console(highlight=False, soft_wrap=True)

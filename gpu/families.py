@@ -1,0 +1,178 @@
+"""Kernel families: the same forward pass shaped for a CPU or for a GPU.
+
+    family = make_family("auto", device)   # "cpu" on a CPU device, else "gpu"
+    program = device.build(family.source(), family.options(engine))
+    step = family.bind(engine, program)    # the launches of one step, bound once
+
+Both families read the same weights (gpu/weights.py, dequantized by
+kernels/quant.cl), store the same half-precision KV layout (kernels/common.cl)
+and sample greedily on the device with the same argmax.
+
+- cpu: a work-item walks whole rows with 16-wide vectors, tiny work-groups (PoCL
+  runs a work-group on one core). Five launches per layer.
+- gpu: work-groups cooperate on rows with reductions, prefill tiles through
+  local memory, attention parallel over positions with the output projection
+  fused in. Four launches per layer. Work-group sizes come from the device.
+
+`--kernels cpu|gpu` forces either on any device: PoCL runs the GPU family
+correctly, only slower, so both are tested everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyopencl as cl
+
+from gpu.device import Device
+from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUMatmul, Grid
+from kernels import source
+from runtime.errors import ConfigError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from gpu.engine import OpenCLEngine
+
+KERNEL_CHOICES = ("auto", "cpu", "gpu")
+i32 = np.int32
+
+
+class Launch(Protocol):
+    name: str
+    weight_bytes: int
+
+    def enqueue(self, queue: cl.CommandQueue, n: int) -> cl.Event: ...
+
+
+@dataclass
+class StepLaunches:
+    """Everything one step enqueues, in order: embed, the layers' launches (each
+    sized by the step's tokens), the head (by sampled rows), then argmax."""
+
+    embed: Launch
+    layers: list[Launch]
+    head: Launch
+    argmax: Argmax
+
+
+def make_family(kernels: str | None, device: Device) -> CPUFamily | GPUFamily:
+    choice = kernels or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
+    if choice == "auto":
+        choice = "cpu" if device.is_cpu else "gpu"
+    return CPUFamily(device) if choice == "cpu" else GPUFamily(device)
+
+
+class CPUFamily:
+    name = "cpu"
+    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul")
+    WG = 16  # matmul work-group: each work-item owns two rows
+
+    def __init__(self, device: Device):
+        self.wg = self.argmax_wg = self.WG
+
+    def source(self) -> str:
+        return "\n".join(source(name) for name in self.SOURCES)
+
+    def options(self, engine: OpenCLEngine) -> list[str]:
+        return [f"-DWG={self.wg}", f"-DMAX_COLS={engine.max_batch_tokens}", f"-DARGMAX_WG={self.argmax_wg}"]
+
+    def check(self, engine: OpenCLEngine) -> None:
+        pass
+
+    def bind(self, e: OpenCLEngine, program: cl.Program) -> StepLaunches:
+        cfg, W, b = e.config, e.weights, e.buffers
+        width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
+
+        def matmul(name, kernel, w, g, x, xrows, y, *extra):
+            return CPUMatmul(name, program, kernel, self.wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
+
+        layers: list[Launch] = []
+        for layer, L in enumerate(W.layers):
+            kv = (b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(layer))
+            # Attention and embedding as 1x1 work-groups: PoCL would put a whole
+            # (heads, tokens) grid in one work-group, on one core.
+            layers += [
+                matmul("qkv", "qkv", L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, *kv),
+                Grid("attention", program, "attention", cfg.n_heads, (1, 1), b.qkv, b.pos, b.seq, b.tables, width,
+                     e.kv.k, e.kv.v, b.att, i32(layer)),  # fmt: skip
+                matmul("out", "matmul", L.out, b.ones, b.att, b.all_rows, b.x, i32(0), i32(1)),
+                matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h),
+                matmul("down", "matmul", L.down, b.ones, b.h, b.all_rows, b.x, i32(0), i32(1)),
+            ]
+        return StepLaunches(
+            embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, (1, 1),
+                       W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
+            layers=layers,
+            head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
+            argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
+        )
+
+
+class GPUFamily:
+    name = "gpu"
+    SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
+    MAX_WG = 256
+
+    def __init__(self, device: Device):
+        # The largest power of two the device allows, up to 256: a multiple of
+        # every GPU's warp/wavefront (32 or 64) and of its preferred multiple.
+        limit = min(self.MAX_WG, int(device.device.max_work_group_size))
+        if limit < 16:
+            raise ConfigError(f"{device.name}: work-groups of {limit} work-items are too small for the GPU kernels")
+        self.wg = self.argmax_wg = 1 << (limit.bit_length() - 1)
+
+    def source(self) -> str:
+        return "\n".join(source(name) for name in self.SOURCES)
+
+    def options(self, engine: OpenCLEngine) -> list[str]:
+        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}"]
+
+    def check(self, engine: OpenCLEngine) -> None:
+        cfg = engine.config
+        if (cfg.n_heads // cfg.n_kv_heads * cfg.head_dim) % 32:
+            raise UnsupportedModelError(
+                f"{engine.model.path}: the GPU kernels need (n_heads / n_kv_heads) * head_dim to be a multiple of 32"
+            )
+
+    def fit(self, program: cl.Program, device: Device) -> bool:
+        """Whether every kernel can run work-groups of self.wg on this device (a
+        kernel's register use can lower its limit below the device's)."""
+        info = cl.kernel_work_group_info.WORK_GROUP_SIZE
+        return all(k.get_work_group_info(info, device.device) >= self.wg for k in program.all_kernels())
+
+    def bind(self, e: OpenCLEngine, program: cl.Program) -> StepLaunches:
+        cfg, W, b = e.config, e.weights, e.buffers
+        width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
+        stride = i32(e.max_batch_tokens * cfg.d_model)
+        none = (i32(0), i32(0), b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(0))
+
+        def matmul(name, op, w, g, x, xrows, y, nparts, tail):
+            head = (w.qs, w.dm, g, x, xrows, b.parts, i32(nparts), stride, eps, y)
+            return GPUMatmul(name, program, op, self.wg, w, head + tail)
+
+        layers: list[Launch] = []
+        for layer, L in enumerate(W.layers):
+            kv = (i32(1), i32(0), b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(layer))
+            residual = (i32(0), i32(1)) + none[2:]
+            layers += [
+                matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv),
+                Grid("attention", program, f"attention_{L.out.kind}", cfg.n_kv_heads * self.wg, (self.wg, 1),
+                     b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer),
+                     L.out.qs, L.out.dm, b.parts, stride, weight_bytes=L.out.nbytes),  # fmt: skip
+                matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, cfg.n_kv_heads, (i32(1),) + none[1:]),
+                matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, cfg.n_kv_heads, residual),
+            ]
+        return StepLaunches(
+            embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None,
+                       W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
+            layers=layers,
+            head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
+            argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
+        )
+
+
+def describe(family: Any) -> str:
+    return f"{family.name} kernels, work-groups of {family.wg}"

@@ -1,0 +1,106 @@
+"""Kernel launches bound to their buffers once, for the kernel families.
+
+pyopencl's per-call argument setting cost more host time than the kernels took
+at batch 1, so every launch of a step sets its arguments at start-up and a step
+only sets the batch width. Each launch has a `name` (what profiles group by) and
+the weight bytes it reads per call (for GB/s in a profile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from gpu.weights import DeviceMatrix
+
+i32 = np.int32
+
+
+class Grid:
+    """A kernel over a (dim0, tokens) grid."""
+
+    def __init__(self, name: str, program: cl.Program, kernel: str, dim0: int, local: tuple | None, *args, weight_bytes: int = 0):
+        self.name, self.weight_bytes = name, weight_bytes
+        self.kernel = cl.Kernel(program, kernel)
+        self.kernel.set_args(*args)
+        self.dim0, self.local = dim0, local
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), self.local)
+
+
+def _tile(ncols: int) -> int:
+    """The CPU matmul variant: how many batch columns one weight read serves."""
+    return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8
+
+
+class CPUMatmul:
+    """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
+    qkv) in every tile variant; a work-item owns a pair of rows."""
+
+    NCOLS = 9  # index of the ncols argument
+
+    def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple):
+        self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
+        rows = w.rows // 2 if kernel == "swiglu" else w.rows
+        pairs = -(-rows // 2)
+        self.global_size = (-(-pairs // wg) * wg,)
+        self.tiles = {}
+        for tile in (1, 2, 4, 8):
+            k = cl.Kernel(program, f"{kernel}_{w.kind}_t{tile}")
+            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra)
+            self.tiles[tile] = k
+
+    def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
+        kernel = self.tiles[_tile(ncols)]
+        kernel.set_arg(self.NCOLS, i32(ncols))
+        return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,))
+
+
+OP_MATMUL, OP_SWIGLU, OP_QKV = 0, 1, 2
+MV_MAX_COLS = 16  # wider batches take the tiled kernel
+MM_ROWS, MM_COLS = 32, 32
+
+
+class GPUMatmul:
+    """A GPU-family fused matmul (kernels/gpu/matmul.cl): `mv` for a few columns,
+    `mm` (tiled through local memory) for many."""
+
+    NCOLS = 12  # index of the ncols argument
+
+    def __init__(self, name: str, program: cl.Program, op: int, wg: int, w: DeviceMatrix, args: tuple):
+        self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
+        rows = w.rows // 2 if op == OP_SWIGLU else w.rows
+        units = rows if op == OP_SWIGLU else -(-rows // 2)
+        blocks = w.cols // 32
+        # lanes per unit: a power of two, at most a warp, no more than the row has blocks
+        self.lpu = min(1 << (blocks.bit_length() - 1), 32, wg)
+        self.mv_size = (-(-units // (wg // self.lpu)) * wg,)
+        self.mm_groups = -(-units // (MM_ROWS // 2))
+        self.kernels = {}
+        for shape in ("mv", "mm"):
+            k = cl.Kernel(program, f"{shape}_{w.kind}")
+            k.set_args(*args[:10], i32(rows), i32(w.cols), i32(1), i32(op), *args[10:], i32(self.lpu))
+            self.kernels[shape] = k
+
+    def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
+        if ncols <= MV_MAX_COLS:
+            kernel, size, local = self.kernels["mv"], self.mv_size, (self.wg,)
+        else:
+            kernel, size, local = self.kernels["mm"], (self.mm_groups * self.wg, -(-ncols // MM_COLS)), (self.wg, 1)
+        kernel.set_arg(self.NCOLS, i32(ncols))
+        return cl.enqueue_nd_range_kernel(queue, kernel, size, local)
+
+
+class Argmax:
+    """Greedy sampling on the device: one work-group per sampled row."""
+
+    name, weight_bytes = "argmax", 0
+
+    def __init__(self, program: cl.Program, wg: int, logits: cl.Buffer, vocab: int, ids: cl.Buffer):
+        self.kernel = cl.Kernel(program, "argmax")
+        self.kernel.set_args(logits, i32(vocab), ids)
+        self.wg = wg
+
+    def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (rows * self.wg,), (self.wg,))

@@ -1,0 +1,112 @@
+/* GPU family: paged attention with the output projection fused in. Built after
+ * quant.cl, common.cl and gpu/reduce.cl; the host passes WG and D_MODEL.
+ *
+ * One work-group per (KV head, token). The query heads of the KV head's group
+ * (grouped-query attention) share every K and V load. The positions 0..pos[t]
+ * are processed WG at a time, flash-attention style:
+ *   scores   work-item i takes position p0 + i: its K column (K is stored
+ *            transposed, so neighbouring work-items read neighbouring halves)
+ *            against each query head of the group;
+ *   softmax  the chunk's max and sum per head by work-group reductions, with a
+ *            running max m and normaliser l: earlier chunks rescale once;
+ *   P.V      work-item i owns outputs (head, d) = i, i + WG, ...: neighbouring
+ *            work-items read neighbouring halves of each V row.
+ * Then the group's outputs (GROUP * HEAD_DIM values, in local memory) times the
+ * matching column slice of Wo gives this KV head's share of the attention
+ * block's output, parts[kv head][t][:]. The next launch (the SwiGLU matmul)
+ * reads x + sum(parts) and the down projection adds them into x, so the
+ * per-head results are combined without a launch of their own.
+ */
+
+#define GH (GROUP * HEAD_DIM)      /* outputs of one KV head's query group */
+#define ACC ((GH + WG - 1) / WG)   /* outputs per work-item */
+
+#define DEFINE_ATTENTION(NAME, WTYPE)                                           \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void attention_##NAME(__global const float *qkv, __global const int *pos,       \
+                      __global const int *seq, __global const int *tables,      \
+                      int max_blocks, __global const half *kcache,              \
+                      __global const half *vcache, int layer,                   \
+                      __global const uchar *wo_qs, __global const float *wo_dm, \
+                      __global float *parts, int part_stride)                   \
+{                                                                               \
+    __local float q[GH];                                                        \
+    __local float16 o16[GH / 16];                                               \
+    __local float p[GROUP][WG];                                                 \
+    __local float scratch[GROUP * WG];                                          \
+    __local float chunk[GROUP];                                                 \
+    __local float *o = (__local float *)o16;                                    \
+    const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1); \
+    __global const int *table = tables + seq[t] * max_blocks;                   \
+    const int n = pos[t] + 1;                                                   \
+    const float scale = rsqrt((float)HEAD_DIM);                                 \
+    for (int j = lid; j < GH; j += WG)                                          \
+        q[j] = qkv[(size_t)t * QKV_DIM + kvh * GH + j] * scale;                 \
+    float acc[ACC], m[GROUP], l[GROUP], corr[GROUP], s[GROUP];                  \
+    for (int i = 0; i < ACC; i++)                                               \
+        acc[i] = 0.0f;                                                          \
+    for (int h = 0; h < GROUP; h++) {                                           \
+        m[h] = -INFINITY;                                                       \
+        l[h] = 0.0f;                                                            \
+    }                                                                           \
+    barrier(CLK_LOCAL_MEM_FENCE);                                               \
+    for (int p0 = 0; p0 < n; p0 += WG) {                                        \
+        const int at = p0 + lid;                                                \
+        for (int h = 0; h < GROUP; h++)                                         \
+            s[h] = at < n ? 0.0f : -INFINITY;                                   \
+        if (at < n) {                                                           \
+            __global const half *kp = kcache + kv_tile(table[at / BLOCK_SIZE], layer, kvh) \
+                                      + at % BLOCK_SIZE;                        \
+            for (int d = 0; d < HEAD_DIM; d++) {                                \
+                const float kd = vload_half(d * BLOCK_SIZE, kp);                \
+                for (int h = 0; h < GROUP; h++)                                 \
+                    s[h] += q[h * HEAD_DIM + d] * kd;                           \
+            }                                                                   \
+        }                                                                       \
+        wg_max(s, GROUP, scratch, chunk);                                       \
+        for (int h = 0; h < GROUP; h++) {                                       \
+            const float m_new = fmax(m[h], chunk[h]);                           \
+            corr[h] = exp(m[h] - m_new);                                        \
+            m[h] = m_new;                                                       \
+            s[h] = exp(s[h] - m_new);                                           \
+            p[h][lid] = s[h];                                                   \
+        }                                                                       \
+        wg_sum(s, GROUP, scratch, chunk);  /* its barriers publish p too */     \
+        for (int h = 0; h < GROUP; h++)                                         \
+            l[h] = l[h] * corr[h] + chunk[h];                                   \
+        const int len = min(WG, n - p0);                                        \
+        for (int i = 0; i < ACC; i++) {                                         \
+            const int j = lid + i * WG, h = j / HEAD_DIM, d = j % HEAD_DIM;     \
+            if (j >= GH)                                                        \
+                break;                                                          \
+            float a = acc[i] * corr[h];                                         \
+            for (int e = 0; e < len; e++) {                                     \
+                const int ps = p0 + e;                                          \
+                __global const half *vp = vcache + kv_tile(table[ps / BLOCK_SIZE], layer, kvh) \
+                                          + (ps % BLOCK_SIZE) * HEAD_DIM;       \
+                a += p[h][e] * vload_half(d, vp);                               \
+            }                                                                   \
+            acc[i] = a;                                                         \
+        }                                                                       \
+        barrier(CLK_LOCAL_MEM_FENCE);  /* before the next chunk rewrites p */   \
+    }                                                                           \
+    for (int i = 0; i < ACC; i++) {                                             \
+        const int j = lid + i * WG;                                             \
+        if (j < GH)                                                             \
+            o[j] = acc[i] / l[j / HEAD_DIM];                                    \
+    }                                                                           \
+    barrier(CLK_LOCAL_MEM_FENCE);                                               \
+    /* this group's columns of Wo: blocks b0 .. b0 + GH/32 of every row */      \
+    const int nbw = Q_DIM / 32, b0 = kvh * (GH / 32);                           \
+    __global float *out = parts + (size_t)kvh * part_stride + (size_t)t * D_MODEL; \
+    for (int r = lid; r < D_MODEL; r += WG) {                                   \
+        float16 a = (float16)0.0f;                                              \
+        for (int b = 0; b < GH / 32; b++) {                                     \
+            float16 lo, hi;                                                     \
+            load_block(WTYPE, wo_qs, wo_dm, (size_t)r * nbw + b0 + b, &lo, &hi); \
+            a += lo * o16[2 * b] + hi * o16[2 * b + 1];                         \
+        }                                                                       \
+        out[r] = hsum16(a);                                                     \
+    }                                                                           \
+}
+FOR_EACH_WTYPE(DEFINE_ATTENTION)
