@@ -4,6 +4,11 @@ Decode reads every weight once per step, so the floor of a step is
 weight bytes / memory bandwidth; the report puts the measured step next to it,
 and the step cost law (runtime.cost) fitted to the calibration and every step
 timed here.
+
+With `profile=True` (an engine opened with `profile=True`), each batch size also
+gets a breakdown from OpenCL profiling events: device time per kernel per step,
+its share of the step, GB/s of weights for the kernels that read them, launches
+per step, and the time the device sat idle between launches (host gaps).
 """
 
 from __future__ import annotations
@@ -31,6 +36,37 @@ def kv_blocks_needed(steps: int, block_size: int = 16) -> int:
     return (max(BATCHES) + 1) * _span(steps, block_size)
 
 
+def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[float]) -> dict:
+    """Average one step's kernels over `profiles` (each a step's engine.last_profile)."""
+    kernels: dict[str, dict] = {}
+    busy = idle = 0.0
+    for events in profiles:
+        last_end = None
+        for name, nbytes, event in events:
+            start, end = event.profile.start, event.profile.end
+            k = kernels.setdefault(name, {"ms": 0.0, "bytes": 0})
+            k["ms"] += (end - start) / 1e6
+            k["bytes"] += nbytes
+            busy += (end - start) / 1e6
+            if last_end is not None:
+                idle += max(0, start - last_end) / 1e6
+            last_end = end
+    n = len(profiles)
+    out = {}
+    for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["ms"]):
+        ms = k["ms"] / n
+        out[name] = {"ms": ms, "share": k["ms"] / busy if busy else 0.0}
+        if k["bytes"]:
+            out[name]["gb_s"] = k["bytes"] / (k["ms"] / 1e3) / 1e9 if k["ms"] else None
+    return {
+        "kernels": out,
+        "launches": sum(len(e) for e in profiles) / n,
+        "device_ms": busy / n,
+        "idle_ms": idle / n,
+        "wall_ms": 1e3 * statistics.mean(wall_s),
+    }
+
+
 def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     """Time decode steps of 1, 2, 4 and 8 live turns and one prefill chunk."""
     vocab = engine.config.vocab_size
@@ -56,21 +92,25 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     position = PROMPT
     results = []
     for batch in BATCHES:
-        times = []
+        times, profiles = [], []
         for _ in range(steps + 1):
             work = [Work(turn=t, tokens=[1 + t], start=position, block_table=tables[t], sample=True) for t in range(batch)]
             t0 = time.perf_counter()
             engine.step(work)
             times.append(time.perf_counter() - t0)
             cost.observe(*step_features(work), times[-1])
+            profiles.append(engine.last_profile)
             position += 1
         results.append({"batch": batch, "step_ms": 1e3 * statistics.median(times[1:])})
+        if engine.profile:
+            results[-1]["profile"] = profile_steps(profiles[1:], times[1:])
 
     weight_bytes = engine.weights.bytes_per_step()
     copy = engine.device.copy_bandwidth()
     step1 = results[0]["step_ms"] / 1e3
     return {
         "device": engine.device_name,
+        "kernels": engine.kernels,
         "steps": results,
         "prefill_tok_per_s": PREFILL / prefill_s,
         "decode_tok_per_s": BATCHES[-1] / (results[-1]["step_ms"] / 1e3),
@@ -88,9 +128,11 @@ def _refit(cost) -> dict:
 
 
 def format_report(r: dict) -> str:
-    lines = [f"device: {r['device']}"]
+    lines = [f"device: {r['device']} ({r['kernels']} kernels)"]
     for s in r["steps"]:
         lines.append(f"  decode step, {s['batch']} turn(s): {s['step_ms']:7.2f} ms  ({s['batch'] / s['step_ms'] * 1e3:6.1f} tok/s)")
+        if "profile" in s:
+            lines += _format_profile(s["profile"])
     lines += [
         f"prefill: {r['prefill_tok_per_s']:.0f} tok/s ({PREFILL}-token chunk)",
         f"decode, {r['steps'][-1]['batch']} turns: {r['decode_tok_per_s']:.1f} tok/s aggregate",
@@ -105,3 +147,14 @@ def format_report(r: dict) -> str:
         f"  (fitted on {c['calibration_steps']} calibration + {c['observed_steps']} measured steps)"
     )
     return "\n".join(lines)
+
+
+def _format_profile(p: dict) -> list[str]:
+    lines = [
+        f"      {p['launches']:.0f} launches, device busy {p['device_ms']:.2f} ms, idle between launches "
+        f"{p['idle_ms']:.2f} ms, wall {p['wall_ms']:.2f} ms"
+    ]
+    for name, k in p["kernels"].items():
+        rate = f"  {k['gb_s']:7.1f} GB/s" if k.get("gb_s") else ""
+        lines.append(f"      {name:<10} {k['ms']:7.3f} ms  {100 * k['share']:5.1f}%{rate}")
+    return lines

@@ -19,6 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     engine = sub.add_parser("engine", help="decode step time for 1-8 turns, prefill rate, bandwidth")
     engine.add_argument("--model", metavar="PATH", help="GGUF file (default: SmolLM2-135M-Instruct)")
     engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    engine.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
+    engine.add_argument("--profile", action="store_true", help="per-kernel device time from OpenCL profiling events")
     engine.add_argument("--steps", type=int, default=16, metavar="N", help="timed decode steps per batch size")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(bench_run=run_engine)
@@ -42,7 +44,10 @@ def run_engine(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}")
-    engine = OpenCLEngine(resolve_model(args.model), device=args.device, num_blocks=kv_blocks_needed(args.steps))
+    engine = OpenCLEngine(
+        resolve_model(args.model), device=args.device, kernels=args.kernels, profile=args.profile,
+        num_blocks=kv_blocks_needed(args.steps),
+    )
     report = run_engine_bench(engine, steps=args.steps)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
