@@ -68,3 +68,33 @@ def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.C
     law = out["step_cost"]
     assert min(law["fixed_s"], law["token_s"], law["kv_s"]) >= 0 and law["fixed_s"] + law["token_s"] > 0
     assert law["calibration_steps"] > 0 and law["observed_steps"] == 1 + 4 * 3  # the prefill and every timed decode
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_generate_gives_the_reference_tokens_with_either_kernel_family(
+    tiny_gguf: Path, capsys: pytest.CaptureFixture[str], kernels: str
+) -> None:
+    greedy = ["generate", "hello there", "--model", str(tiny_gguf), "--max-tokens", "12", "--json", "--kernels", kernels]
+    sampled = greedy + ["--temperature", "1.0", "--top-p", "0.9", "--seed", "5"]
+    model = load_model(tiny_gguf)
+    ref, eos = ReferenceModel(model), Tokenizer.from_model(model).eos_ids
+    out = run_json(capsys, greedy)
+    assert out["tokens"] == ref.generate(out["prompt_ids"], 12, stop_ids=eos)
+    out = run_json(capsys, sampled)
+    assert out["tokens"] == ref.generate(out["prompt_ids"], 12, Sampling(temperature=1.0, top_p=0.9, seed=5), stop_ids=eos)
+
+
+@pytest.mark.parametrize("kernels, per_layer", [("cpu", 5), ("gpu", 4)])
+def test_bench_engine_profile_breaks_a_step_down_by_kernel(
+    tiny_gguf: Path, capsys: pytest.CaptureFixture[str], kernels: str, per_layer: int
+) -> None:
+    out = run_json(capsys, ["bench", "engine", "--model", str(tiny_gguf), "--steps", "2", "--json", "--profile", "--kernels", kernels])
+    assert out["kernels"] == kernels
+    layers = load_model(tiny_gguf).config.n_layers
+    for step in out["steps"]:
+        p = step["profile"]
+        assert p["launches"] == 1 + per_layer * layers + 2  # embed, the layers, head, argmax
+        assert {"qkv", "attention", "swiglu", "down", "head", "argmax", "embed"} <= set(p["kernels"])
+        assert abs(sum(k["share"] for k in p["kernels"].values()) - 1) < 1e-6
+        assert p["kernels"]["head"]["gb_s"] > 0 and "gb_s" not in p["kernels"]["argmax"]
+        assert p["device_ms"] > 0 and p["idle_ms"] >= 0 and p["wall_ms"] > 0
