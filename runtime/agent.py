@@ -126,6 +126,7 @@ class TurnHandle:
         self.queued_t: float | None = None
         self.admitted_t: float | None = None
         self.first_token_t: float | None = None
+        self.token_times: list[float] = []  # when each token was decoded, on the swarm's clock
         self.ended: Ended | None = None
         self.pauses: list[PauseInfo] = []
         self.paused_s = 0.0
@@ -142,6 +143,16 @@ class TurnHandle:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_t is None else self.first_token_t - self.queued_t
+
+    @property
+    def turn_s(self) -> float | None:
+        """Request to last token: how long the person waited for the whole answer."""
+        return None if not self.token_times else self.token_times[-1] - self.queued_t
+
+    @property
+    def itl_s(self) -> list[float]:
+        """The gaps between consecutive tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     async def __aenter__(self) -> TurnHandle:
         self._request.reply = self._channel
@@ -189,6 +200,7 @@ class TurnHandle:
         match update:
             case Token(token=token, t=t):
                 self.tokens.append(token)
+                self.token_times.append(t)
                 if self.first_token_t is None:
                     self.first_token_t = t
                 piece = self._text.push(token) if self._text is not None else f"[{token}]"

@@ -1,15 +1,22 @@
-"""`swarm bench swarm`: foreground wait under each policy, on the real engine.
+"""`swarm bench swarm`: what the person at the foreground feels, per policy, on
+the real engine under full background load.
 
 N slots are kept busy by closed-loop background agents (a new turn the moment
 the last ends) whose lengths come from the seed workload's mixture
 (`swarm.sim.Lengths`), with `ignore_eos` so the lengths hold. A foreground
 agent sends turns at random (exponential gaps), one at a time, like a person.
-Each policy gets a fresh Swarm over the same engine object (built once).
+Prompts are a mixture around 300 tokens, as real agent prompts are. Each policy
+gets a fresh Swarm over the same engine object (built and calibrated once); the
+i-th foreground turn has the same prompt and length under every policy.
 
-Per policy: foreground wait (request to slot) and time to first token,
-background tokens/s, preemptions, time background turns spent paused, and the
-median engine step. Under `resident` the wait is bounded by a step or so; under
-`priority` and `fcfs` it follows how long background turns run.
+Per policy: the foreground's wait (request to slot), time to first token, time
+between tokens and turn time (request to last token), each p50/p90/p99/max;
+background tokens decoded per second, overall and while no foreground turn was
+live; preemptions; the median engine step. `solo` runs the same foreground turns
+on the idle engine in the same run, so every figure has its own ratio to idle.
+
+A policy written `name:unshaped` runs with step shaping off (as `--no-shaping`
+does for all), so shaped and unshaped can be compared in one run.
 """
 
 from __future__ import annotations
@@ -32,20 +39,24 @@ from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 from swarm.summary import percentiles
 from swarm.sim import Lengths
 
+FEEL = ("fg_ttft_s", "fg_itl_s", "fg_turn_s")  # what solo is measured for
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per policy (after the warm-up)")
-    parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy))
+    parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy) + " (NAME:unshaped turns step shaping off for that one)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--model", help="GGUF model file (default: the default model)")
     parser.add_argument("--device", help="OpenCL device (default: the first one)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
-    parser.add_argument("--fg-tokens", type=int, default=16, help="tokens per foreground turn")
+    parser.add_argument("--fg-tokens", type=int, default=48, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths (a CPU decodes slowly)")
     parser.add_argument("--step-tokens", type=int, default=16, help="tokens one step may process (small on a CPU: a prefill chunk lengthens its step, and so the wait)")
-    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per turn")
+    parser.add_argument("--prompt", type=int, default=300, help="mean prompt tokens per turn (lognormal mixture, clipped to 32 .. 4x the mean)")
+    parser.add_argument("--no-shaping", action="store_true", help="turn step shaping off for every policy")
+    parser.add_argument("--slack", type=float, default=0.25, help="shaping: background decodes may lengthen a foreground step by this fraction")
     parser.add_argument("--warmup", type=float, default=30.0, help="at most this many seconds for every slot to fill first")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -53,58 +64,107 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class Stats:
     measuring: bool = False
+    fg_live: bool = False
+    fg_live_s: float = 0.0  # measured seconds with a foreground turn live
     bg_tokens: int = 0
+    bg_tokens_idle: int = 0  # decoded while no foreground turn was live
     bg_paused_s: float = 0.0
     fg_wait_s: list[float] = field(default_factory=list)
     fg_ttft_s: list[float] = field(default_factory=list)
+    fg_itl_s: list[float] = field(default_factory=list)
+    fg_turn_s: list[float] = field(default_factory=list)
+    fg_tokens_s: list[list[float]] = field(default_factory=list)  # each turn's token times from its request
+
+    def decoded(self, n: int) -> None:
+        if self.measuring:
+            self.bg_tokens += n
+            self.bg_tokens_idle += n * (not self.fg_live)
+
+
+def prompts(mean: int, rng: np.random.Generator, vocab: int = 200) -> Iterator[list[int]]:
+    lengths = Lengths(mean=float(mean), sigma=0.5, min=min(32, mean), max=4 * mean)
+    while True:
+        yield (20 + rng.integers(0, vocab, int(lengths.sample(rng, 1)[0]))).tolist()
 
 
 class Background(Agent):
     """Closed loop: one turn after another, lengths drawn from the mixture."""
 
-    def __init__(self, name: str, lengths: Iterator[int], prompt: list[int], stats: Stats) -> None:
+    def __init__(self, name: str, lengths: Iterator[int], prompts: Iterator[list[int]], stats: Stats) -> None:
         super().__init__(name, BACKGROUND)
-        self.lengths, self.prompt, self.stats = lengths, prompt, stats
+        self.lengths, self.prompts, self.stats = lengths, prompts, stats
 
     async def run(self) -> None:
         while True:
-            async with self.generate(self.prompt, max_tokens=next(self.lengths), ignore_eos=True) as turn:
-                async for _ in turn:
-                    self.stats.bg_tokens += self.stats.measuring
+            async with self.generate(next(self.prompts), max_tokens=next(self.lengths), ignore_eos=True) as turn:
+                seen = 0
+                async for _ in turn:  # text pieces: several tokens may make one
+                    self.stats.decoded(len(turn.tokens) - seen)
+                    seen = len(turn.tokens)
+            self.stats.decoded(len(turn.tokens) - seen)
             if self.stats.measuring:
                 self.stats.bg_paused_s += turn.paused_s
 
 
 class Foreground(Agent):
-    """A person: a turn, then a pause of random length, then the next."""
+    """A person: a turn, then a pause of random length, then the next. `turns`
+    stops it after that many (the solo run)."""
 
-    def __init__(self, name: str, gaps: Iterator[float], prompt: list[int], tokens: int, stats: Stats) -> None:
+    def __init__(self, name: str, gaps: Iterator[float], prompts: Iterator[list[int]], tokens: int, stats: Stats, turns: int | None = None) -> None:
         super().__init__(name, FOREGROUND)
-        self.gaps, self.prompt, self.tokens, self.stats = gaps, prompt, tokens, stats
+        self.gaps, self.prompts, self.tokens, self.stats, self.turns = gaps, prompts, tokens, stats, turns
 
     async def run(self) -> None:
-        while True:
+        done = 0
+        while self.turns is None or done < self.turns:
             await anyio.sleep(next(self.gaps))
-            async with self.generate(self.prompt, max_tokens=self.tokens, ignore_eos=True) as turn:
-                async for _ in turn:
-                    pass
+            prompt = next(self.prompts)
+            started = time.monotonic()
+            self.stats.fg_live = True
+            try:
+                async with self.generate(prompt, max_tokens=self.tokens, ignore_eos=True) as turn:
+                    async for _ in turn:
+                        pass
+            finally:
+                self.stats.fg_live = False
+                if self.stats.measuring:
+                    self.stats.fg_live_s += time.monotonic() - started
+            done += 1
             if turn.waited_s is not None and turn.ttft_s is not None:
-                self.stats.fg_wait_s.append(turn.waited_s)
-                self.stats.fg_ttft_s.append(turn.ttft_s)
+                s = self.stats
+                s.fg_wait_s.append(turn.waited_s)
+                s.fg_ttft_s.append(turn.ttft_s)
+                s.fg_itl_s += turn.itl_s
+                s.fg_turn_s.append(turn.turn_s)
+                s.fg_tokens_s.append([t - turn.queued_t for t in turn.token_times])
+
+
+def _streams(args: argparse.Namespace):
+    """The same random draws for every policy: background lengths and prompts,
+    foreground gaps and prompts (each stream its own generator)."""
+    seeds = np.random.SeedSequence(args.seed).spawn(4)
+    mixture = Lengths(max=args.bg_max)
+    rng = np.random.default_rng(seeds[0])
+    lengths = (int(n) for n in iter(lambda: mixture.sample(rng, 1)[0], None))
+    gap_rng = np.random.default_rng(seeds[1])
+    gaps = (float(g) for g in iter(lambda: gap_rng.exponential(args.fg_interval), None))
+    return lengths, gaps, prompts(args.prompt, np.random.default_rng(seeds[2])), prompts(args.prompt, np.random.default_rng(seeds[3]))
+
+
+def _swarm(engine: Any, policy: str, args: argparse.Namespace) -> Swarm:
+    name, _, variant = policy.partition(":")
+    shaping = not args.no_shaping and variant != "unshaped"
+    return Swarm(engine, slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=shaping, slack=args.slack)
 
 
 async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One policy on a fresh Swarm; the same random draws for every policy."""
-    rng = np.random.default_rng(args.seed)
-    mixture = Lengths(max=args.bg_max)
-    lengths = (int(n) for n in iter(lambda: mixture.sample(rng, 1)[0], None))
-    gaps = (float(g) for g in iter(lambda: rng.exponential(args.fg_interval), None))
-    prompt = [20 + i % 200 for i in range(args.prompt)]
+    """One policy on a fresh Swarm under full background load."""
+    lengths, gaps, bg_prompts, fg_prompts = _streams(args)
     stats = Stats()
-    swarm = Swarm(engine, slots=args.slots, policy=policy, step_tokens=args.step_tokens)
+    swarm = _swarm(engine, policy, args)
     async with swarm:
         for i in range(args.slots):
-            await swarm.spawn(Background(f"bg{i}", lengths, prompt, stats))
+            await swarm.spawn(Background(f"bg{i}", lengths, bg_prompts, stats))
         with anyio.move_on_after(args.warmup):  # every slot busy before measuring
             while swarm.bus.counts[Admitted] < args.slots:
                 await anyio.sleep(0.05)
@@ -112,31 +172,68 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
         preempted_before = swarm.bus.counts[Preempted]
         stats.measuring = True
         started = time.monotonic()
-        await swarm.spawn(Foreground("fg", gaps, prompt, args.fg_tokens, stats))
+        await swarm.spawn(Foreground("fg", gaps, fg_prompts, args.fg_tokens, stats))
         await anyio.sleep(args.seconds)
         stats.measuring = False
         elapsed = time.monotonic() - started
         steps = swarm.owner.step_seconds[steps_before:]
         preemptions = swarm.bus.counts[Preempted] - preempted_before
+    idle_s = elapsed - stats.fg_live_s
     return {
+        **_feel(stats),
         "fg_wait_s": percentiles(stats.fg_wait_s),
-        "fg_ttft_s": percentiles(stats.fg_ttft_s),
         "fg_turns": len(stats.fg_wait_s),
         "bg_tok_per_s": stats.bg_tokens / elapsed,
+        "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,
         "preemptions": preemptions,
         "step_s_median": statistics.median(steps) if steps else None,
         "paused_s": stats.bg_paused_s,
         "seconds": elapsed,
+        "step_cost": engine.cost.coefficients,
         "fg_wait_samples_s": stats.fg_wait_s,
         "fg_ttft_samples_s": stats.fg_ttft_s,
+        "fg_turn_samples_s": stats.fg_turn_s,
+        "fg_token_times_s": stats.fg_tokens_s,
     }
+
+
+async def bench_solo(engine: Any, turns: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The first `turns` foreground turns, one after another, on the idle engine."""
+    _, _, _, fg_prompts = _streams(args)
+    stats = Stats()
+    # Idle speed is what the engine does best alone: preemptive, shaped unless told not to.
+    async with _swarm(engine, Policy.RESIDENT.value, args) as swarm:
+        fg = await swarm.spawn(Foreground("fg", iter(lambda: 0.05, None), fg_prompts, args.fg_tokens, stats, turns=turns))
+        await swarm.join(fg)
+    return {**_feel(stats), "fg_turns": len(stats.fg_turn_s), "fg_turn_samples_s": stats.fg_turn_s, "fg_token_times_s": stats.fg_tokens_s}
+
+
+def _feel(stats: Stats) -> dict[str, Any]:
+    return {"fg_ttft_s": percentiles(stats.fg_ttft_s), "fg_itl_s": percentiles(stats.fg_itl_s), "fg_turn_s": percentiles(stats.fg_turn_s)}
+
+
+def vs_solo(result: dict[str, Any], solo: dict[str, Any]) -> dict[str, float | None]:
+    """Each percentile of what the person feels, over the same on the idle engine."""
+    out: dict[str, float | None] = {}
+    for key in FEEL:
+        mine, base = result.get(key), solo.get(key)
+        for p in ("p50", "p99"):
+            ok = mine and base and base[p] > 0
+            out[f"{key[3:-2]}_{p}"] = mine[p] / base[p] if ok else None
+    return out
 
 
 def parse_policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise ConfigError("--policies: name at least one policy")
-    return [Policy.parse(n).value for n in names]
+    out = []
+    for name in names:
+        policy, _, variant = name.partition(":")
+        if variant not in ("", "unshaped"):
+            raise ConfigError(f"--policies: {name!r}: the only variant is NAME:unshaped")
+        out.append(Policy.parse(policy).value + (":unshaped" if variant else ""))
+    return out
 
 
 def load_engine(args: argparse.Namespace) -> Any:
@@ -147,8 +244,8 @@ def load_engine(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace, engine: Any = None) -> int:
-    policies = parse_policies(args.policies)
-    for flag in ("seconds", "fg_interval"):
+    policies = args.policies_run = parse_policies(args.policies)
+    for flag in ("seconds", "fg_interval", "prompt", "fg_tokens"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     engine = engine or load_engine(args)
@@ -157,11 +254,18 @@ def run(args: argparse.Namespace, engine: Any = None) -> int:
         if not args.json:
             print(f"{policy}: {args.seconds:.0f} s ...", file=sys.stderr, flush=True)
         results[policy] = anyio.run(bench_policy, engine, policy, args)
+    turns = max(r["fg_turns"] for r in results.values()) or 1
+    if not args.json:
+        print(f"solo: the same {turns} foreground turns on the idle engine ...", file=sys.stderr, flush=True)
+    solo = anyio.run(bench_solo, engine, turns, args)
+    for r in results.values():
+        r["vs_solo"] = vs_solo(r, solo)
     out = {
         "workload": {"slots": args.slots, "seconds": args.seconds, "fg_interval_s": args.fg_interval, "fg_tokens": args.fg_tokens,
                      "bg_max": args.bg_max, "step_tokens": args.step_tokens, "prompt": args.prompt, "seed": args.seed,
-                     "device": getattr(engine, "device_name", type(engine).__name__)},
+                     "shaping": not args.no_shaping, "slack": args.slack, "device": getattr(engine, "device_name", type(engine).__name__)},
         "policies": results,
+        "solo": solo,
     }
     if args.json:
         json.dump(out, sys.stdout)
@@ -176,16 +280,28 @@ def print_table(out: dict[str, Any]) -> None:
     from rich.table import Table
 
     w = out["workload"]
-    table = Table(title=f"{w['slots']} slots on {w['device']}, foreground every ~{w['fg_interval_s']:.0f} s, background <= {w['bg_max']} tokens")
-    for col in ("policy", "fg turns", "fg wait p50", "p90", "p99", "max", "ttft p50", "p99", "bg tok/s", "preemptions", "bg paused", "step median"):
-        table.add_column(col, justify="right")
+    console = Console()
+    console.print(f"{w['slots']} slots on {w['device']}, foreground every ~{w['fg_interval_s']:.0f} s ({w['fg_tokens']} tokens), "
+                  f"prompts ~{w['prompt']} tokens, background <= {w['bg_max']} tokens")
+    feel = Table(title="what the foreground feels (x solo: over the same turns on the idle engine)")
+    for col in ("policy", "turns", "wait p50", "p99", "ttft p50", "p99", "x solo", "itl p50", "p99", "x solo", "turn p50", "p99", "x solo"):
+        feel.add_column(col, justify="right")
+    rows = [("solo", out["solo"], None)] + [(name, r, r["vs_solo"]) for name, r in out["policies"].items()]
+    for name, r, ratio in rows:
+        wait = r.get("fg_wait_s") or {}
+        cells = [_s(wait.get("p50")), _s(wait.get("p99"))]
+        for key, (p, x) in (("fg_ttft_s", ("p50", "ttft_p99")), ("fg_itl_s", ("p50", "itl_p50")), ("fg_turn_s", ("p50", "turn_p50"))):
+            v = r.get(key) or {}
+            cells += [_s(v.get(p)), _s(v.get("p99")), "-" if ratio is None or ratio.get(x) is None else f"{ratio[x]:.2f}x"]
+        feel.add_row(name, str(r["fg_turns"]), *cells)
+    console.print(feel)
+    load = Table(title="the background")
+    for col in ("policy", "bg tok/s", "with no fg live", "preemptions", "bg paused", "step median"):
+        load.add_column(col, justify="right")
     for name, r in out["policies"].items():
-        wait, ttft = r["fg_wait_s"] or {}, r["fg_ttft_s"] or {}
-        table.add_row(
-            name, str(r["fg_turns"]), *(_s(wait.get(k)) for k in ("p50", "p90", "p99", "max")), _s(ttft.get("p50")), _s(ttft.get("p99")),
-            f"{r['bg_tok_per_s']:.1f}", str(r["preemptions"]), _s(r["paused_s"]), _s(r["step_s_median"]),
-        )
-    Console().print(table)
+        idle = r["bg_tok_per_s_idle"]
+        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), _s(r["paused_s"]), _s(r["step_s_median"]))
+    console.print(load)
 
 
 def _s(x: float | None) -> str:
