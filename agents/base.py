@@ -28,6 +28,9 @@ class TurnRecord:
     ttft_s: float | None  # request to first token
     paused_s: float
     pauses: int
+    prompt_tokens: int = 0
+    turn_s: float | None = None  # request to last token
+    itl_s: tuple[float, ...] = ()  # between consecutive tokens
 
 
 class RecordingAgent(Agent):
@@ -45,7 +48,10 @@ class RecordingAgent(Agent):
             priority = self.effective_priority  # the inherited one while someone waits on us
             async for _ in turn:
                 pass
-        self.records.append(TurnRecord(self.name, priority, len(turn.tokens), turn.waited_s, turn.ttft_s, turn.paused_s, len(turn.pauses)))
+        self.records.append(TurnRecord(
+            self.name, priority, len(turn.tokens), turn.waited_s, turn.ttft_s, turn.paused_s, len(turn.pauses),
+            len(turn.prompt), turn.turn_s, tuple(turn.itl_s),
+        ))
         return turn.text
 
     def chat(self, system: str, user: str) -> list[dict[str, str]] | list[int]:

@@ -46,7 +46,7 @@ class SessionRunner:
         s = self.session
         engine = self.load_engine()
         swarm = Swarm(
-            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, events=self.events_path,
+            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, events=self.events_path,
             socket=self.socket, model_name=getattr(self, "model_name", None),
         )
         self.started = time.monotonic()

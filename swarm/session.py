@@ -57,6 +57,8 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     slots: int = 8
     policy: str = "resident"
     step_tokens: int | None = None
+    shaping: bool = True  # build each step for the foreground turn (runtime.shaping)
+    slack: float = 0.25
     workspace: str = "."
     out: str = "swarm-out"
     duration: float | None = None  # seconds; None: until the foreground is done (or Ctrl-C)

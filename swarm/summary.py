@@ -24,15 +24,23 @@ class Summary:
     agents: dict[str, AgentSummary]
     fg_wait_s: list[float]  # request to slot, turns run at foreground priority
     fg_ttft_s: list[float]  # request to first token, from the agents' records
+    fg_itl_s: list[float]  # between consecutive tokens
+    fg_turn_s: list[float]  # request to last token
+    # The same turns alone on the idle engine, by its step cost law (empty without one)
+    idle_ttft_s: list[float]
+    idle_itl_s: list[float]
+    idle_turn_s: list[float]
     preemptions: int
     inheritances: int
     steps: int
     seconds: float
 
 
-def summarize(events: list[Any], agents: list[Any] = ()) -> Summary:
-    """Per-agent counts from the event log; time to first token from the agents'
-    own records (events carry no per-token times)."""
+def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefill_chunk: int = 512) -> Summary:
+    """Per-agent counts from the event log; time to first token, between tokens
+    and to the last from the agents' own records (events carry no per-token
+    times); with the engine's step cost law, what the same turns would take on
+    the idle engine."""
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
     for e in events:
@@ -61,10 +69,16 @@ def summarize(events: list[Any], agents: list[Any] = ()) -> Summary:
     if records:
         fg_wait = [r.waited_s for r in records]
     ttft = [r.ttft_s for r in records]
+    idle = [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk) for r in records if r.prompt_tokens and r.tokens] if cost else []
     return Summary(
         agents=per,
         fg_wait_s=fg_wait,
         fg_ttft_s=ttft,
+        fg_itl_s=[gap for r in records for gap in getattr(r, "itl_s", ())],
+        fg_turn_s=[r.turn_s for r in records if getattr(r, "turn_s", None) is not None],
+        idle_ttft_s=[i[0] for i in idle],
+        idle_itl_s=[i[1] for i in idle],
+        idle_turn_s=[i[2] for i in idle],
         preemptions=sum(s.preempted for s in per.values()),
         inheritances=sum(s.inherited for s in per.values()),
         steps=max((e.step for e in events), default=0),

@@ -187,9 +187,15 @@ async def test_a_crashing_agent_is_reported_its_turn_ended_and_the_session_goes_
     after = [e for e in events if isinstance(e, Finished) and e.agent == "pair" and e.t > crash.t]
     assert after, "the session went on after the crash"
     assert sum(1 for line in said if line.startswith("pair>")) == 2  # stopped when the script was done
-    summary = summarize(events, runner.agents)
+    summary = summarize(events, runner.agents, tiny_engine.cost)
     assert summary.agents["crashy"].crashed and summary.agents["pair"].turns == 1
     assert len(summary.fg_ttft_s) >= 2  # the pair's turn and the reviewer's while it inherited
+    # Every foreground turn's feel, and its idle estimate from the engine's law.
+    n = len(summary.fg_ttft_s)
+    assert len(summary.fg_turn_s) == len(summary.idle_turn_s) == len(summary.idle_ttft_s) == n
+    assert all(t >= f for t, f in zip(summary.fg_turn_s, summary.fg_ttft_s))
+    assert all(0 < i <= t for i, t in zip(summary.idle_ttft_s, summary.idle_turn_s))
+    assert len(summary.fg_itl_s) == sum(r.tokens - 1 for a in runner.agents for r in getattr(a, "records", []) if r.priority >= 10)
 
 
 def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, capsys):
@@ -220,6 +226,7 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
     assert main(["run", str(path)]) == 0
     out = capsys.readouterr().out
     assert "events:" in out and "swarm tail" in out and "time to first token" in out
+    assert "inter-token latency" in out and "turn time" in out and "idle p50" in out
     (run_dir,) = (tmp_path / "swarm-out").iterdir()
     events = list(read_events(run_dir / "events.jsonl"))
     assert isinstance(events[0], SwarmStarted) and isinstance(events[-1], SwarmStopped)

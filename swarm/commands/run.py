@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
+    p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
     p.set_defaults(func=run)
 
 
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("model", "device", "kernels", "duration"):
         if getattr(args, flag) is not None:
             setattr(session, flag, getattr(args, flag))
+    if args.no_shaping:
+        session.shaping = False
     console = Console(highlight=False, soft_wrap=True)
     # Agent crashes are reported as events and in the summary; keep tracebacks off the screen.
     logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
@@ -59,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         interrupted = True
     events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
-    print_summary(console, summarize(events, runner.agents), runner)
+    engine = runner.engine
+    config = getattr(getattr(runner, "swarm", None), "config", None)
+    summary = summarize(events, runner.agents, getattr(engine, "cost", None), getattr(config, "prefill_chunk", 512))
+    print_summary(console, summary, runner)
     if interrupted:
         console.print("stopped by Ctrl-C")
     return 130 if interrupted else 0
@@ -72,12 +78,19 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     for name, a in s.agents.items():
         table.add_row(name, str(a.turns), str(a.tokens), f"{a.paused_s:.1f} s", str(a.preempted), str(a.inherited), a.crashed or "")
     console.print(table)
-    waits = Table(title="foreground (turns at foreground priority)")
-    for col in ("", "n", "p50", "p90", "p99", "max"):
+    waits = Table(title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law")
+    for col in ("", "n", "p50", "p90", "p99", "max", "idle p50", "x idle"):
         waits.add_column(col, justify="right")
-    for label, samples in (("wait (request to slot)", s.fg_wait_s), ("time to first token", s.fg_ttft_s)):
-        p = percentiles(samples)
+    rows = (
+        ("wait (request to slot)", s.fg_wait_s, []),
+        ("time to first token", s.fg_ttft_s, s.idle_ttft_s),
+        ("inter-token latency", s.fg_itl_s, s.idle_itl_s),
+        ("turn time (request to last token)", s.fg_turn_s, s.idle_turn_s),
+    )
+    for label, samples, idle in rows:
+        p, q = percentiles(samples), percentiles(idle)
         cells = [_s(p[k]) for k in ("p50", "p90", "p99", "max")] if p else ["-"] * 4
+        cells += [_s(q["p50"]), f"{p['p50'] / q['p50']:.1f}x"] if p and q and q["p50"] > 0 else ["-", "-"]
         waits.add_row(label, str(len(samples)), *cells)
     console.print(waits)
     owner = getattr(getattr(runner, "swarm", None), "owner", None)
