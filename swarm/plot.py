@@ -321,14 +321,45 @@ def _agent_colours(agents: list[str]) -> dict[str, Any]:
 def plot_bench(data: dict, out: str | os.PathLike[str], title: str | None = None) -> Path:
     policies = _policies(data)
     samples = _samples(data, policies)
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax = fig.add_subplot()
+    turns = _token_times(data)
+    fig = Figure(figsize=(9, 9 if turns else 5), layout="constrained")
+    ax = fig.add_subplot(2, 1, 1) if turns else fig.add_subplot()
     if samples:
         _draw_ecdf(ax, policies, samples)
     else:
         _draw_percentile_bars(ax, policies)
     ax.set_title(title or _bench_title(data))
+    if turns:
+        _draw_token_times(fig.add_subplot(2, 1, 2), turns)
     return _save(fig, out)
+
+
+def _token_times(data: dict) -> dict[str, list[float]]:
+    """Per policy (and solo), the token times of its median foreground turn (by
+    turn time), from `fg_token_times_s` where the bench recorded them."""
+    runs = {name: r for name, r in data["policies"].items() if name in _policies(data)}
+    if isinstance(data.get("solo"), dict):
+        runs = {"solo (idle engine)": data["solo"], **runs}
+    found = {}
+    for name, result in runs.items():
+        turns = result.get("fg_token_times_s") if isinstance(result, dict) else None
+        turns = [t for t in turns or () if isinstance(t, list) and t and all(isinstance(v, (int, float)) for v in t)]
+        if turns:
+            found[name] = sorted(turns, key=lambda t: t[-1])[len(turns) // 2]
+    return found
+
+
+def _draw_token_times(ax: Any, turns: dict[str, list[float]]) -> None:
+    """What the person sees: tokens arriving over time, one line per policy."""
+    for i, (name, times) in enumerate(turns.items()):
+        solo = name.startswith("solo")
+        ax.step([0.0, *times], range(len(times) + 1), where="post", color="black" if solo else f"C{(i - 1) % 10}",
+                linestyle="--" if solo else "-", label=f"{name}: {len(times)} tokens in {times[-1]:.2f} s")
+    ax.set_xlabel("seconds since the request (the median foreground turn by turn time)")
+    ax.set_ylabel("tokens received")
+    ax.set_title("the foreground turn's tokens over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 def _bench_title(data: dict) -> str:
@@ -344,9 +375,13 @@ def _policies(data: dict) -> dict[str, dict[str, float]]:
     table = {}
     for name, result in policies.items():
         waits = result.get("fg_wait_s") if isinstance(result, dict) else None
+        if waits is None and isinstance(result, dict) and "fg_wait_s" in result:
+            continue  # no foreground turn finished under this policy: nothing to draw
         if not isinstance(waits, dict) or not all(isinstance(waits.get(k), (int, float)) for k in PERCENTILES):
             raise ConfigError(f"bench results: policy {name!r} lacks fg_wait_s with {', '.join(PERCENTILES)}")
         table[name] = {k: float(waits[k]) for k in PERCENTILES}
+    if not table:
+        raise ConfigError("bench results: no policy finished a foreground turn, nothing to plot")
     return table
 
 
