@@ -42,7 +42,7 @@ from gpu.tokenizer import Tokenizer
 from gpu.weights import upload_weights
 from runtime.cost import StepCost
 from runtime.engine import Work
-from runtime.errors import ConfigError, UnsupportedModelError
+from runtime.errors import ConfigError, EngineError, UnsupportedModelError
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -147,6 +147,10 @@ class OpenCLEngine:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_model(self.model)
 
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.eos_ids)
@@ -222,24 +226,24 @@ class OpenCLEngine:
 
     def _check(self, batch: Sequence[Work]) -> None:
         if not batch:
-            raise ValueError("an engine step needs at least one Work item")
+            raise EngineError("an engine step needs at least one Work item")
         turns = [w.turn for w in batch]
         if len(set(turns)) != len(turns):
-            raise ValueError(f"a step may hold at most one Work per turn, got turns {turns}")
+            raise EngineError(f"a step may hold at most one Work per turn, got turns {turns}")
         vocab, ctx = self.config.vocab_size, self.config.context_length
         for w in batch:
             if not w.tokens:
-                raise ValueError(f"turn {w.turn}: Work with no tokens")
+                raise EngineError(f"turn {w.turn}: Work with no tokens")
             if w.start < 0:
-                raise ValueError(f"turn {w.turn}: negative start {w.start}")
+                raise EngineError(f"turn {w.turn}: negative start {w.start}")
             end = w.start + len(w.tokens)
             if end > ctx:
-                raise ValueError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")
+                raise EngineError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")
             if min(w.tokens) < 0 or max(w.tokens) >= vocab:
-                raise ValueError(f"turn {w.turn}: token ids must be in [0, {vocab})")
+                raise EngineError(f"turn {w.turn}: token ids must be in [0, {vocab})")
             need = -(-end // self.block_size)
             if len(w.block_table) < need:
-                raise ValueError(
+                raise EngineError(
                     f"turn {w.turn}: block table of {len(w.block_table)} blocks covers "
                     f"{len(w.block_table) * self.block_size} positions, the work reaches position {end - 1}"
                 )

@@ -15,7 +15,7 @@ import pyopencl as cl
 
 from gpu.device import Device
 from gpu.model import ModelConfig
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, EngineError
 
 CPU_KV_CAP = 1 << 30  # bytes; on a CPU device the "device memory" is the host's RAM
 
@@ -65,13 +65,13 @@ class KVPool:
     def check_blocks(self, blocks: Sequence[int], what: str) -> None:
         bad = [b for b in blocks if not 0 <= b < self.num_blocks]
         if bad:
-            raise ValueError(f"{what}: block ids {bad[:5]} outside the pool of {self.num_blocks} blocks")
+            raise EngineError(f"{what}: block ids {bad[:5]} outside the pool of {self.num_blocks} blocks")
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         """Copy the blocks holding the first `length` positions to host memory."""
         n = -(-length // self.block_size)
         if n > len(blocks):
-            raise ValueError(f"turn {turn}: {len(blocks)} blocks cannot hold {length} positions")
+            raise EngineError(f"turn {turn}: {len(blocks)} blocks cannot hold {length} positions")
         self.check_blocks(blocks[:n], f"swap_out of turn {turn}")
         k = np.empty((n, self.block_bytes), np.uint8)
         v = np.empty((n, self.block_bytes), np.uint8)
@@ -86,10 +86,10 @@ class KVPool:
     def swap_in(self, turn: int, blocks: Sequence[int]) -> None:
         """Copy a swapped-out turn back into `blocks` and drop the host copy."""
         if turn not in self._swapped:
-            raise ValueError(f"turn {turn} has no swapped-out KV to swap in")
+            raise EngineError(f"turn {turn} has no swapped-out KV to swap in")
         k, v = self._swapped[turn]
         if len(blocks) < len(k):
-            raise ValueError(f"turn {turn}: swap_in needs {len(k)} blocks, got {len(blocks)}")
+            raise EngineError(f"turn {turn}: swap_in needs {len(k)} blocks, got {len(blocks)}")
         self.check_blocks(blocks[: len(k)], f"swap_in of turn {turn}")
         queue = self.device.queue
         for i, block in enumerate(blocks[: len(k)]):

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import msgspec
 
-from runtime.errors import ActorError
+from runtime.errors import ActorError, UsageError
 from runtime.mailbox import build_dispatch, handler
 from runtime.priority import BACKGROUND
 
@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 __all__ = ["Actor", "Ref", "Target", "handler"]
 
 Target = Union[str, "Actor", "Ref"]
+
+
+def check_priority(name: str, priority: object) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise UsageError(f"priority of actor {name!r} must be an int, got {priority!r}")
 
 
 class Actor:
@@ -75,12 +80,11 @@ class Actor:
 
     def __init__(self, name: str, priority: int = BACKGROUND, *, mailbox_size: float | None = None) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError(f"an actor needs a non-empty name, got {name!r}")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise TypeError(f"priority of actor {name!r} must be an int, got {priority!r}")
+            raise UsageError(f"an actor needs a non-empty name, got {name!r}")
+        check_priority(name, priority)
         size = type(self).mailbox_size if mailbox_size is None else mailbox_size
         if size < 1:
-            raise ValueError(f"mailbox_size of actor {name!r} must be at least 1, got {size}")
+            raise UsageError(f"mailbox_size of actor {name!r} must be at least 1, got {size}")
         self.name = name
         self.mailbox_size = size
         self._priority = priority
@@ -102,6 +106,7 @@ class Actor:
 
     @priority.setter
     def priority(self, value: int) -> None:
+        check_priority(self.name, value)  # before anything changes: a bad value is refused whole
         self._priority = value
         if self._system is not None:
             self._system.waits.set_base(self.name, value)

@@ -26,8 +26,8 @@ import anyio
 
 from runtime.actors import Actor
 from runtime.engine import GREEDY, Sampling
-from runtime.errors import ActorError, TurnCancelled, TurnFailed
-from runtime.events import Admitted, Cancelled, Ended, Finished, Preempted, Queued, Resumed
+from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
+from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
 from runtime.messages import CancelTurn, Token, TurnRequest
 from runtime.owner import TurnChannel
 from runtime.priority import BACKGROUND
@@ -85,6 +85,12 @@ class Agent(Actor):
     ) -> TurnHandle:
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
         user message (a str), or raw token ids. Use it as `async with`."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise UsageError(f"agent {self.name!r}: max_tokens must be an int >= 1, got {max_tokens!r}")
+        if not isinstance(sampling, Sampling):
+            raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
+        if not isinstance(ignore_eos, bool):
+            raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
         return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos)
 
     async def complete(self, prompt: Prompt, **kwargs: Any) -> str:
@@ -97,11 +103,17 @@ class Agent(Actor):
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        if prompt and isinstance(prompt[0], dict):
+        if not isinstance(prompt, (list, tuple)):
+            raise UsageError(f"agent {self.name!r}: a prompt is a str, a list of messages or a list of token ids, not {type(prompt).__name__}")
+        if prompt and all(isinstance(m, dict) for m in prompt):
             if self.tokenizer is None:
                 raise ActorError(f"agent {self.name!r}: this engine has no tokenizer; pass token ids")
+            if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+                raise UsageError(f"agent {self.name!r}: each message needs a str 'role' and a str 'content'")
             return self.tokenizer.chat(list(prompt))
-        return [int(t) for t in prompt]
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            raise UsageError(f"agent {self.name!r}: a list prompt holds messages (dicts) or token ids (ints >= 0), not a mix or strings")
+        return list(prompt)
 
     def _owner(self) -> GPUOwner:
         if self.gpu is None:
@@ -118,7 +130,7 @@ class TurnHandle:
         self.prompt = prompt
         self.id = agent._owner().next_turn_id()
         self._request = TurnRequest(agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos)
-        self._channel = TurnChannel(self.id)
+        self._channel: TurnChannel | None = None  # made on entry: an unentered handle holds nothing
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
         self.tokens: list[int] = []
@@ -155,6 +167,9 @@ class TurnHandle:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     async def __aenter__(self) -> TurnHandle:
+        if self._channel is not None:
+            raise UsageError(f"agent {self.agent.name!r}: turn {self.id} was already started; call generate() again for another")
+        self._channel = TurnChannel(self.id)
         self._request.reply = self._channel
         self._request.t = self.agent._owner().bus.now()
         try:
@@ -180,10 +195,14 @@ class TurnHandle:
     async def __anext__(self) -> str:
         """The next piece of text. Ends at the turn's end; a cancelled or failed
         turn raises TurnCancelled / TurnFailed with the reason."""
+        if self._channel is None:
+            raise UsageError(f"agent {self.agent.name!r}: start the turn first: `async with agent.generate(...) as turn`")
         while self.ended is None:
             try:
                 update = await self._channel.receive.receive()
-            except anyio.EndOfStream:
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                if self.ended is None:  # the owner went away without a word
+                    self.ended = Failed(t=0.0, step=0, turn=self.id, agent=self.agent.name, priority=self.agent.priority, tokens=len(self.tokens), reason="the GPU owner stopped")
                 break
             piece = await self._take(update)
             if piece:

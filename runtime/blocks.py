@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from runtime.errors import UsageError
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need at least one block of at least one position, got {num_blocks} x {block_size}")
+            raise UsageError(f"need at least one block of at least one position, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))

@@ -21,9 +21,12 @@ any number of times samples exactly what it samples unpaused.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import msgspec
+
+from runtime.errors import UsageError
 
 if TYPE_CHECKING:
     from runtime.cost import StepCost
@@ -36,9 +39,23 @@ class Sampling(msgspec.Struct, frozen=True):
     top_p: float = 1.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # Checked where it is made, so a bad value is the maker's error and never
+        # reaches a shared engine step.
+        if not _real(self.temperature) or not 0.0 <= self.temperature < math.inf:
+            raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UsageError(f"seed must be an int, got {self.seed!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 GREEDY = Sampling()

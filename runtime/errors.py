@@ -1,11 +1,14 @@
 """Every error slotswarm raises on purpose, as one tree:
 
     SlotswarmError
+    ├── UsageError             an argument, message or call the API does not take (also a
+    │                          TypeError and a ValueError, what Python code expects of one)
     ├── ConfigError            a session file, flag or workload that does not make sense
     ├── ModelError             a model file that cannot be used
     │   ├── ModelFormatError       corrupt or truncated GGUF, missing tensor or key
     │   └── UnsupportedModelError  another architecture, an unsupported tensor type
     ├── DeviceError            no usable OpenCL device, a kernel that fails to build
+    ├── EngineError            the engine refused a step or a KV move (bad Work, no host copy)
     ├── ActorError             something went wrong between actors
     │   ├── ActorCrashed           the actor you were talking to died
     │   ├── UnhandledMessage       the receiver has no handler for that message type
@@ -20,6 +23,10 @@ Catch `SlotswarmError` to catch them all.
 
 
 class SlotswarmError(Exception):
+    pass
+
+
+class UsageError(SlotswarmError, TypeError, ValueError):
     pass
 
 
@@ -40,6 +47,10 @@ class UnsupportedModelError(ModelError):
 
 
 class DeviceError(SlotswarmError):
+    pass
+
+
+class EngineError(SlotswarmError, ValueError):
     pass
 
 

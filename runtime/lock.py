@@ -33,7 +33,7 @@ from typing import AsyncIterator, Union
 import anyio
 
 from runtime.actors import Actor
-from runtime.errors import ActorError, WaitCycle
+from runtime.errors import ActorError, UsageError, WaitCycle
 from runtime.waits import WaitGraph, WaitHandle
 
 Owner = Union[Actor, str]
@@ -102,6 +102,8 @@ class Lock:
             raise waiter.error
 
     def release(self, owner: Owner) -> None:
+        if not isinstance(owner, (str, Actor)):
+            raise UsageError(f"lock {self.name!r} is released by an Actor or an agent name, not {owner!r}")
         name = owner if isinstance(owner, str) else owner.name
         if self._holder != name:
             held = f"it is held by {self._holder!r}" if self._holder else "it is not held"
@@ -141,7 +143,7 @@ class Lock:
                 )
             return owner, self._waits
         if not isinstance(owner, Actor):
-            raise TypeError(f"lock {self.name!r} is taken by an Actor or an agent name, not {owner!r}")
+            raise UsageError(f"lock {self.name!r} is taken by an Actor or an agent name, not {owner!r}")
         graph = owner.system.waits
         if self._waits is None:
             self._waits = graph

@@ -24,6 +24,8 @@ from typing import Any, Callable, TypeVar
 import anyio
 import msgspec
 
+from runtime.errors import UsageError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MARK = "__slotswarm_handler__"
@@ -33,7 +35,7 @@ def handler(fn: F) -> F:
     """Mark an `async def method(self, msg: SomeStruct)` as a message handler.
     Its return value is the reply to an `ask`."""
     if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"@handler {getattr(fn, '__qualname__', fn)!r} must be an async def method")
+        raise UsageError(f"@handler {getattr(fn, '__qualname__', fn)!r} must be an async def method")
     setattr(fn, _MARK, True)
     return fn
 
@@ -50,7 +52,7 @@ def build_dispatch(cls: type) -> dict[type, str]:
                 continue
             for msg_type in _message_types(klass, attr, fn):
                 if msg_type in own:
-                    raise TypeError(
+                    raise UsageError(
                         f"{klass.__qualname__}: both {own[msg_type]}() and {attr}() handle {msg_type.__qualname__}"
                     )
                 own[msg_type] = attr
@@ -75,21 +77,21 @@ def _message_types(klass: type, attr: str, fn: Callable[..., Any]) -> list[type]
     where = f"handler {klass.__qualname__}.{attr}()"
     params = list(inspect.signature(fn).parameters.values())
     if len(params) < 2:
-        raise TypeError(f"{where} must take the message as its first argument after self")
+        raise UsageError(f"{where} must take the message as its first argument after self")
     try:
         hints = typing.get_type_hints(fn)
     except NameError as exc:
-        raise TypeError(
+        raise UsageError(
             f"{where}: cannot resolve its annotations ({exc}); define message types at module level, "
             "before the actor class"
         ) from None
     annotation = hints.get(params[1].name)
     if annotation is None:
-        raise TypeError(f"{where} needs a type annotation on its message parameter {params[1].name!r}")
+        raise UsageError(f"{where} needs a type annotation on its message parameter {params[1].name!r}")
     members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
     for member in members:
         if not (isinstance(member, type) and issubclass(member, msgspec.Struct)):
-            raise TypeError(f"{where}: messages must be msgspec.Struct types, got {member!r}")
+            raise UsageError(f"{where}: messages must be msgspec.Struct types, got {member!r}")
     return list(members)
 
 

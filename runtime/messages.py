@@ -48,6 +48,30 @@ class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
 
 OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
 
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def turn_request_problem(request: TurnRequest) -> str | None:
+    """Why the owner cannot take this turn request, or None. Checked at the owner's
+    boundary too (not only in Agent.generate), since anything can be sent there."""
+    if not isinstance(request.agent, str) or not request.agent:
+        return f"agent must be a non-empty str, got {request.agent!r}"
+    if not _int(request.priority):
+        return f"priority must be an int, got {request.priority!r}"
+    if not isinstance(request.prompt, list) or not all(_int(t) and t >= 0 for t in request.prompt):
+        return "prompt must be a list of token ids (ints >= 0)"
+    if not _int(request.max_tokens) or request.max_tokens < 1:
+        return f"max_tokens must be an int >= 1, got {request.max_tokens!r}"
+    if not isinstance(request.sampling, Sampling):
+        return f"sampling must be a Sampling, got {request.sampling!r}"
+    if not isinstance(request.ignore_eos, bool):
+        return f"ignore_eos must be a bool, got {request.ignore_eos!r}"
+    if not isinstance(request.t, (int, float)) or request.t != request.t:
+        return f"t must be a time in seconds, got {request.t!r}"
+    return None
+
 # ------------------------------------------------------------------- updates
 
 

@@ -14,6 +14,7 @@ cancelled turn's blocks are freed when no step can be using them.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -28,13 +29,16 @@ from runtime.blocks import BlockPool
 from runtime.cost import step_features
 from runtime.engine import Engine
 from runtime.bus import EventBus
-from runtime.events import Ended, Event, SwappedIn, SwappedOut, TurnEvent
-from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
+from runtime.errors import UsageError
+from runtime.events import Ended, Event, Failed, SwappedIn, SwappedOut, TurnEvent
+from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate, turn_request_problem
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan, SchedulerConfig, SwapOut
 
 log = logging.getLogger(__name__)
+
+STEP_HISTORY = 10_000
 
 
 class GPUOwner(Actor):
@@ -44,13 +48,18 @@ class GPUOwner(Actor):
         self.bus = bus
         self._decided: list[Event] = []
         self.scheduler = Scheduler(
-            config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids, emit=self._decided.append, cost=engine.cost,
+            config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids,
+            vocab_size=getattr(engine, "vocab_size", None), emit=self._decided.append, cost=engine.cost,
         )
         self.requests: MemoryObjectSendStream[OwnerRequest]
         self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
         self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
         self._turn_ids = itertools.count(1)
-        self.step_seconds: list[float] = []  # wall time of each engine step
+        # Wall time of the latest engine steps (bounded: an owner runs for days),
+        # and how many steps it has run in all.
+        self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
+        self.steps_run = 0
+        self._faults: dict[int, str] = {}  # turn -> the engine error it alone caused this step
 
     @property
     def tokenizer(self) -> Any:
@@ -112,15 +121,15 @@ class GPUOwner(Actor):
                 continue
             try:
                 tokens = await anyio.to_thread.run_sync(self._execute, plan)
-            except Exception as exc:  # the engine failed: end this batch's turns, carry on
-                log.exception("engine step failed")
-                now = self.bus.now()
-                for turn in plan.turns:
-                    self.scheduler.fail(turn.id, now, f"engine error: {type(exc).__name__}: {exc}")
-                self._publish()
-                continue
-            self.engine.cost.observe(*step_features(plan.works), self.step_seconds[-1])
+            except Exception as exc:
+                log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
+                tokens = await anyio.to_thread.run_sync(self._isolate, plan)
+            else:
+                self.engine.cost.observe(*step_features(plan.works), self.step_seconds[-1])
             now = self.bus.now()
+            for turn_id, reason in self._faults.items():
+                self.scheduler.fail(turn_id, now, reason)
+            self._faults.clear()
             for turn, token in self.scheduler.postprocess(plan, tokens, now):
                 self._send(turn.id, Token(turn=turn.id, token=token, t=now))
             self._publish()
@@ -130,6 +139,21 @@ class GPUOwner(Actor):
         started = time.perf_counter()
         tokens = self.engine.step(plan.works)
         self.step_seconds.append(time.perf_counter() - started)  # KV moves excluded: the law prices the step
+        self.steps_run += 1
+        return tokens
+
+    def _isolate(self, plan: Plan) -> list[int | None]:
+        """Runs in a worker thread after a failed step: each turn's work alone, so
+        an error is pinned on the turn that causes it and the others go on. (Running
+        a work again is exact: it rewrites the same K/V at the same positions, and
+        sampling depends only on the turn's seed and position.)"""
+        tokens: list[int | None] = []
+        for work in plan.works:
+            try:
+                tokens += self.engine.step([work])
+            except Exception as exc:
+                self._faults[work.turn] = f"engine error: {type(exc).__name__}: {exc}"
+                tokens.append(None)
         return tokens
 
     def _move(self, plan: Plan) -> dict[int, str]:
@@ -170,9 +194,38 @@ class GPUOwner(Actor):
                 return
 
     def _apply(self, request: OwnerRequest) -> None:
+        """Take one request. Nothing an agent sends may stop the owner: a request
+        that cannot be taken ends its own turn (if it has one) and nothing else."""
+        try:
+            self._take(request)
+        except Exception as exc:
+            log.exception("GPU owner: refused %r", request)
+            self._refuse(request, f"{type(exc).__name__}: {exc}")
+
+    def _refuse(self, request: object, reason: str) -> None:
+        reply = getattr(request, "reply", None)
+        if not isinstance(request, TurnRequest) or not isinstance(reply, TurnChannel) or reply.turn_id in self.scheduler.turns:
+            return  # no turn of its own to end
+        agent = request.agent if isinstance(request.agent, str) else repr(request.agent)
+        priority = request.priority if isinstance(request.priority, int) else 0
+        failed = Failed(t=self.bus.now(), step=self.scheduler.step, turn=reply.turn_id, agent=agent, priority=priority, tokens=0, reason=reason)
+        self.bus.emit(failed)
+        self._replies.pop(reply.turn_id, None)
+        try:
+            reply.send.send_nowait(failed)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        reply.send.close()
+
+    def _take(self, request: OwnerRequest) -> None:
         now = self.bus.now()
         sched = self.scheduler
         if isinstance(request, TurnRequest):
+            if not isinstance(request.reply, TurnChannel):
+                raise UsageError(f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}")
+            problem = turn_request_problem(request)
+            if problem:
+                raise UsageError(problem)
             turn_id = request.reply.turn_id
             self._replies[turn_id] = request.reply.send
             # Arrival is when the agent asked, not this boundary: the wait a person
@@ -188,6 +241,8 @@ class GPUOwner(Actor):
                 sched.cancel(turn.id, now, request.reason)
         elif isinstance(request, SetInherited):
             sched.set_inherited(request.agent, request.priority, now)
+        else:
+            raise UsageError(f"the GPU owner takes {', '.join(t.__name__ for t in OwnerRequest.__args__)}, not {request!r}")
 
     # -------------------------------------------------------------- updates
 

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling, Work
+from runtime.errors import UsageError
 from runtime.events import (
     Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn,
     SwappedOut,
@@ -39,9 +40,11 @@ class Scheduler:
         blocks: BlockPool,
         *,
         eos_token_ids: Iterable[int] = (),
+        vocab_size: int | None = None,
         emit: Callable[[Event], None] = lambda event: None,
         cost: StepCost | None = None,
     ) -> None:
+        self.vocab_size = vocab_size  # token ids at or past it fail their own turn at submit
         self.config = config
         # What a step costs (runtime.cost): the input step shaping decides by. The
         # default makes batching free, so without a measured law only background
@@ -77,7 +80,7 @@ class Scheduler:
         """Queue a turn. A turn that can never run ends at once in turn.failed."""
         turn_id = next(self._ids) if turn_id is None else turn_id
         if turn_id in self.turns:
-            raise ValueError(f"turn id {turn_id} is already live")
+            raise UsageError(f"turn id {turn_id} is already live")
         turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
         self.turns[turn.id] = turn
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
@@ -122,6 +125,8 @@ class Scheduler:
     def set_inherited(self, agent: str, priority: int | None, now: float) -> None:
         """An agent runs at least at `priority` (None: back to its own) until told
         otherwise. Takes effect at the next `schedule`."""
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise UsageError(f"inherited priority of {agent!r} must be an int or None, got {priority!r}")
         if priority is None:
             self.inherited.pop(agent, None)
         else:
@@ -397,6 +402,8 @@ class Scheduler:
     def _unrunnable(self, turn: Turn) -> str | None:
         if not turn.prompt:
             return "empty prompt"
+        if self.vocab_size is not None and max(turn.prompt) >= self.vocab_size:
+            return f"token id {max(turn.prompt)} is outside the vocabulary of {self.vocab_size}"
         if turn.max_tokens < 1:
             return f"max_tokens must be at least 1, got {turn.max_tokens}"
         most = turn.length + turn.max_tokens

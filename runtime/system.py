@@ -13,7 +13,7 @@ import anyio
 import msgspec
 
 from runtime.actors import Actor, Ref, Target
-from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage
+from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, UsageError
 from runtime.bus import EventBus
 from runtime.events import AgentCrashed, Inherited, Restored
 from runtime.mailbox import Envelope, Reply, find_handler, handled_names
@@ -22,6 +22,13 @@ from runtime.waits import WaitGraph
 __all__ = ["ActorSystem"]
 
 log = logging.getLogger(__name__)
+
+
+def check_timeout(timeout: object) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0 or timeout != timeout:
+        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
 class _Cell:
@@ -94,7 +101,7 @@ class ActorSystem:
         if self._tg is None or self._closing:
             raise ActorError("the actor system is not running: use `async with ActorSystem(bus) as system`")
         if not isinstance(actor, Actor) or "name" not in vars(actor):
-            raise TypeError(
+            raise UsageError(
                 f"spawn takes an Actor whose __init__ called super().__init__(name), got {type(actor).__qualname__}"
             )
         if actor._system is not None:
@@ -171,6 +178,7 @@ class ActorSystem:
         self, target: Target, msg: msgspec.Struct, *, timeout: float | None = None, sender: str | None = None
     ) -> Any:
         """Send `msg` and wait for the handler's return value (or its exception)."""
+        check_timeout(timeout)
         cell = self._cell(target)
         self._check_message(cell, msg)
         what = type(msg).__qualname__
@@ -197,7 +205,7 @@ class ActorSystem:
     def _cell(self, target: Target) -> _Cell:
         name = target if isinstance(target, str) else getattr(target, "name", None)
         if not isinstance(name, str) or not isinstance(target, (str, Actor, Ref)):
-            raise TypeError(f"a message goes to an actor name, Actor or Ref, not {target!r}")
+            raise UsageError(f"a message goes to an actor name, Actor or Ref, not {target!r}")
         cell = self._cells.get(name)
         if cell is None:
             raise ActorError(f"no actor named {name!r} (known: {', '.join(self._cells) or 'none'})")
@@ -205,7 +213,7 @@ class ActorSystem:
 
     def _check_message(self, cell: _Cell, msg: object) -> None:
         if not isinstance(msg, msgspec.Struct):
-            raise TypeError(f"messages must be msgspec.Struct instances, got {type(msg).__qualname__}")
+            raise UsageError(f"messages must be msgspec.Struct instances, got {type(msg).__qualname__}")
         if not cell.alive:
             raise self._gone(cell, type(msg).__qualname__)
 

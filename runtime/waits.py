@@ -26,7 +26,7 @@ import collections
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from runtime.errors import WaitCycle
+from runtime.errors import UsageError, WaitCycle
 from runtime.priority import BACKGROUND
 
 OnChange = Callable[[str, int, "int | None", "str | None"], None]
@@ -94,7 +94,7 @@ class WaitGraph:
 
     def set_base(self, agent: str, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise TypeError(f"priority of {agent!r} must be an int, got {priority!r}")
+            raise UsageError(f"priority of {agent!r} must be an int, got {priority!r}")
         self._base[agent] = priority
         self._update(agent)
 

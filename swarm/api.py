@@ -20,7 +20,7 @@ import anyio
 
 from runtime.agent import Agent
 from runtime.engine import Engine
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, UsageError
 from runtime.bus import EventBus
 from runtime.events import SwarmStarted, SwarmStopped
 from runtime.owner import GPUOwner
@@ -95,7 +95,7 @@ class Swarm:
 
     async def spawn(self, agent: Agent) -> Agent:
         if not isinstance(agent, Agent):
-            raise TypeError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
+            raise UsageError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
         agent.gpu = self.owner
         await self.system.spawn(agent)
         return agent

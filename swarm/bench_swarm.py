@@ -168,7 +168,7 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
         with anyio.move_on_after(args.warmup):  # every slot busy before measuring
             while swarm.bus.counts[Admitted] < args.slots:
                 await anyio.sleep(0.05)
-        steps_before = len(swarm.owner.step_seconds)
+        steps_before = swarm.owner.steps_run
         preempted_before = swarm.bus.counts[Preempted]
         stats.measuring = True
         started = time.monotonic()
@@ -176,7 +176,7 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
         await anyio.sleep(args.seconds)
         stats.measuring = False
         elapsed = time.monotonic() - started
-        steps = swarm.owner.step_seconds[steps_before:]
+        steps = list(swarm.owner.step_seconds)[steps_before - swarm.owner.steps_run :] if swarm.owner.steps_run > steps_before else []
         preemptions = swarm.bus.counts[Preempted] - preempted_before
     idle_s = elapsed - stats.fg_live_s
     return {

@@ -54,8 +54,8 @@ class KVEngine:
         self.done: collections.Counter[str] = collections.Counter()  # swaps that succeeded
         self.steps = 0
 
-    def fail_next(self, kind: str, turn: int | None = None, why: str = "injected fault") -> None:
-        self.faults.append((kind, turn, why))
+    def fail_next(self, kind: str, turn: int | None = None, why: str = "injected fault", times: int = 1) -> None:
+        self.faults += [(kind, turn, why)] * times
 
     def _fault(self, kind: str, turn: int) -> None:
         for fault in self.faults:
