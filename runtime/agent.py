@@ -20,7 +20,7 @@ cancels the turn; its slot and KV are freed at the next token boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 
 import anyio
 
@@ -100,6 +100,12 @@ class Agent(Actor):
                 pass
         return turn.text
 
+    def waiting_on(self, agent: str) -> ContextManager[object]:
+        """`with self.waiting_on("aider"):` lends this agent's priority to another
+        while it waits for it: one without a mailbox to ask, such as an outside
+        caller of `swarm serve`. Raises WaitCycle if that would close a cycle."""
+        return self.system.waits.waiting(self.name, agent)
+
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
@@ -142,6 +148,7 @@ class TurnHandle:
         self.ended: Ended | None = None
         self.pauses: list[PauseInfo] = []
         self.paused_s = 0.0
+        self.cancel_reason = "left by its agent"  # what the event says if the turn is left early
 
     @property
     def text(self) -> str:
@@ -185,7 +192,7 @@ class TurnHandle:
         if self.ended is None:
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.agent._owner().requests.send(CancelTurn(turn=self.id, reason="left by its agent"))
+                    await self.agent._owner().requests.send(CancelTurn(turn=self.id, reason=self.cancel_reason))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     pass  # the owner has stopped and ended the turn itself
 

@@ -14,9 +14,11 @@
     │   ├── UnhandledMessage       the receiver has no handler for that message type
     │   ├── AskTimeout             no reply within the ask's timeout
     │   └── WaitCycle              the ask or lock would close a cycle of waits
-    └── TurnError              a turn ended without finishing
-        ├── TurnCancelled          cancelled by its agent or the swarm
-        └── TurnFailed             the engine or its agent failed while it ran
+    ├── TurnError              a turn ended without finishing
+    │   ├── TurnCancelled          cancelled by its agent or the swarm
+    │   └── TurnFailed             the engine or its agent failed while it ran
+    └── RequestError           an HTTP request `swarm serve` will not serve (carries
+                               the status and the OpenAI error type, code and param)
 
 Catch `SlotswarmError` to catch them all.
 """
@@ -84,3 +86,25 @@ class TurnCancelled(TurnError):
 
 class TurnFailed(TurnError):
     pass
+
+
+class RequestError(SlotswarmError):
+    """A request to `swarm serve` that is answered with an OpenAI-style error object."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}

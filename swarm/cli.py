@@ -10,7 +10,7 @@ import sys
 
 from runtime.errors import SlotswarmError
 
-COMMANDS = ["run", "sim", "bench", "generate", "tail", "plot"]
+COMMANDS = ["run", "sim", "bench", "generate", "tail", "plot", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,67 @@
+"""`swarm serve`: an OpenAI-compatible endpoint where outside agents join the swarm.
+
+Each caller is an agent (X-Swarm-Agent, else the body's `user`, else one per
+connection) with a priority (the body's `priority`, or X-Swarm-Priority:
+foreground, background or an integer; background by default). A foreground
+request preempts background turns at the next token boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import anyio
+
+from runtime.errors import ConfigError
+from runtime.turns import Policy
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve the swarm over an OpenAI-compatible HTTP API", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free one; the URL is printed)")
+    p.add_argument("--model", metavar="PATH", help="GGUF model file (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file's name without .gguf)")
+    p.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    p.add_argument("--slots", type=int, default=8, help="turns decoded together (default 8)")
+    p.add_argument("--policy", default=Policy.RESIDENT.value, help="scheduling policy: " + ", ".join(x.value for x in Policy))
+    p.add_argument("--step-tokens", type=int, metavar="N", help="tokens one step may process (bounds every foreground wait)")
+    p.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--max-queue", type=int, metavar="N", help="refuse background requests (429) while N are waiting for a slot")
+    p.add_argument("--grace", type=float, default=10.0, metavar="S", help="on shutdown, seconds running turns get to finish (default 10)")
+    p.add_argument("--events", metavar="PATH", help="append the scheduling events to this JSON-lines file")
+    p.add_argument("--log-prompts", metavar="PATH", help="append each request's prompt and completion to this JSON-lines file (off by default)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu.engine import OpenCLEngine
+    from gpu.fetch import resolve_model
+
+    if args.slots < 1:
+        raise ConfigError(f"--slots must be at least 1, got {args.slots}")
+    path = resolve_model(args.model)
+    model_id = args.served_model_name or Path(path).name.removesuffix(".gguf")
+    engine = OpenCLEngine(path, device=args.device)
+    try:
+        anyio.run(_serve, engine, model_id, args)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+async def _serve(engine, model_id: str, args: argparse.Namespace) -> None:
+    from swarm.api import Swarm
+    from swarm.server import serve
+
+    async with Swarm(engine, slots=args.slots, policy=args.policy, step_tokens=args.step_tokens, events=args.events, model_name=model_id) as swarm:
+        async with anyio.create_task_group() as tg:
+            handle = await tg.start(lambda task_status: serve(
+                swarm, model_id=model_id, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
+                grace_s=args.grace, log_prompts=args.log_prompts, task_status=task_status,
+            ))
+            print(f"serving {model_id!r} at {handle.url}/v1 ({args.slots} slots, {swarm.config.policy.value}); Ctrl-C stops", flush=True)
+    print("stopped", file=sys.stderr, flush=True)

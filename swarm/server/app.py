@@ -1,0 +1,260 @@
+"""The Starlette app: routes, auth and errors. The turn logic is the gateway's.
+
+    POST /v1/chat/completions   POST /v1/completions   (stream or not)
+    GET  /v1/models             GET  /v1/events        (server-sent events)
+    GET  /health                GET  /metrics
+
+Every error is an OpenAI error object, `{"error": {"message", "type", "param",
+"code"}}`. A request runs inside a response that listens for the client hanging
+up: a hang-up cancels the turn at the next token boundary, queued or paused alike.
+To add a page, append a Route to `app.routes` (or build the list with `routes()`).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Awaitable, Callable
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from runtime.errors import RequestError
+from runtime.stream import CLIENT_BUFFER, encode_line
+from swarm.server.gateway import Gateway, ServedTurn
+from swarm.server.metrics import CONTENT_TYPE, Metrics
+from swarm.server.protocol import SSE_DONE, Reply, TurnSpec, encode, error_body, parse_chat, parse_completion, sse
+
+MAX_BODY = 4 * 1024 * 1024
+EVENTS_PING_S = 15.0
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+JSON = [(b"content-type", b"application/json")]
+
+
+def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None) -> Starlette:
+    api = _Api(gateway, metrics, api_key)
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", api.chat, methods=["POST"]),
+            Route("/v1/completions", api.completion, methods=["POST"]),
+            Route("/v1/models", api.models, methods=["GET"]),
+            Route("/v1/events", api.events, methods=["GET"]),
+            Route("/health", api.health, methods=["GET"]),
+            Route("/metrics", api.metrics, methods=["GET"]),
+        ],
+        exception_handlers={RequestError: _request_error, HTTPException: _http_error, Exception: _server_error},
+    )
+    app.state.gateway = gateway
+    app.state.metrics = metrics
+    return app
+
+
+class _Api:
+    def __init__(self, gateway: Gateway, metrics: Metrics, api_key: str | None) -> None:
+        self.gateway = gateway
+        self.metrics_ = metrics
+        self.api_key = api_key
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise RequestError("invalid API key: send `Authorization: Bearer KEY` with the server's --api-key", status=401, code="invalid_api_key")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, parse_chat)
+
+    async def completion(self, request: Request) -> Response:
+        return await self._complete(request, parse_completion)
+
+    async def _complete(self, request: Request, parse: Callable[[bytes], TurnSpec]) -> Response:
+        arrived = self.gateway.clock()
+        self.authorize(request)
+        spec = parse(await _read_body(request))
+        if spec.model != self.gateway.model_id:
+            raise RequestError(f"model {spec.model!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
+        caller = self.gateway.caller(request.headers, spec, request.client and (request.client.host, request.client.port))
+        turn = self.gateway.turn(caller, spec, arrived)
+
+        async def run(out: _Out) -> None:
+            try:
+                async with turn as served:
+                    out.served = served
+                    if spec.stream:
+                        await _stream(out, served)
+                    else:
+                        await _whole(out, served)
+            except RequestError as exc:
+                if not out.started:
+                    await out.start(exc.status, JSON, _error_headers(exc))
+                    await out.body(encode(error_body(exc)), more=False)
+                elif spec.stream:  # mid-stream: the openai client raises on an error event
+                    await out.body(sse(error_body(exc)) + SSE_DONE, more=False)
+
+        return _Watched(run)
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        model = {"id": self.gateway.model_id, "object": "model", "created": 0, "owned_by": "slotswarm"}
+        return _json({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        status = "shutting_down" if self.gateway.closing else "ok"
+        return _json({"status": status, "turns": len(self.gateway.turns)}, 503 if self.gateway.closing else 200)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.metrics_.render(), headers={"content-type": CONTENT_TYPE})
+
+    async def events(self, request: Request) -> Response:
+        """The swarm's events, one JSON object per `data:` line, as in `swarm tail --json`."""
+        self.authorize(request)
+        bus, closed = self.gateway.swarm.bus, self.gateway.closed
+
+        async def run(out: _Out) -> None:
+            subscription = bus.subscribe(CLIENT_BUFFER)
+            try:
+                await out.start(200, SSE_HEADERS)
+                if bus.last_started is not None:
+                    await out.body(sse(encode_line(bus.last_started).rstrip()))
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_when, closed, tg.cancel_scope)
+                    while True:
+                        with anyio.move_on_after(EVENTS_PING_S) as idle:
+                            item = await subscription.__anext__()
+                        if idle.cancelled_caught:
+                            await out.body(b": ping\n\n")
+                            continue
+                        await out.body(sse(encode_line(item).rstrip()))  # an Event, or the events.dropped notice
+            except StopAsyncIteration:
+                pass  # the bus closed: the swarm stopped
+            finally:
+                subscription.close()
+            await out.body(b"", more=False)
+
+        return _Watched(run)
+
+
+async def _stream(out: _Out, served: ServedTurn) -> None:
+    reply = Reply(served.spec.kind, served.gateway.model_id)
+    spec = served.spec
+    await out.start(200, SSE_HEADERS)
+    if spec.kind == "chat":
+        await out.body(sse(reply.chunk("", first=True)))
+    async for text in served:
+        await out.body(sse(reply.chunk(text, usage=served.usage() if spec.continuous_usage else None)))
+    usage = served.usage()
+    await out.body(sse(reply.chunk(None, served.finish_reason, usage if spec.continuous_usage else None)))
+    if spec.include_usage:
+        await out.body(sse(reply.usage_chunk(usage)))
+    await out.body(SSE_DONE, more=False)
+
+
+async def _whole(out: _Out, served: ServedTurn) -> None:
+    reply = Reply(served.spec.kind, served.gateway.model_id)
+    text = [piece async for piece in served]
+    body = reply.whole("".join(text), served.finish_reason or "stop", served.usage())
+    await out.start(200, JSON)
+    await out.body(encode(body), more=False)
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+class _Out:
+    """The response's send side; notes whether headers went out and whether the
+    client is gone (so the turn's cancel reason says so)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.gone = False
+        self.served: ServedTurn | None = None
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]], extra: dict[str, str] | None = None) -> None:
+        headers = headers + [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
+        await self._call({"type": "http.response.start", "status": status, "headers": headers})
+        self.started = True
+
+    async def body(self, data: bytes, *, more: bool = True) -> None:
+        await self._call({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def _call(self, message: dict[str, Any]) -> None:
+        try:
+            await self._send(message)
+        except OSError:
+            self.hang_up()
+            raise
+
+    def hang_up(self) -> None:
+        self.gone = True
+        if self.served is not None:
+            self.served.handle.cancel_reason = "client disconnected"
+
+
+class _Watched(Response):
+    """Runs `run(out)` while listening for the client to hang up; a hang-up
+    cancels it, and with it the turn (at the next token boundary)."""
+
+    def __init__(self, run: Callable[[_Out], Awaitable[None]]) -> None:
+        self.run = run
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        out = _Out(send)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch, receive, out, tg.cancel_scope)
+                await self.run(out)
+                tg.cancel_scope.cancel()
+        except OSError:
+            pass  # the client went away while we wrote: its turn is already cancelled
+
+    @staticmethod
+    async def _watch(receive: Receive, out: _Out, scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        out.hang_up()
+        scope.cancel()
+
+
+async def _read_body(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413, code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(encode(obj), status_code=status, headers=headers, media_type="application/json")
+
+
+def _error_headers(exc: RequestError) -> dict[str, str]:
+    return dict(exc.headers)
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    return _json(error_body(exc), exc.status, _error_headers(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _json(error_body(RequestError(message, status=exc.status_code, code=kind)), exc.status_code, dict(exc.headers or {}))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # A bug of ours: still an error object, and the server goes on.
+    error = RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500, type="server_error")
+    return _json(error_body(error), 500)

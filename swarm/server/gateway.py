@@ -1,0 +1,326 @@
+"""The gateway: HTTP callers as agents of the swarm.
+
+Each caller is an agent named by X-Swarm-Agent, else the body's `user`, else one
+per connection. A request becomes one turn at the request's priority; while it
+runs, the caller's base priority in the swarm's wait graph is the highest of its
+requests in flight, and X-Swarm-Waits-On adds a wait edge from it to the agent
+named, so priority inheritance crosses the HTTP boundary both ways: an outside
+agent lends its priority to an in-process one, and an in-process agent waiting on
+an outside one (`Agent.waiting_on("aider")`) lends it its own.
+
+Admission: background requests past `max_queue` waiting turns are refused (429),
+foreground ones never are; once closing, every new request is refused (503).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any, AsyncIterator, Callable
+
+import anyio
+import msgspec
+
+from runtime.agent import Agent, TurnHandle
+from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnFailed, WaitCycle
+from runtime.messages import CancelTurn
+from runtime.priority import BACKGROUND, FOREGROUND
+from swarm.api import Swarm
+from swarm.server.protocol import TurnSpec, check_agent_name, parse_priority
+
+FINISH_REASONS = {"eos": "stop", "length": "length", "context": "length"}
+
+
+class Caller(msgspec.Struct, frozen=True):
+    agent: str
+    priority: int
+    waits_on: str | None = None
+
+    @property
+    def klass(self) -> str:
+        return "foreground" if self.priority >= FOREGROUND else "background"
+
+
+class _Outside(Agent):
+    """An HTTP caller as the GPU owner sees it: a name and a priority. It is never
+    spawned (it has no mailbox): its turns go to the owner like any agent's."""
+
+
+class StopScanner:
+    """Finds stop strings in streamed text, holding back any tail that could be
+    the start of one, so no part of a stop string is ever sent."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.pending = ""
+        self.hit = False
+
+    def push(self, piece: str) -> str:
+        if not self.stops:
+            return piece
+        self.pending += piece
+        found = [i for s in self.stops if (i := self.pending.find(s)) >= 0]
+        if found:
+            out, self.pending, self.hit = self.pending[: min(found)], "", True
+            return out
+        keep = 0
+        for k in range(min(len(self.pending), max(map(len, self.stops)) - 1), 0, -1):
+            if any(s.startswith(self.pending[-k:]) for s in self.stops):
+                keep = k
+                break
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep :]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class ServedTurn:
+    """One request's turn, as text: iterate it for the pieces to send. Afterwards
+    `finish_reason` and `usage()` say how it ended."""
+
+    def __init__(self, gateway: Gateway, caller: Caller, handle: TurnHandle, spec: TurnSpec, arrived: float) -> None:
+        self.gateway = gateway
+        self.caller = caller
+        self.handle = handle
+        self.spec = spec
+        self.arrived = arrived
+        self.scanner = StopScanner(spec.stop)
+        self.finish_reason: str | None = None
+        self.text: list[str] = []
+        self._last: float | None = None  # when the last piece went out
+        self._counted = 0  # tokens counted in the metrics so far
+        self._done = False
+
+    def __aiter__(self) -> ServedTurn:
+        return self
+
+    async def __anext__(self) -> str:
+        while not self._done:
+            try:
+                piece = await self.handle.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                ended = self.handle.ended
+                self.finish_reason = FINISH_REASONS.get(ended.reason, "stop") if ended else "stop"
+                piece = self.scanner.flush()
+                if piece:
+                    return self._out(piece)
+                break
+            except (TurnCancelled, TurnFailed) as exc:
+                self._done = True
+                raise self.gateway.ended_early(self.handle, exc) from None
+            text = self.scanner.push(piece)
+            if self.scanner.hit:
+                self._done = True
+                self.finish_reason = "stop"
+                self.handle.cancel_reason = "stop string"
+            if text:
+                return self._out(text)
+        raise StopAsyncIteration
+
+    def _out(self, text: str) -> str:
+        now = self.gateway.clock()
+        metrics = self.gateway.metrics
+        if metrics is not None:
+            metrics.tokens.labels(self.caller.klass).inc(len(self.handle.tokens) - self._counted)
+            self._counted = len(self.handle.tokens)
+            if self._last is None:
+                metrics.ttft.labels(self.caller.klass).observe(now - self.arrived)
+            else:
+                metrics.itl.labels(self.caller.klass).observe(now - self._last)
+        self._last = now
+        self.text.append(text)
+        return text
+
+    def usage(self) -> dict[str, Any]:
+        h = self.handle
+        prompt, completion = len(h.prompt), len(h.tokens)
+        return {
+            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "waited_s": h.waited_s, "ttft_s": h.ttft_s, "paused_s": h.paused_s, "preemptions": len(h.pauses),
+        }
+
+
+class Gateway:
+    def __init__(self, swarm: Swarm, *, model_id: str, max_queue: int | None = None, log_prompts: str | Path | None = None) -> None:
+        self.swarm = swarm
+        self.model_id = model_id
+        self.max_queue = max_queue
+        self.tokenizer = swarm.owner.tokenizer
+        self.context = swarm.config.max_context or math.inf
+        self.clock: Callable[[], float] = swarm.bus.now
+        self.metrics: Any = None  # swarm.server.metrics.Metrics, once attached
+        self.turns: dict[int, ServedTurn] = {}
+        self.closing = False
+        self.closed = anyio.Event()  # set when shutdown begins: long streams end
+        self.hurry = anyio.Event()  # set to cut the grace period short
+        self._changed = anyio.Event()
+        self._in_flight: dict[str, list[int]] = {}  # agent -> priorities of its requests in flight
+        self._prompt_log: IO[str] | None = open(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
+
+    # --------------------------------------------------------------- callers
+
+    def caller(self, headers: Any, spec: TurnSpec, connection: tuple[str, int] | None) -> Caller:
+        name = headers.get("x-swarm-agent")
+        if name is not None:
+            name = check_agent_name(name.strip(), "X-Swarm-Agent")
+        elif spec.user is not None:
+            name = spec.user
+        else:
+            host, port = connection or ("unknown", 0)
+            name = f"conn-{host}:{port}"
+        if name in self.swarm.system.names():
+            raise RequestError(f"agent name {name!r} belongs to an in-process agent of this swarm; choose another", param="X-Swarm-Agent", code="invalid_agent")
+        header = parse_priority(headers.get("x-swarm-priority"))
+        if header is not None and spec.priority is not None and header != spec.priority:
+            raise RequestError(f"the body's priority ({spec.priority}) and X-Swarm-Priority ({header}) disagree", param="priority", code="invalid_priority")
+        priority = spec.priority if spec.priority is not None else header if header is not None else BACKGROUND
+        waits_on = headers.get("x-swarm-waits-on")
+        if waits_on is not None:
+            waits_on = check_agent_name(waits_on.strip(), "X-Swarm-Waits-On")
+        return Caller(name, priority, waits_on)
+
+    # ----------------------------------------------------------------- turns
+
+    def prompt_ids(self, spec: TurnSpec) -> tuple[list[int], int]:
+        """The prompt's token ids and the max_tokens to run, or a 400."""
+        if self.tokenizer is None:
+            raise RequestError("this engine has no tokenizer", status=503, type="server_error")
+        try:
+            if spec.messages is not None:
+                ids = self.tokenizer.chat(spec.messages)
+            elif spec.text is not None:
+                ids = self.tokenizer.encode(spec.text)
+            else:
+                ids = spec.token_ids or []
+                vocab = self.tokenizer.vocab_size
+                if any(not 0 <= t < vocab for t in ids):
+                    raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
+        except SlotswarmError as exc:
+            if isinstance(exc, RequestError):
+                raise
+            raise RequestError(str(exc), param="messages") from None
+        if not ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        room = self.context - len(ids)
+        if room < 1 or (spec.max_tokens is not None and spec.max_tokens > room):
+            asked = f" plus {spec.max_tokens} to generate" if spec.max_tokens is not None else ""
+            raise RequestError(
+                f"this model's context is {self.context} tokens; the prompt is {len(ids)}{asked}",
+                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+            )
+        max_tokens = spec.max_tokens if spec.max_tokens is not None else int(room)
+        pool = self.swarm.owner.scheduler.pool
+        if pool.blocks_for(len(ids) + max_tokens) > pool.num_blocks:
+            raise RequestError(
+                f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has ({pool.num_blocks * pool.block_size} positions)",
+                param="max_tokens", code="context_length_exceeded",
+            )
+        return ids, max_tokens
+
+    def waiting(self) -> int:
+        """Requests still waiting for their first slot."""
+        return sum(1 for t in self.turns.values() if t.handle.admitted_t is None)
+
+    @asynccontextmanager
+    async def turn(self, caller: Caller, spec: TurnSpec, arrived: float) -> AsyncIterator[ServedTurn]:
+        if self.closing:
+            raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
+        prompt, max_tokens = self.prompt_ids(spec)
+        if self.max_queue is not None and caller.priority < FOREGROUND and self.waiting() >= self.max_queue:
+            raise RequestError(
+                f"{self.waiting()} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
+                status=429, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"},
+            )
+        waits = self.swarm.system.waits
+        self._in_flight.setdefault(caller.agent, []).append(caller.priority)
+        waits.set_base(caller.agent, max(self._in_flight[caller.agent]))
+        edge = None
+        try:
+            if caller.waits_on is not None:
+                try:
+                    edge = waits.wait(caller.agent, caller.waits_on)
+                except WaitCycle as exc:
+                    raise RequestError(str(exc), param="X-Swarm-Waits-On", code="wait_cycle") from None
+            agent = _Outside(caller.agent, caller.priority)
+            agent.gpu = self.swarm.owner
+            handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+            served = ServedTurn(self, caller, handle, spec, arrived)
+            async with handle:
+                self._track(handle.id, served)
+                try:
+                    yield served
+                finally:
+                    self._untrack(handle.id)
+                    self._log(served)
+        finally:
+            if edge is not None:
+                waits.release(edge)
+            mine = self._in_flight[caller.agent]
+            mine.remove(caller.priority)
+            waits.set_base(caller.agent, max(mine, default=BACKGROUND))
+            if not mine:
+                del self._in_flight[caller.agent]
+
+    def ended_early(self, handle: TurnHandle, exc: Exception) -> RequestError:
+        reason = handle.ended.reason if handle.ended else str(exc)
+        if isinstance(exc, TurnCancelled):
+            return RequestError(f"the turn was cancelled: {reason}", status=503, type="server_error", code="cancelled")
+        return RequestError(f"the turn failed: {reason}", status=503, type="server_error", code="turn_failed")
+
+    def _track(self, turn_id: int, served: ServedTurn) -> None:
+        self.turns[turn_id] = served
+        self._notify()
+
+    def _untrack(self, turn_id: int) -> None:
+        self.turns.pop(turn_id, None)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _log(self, served: ServedTurn) -> None:
+        if self._prompt_log is None:
+            return
+        spec = served.spec
+        record = {
+            "turn": served.handle.id, "agent": served.caller.agent, "priority": served.caller.priority,
+            "prompt": spec.messages if spec.messages is not None else spec.text if spec.text is not None else spec.token_ids,
+            "completion": "".join(served.text), "finish_reason": served.finish_reason, "usage": served.usage(),
+        }
+        self._prompt_log.write(msgspec.json.encode(record).decode() + "\n")
+
+    # -------------------------------------------------------------- shutdown
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new requests, give running turns `grace_s` to finish, then cancel
+        the rest (each ends in turn.cancelled; its client gets an error)."""
+        self.closing = True
+        self.closed.set()
+        with anyio.move_on_after(grace_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_when, self.hurry, tg.cancel_scope)
+                while self.turns:
+                    await self._changed.wait()
+                tg.cancel_scope.cancel()
+        for turn_id, served in list(self.turns.items()):
+            served.handle.cancel_reason = "server shutting down"
+            try:
+                self.swarm.owner.requests.send_nowait(CancelTurn(turn=turn_id, reason="server shutting down"))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the owner has stopped: it ended every turn itself
+        while self.turns:
+            await self._changed.wait()
+        if self._prompt_log is not None:
+            self._prompt_log.close()
+            self._prompt_log = None
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
