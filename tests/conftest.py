@@ -62,3 +62,10 @@ def events_file(tmp_path: Path) -> Path:
     emit_session(bus, clock)
     bus.close()
     return path
+
+
+@pytest.fixture(scope="session")
+def serve_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a 4096-token context, for `swarm serve`'s tests: a
+    background turn of thousands of tokens outlasts every step of a test."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("serve") / "tiny-serve.gguf", context_length=4096)

@@ -1,0 +1,225 @@
+"""`swarm serve` as its users meet it: a real server process, the official `openai`
+client, and raw HTTP for what that client never sends.
+
+The tiny random model writes bytes, not prose: tests compare texts with each other
+(greedy is deterministic), never with words."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serve_helpers import SSE, EventWatcher, ServerProcess
+
+MODEL = "tiny-serve"
+FG = {"X-Swarm-Priority": "foreground"}
+LONG = 3_000  # a background turn that outlasts any test step (4096-token context)
+
+
+@pytest.fixture(scope="module")
+def server(serve_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with ServerProcess(serve_gguf, "--slots", "2", tmp=tmp_path_factory.mktemp("server")) as server:
+        yield server
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+def chat(content: str = "hello") -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+# ------------------------------------------------------------- the openai client
+
+
+def test_a_chat_completion_has_text_and_slotswarm_usage(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert reply.object == "chat.completion" and reply.model == MODEL
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"
+    usage = reply.usage.model_dump()
+    assert usage["completion_tokens"] == 8 and usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 8
+    assert usage["waited_s"] >= 0 and usage["ttft_s"] >= usage["waited_s"]
+    assert usage["paused_s"] == 0 and usage["preemptions"] == 0
+    again = client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
+
+
+def test_a_streamed_chat_says_what_the_whole_one_says(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=chat("stream me"), max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finishing = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishing == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_text_completions_stream_and_not(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    assert whole.object == "text_completion" and whole.usage.completion_tokens == 6
+    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    assert streamed == whole.choices[0].text
+    ids = client.completions.create(model=MODEL, prompt=[40, 41, 42], max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 3
+
+
+def test_seeded_sampling_repeats_and_stop_strings_cut_the_text(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=chat("sample"), max_tokens=20, temperature=1.0, top_p=0.9, seed=7, extra_body={"ignore_eos": True})
+    a = client.chat.completions.create(**kw).choices[0].message.content
+    assert client.chat.completions.create(**kw).choices[0].message.content == a
+    stop = a[3:5]  # a stop string taken from the middle of the text: the text ends before it
+    cut = client.chat.completions.create(**kw, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].message.content
+    assert a.startswith(cut.choices[0].message.content)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stop=stop, stream=True) if c.choices)
+    assert streamed == cut.choices[0].message.content
+
+
+def test_concurrent_callers_each_get_their_own_answer(client: openai.OpenAI, server: ServerProcess) -> None:
+    prompts = [f"caller {i}" for i in range(6)]
+    alone = {p: client.chat.completions.create(model=MODEL, messages=chat(p), max_tokens=10, temperature=0, extra_body={"ignore_eos": True}).choices[0].message.content for p in prompts}
+
+    def call(p: str) -> tuple[str, str]:
+        stream = client.chat.completions.create(model=MODEL, messages=chat(p), max_tokens=10, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": f"agent-{p[-1]}"})
+        return p, "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        together = dict(pool.map(call, prompts))
+    assert together == alone  # batched with others (2 slots, 6 callers), each turn decodes as if alone
+    agents = {e["agent"] for e in server.events() if e["event"] == "turn.finished"}
+    assert {f"agent-{i}" for i in range(6)} <= agents
+
+
+def test_models_and_health(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    status, _, body = server.request("GET", "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+# --------------------------------------------------------------------- raw HTTP
+
+
+def error_of(status: int, body: bytes) -> dict[str, Any]:
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code", "param"),
+    [
+        (b"{not json", {}, 400, "invalid_json", None),
+        (b"[1, 2]", {}, 400, None, None),
+        ({**GOOD, "tools": []}, {}, 400, "unsupported_parameter", "tools"),
+        ({**GOOD, "frobnicate": 1}, {}, 400, "unsupported_parameter", "frobnicate"),
+        ({**GOOD, "n": 2}, {}, 400, "unsupported_parameter", "n"),
+        ({**GOOD, "logprobs": True}, {}, 400, "unsupported_parameter", "logprobs"),
+        ({**GOOD, "temperature": 3}, {}, 400, None, "temperature"),
+        ({**GOOD, "top_p": 0}, {}, 400, None, "top_p"),
+        ({**GOOD, "max_tokens": 0}, {}, 400, None, "max_tokens"),
+        ({**GOOD, "max_tokens": "2"}, {}, 400, None, "max_tokens"),
+        ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, {}, 400, None, "stop"),
+        ({**GOOD, "messages": []}, {}, 400, None, "messages"),
+        ({**GOOD, "messages": [{"role": "tool", "content": "x"}]}, {}, 400, None, "messages[0].role"),
+        ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, {}, 400, None, "messages[0].content"),
+        ({**GOOD, "priority": "high"}, {}, 400, None, "priority"),
+        ({**GOOD, "priority": 10**9}, {}, 400, "invalid_priority", "priority"),
+        (GOOD, {"X-Swarm-Priority": "urgent"}, 400, "invalid_priority", "X-Swarm-Priority"),
+        ({**GOOD, "priority": 0}, {"X-Swarm-Priority": "foreground"}, 400, "invalid_priority", "priority"),
+        (GOOD, {"X-Swarm-Agent": "bad name!"}, 400, "invalid_agent", "X-Swarm-Agent"),
+        (GOOD, {"X-Swarm-Agent": "gpu"}, 400, "invalid_agent", "X-Swarm-Agent"),
+        (GOOD, {"X-Swarm-Agent": "me", "X-Swarm-Waits-On": "me"}, 400, "wait_cycle", "X-Swarm-Waits-On"),
+        ({**GOOD, "max_tokens": 5000}, {}, 400, "context_length_exceeded", "messages"),
+        ({**GOOD, "messages": [{"role": "user", "content": "x " * 5000}]}, {}, 400, "context_length_exceeded", "messages"),
+        ({**GOOD, "model": "gpt-4"}, {}, 404, "model_not_found", "model"),
+        ({**GOOD, "stream_options": {"include_usage": True}}, {}, 400, None, "stream_options"),
+    ],
+)
+def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, body: Any, headers: dict[str, str], status: int, code: str | None, param: str | None) -> None:
+    got, _, data = server.request("POST", "/v1/chat/completions", body, headers)
+    assert got == status, data
+    error = error_of(got, data)
+    assert error["type"] == "invalid_request_error"
+    assert (error["code"], error["param"]) == (code, param) if code else error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"model": MODEL, "prompt": [[1], [2]]}, "prompt"), ({"model": MODEL, "prompt": [10**6]}, "prompt"), ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
+     ({"model": MODEL, "prompt": ""}, "prompt"), ({"model": MODEL}, None)],
+)
+def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: str | None) -> None:
+    status, _, data = server.request("POST", "/v1/completions", body)
+    assert status == 400 and error_of(status, data)["param"] == param
+
+
+def test_unknown_routes_and_methods_are_error_objects_too(server: ServerProcess) -> None:
+    status, _, data = server.request("GET", "/v1/nothing")
+    assert status == 404 and error_of(status, data)["code"] == "not_found"
+    status, _, data = server.request("GET", "/v1/chat/completions")
+    assert status == 405 and error_of(status, data)["code"] == "method_not_allowed"
+    status, _, data = server.request("POST", "/v1/chat/completions", b"x" * (5 * 1024 * 1024))
+    assert status == 413 and error_of(status, data)["code"] == "body_too_large"
+
+
+def test_a_client_that_hangs_up_mid_stream_cancels_its_turn(server: ServerProcess) -> None:
+    body = {**GOOD, "max_tokens": LONG, "ignore_eos": True, "stream": True}
+    stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": "quitter"})
+    assert stream.status == 200
+    for i, _ in zip(range(3), stream.chunks()):
+        pass
+    stream.hang_up()
+    ended = server.wait_for_event(lambda e: e.get("agent") == "quitter" and e["event"] in ("turn.finished", "turn.cancelled", "turn.failed"))
+    assert ended["event"] == "turn.cancelled" and ended["reason"] == "client disconnected"
+    assert ended["tokens"] < LONG
+    # Nothing else runs on this server now: every KV block is back.
+    for _ in range(200):
+        if scrape(server)["slotswarm_kv_blocks_used"] == 0:
+            break
+        time.sleep(0.05)
+    assert scrape(server)["slotswarm_kv_blocks_used"] == 0
+
+
+def scrape(server: ServerProcess) -> dict[str, float]:
+    status, headers, body = server.request("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            key = sample.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}" if sample.labels else "")
+            samples[key] = sample.value
+    return samples
+
+
+def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=4, temperature=0, extra_body={"ignore_eos": True}, extra_headers=FG)
+    m = scrape(server)
+    assert m["slotswarm_slots"] == 2
+    assert m["slotswarm_running_turns"] == m["slotswarm_slots_in_use"] <= 2
+    assert m["slotswarm_kv_blocks_used"] + m["slotswarm_kv_blocks_free"] > 0
+    assert m["slotswarm_turns_total{outcome=finished}"] >= 1
+    assert m["slotswarm_http_completion_tokens_total{class=foreground}"] >= 4
+    assert m["slotswarm_time_to_first_token_seconds_count{class=foreground}"] >= 1
+    assert m["slotswarm_inter_token_latency_seconds_count{class=foreground}"] >= 3
+    assert m["slotswarm_wait_seconds_count{class=foreground}"] >= 1
+    for name in ("slotswarm_preemptions_total", "slotswarm_priority_inheritances_total", "slotswarm_waiting_turns"):
+        assert name in m

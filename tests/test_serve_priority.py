@@ -1,0 +1,162 @@
+"""`swarm serve` under contention: one slot, a bounded queue, an API key; and
+shutdown with and without a grace period. Real server processes throughout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import openai
+import pytest
+
+from serve_helpers import SSE, EventWatcher, ServerProcess
+
+MODEL = "tiny-serve"
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LONG = 3_000  # a background turn that outlasts any test step (4096-token context)
+CHAT = [{"role": "user", "content": "hello"}]
+TERMINAL = ("turn.finished", "turn.cancelled", "turn.failed")
+
+
+@pytest.fixture(scope="module")
+def server(serve_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = ("--slots", "1", "--max-queue", "1", "--api-key", KEY)
+    with ServerProcess(serve_gguf, *args, tmp=tmp_path_factory.mktemp("server")) as server:
+        yield server
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+        yield client
+
+
+def background_stream(server: ServerProcess, agent: str) -> SSE:
+    """A raw background stream that holds the slot for thousands of tokens."""
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": LONG, "temperature": 0, "ignore_eos": True, "stream": True}
+    stream = SSE(server, "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": agent})
+    assert stream.status == 200
+    return stream
+
+
+def ended(server: ServerProcess, agent: str) -> dict[str, Any]:
+    return server.wait_for_event(lambda e: e.get("agent") == agent and e["event"] in TERMINAL)
+
+
+def test_a_foreground_request_preempts_a_background_stream(server: ServerProcess, client: openai.OpenAI) -> None:
+    watcher = EventWatcher(server, headers=AUTH)
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=LONG, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # usage in every chunk (vLLM's option)
+            extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": "bg"},
+        )
+        chunks = iter(stream)
+        first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
+        assert first.usage.preemptions == 0  # it holds the one slot now
+
+        fg = client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=4, temperature=0, extra_body={"ignore_eos": True},
+            extra_headers={"X-Swarm-Agent": "fg", "X-Swarm-Priority": "foreground"},
+        )
+        assert fg.usage.completion_tokens == 4 and fg.usage.preemptions == 0
+        assert fg.usage.model_dump()["waited_s"] < 60  # it did not wait for the 3000-token turn
+
+        # The background stream goes on where it was; its usage says it was paused.
+        resumed = next(c for _, c in zip(range(LONG), chunks) if c.usage and c.usage.model_dump()["preemptions"])
+        usage = resumed.usage.model_dump()
+        assert usage["preemptions"] == 1 and usage["paused_s"] > 0
+        stream.close()
+        assert ended(server, "bg")["reason"] == "client disconnected"
+    finally:
+        watcher.close()
+    seen = watcher.events
+    assert seen[0]["event"] == "swarm.started"
+    preempted = [e for e in seen if e["event"] == "turn.preempted"]
+    assert [(e["agent"], e["by_agent"], e["by_priority"]) for e in preempted] == [("bg", "fg", 10)]
+    fg_admitted = next(e for e in seen if e["event"] == "turn.admitted" and e["agent"] == "fg")
+    assert fg_admitted["step"] == preempted[0]["step"] and fg_admitted["slot"] == 0
+    assert any(e["event"] == "turn.resumed" and e["agent"] == "bg" for e in seen)
+
+
+def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server: ServerProcess) -> None:
+    first = background_stream(server, "hog1")
+    next(first.chunks())  # admitted: it holds the one slot
+    second = background_stream(server, "hog2")  # waits: the queue (1) is now full
+    server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "hog2")
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0}
+    status, headers, data = server.request("POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "hog3"})
+    assert status == 429 and int(headers["retry-after"]) >= 1
+    assert json.loads(data)["error"]["type"] == "rate_limit_error"
+    status, _, data = server.request("POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "boss", "X-Swarm-Priority": "foreground"})
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] >= 1
+    first.hang_up()
+    second.hang_up()
+    assert ended(server, "hog1")["event"] == ended(server, "hog2")["event"] == "turn.cancelled"
+
+
+def test_the_api_key_guards_v1_only(server: ServerProcess) -> None:
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, _, data = server.request("POST", "/v1/chat/completions", body, headers)
+        assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
+    assert server.request("GET", "/v1/models")[0] == 401
+    assert server.request("GET", "/v1/models", headers=AUTH)[0] == 200
+    assert server.request("GET", "/health")[0] == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+# ------------------------------------------------------------------- shutdown
+
+
+def one_terminal_each(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    queued = [e["turn"] for e in events if e["event"] == "turn.queued"]
+    terminal = [e for e in events if e["event"] in TERMINAL]
+    assert sorted(e["turn"] for e in terminal) == sorted(queued)  # exactly one each
+    assert events[-1]["event"] == "swarm.stopped"
+    return {e["turn"]: e for e in terminal}
+
+
+def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, tmp_path: Path) -> None:
+    with ServerProcess(serve_gguf, "--slots", "2", "--grace", "120", tmp=tmp_path) as server:
+        body = {"model": MODEL, "messages": CHAT, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+        stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": "finisher"})
+        chunks = stream.chunks()
+        next(chunks)
+        server.proc.send_signal(15)
+        rest = list(chunks)  # up to [DONE]
+        stream.hang_up()
+        assert rest[-1]["choices"][0]["finish_reason"] == "length"
+        assert server.proc.wait(60) == 0
+    ends = one_terminal_each(server.events())
+    assert [e["event"] for e in ends.values()] == ["turn.finished"]
+
+
+def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tmp_path: Path) -> None:
+    with ServerProcess(serve_gguf, "--slots", "1", "--grace", "0", tmp=tmp_path) as server:
+        running = background_stream_open(server, "runner")
+        next(running.chunks())
+        queued = background_stream_open(server, "queued")
+        server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "queued")
+        server.proc.send_signal(15)
+        for stream in (running, queued):
+            payloads = list(stream)
+            assert payloads[-1] == "[DONE]"
+            error = json.loads(payloads[-2])["error"]
+            assert error["code"] == "cancelled" and "server shutting down" in error["message"]
+            stream.hang_up()
+        assert server.proc.wait(60) == 0
+    ends = one_terminal_each(server.events())
+    assert sorted((e["agent"], e["event"], e["reason"]) for e in ends.values()) == [
+        ("queued", "turn.cancelled", "server shutting down"), ("runner", "turn.cancelled", "server shutting down"),
+    ]
+
+
+def background_stream_open(server: ServerProcess, agent: str) -> SSE:
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": LONG, "temperature": 0, "ignore_eos": True, "stream": True}
+    stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": agent})
+    assert stream.status == 200
+    return stream
