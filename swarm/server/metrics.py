@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.events import TERMINAL, Event
+from runtime.events import Admitted, Ended, Event, Inherited, Preempted
 from runtime.priority import FOREGROUND
 from swarm.api import Swarm
 
@@ -49,15 +49,15 @@ class Metrics:
         r.register(_SchedulerGauges(swarm))
 
     def observe(self, event: Event) -> None:
-        match event.event:
-            case "turn.preempted":
+        match event:
+            case Preempted():
                 self.preemptions.inc()
-            case "priority.inherited":
+            case Inherited():
                 self.inheritances.inc()
-            case "turn.admitted":
-                self.wait.labels(_klass(event.priority)).observe(event.waited_s or 0.0)
-            case name if name in TERMINAL:
-                self.turns.labels(name.removeprefix("turn.")).inc()
+            case Admitted(priority=priority, waited_s=waited_s):
+                self.wait.labels(_klass(priority)).observe(waited_s or 0.0)
+            case Ended():
+                self.turns.labels(event.event.removeprefix("turn.")).inc()
 
     async def follow(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Count the swarm's events until the bus closes (run it in a task group)."""
