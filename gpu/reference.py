@@ -1,4 +1,5 @@
-"""A readable NumPy float32 forward pass of a llama model, top to bottom (llama2.c style).
+"""A readable NumPy float32 forward pass, top to bottom (llama2.c style), of every architecture
+gpu/arch.py describes; the description's flags switch the optional parts on.
 
 It is the yardstick the OpenCL engine is tested against, not a fast path: every weight is
 dequantized to float32 once, and the KV cache is one contiguous array per layer.
@@ -7,8 +8,9 @@ dequantized to float32 once, and the KV cache is one contiguous array per layer.
     ids = ref.generate(prompt_ids, max_tokens=20, sampling=GREEDY)
 
 Conventions the engine must share:
-- RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each head by pos * base^(-2i/head_dim)
-  (ggml rope mode 0; llama.cpp's converter permuted Q and K so this is right for GGUF llamas).
+- RoPE rotates pair i of each head by pos * inv_freq[i], inv_freq = config.inv_freq(layer):
+  ADJACENT pairs (x[2i], x[2i+1]) for llama (ggml mode 0; llama.cpp's converter permuted Q
+  and K for it), halves (x[i], x[i + head_dim/2]) for the "neox" architectures.
 - Query head h reads KV head h // (n_heads // n_kv_heads).
 - Sampling position: the k-th new token after an n-token prompt is sampled with
   position n + k, the position it will occupy (see gpu/sampling.py).
@@ -48,42 +50,19 @@ class ReferenceCache:
         self.v[layer] = np.concatenate([self.v[layer], v])
 
 
-@dataclass
-class Layer:
-    attn_norm: np.ndarray  # (d,)
-    wq: np.ndarray  # (n_heads*head_dim, d)
-    wk: np.ndarray  # (n_kv_heads*head_dim, d)
-    wv: np.ndarray  # (n_kv_heads*head_dim, d)
-    wo: np.ndarray  # (d, n_heads*head_dim)
-    ffn_norm: np.ndarray  # (d,)
-    w_gate: np.ndarray  # (d_ff, d)
-    w_up: np.ndarray  # (d_ff, d)
-    w_down: np.ndarray  # (d, d_ff)
-
-
 class ReferenceModel:
     def __init__(self, model: Model) -> None:
         self.config = c = model.config
+        self.arch = c.arch
         w = lambda name: model.tensor(name).dequantize()  # noqa: E731
         self.embedding = w("token_embd.weight")  # (vocab, d)
-        self.layers = [
-            Layer(
-                attn_norm=w(f"blk.{i}.attn_norm.weight"),
-                wq=w(f"blk.{i}.attn_q.weight"),
-                wk=w(f"blk.{i}.attn_k.weight"),
-                wv=w(f"blk.{i}.attn_v.weight"),
-                wo=w(f"blk.{i}.attn_output.weight"),
-                ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
-                w_gate=w(f"blk.{i}.ffn_gate.weight"),
-                w_up=w(f"blk.{i}.ffn_up.weight"),
-                w_down=w(f"blk.{i}.ffn_down.weight"),
-            )
-            for i in range(c.n_layers)
-        ]
+        # layer i's tensors by their name after "blk.i.", e.g. "attn_q.weight", "attn_q.bias"
+        self.layers = [{name: w(f"blk.{i}.{name}") for name in c.arch.layer_tensors()} for i in range(c.n_layers)]
         self.output_norm = w("output_norm.weight")
         self.output = self.embedding if model.tied else model.output_weight().dequantize()
-        # theta_i = base^(-2i/head_dim) for each adjacent pair i of a head
-        self.inv_freq = c.rope_base ** (-np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim)
+        self.inv_freq = [c.inv_freq(i) for i in range(c.n_layers)]
+        self.embed_scale = np.float32(np.sqrt(c.d_model)) if c.arch.embed_scale else np.float32(1.0)
+        self.activation = gelu if c.arch.activation == "gelu" else silu
 
     def new_cache(self) -> ReferenceCache:
         return ReferenceCache.new(self.config)
@@ -91,28 +70,40 @@ class ReferenceModel:
     def forward(self, tokens: list[int], start: int, cache: ReferenceCache) -> np.ndarray:
         """Logits (len(tokens), vocab) for tokens at positions start.., appending their K/V to
         `cache`, which must already hold exactly the positions before `start`."""
-        c = self.config
+        c, arch = self.config, self.arch
         if start != cache.length:
             raise ValueError(f"forward at position {start}, but the cache holds {cache.length} positions")
         T = len(tokens)
         positions = np.arange(start, start + T)
-        x = self.embedding[np.asarray(tokens)]  # (T, d)
+        x = self.embedding[np.asarray(tokens)] * self.embed_scale  # (T, d)
 
-        for i, layer in enumerate(self.layers):
+        for i, L in enumerate(self.layers):
             # ---- attention
-            h = rmsnorm(x, layer.attn_norm, c.norm_eps)
-            q = (h @ layer.wq.T).reshape(T, c.n_heads, c.head_dim)
-            k = (h @ layer.wk.T).reshape(T, c.n_kv_heads, c.head_dim)
-            v = (h @ layer.wv.T).reshape(T, c.n_kv_heads, c.head_dim)
-            q = rope(q, positions, self.inv_freq)
-            k = rope(k, positions, self.inv_freq)
+            h = rmsnorm(x, L["attn_norm.weight"], c.norm_eps)
+            q, k, v = (h @ L[f"attn_{n}.weight"].T for n in "qkv")
+            if arch.qkv_bias:
+                q, k, v = q + L["attn_q.bias"], k + L["attn_k.bias"], v + L["attn_v.bias"]
+            q = q.reshape(T, c.n_heads, c.head_dim)
+            k = k.reshape(T, c.n_kv_heads, c.head_dim)
+            v = v.reshape(T, c.n_kv_heads, c.head_dim)
+            if arch.qk_norm:
+                q = rmsnorm(q, L["attn_q_norm.weight"], c.norm_eps)
+                k = rmsnorm(k, L["attn_k_norm.weight"], c.norm_eps)
+            q = rope(q, positions, self.inv_freq[i], arch.rope)
+            k = rope(k, positions, self.inv_freq[i], arch.rope)
             cache.append(i, k, v)
-            att = attention(q, cache.k[i], cache.v[i], start)  # (T, n_heads, head_dim)
-            x = x + att.reshape(T, c.q_dim) @ layer.wo.T
+            att = attention(q, cache.k[i], cache.v[i], start, c.window(i))  # (T, n_heads, head_dim)
+            out = att.reshape(T, c.q_dim) @ L["attn_output.weight"].T
+            if arch.post_norms:
+                out = rmsnorm(out, L["post_attention_norm.weight"], c.norm_eps)
+            x = x + out
 
-            # ---- feed-forward (SwiGLU)
-            h = rmsnorm(x, layer.ffn_norm, c.norm_eps)
-            x = x + (silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+            # ---- feed-forward (gated: act(gate) * up)
+            h = rmsnorm(x, L["ffn_norm.weight"], c.norm_eps)
+            out = (self.activation(h @ L["ffn_gate.weight"].T) * (h @ L["ffn_up.weight"].T)) @ L["ffn_down.weight"].T
+            if arch.post_norms:
+                out = rmsnorm(out, L["post_ffw_norm.weight"], c.norm_eps)
+            x = x + out
 
         x = rmsnorm(x, self.output_norm, c.norm_eps)
         return x @ self.output.T  # (T, vocab)
@@ -144,30 +135,36 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotate each adjacent pair (x[2i], x[2i+1]) of every head by angle position * inv_freq[i].
-    x: (T, heads, head_dim)."""
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str = "adjacent") -> np.ndarray:
+    """Rotate pair i of every head by angle position * inv_freq[i]. x: (T, heads, head_dim).
+    The pairs are adjacent, (x[2i], x[2i+1]), or for "neox" the halves, (x[i], x[i + hd/2])."""
     angle = positions[:, None] * inv_freq[None, :]  # (T, head_dim/2), float64 for exact angles
     cos = np.cos(angle).astype(np.float32)[:, None, :]
     sin = np.sin(angle).astype(np.float32)[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    first, second = (np.s_[..., 0::2], np.s_[..., 1::2]) if style == "adjacent" else (np.s_[..., :half], np.s_[..., half:])
+    x0, x1 = x[first], x[second]
     out = np.empty_like(x)
-    out[..., 0::2] = x0 * cos - x1 * sin
-    out[..., 1::2] = x0 * sin + x1 * cos
+    out[first] = x0 * cos - x1 * sin
+    out[second] = x0 * sin + x1 * cos
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int = 0) -> np.ndarray:
     """Causal grouped-query attention. q: (T, n_heads, hd) for positions start..start+T-1;
-    k, v: (start+T, n_kv_heads, hd), every position so far."""
+    k, v: (start+T, n_kv_heads, hd), every position so far. With a window, a query at p sees
+    only the keys p - window < s <= p."""
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     k = np.repeat(k, group, axis=1)  # query head h reads KV head h // group
     v = np.repeat(v, group, axis=1)
     scores = np.einsum("thd,shd->hts", q, k) / np.float32(np.sqrt(hd))  # (heads, T, S)
     S = k.shape[0]
-    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # key after query
-    scores = np.where(future[None], -np.inf, scores)
+    query_pos = (start + np.arange(T))[:, None]
+    hidden = np.arange(S)[None, :] > query_pos  # key after query
+    if window:
+        hidden |= np.arange(S)[None, :] <= query_pos - window
+    scores = np.where(hidden[None], -np.inf, scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -176,6 +173,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh form (ggml_gelu; Gemma's gelu_pytorch_tanh)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x**3)))
 
 
 def main() -> None:

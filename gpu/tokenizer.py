@@ -5,11 +5,20 @@
     stream = tok.stream()
     for t in new_tokens: print(stream.push(t), end="")   # never splits a UTF-8 character
 
-The GGUF holds a GPT-2 style byte-level BPE (`tokenizer.ggml.model` = "gpt2"): the token strings
-spell bytes with GPT-2's byte-to-unicode table ("Ġ" is a space), and `tokenizer.ggml.merges` lists
-the merges in priority order. We hand both to the `tokenizers` library. Control tokens
-(token_type 3, e.g. <|im_start|>) become special added tokens, so they are matched as whole
-tokens wherever they appear in the text — that is what makes a rendered chat template encode right.
+Two kinds of vocabulary (`tokenizer.ggml.model`), both handed to the `tokenizers` library:
+
+- "gpt2": byte-level BPE. The token strings spell bytes with GPT-2's byte-to-unicode table
+  ("Ġ" is a space) and `tokenizer.ggml.merges` lists the merges in priority order. Text is first
+  split by the pre-tokenizer `tokenizer.ggml.pre` names (the regexes llama.cpp and the models'
+  own tokenizer.json use: gpt2, smollm's digit split, qwen2's single digits, llama-bpe's runs of
+  up to 3 digits).
+- "llama": SentencePiece BPE (Llama 2, Gemma). "▁" is a space, `tokenizer.ggml.scores` ranks
+  the pieces (the highest-scoring merge first, as sentencepiece does), and a character with no
+  piece falls back to its UTF-8 bytes' <0xXX> tokens.
+
+Control tokens (token_type 3, e.g. <|im_start|>) become special added tokens, so they are matched
+as whole tokens wherever they appear in the text — that is what makes a rendered chat template
+encode right. The chat template itself is gpu/templates.py's.
 """
 
 from __future__ import annotations
@@ -19,20 +28,29 @@ from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 import gguf
-import jinja2
-import jinja2.sandbox
-from tokenizers import AddedToken, Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from gpu.model import Model
-from runtime.errors import ConfigError, ModelFormatError, UnsupportedModelError
+from gpu.templates import ChatTemplate, plain_prompt
+from runtime.errors import ModelFormatError, UnsupportedModelError
 
 # Pre-tokenizers by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp groups them. The
 # StarCoder family (SmolLM among them) splits every digit on its own before GPT-2's regex.
 _DIGIT_SPLITTING = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 _PLAIN_GPT2 = {"gpt2", "default", ""}
+# Qwen2's and Llama 3's split regexes (their tokenizer.json; llama.cpp's QWEN2 / LLAMA3): letters
+# with one leading non-letter, digits one at a time (Qwen) or up to three (Llama 3),
+# punctuation runs, newlines, and whitespace that leaves the last space to the next word.
+_SPLIT_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|DIGITS| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_REGEX_SPLITTING = {
+    "qwen2": _SPLIT_REGEX.replace("DIGITS", r"\p{N}"),
+    "llama-bpe": _SPLIT_REGEX.replace("DIGITS", r"\p{N}{1,3}"),
+}
+_NFC = {"qwen2"}  # Qwen2's tokenizer.json normalizes to NFC first
+PRE_TOKENIZERS = sorted(_DIGIT_SPLITTING | _REGEX_SPLITTING.keys() | _PLAIN_GPT2 - {""})
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 @lru_cache(maxsize=1)
@@ -61,13 +79,22 @@ class Tokenizer:
         pre: str = "gpt2",
         chat_template: str | None = None,
         name: str = "model",
+        kind: str = "gpt2",
+        scores: Sequence[float] | None = None,
+        add_bos: bool = False,
+        add_space_prefix: bool = False,
     ) -> None:
         self.name = name
         self.vocab_size = len(tokens)
         self.bos_id = bos_id
         self.eos_id = eos_id
-        self._token_bytes = _token_bytes(tokens, token_types)
-        self._hf = _build_bpe(tokens, token_types, merges, pre, name)
+        self.add_bos = add_bos
+        if kind == "llama":
+            self._token_bytes = _spm_token_bytes(tokens, token_types)
+            self._hf = _build_spm(tokens, token_types, scores, add_space_prefix, name)
+        else:
+            self._token_bytes = _token_bytes(tokens, token_types)
+            self._hf = _build_bpe(tokens, token_types, merges, pre, name)
         index = {t: i for i, t in enumerate(tokens)}
         ends = {eos_id} | {index[t] for t in END_OF_TURN_TOKENS if t in index}
         self.eos_ids: frozenset[int] = frozenset(ends)
@@ -81,8 +108,9 @@ class Tokenizer:
         present = set(tokens)
         self.missing_bytes: frozenset[int] = frozenset(
             b for b, c in bytes_to_unicode().items() if c not in present
-        )
-        self._template = _compile_template(chat_template, name) if chat_template else None
+        ) if kind == "gpt2" else frozenset()
+        specials = {"bos_token": tokens[bos_id], "eos_token": tokens[eos_id]}
+        self._template = ChatTemplate(chat_template, name, specials) if chat_template else None
 
     @classmethod
     def from_model(cls, model: Model) -> Tokenizer:
@@ -94,9 +122,10 @@ class Tokenizer:
             return md[key]
 
         kind = need("tokenizer.ggml.model")
-        if kind != "gpt2":
+        if kind not in ("gpt2", "llama"):
             raise UnsupportedModelError(
-                f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE, 'gpt2')"
+                f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2' "
+                f"and SentencePiece 'llama')"
             )
         tokens = need("tokenizer.ggml.tokens")
         types = md.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens)  # type: ignore[arg-type]
@@ -108,12 +137,16 @@ class Tokenizer:
         return cls(
             tokens,  # type: ignore[arg-type]
             types,  # type: ignore[arg-type]
-            need("tokenizer.ggml.merges"),  # type: ignore[arg-type]
+            need("tokenizer.ggml.merges") if kind == "gpt2" else (),  # type: ignore[arg-type]
             bos_id=int(need("tokenizer.ggml.bos_token_id")),  # type: ignore[arg-type]
             eos_id=int(need("tokenizer.ggml.eos_token_id")),  # type: ignore[arg-type]
             pre=str(md.get("tokenizer.ggml.pre", "gpt2")),
             chat_template=md.get("tokenizer.chat_template"),  # type: ignore[arg-type]
             name=str(model.path),
+            kind=str(kind),
+            scores=need("tokenizer.ggml.scores") if kind == "llama" else None,  # type: ignore[arg-type]
+            add_bos=bool(md.get("tokenizer.ggml.add_bos_token", kind == "llama")),
+            add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
         )
 
     # ------------------------------------------------------------------ text <-> ids
@@ -145,22 +178,23 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ chat
 
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """The model's chat template over `messages` (a plain 'Role: text' format without one)."""
         if self._template is None:
-            raise ModelFormatError(f"{self.name}: the model has no tokenizer.chat_template")
-        try:
-            return self._template.render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._tokens[self.bos_id],
-                eos_token=self._tokens[self.eos_id],
-            )
-        except jinja2.TemplateError as e:  # raise_exception() in the template, or a bad message
-            raise ConfigError(f"{self.name}: the chat template rejected the messages ({e})") from e
+            return plain_prompt(messages, add_generation_prompt, self.name)
+        return self._template.render(messages, add_generation_prompt)
 
     def chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """The model's own chat template rendered over `messages`, then encoded."""
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        """The rendered chat, encoded; BOS first when the model asks for it and the template
+        did not write it."""
+        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        if self.add_bos and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
 
 
 class TextStream:
@@ -211,12 +245,23 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     elif pre in _PLAIN_GPT2:
         tok.pre_tokenizer = byte_level
+    elif pre in _REGEX_SPLITTING:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_REGEX_SPLITTING[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        if pre in _NFC:
+            tok.normalizer = normalizers.NFC()
     else:
         raise UnsupportedModelError(
-            f"{name}: pre-tokenizer {pre!r} is not supported "
-            f"(supported: {', '.join(sorted(_DIGIT_SPLITTING | _PLAIN_GPT2 - {''}))})"
+            f"{name}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})"
         )
     tok.decoder = decoders.ByteLevel()
+    _add_special(tok, tokens, types)
+    return tok
+
+
+def _add_special(tok: HFTokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
     control = [
         AddedToken(t, special=True, normalized=False)
         for t, kind in zip(tokens, types)
@@ -230,19 +275,40 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
     tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
+
+
+# ---------------------------------------------------------------------- SentencePiece
+
+
+def _spm_token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
+    out = []
+    for text, kind in zip(tokens, types):
+        if kind == gguf.TokenType.BYTE:
+            out.append(bytes([int(text[3:-1], 16)]))  # "<0x0A>"
+        elif kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED, gguf.TokenType.UNKNOWN):
+            out.append(text.encode("utf-8"))
+        else:
+            out.append(text.replace("\u2581", " ").encode("utf-8"))
+    return out
+
+
+def _build_spm(tokens: Sequence[str], types: Sequence[int], scores: Sequence[float] | None,
+               add_space_prefix: bool, name: str) -> HFTokenizer:
+    """SentencePiece BPE as `tokenizers` BPE, the way transformers converts it: merges are every
+    split of a normal piece into two pieces, ranked by the merged piece's score."""
+    if scores is None or len(scores) != len(tokens):
+        raise ModelFormatError(f"{name}: tokenizer.ggml.scores is missing or the wrong length")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    normal = sorted((i for i, k in enumerate(types) if k == gguf.TokenType.NORMAL), key=lambda i: -scores[i])
+    merges = []
+    for i in normal:
+        piece = tokens[i]
+        splits = [(piece[:j], piece[j:]) for j in range(1, len(piece)) if piece[:j] in vocab and piece[j:] in vocab]
+        merges += sorted(splits, key=lambda ab: (vocab[ab[0]], vocab[ab[1]]))
+    unk = next((tokens[i] for i, k in enumerate(types) if k == gguf.TokenType.UNKNOWN), None)
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    replace = normalizers.Replace(" ", "\u2581")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), replace]) if add_space_prefix else replace
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    _add_special(tok, tokens, types)
     return tok
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _compile_template(source: str, name: str) -> jinja2.Template:
-    # The same environment Hugging Face's apply_chat_template uses: sandboxed (the template
-    # comes from a downloaded file), blocks trimmed, and a raise_exception() helper.
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as e:
-        raise ModelFormatError(f"{name}: tokenizer.chat_template does not compile ({e})") from e

@@ -92,11 +92,18 @@ def test_smollm2_dequantize_matches_block_layout(smollm2_model: Model, name: str
 # ---------------------------------------------------------------- the tiny model
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_1, Q.Q8_0, Q.F16, Q.F32])
+K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+ALL_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *K_QUANTS, Q.BF16, Q.F16, Q.F32)
+
+
+@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_tiny_model_loads_every_supported_type(tmp_path: Path, weight_type, tied: bool) -> None:
-    path = write_tiny_gguf(tmp_path / "m.gguf", weight_type=weight_type, tied=tied)
+def test_tiny_model_loads_every_supported_type(tmp_path: Path, weight_type, arch: str, tied: bool) -> None:
+    width = {"d_model": 256, "d_ff": 512} if weight_type in K_QUANTS else {}
+    path = write_tiny_gguf(tmp_path / "m.gguf", weight_type=weight_type, tied=tied, arch=arch, **width)
     model = load_model(path)
+    assert model.config.arch.name == arch
     assert model.tied is tied
     shapes = expected_shapes(model.config)
     assert set(model.tensors) == set(shapes) | ({"output.weight"} if not tied else set())
@@ -146,9 +153,21 @@ def test_truncated_file(tiny_gguf: Path, tmp_path: Path, keep: float) -> None:
 
 
 def test_other_architecture(tmp_path: Path) -> None:
-    path = write_tiny_gguf(tmp_path / "qwen.gguf", arch="qwen2")
-    with pytest.raises(UnsupportedModelError, match="architecture 'qwen2'"):
+    path = write_tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
+    with pytest.raises(UnsupportedModelError, match="architecture 'mamba' is not supported.*llama, qwen2, qwen3, gemma3"):
         load_model(path)
+
+
+def test_architecture_features_reach_the_config(tmp_path: Path) -> None:
+    gemma = load_model(write_tiny_gguf(tmp_path / "g.gguf", arch="gemma3", n_layers=6, sliding_window=8)).config
+    assert [gemma.window(i) for i in range(6)] == [8, 8, 8, 8, 8, 0]  # every 6th layer is global
+    assert gemma.inv_freq(0)[1] == pytest.approx(10000.0 ** (-2 / gemma.head_dim))  # local base
+    assert gemma.inv_freq(5)[1] == pytest.approx(10000.0 ** (-2 / gemma.head_dim))  # the file's base
+    llama3 = load_model(write_tiny_gguf(tmp_path / "l3.gguf", llama3_rope=True)).config
+    plain = load_model(write_tiny_gguf(tmp_path / "l.gguf")).config
+    assert llama3.rope_factors is not None
+    ratio = plain.inv_freq(0) / llama3.inv_freq(0)
+    assert ratio[0] == pytest.approx(1.0) and ratio[-1] == pytest.approx(8.0)  # high kept, low divided
 
 
 def test_dropped_tensor(tmp_path: Path) -> None:
@@ -171,7 +190,7 @@ def test_wrong_tensor_shape(tmp_path: Path, name: str) -> None:
         load_model(path)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_0, Q.BF16])
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q8_1, Q.IQ2_XS])
 def test_unsupported_tensor_type(tmp_path: Path, qtype) -> None:
     path = write_tiny_gguf(tmp_path / "other.gguf", weight_type=qtype)
     with pytest.raises(UnsupportedModelError, match=f"'blk.0.attn_q.weight' has type {qtype.name}"):
