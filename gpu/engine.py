@@ -76,6 +76,8 @@ class OpenCLEngine:
                 f"{self.model.path}: the kernels need head_dim % 16 == 0, d_model and d_ff % 32 == 0 "
                 f"and n_heads a multiple of n_kv_heads (got {cfg})"
             )
+        if cfg.arch.name != "llama":  # until the kernels learn the other architectures' parts
+            raise UnsupportedModelError(f"{self.model.path}: the OpenCL kernels do not run {cfg.arch.name!r} models yet")
         device = device if isinstance(device, Device) else select_device(device)
         if profile:
             props = cl.command_queue_properties.PROFILING_ENABLE
