@@ -20,9 +20,11 @@ means something:
 |                     |                                        | by_turn, by_agent, by_priority            |
 | turn.resumed        | back in a slot after a pause           | turn, agent, priority, slot, paused_s     |
 | turn.finished       | ended normally (eos or max tokens)     | turn, agent, priority, slot, tokens,      |
-|                     |                                        | reason ("eos" or "length")                |
+|                     |                                        | reason ("eos" or "length"), ttft_s, itl_s |
 | turn.cancelled      | ended by its agent or the swarm        | turn, agent, priority, slot, tokens, reason|
+|                     |                                        | ttft_s, itl_s                             |
 | turn.failed         | ended by an error                      | turn, agent, priority, slot, tokens, reason|
+|                     |                                        | ttft_s, itl_s                             |
 | priority.inherited  | an agent runs at a waiter's priority   | agent, priority, base_priority, by_agent  |
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
@@ -31,7 +33,10 @@ means something:
 | agent.crashed       | an actor died; the swarm goes on       | agent, reason                             |
 
 `priority` is always the *effective* priority (base, aged, or inherited) at the time
-of the event. `slot` is absent while a turn holds none.
+of the event. `slot` is absent while a turn holds none. On the terminal events,
+`ttft_s` is the time from the request to the first token and `itl_s` the mean
+time between the turn's later tokens (pauses included); each is absent where the
+turn produced too few tokens to have one.
 
 The bus that carries them to the log and the viewers is `runtime.bus`.
 """
@@ -109,6 +114,8 @@ class Ended(TurnEvent, kw_only=True):
 
     tokens: int
     reason: str
+    ttft_s: float | None = None  # request to first token
+    itl_s: float | None = None  # mean gap between the later tokens, pauses included
 
 
 class Finished(Ended, tag="turn.finished"):

@@ -327,6 +327,8 @@ class Scheduler:
             turn.computed += len(work.tokens) + plan.steps - 1
             if not work.sample or token is None:
                 continue
+            if not turn.output:
+                turn.first_token_at = now
             turn.output.extend([token] * plan.steps)
             delivered.append((turn, token))
             if token in self.eos and not turn.ignore_eos:
@@ -416,7 +418,7 @@ class Scheduler:
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason)
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, **_latencies(turn, now))
         self.emit(turn.ended)
         if turn.slot is not None:
             del self.running[turn.slot]
@@ -431,3 +433,14 @@ class Scheduler:
     def _about(self, turn: Turn, now: float) -> dict:
         """The fields every event about a turn carries."""
         return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot)
+
+
+def _latencies(turn: Turn, now: float) -> dict[str, float]:
+    """What the turn's reader felt: time to the first token (from the request) and
+    the mean gap between tokens after it, pauses included."""
+    if turn.first_token_at is None:
+        return {}
+    felt = {"ttft_s": turn.first_token_at - turn.arrived}
+    if len(turn.output) > 1:
+        felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
+    return felt

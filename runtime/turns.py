@@ -96,6 +96,7 @@ class Turn:
     last_stepped: int = 0  # the step it last had work in (shaping serves the longest-unserved first)
     boost: int = 0  # aging levels earned by waiting, kept while it runs
     waiting_since: float = 0.0
+    first_token_at: float | None = None  # when its first output token was sampled
     paused_at: float | None = None
     paused_s: float = 0.0
     preemptions: int = 0
