@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ import anyio
 
 from runtime.priority import FOREGROUND
 from swarm.session import Session, _resolve, build_agents, new_out_dir, workspace_of
+from swarm.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
 
 
 class SessionRunner:
@@ -17,7 +19,8 @@ class SessionRunner:
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
     def __init__(self, session: Session, *, engine: Any = None, out: Path | None = None, socket: Path | str | None = None,
-                 on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None,
+                 watch_port: int | None = None) -> None:
         self.session = session
         self.workspace = workspace_of(session)  # fail early, before loading a model
         self.engine = engine
@@ -29,6 +32,11 @@ class SessionRunner:
         loaded = build_agents(session, self.workspace, self.out, say)
         self.agents, self.problems = loaded.agents, loaded.problems
         self.started = self.stopped = None
+        # `swarm run --watch`: the page is served from before the model loads, so
+        # a browser opened right away waits for the swarm instead of failing.
+        self.page_socket = bind_loopback(watch_port) if watch_port is not None else None
+        self.page_url = f"http://127.0.0.1:{self.page_socket.getsockname()[1]}/" if self.page_socket else None
+        self.hub = WatchHub(source="swarm run") if self.page_socket else None
 
     def load_engine(self) -> Any:
         if self.engine is None:
@@ -41,10 +49,17 @@ class SessionRunner:
         return self.engine
 
     async def run(self) -> None:
+        if self.page_socket is None:
+            return await self._run(self.load_engine())
+        async with anyio.create_task_group() as page:
+            page.start_soon(partial(serve_http, create_app(self.hub), self.page_socket, on_stop=[self.hub.close]))
+            await self._run(await anyio.to_thread.run_sync(self.load_engine))
+            page.cancel_scope.cancel()
+
+    async def _run(self, engine: Any) -> None:
         from swarm.api import Swarm
 
         s = self.session
-        engine = self.load_engine()
         swarm = Swarm(
             engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, events=self.events_path,
             socket=self.socket, model_name=getattr(self, "model_name", None),
@@ -52,6 +67,8 @@ class SessionRunner:
         self.started = time.monotonic()
         try:
             async with anyio.create_task_group() as viewers:
+                if self.hub is not None:
+                    await viewers.start(follow_bus, self.hub, swarm.bus)
                 if self.on_event is not None:
                     # From swarm.started on; ends by itself when the swarm closes its event stream.
                     viewers.start_soon(self._forward, swarm.bus.subscribe())

@@ -21,6 +21,7 @@ from swarm import tail
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
 from swarm.summary import Summary, percentiles, summarize
+from swarm.watch import DEFAULT_PORT
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
+    p.add_argument("--watch", action="store_true", help="also show the swarm live in the browser (see swarm watch)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")
     p.set_defaults(func=run)
 
 
@@ -50,10 +53,13 @@ def run(args: argparse.Namespace) -> int:
         session, socket=socket,
         on_event=None if args.quiet else (lambda e: console.print(tail.render(e))),
         say=lambda text: console.print(text, style="bold cyan", markup=False),
+        watch_port=args.port if args.watch else None,
     )
     for problem in runner.problems:
         console.print(f"[bold red]warning:[/] {problem}", highlight=False)
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
+    if runner.page_url:
+        console.print(f"page:   {runner.page_url}")
     if not args.session:
         console.print("demo: the built-in agents on the sample project (Ctrl-C stops it early)")
     interrupted = False

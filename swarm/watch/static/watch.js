@@ -1,0 +1,539 @@
+// slotswarm watch: the live swarm, slot by slot. Plain JavaScript, no build step.
+//
+// Fed by server-sent events from /watch/events (swarm/watch/hub.py): unnamed
+// events are the stream's JSON lines (schema: runtime/events.py), named ones the
+// hub's news (hello, reset, status). Everything the page shows comes from one
+// model, built by apply(event) and published read-only as window.swarmState so
+// tools and tests read exactly what is drawn.
+"use strict";
+
+const FOREGROUND = 10; // runtime/priority.py
+const TERMINAL = new Set(["turn.finished", "turn.cancelled", "turn.failed"]);
+const MAX_MARKS = 20000; // runs, pauses and bands kept for drawing (counts are never trimmed)
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                 "#7f7f7f", "#bcbd22", "#17becf"]; // matplotlib's tab10, as `swarm plot` uses
+
+// ------------------------------------------------------------------ the model
+
+function newModel() {
+  return {
+    started: null, stopped: false, t: 0, step: 0,
+    slots: [],          // slot -> the run holding it, or null
+    turns: new Map(),   // live turns: id -> {id, agent, priority, slot, paused, run, pause}
+    agents: new Map(),  // name -> row of the agents table
+    runs: [],           // {turn, agent, slot, start, end, foreground}
+    pauses: [],         // {turn, agent, slot, t, by_agent, resumed_slot, resumed_t, ended_t, received_at, shown_at}
+    bands: [],          // {agent, by_agent, priority, base_priority, start, end, received_at, shown_at, cleared_at}
+    drops: [],          // {t, count}: where the stream lost events (count null: unknown)
+    counts: { events: 0, turns: 0, admitted: 0, preemptions: 0, resumes: 0, inheritances: 0, restores: 0,
+              finished: 0, cancelled: 0, failed: 0, crashes: 0, dropped: 0, drop_notices: 0, unknown: 0 },
+    latency: { fg_wait: [], ttft: [], itl: [] },
+    colours: new Map(),
+  };
+}
+
+function agentRow(m, name) {
+  let a = m.agents.get(name);
+  if (!a) {
+    a = { name, base_priority: null, priority: null, inherited_by: null, inherited_priority: null,
+          tokens: 0, paused_s: 0, preemptions: 0, turns: 0, waiting: 0, running: 0, paused: 0, crashed: null };
+    m.agents.set(name, a);
+    m.colours.set(name, PALETTE[m.colours.size % PALETTE.length]);
+  }
+  return a;
+}
+
+function trim(list) {
+  if (list.length > MAX_MARKS) list.splice(0, list.length - MAX_MARKS);
+}
+
+function openRun(m, turn, e) {
+  const run = { turn: turn.id, agent: turn.agent, slot: e.slot, start: e.t, end: null,
+                foreground: (e.priority ?? 0) >= FOREGROUND };
+  m.runs.push(run); trim(m.runs);
+  turn.run = run; turn.slot = e.slot;
+  while (m.slots.length <= e.slot) m.slots.push(null);
+  m.slots[e.slot] = run;
+}
+
+function closeRun(m, turn, t) {
+  if (!turn.run) return;
+  turn.run.end = t;
+  if (m.slots[turn.run.slot] === turn.run) m.slots[turn.run.slot] = null;
+  turn.run = null; turn.slot = null;
+}
+
+function apply(m, e, receivedAt) {
+  if (!e || typeof e !== "object" || typeof e.event !== "string") return;
+  const c = m.counts;
+  if (e.event === "events.dropped") {
+    c.drop_notices += 1;
+    if (typeof e.count === "number") c.dropped += e.count;
+    m.drops.push({ t: m.t, count: typeof e.count === "number" ? e.count : null });
+    return;
+  }
+  c.events += 1;
+  if (typeof e.t === "number" && e.t > m.t) m.t = e.t;
+  if (typeof e.step === "number" && e.step > m.step) m.step = e.step;
+  const a = typeof e.agent === "string" && e.agent !== "gpu" ? agentRow(m, e.agent) : null;
+  const turn = e.turn != null ? m.turns.get(e.turn) : undefined;
+  if (a && turn === undefined && e.turn != null && e.event !== "turn.queued" && !TERMINAL.has(e.event)) {
+    // A turn queued before this page started listening: known from here on.
+    m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null });
+    a.waiting += 1;
+  }
+  const tr = e.turn != null ? m.turns.get(e.turn) : undefined;
+  if (tr && typeof e.priority === "number") tr.priority = e.priority;
+  switch (e.event) {
+    case "swarm.started":
+      m.started = { slots: e.slots, policy: e.policy, device: e.device, model: e.model, unix_time: e.unix_time, t: e.t };
+      while (m.slots.length < (e.slots || 0)) m.slots.push(null);
+      m.stopped = false;
+      break;
+    case "swarm.stopped":
+      m.stopped = true;
+      break;
+    case "turn.queued":
+      c.turns += 1;
+      if (!a) break;
+      a.turns += 1; a.waiting += 1;
+      if (!a.inherited_by && typeof e.priority === "number") a.base_priority = e.priority;
+      m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null });
+      break;
+    case "turn.admitted":
+      c.admitted += 1;
+      if (!tr || e.slot == null) break;
+      a.waiting -= 1; a.running += 1;
+      openRun(m, tr, e);
+      if ((e.priority ?? 0) >= FOREGROUND && typeof e.waited_s === "number") m.latency.fg_wait.push(e.waited_s);
+      break;
+    case "turn.preempted":
+      c.preemptions += 1;
+      if (!a) break;
+      a.preemptions += 1;
+      if (!tr) break;
+      if (tr.run) { a.running -= 1; a.paused += 1; } // (a memory preemption may hit a paused turn)
+      const slot = e.slot ?? tr.slot;
+      closeRun(m, tr, e.t);
+      tr.paused = true;
+      tr.pause = { turn: e.turn, agent: e.agent, slot, t: e.t, by_agent: e.by_agent ?? null, by_turn: e.by_turn ?? null,
+                   resumed_slot: null, resumed_t: null, ended_t: null, received_at: receivedAt, shown_at: null };
+      m.pauses.push(tr.pause); trim(m.pauses);
+      break;
+    case "turn.resumed":
+      c.resumes += 1;
+      if (!a) break;
+      if (typeof e.paused_s === "number") a.paused_s += e.paused_s;
+      if (!tr || e.slot == null) break;
+      if (tr.paused) { a.paused -= 1; a.running += 1; } else if (!tr.run) { a.waiting -= 1; a.running += 1; }
+      if (tr.pause) { tr.pause.resumed_slot = e.slot; tr.pause.resumed_t = e.t; tr.pause = null; }
+      tr.paused = false;
+      openRun(m, tr, e);
+      break;
+    case "turn.finished": case "turn.cancelled": case "turn.failed":
+      c[e.event.slice(5)] += 1;
+      if (!a) break;
+      a.tokens += e.tokens || 0;
+      if ((e.priority ?? 0) >= FOREGROUND) {
+        if (typeof e.ttft_s === "number") m.latency.ttft.push(e.ttft_s);
+        if (typeof e.itl_s === "number") m.latency.itl.push(e.itl_s);
+      }
+      if (!tr) break;
+      if (tr.run) a.running -= 1; else if (tr.paused) a.paused -= 1; else a.waiting -= 1;
+      if (tr.pause) tr.pause.ended_t = e.t;
+      closeRun(m, tr, e.t);
+      m.turns.delete(e.turn);
+      break;
+    case "priority.inherited":
+      c.inheritances += 1;
+      if (!a) break;
+      closeBand(m, a, e.t);
+      a.inherited_by = e.by_agent ?? "?"; a.inherited_priority = e.priority ?? null;
+      if (typeof e.base_priority === "number") a.base_priority = e.base_priority;
+      m.bands.push({ agent: e.agent, by_agent: e.by_agent ?? "?", priority: e.priority, base_priority: e.base_priority,
+                     start: e.t, end: null, received_at: receivedAt, shown_at: null, cleared_at: null });
+      trim(m.bands);
+      break;
+    case "priority.restored":
+      c.restores += 1;
+      if (!a) break;
+      closeBand(m, a, e.t, receivedAt);
+      a.inherited_by = null; a.inherited_priority = null;
+      if (typeof e.base_priority === "number") a.base_priority = e.base_priority;
+      break;
+    case "agent.crashed":
+      c.crashes += 1;
+      if (a) a.crashed = e.reason || "crashed";
+      break;
+    case "kv.swapped_out": case "kv.swapped_in": case "kv.recomputed":
+      break;
+    default:
+      c.unknown += 1; // a kind newer than this page: counted, otherwise ignored
+  }
+}
+
+function closeBand(m, a, t, receivedAt) {
+  for (let i = m.bands.length - 1; i >= 0; i--) {
+    const b = m.bands[i];
+    if (b.agent === a.name && b.end === null) { b.end = t; b.cleared_at = receivedAt ?? null; return; }
+  }
+}
+
+function agentState(a) {
+  if (a.crashed) return "crashed";
+  if (a.running > 0) return a.paused > 0 ? `running ${a.running}, paused ${a.paused}` : `running ${a.running}`;
+  if (a.paused > 0) return `paused ${a.paused}`;
+  if (a.waiting > 0) return `waiting ${a.waiting}`;
+  return "idle";
+}
+
+function effectivePriority(m, a) {
+  let p = a.inherited_priority ?? a.base_priority;
+  for (const tr of m.turns.values()) {
+    if (tr.agent === a.name && typeof tr.priority === "number" && (p === null || tr.priority > p)) p = tr.priority;
+  }
+  return p;
+}
+
+// Linear interpolation between closest ranks: numpy.percentile's default, as the run summary uses.
+function percentile(sorted, q) {
+  if (!sorted.length) return null;
+  const pos = (sorted.length - 1) * q / 100, lo = Math.floor(pos), hi = Math.ceil(pos);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+function summary(samples) {
+  const s = samples.slice().sort((x, y) => x - y);
+  return { n: s.length, p50: percentile(s, 50), p90: percentile(s, 90), p99: percentile(s, 99), max: s.length ? s[s.length - 1] : null };
+}
+
+// ------------------------------------------------------------ the connection
+
+const page = {
+  model: newModel(),
+  mode: null,            // "live" or "replay", as the hub says
+  source: "",
+  status: { text: "connecting…", live: false },
+  connected: false,
+  lastId: null,
+  lastEventAt: 0,        // performance.now() of the newest live event, to scroll between events
+  replay: { events: [], next: 0, clock: 0, playing: true, speed: 1, lastTick: null },
+  source_es: null,
+};
+
+function connect() {
+  const url = "watch/events" + (page.lastId ? "?last=" + encodeURIComponent(page.lastId) : "");
+  const es = new EventSource(url);
+  page.source_es = es;
+  es.onopen = () => { page.connected = true; changed(); };
+  es.onerror = () => {
+    page.connected = false; changed();
+    if (es.readyState === EventSource.CLOSED) { // the server refused us: try again ourselves
+      setTimeout(connect, 2000);
+    }
+  };
+  es.addEventListener("hello", (msg) => {
+    const hello = JSON.parse(msg.data);
+    if (page.mode !== null && page.mode !== hello.mode) startOver();
+    page.mode = hello.mode; page.source = hello.source;
+    document.getElementById("replay").hidden = page.mode !== "replay";
+    changed();
+  });
+  es.addEventListener("reset", () => { startOver(); changed(); });
+  es.addEventListener("status", (msg) => { page.status = JSON.parse(msg.data); changed(); });
+  es.onmessage = (msg) => {
+    page.lastId = msg.lastEventId || page.lastId;
+    let e;
+    try { e = JSON.parse(msg.data); } catch { return; } // not an event: ignored
+    if (page.mode === "replay") {
+      page.replay.events.push(e);
+    } else {
+      apply(page.model, e, Date.now());
+      page.lastEventAt = performance.now();
+    }
+    changed();
+  };
+}
+
+function startOver() {
+  page.model = newModel();
+  page.replay.events = []; page.replay.next = 0; page.replay.clock = 0; page.replay.lastTick = null;
+}
+
+// ----------------------------------------------------------------- replaying
+
+function replayStart() { return page.replay.events.length ? page.replay.events[0].t || 0 : 0; }
+function replayEnd() { const ev = page.replay.events; return ev.length ? ev[ev.length - 1].t || 0 : 0; }
+
+function replayTo(clock) {
+  const r = page.replay;
+  if (clock < r.clock) { page.model = newModel(); r.next = 0; }
+  r.clock = clock;
+  while (r.next < r.events.length && (r.events[r.next].t ?? 0) <= clock) {
+    apply(page.model, r.events[r.next], Date.now());
+    r.next += 1;
+  }
+}
+
+function tickReplay(now) {
+  const r = page.replay;
+  if (page.mode !== "replay") return;
+  if (r.playing && r.events.length) {
+    const dt = r.lastTick === null ? 0 : (now - r.lastTick) / 1000;
+    if (r.next === 0 && r.clock < replayStart()) r.clock = replayStart();
+    replayTo(Math.min(r.clock + dt * r.speed, replayEnd()));
+    if (r.next >= r.events.length) r.playing = false;
+    dirty = true;
+  }
+  r.lastTick = now;
+}
+
+function setupReplayControls() {
+  const r = page.replay;
+  const play = document.getElementById("play");
+  play.onclick = () => {
+    if (!r.playing && r.next >= r.events.length) replayTo(replayStart() - 1); // at the end: from the start
+    r.playing = !r.playing; changed();
+  };
+  document.getElementById("speed").onchange = (ev) => { r.speed = Number(ev.target.value); changed(); };
+  document.getElementById("seek").oninput = (ev) => {
+    const s = replayStart(), e = replayEnd();
+    replayTo(s + (e - s) * Number(ev.target.value) / 1000); changed();
+  };
+  document.getElementById("to-end").onclick = () => { replayTo(replayEnd()); r.playing = false; changed(); };
+}
+
+// ------------------------------------------------------------------- drawing
+
+let dirty = true;
+function changed() { dirty = true; }
+
+function viewEnd() {
+  const m = page.model;
+  if (page.mode === "replay") return page.replay.clock;
+  if (page.status.live && !m.stopped && page.lastEventAt) {
+    return m.t + (performance.now() - page.lastEventAt) / 1000; // keep scrolling between events
+  }
+  return m.t;
+}
+
+function frame(now) {
+  tickReplay(now);
+  const scrolling = page.mode === "live" && page.status.live && !page.model.stopped;
+  if (dirty || scrolling) {
+    dirty = false;
+    draw();
+    render();
+  }
+  requestAnimationFrame(frame);
+}
+
+const LANE = 26, BAND = 18, GUTTER = 110;
+
+function draw() {
+  const m = page.model;
+  const canvas = document.getElementById("lanes");
+  const lifted = [...new Set(m.bands.map((b) => b.agent))];
+  const rows = Math.max(m.slots.length, 1);
+  const height = 24 + rows * LANE + (lifted.length ? 8 + lifted.length * BAND : 0) + 8;
+  const width = canvas.clientWidth || 800;
+  const dpr = window.devicePixelRatio || 1;
+  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
+    canvas.width = Math.round(width * dpr); canvas.height = Math.round(height * dpr);
+    canvas.style.height = height + "px";
+  }
+  const g = canvas.getContext("2d");
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  g.clearRect(0, 0, width, height);
+  g.font = "11px system-ui, sans-serif";
+  g.textBaseline = "middle";
+
+  const end = viewEnd();
+  const win = Number(document.getElementById("window").value);
+  const start = win > 0 ? end - win : Math.min(0, end);
+  const span = Math.max(end - start, 1e-6);
+  const x = (t) => GUTTER + (t - start) / span * (width - GUTTER - 10);
+  const laneY = (slot) => 20 + slot * LANE;
+  const drawnAt = Date.now();
+
+  // time axis
+  g.fillStyle = "#888"; g.strokeStyle = "#eee";
+  const stepS = niceStep(span / 8);
+  for (let t = Math.ceil(start / stepS) * stepS; t <= end; t += stepS) {
+    g.beginPath(); g.moveTo(x(t), 14); g.lineTo(x(t), height); g.stroke();
+    g.fillText(t.toFixed(stepS < 1 ? 1 : 0) + " s", x(t) + 2, 7);
+  }
+  for (let s = 0; s < rows; s++) {
+    g.fillStyle = "#444"; g.fillText(`slot ${s}`, 6, laneY(s) + LANE / 2);
+    g.strokeStyle = "#ddd"; g.strokeRect(GUTTER, laneY(s) + 2, width - GUTTER - 10, LANE - 4);
+  }
+
+  // turns in slots
+  for (const r of m.runs) {
+    const rEnd = r.end ?? end;
+    if (rEnd < start) continue;
+    const x0 = Math.max(x(r.start), GUTTER), x1 = Math.max(x(rEnd), x0 + 1);
+    const y = laneY(r.slot) + 4, h = LANE - 8;
+    g.globalAlpha = r.foreground ? 1 : 0.5;
+    g.fillStyle = m.colours.get(r.agent) || "#999";
+    g.fillRect(x0, y, x1 - x0, h);
+    g.globalAlpha = 1;
+    if (r.foreground) { g.lineWidth = 2; g.strokeStyle = "#000"; g.strokeRect(x0, y, x1 - x0, h); g.lineWidth = 1; }
+    if (x1 - x0 > 34) {
+      g.fillStyle = r.foreground ? "#fff" : "#000";
+      g.fillText((r.foreground ? "★ " : "") + `t${r.turn}`, x0 + 3, y + h / 2);
+    }
+  }
+
+  // pauses: a red mark where the turn lost its slot, linked to where it resumed
+  for (const p of m.pauses) {
+    const until = p.resumed_t ?? p.ended_t ?? end;
+    if (until < start && p.t < start) continue;
+    const px = x(p.t), py = laneY(p.slot) + 3;
+    g.strokeStyle = "#d00"; g.setLineDash([4, 3]);
+    g.beginPath(); g.moveTo(px, py);
+    if (p.resumed_t !== null) {
+      const qx = x(p.resumed_t), qy = laneY(p.resumed_slot) + 3;
+      g.bezierCurveTo(px + (qx - px) / 2, py - 10, px + (qx - px) / 2, qy - 10, qx, qy);
+      g.stroke(); g.setLineDash([]);
+      triangle(g, qx, qy, "#2a2", true);
+    } else {
+      g.lineTo(x(until), py); g.stroke(); g.setLineDash([]);
+    }
+    triangle(g, px, py, "#d00", false);
+    if (p.shown_at === null) p.shown_at = drawnAt;
+  }
+
+  // inheritance: a band on the lifted agent, naming who waits on it
+  if (lifted.length) {
+    const top = 20 + rows * LANE + 8;
+    lifted.forEach((agent, i) => {
+      g.fillStyle = "#444"; g.fillText(`${agent} lifted`, 6, top + i * BAND + BAND / 2);
+    });
+    for (const b of m.bands) {
+      const bEnd = b.end ?? end;
+      if (bEnd < start) continue;
+      const i = lifted.indexOf(b.agent), y = top + i * BAND + 2;
+      const x0 = Math.max(x(b.start), GUTTER), x1 = Math.max(x(bEnd), x0 + 2);
+      g.fillStyle = "rgba(200, 60, 200, 0.25)"; g.fillRect(x0, y, x1 - x0, BAND - 4);
+      g.strokeStyle = "#a3a"; g.strokeRect(x0, y, x1 - x0, BAND - 4);
+      g.fillStyle = "#606";
+      g.fillText(`p${b.priority}: ${b.by_agent} waits on it`, x0 + 3, y + (BAND - 4) / 2);
+      if (b.shown_at === null) b.shown_at = drawnAt;
+    }
+  }
+
+  // lost events: a red line where the stream had a gap
+  for (const d of m.drops) {
+    if (d.t < start) continue;
+    g.strokeStyle = "#d00"; g.lineWidth = 2;
+    g.beginPath(); g.moveTo(x(d.t), 14); g.lineTo(x(d.t), height); g.stroke(); g.lineWidth = 1;
+  }
+}
+
+function triangle(g, x, y, colour, up) {
+  g.fillStyle = colour; g.beginPath();
+  if (up) { g.moveTo(x - 5, y + 6); g.lineTo(x + 5, y + 6); g.lineTo(x, y - 2); }
+  else { g.moveTo(x - 5, y - 3); g.lineTo(x + 5, y - 3); g.lineTo(x, y + 5); }
+  g.fill();
+}
+
+function niceStep(raw) {
+  const p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-3))));
+  for (const k of [1, 2, 5, 10]) if (raw <= k * p) return k * p;
+  return 10 * p;
+}
+
+function esc(s) {
+  return String(s).replace(/[&<>"']/g, (ch) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[ch]);
+}
+
+function ms(s) { return s === null ? "–" : s < 1 ? (s * 1000).toFixed(s < 0.01 ? 1 : 0) + " ms" : s.toFixed(2) + " s"; }
+
+function render() {
+  const m = page.model;
+  const st = m.started;
+  document.getElementById("swarm").textContent = st
+    ? `${st.slots} slots · ${st.policy}${st.model ? " · " + st.model : ""}${st.device ? " · " + st.device : ""}${m.stopped ? " · stopped" : ""}`
+    : (page.mode === "replay" ? "recording" : "no swarm yet");
+  const status = document.getElementById("status");
+  status.textContent = page.connected ? page.status.text : "disconnected, reconnecting…";
+  status.className = "status " + (page.connected && page.status.live ? "live" : page.connected ? "" : "off");
+  const drops = document.getElementById("drops");
+  const c = m.counts;
+  drops.hidden = c.drop_notices === 0;
+  drops.textContent = `⚠ events lost: ${c.dropped}${m.drops.some((d) => d.count === null) ? "+" : ""}`;
+  for (const k of ["turns", "finished", "preemptions", "inheritances"]) {
+    document.getElementById("n-" + k).textContent = c[k];
+  }
+  document.getElementById("n-step").textContent = m.step;
+  document.getElementById("n-t").textContent = m.t.toFixed(1) + " s";
+
+  const rows = [...m.agents.values()].map((a) => {
+    const cls = a.crashed ? "crashed" : a.inherited_by ? "lifted" : "";
+    const eff = effectivePriority(m, a);
+    const lift = a.inherited_by ? ` (${esc(a.inherited_by)} waits)` : "";
+    return `<tr class="${cls}"><td><i style="display:inline-block;width:10px;height:10px;background:${m.colours.get(a.name)}"></i> ${esc(a.name)}</td>` +
+      `<td class="state">${esc(agentState(a))}</td><td>${a.base_priority ?? "–"}</td><td>${eff ?? "–"}${lift}</td>` +
+      `<td>${a.tokens}</td><td>${a.paused_s.toFixed(1)} s</td><td>${a.preemptions}</td><td>${a.turns}</td></tr>`;
+  });
+  document.querySelector("#agents tbody").innerHTML = rows.join("");
+
+  const lat = [["wait (request to slot)", m.latency.fg_wait], ["time to first token", m.latency.ttft], ["inter-token (per turn)", m.latency.itl]];
+  document.querySelector("#latency tbody").innerHTML = lat.map(([label, samples]) => {
+    const s = summary(samples);
+    return `<tr><td>${label}</td><td>${s.n}</td><td>${ms(s.p50)}</td><td>${ms(s.p90)}</td><td>${ms(s.p99)}</td><td>${ms(s.max)}</td></tr>`;
+  }).join("");
+
+  document.getElementById("legend").innerHTML = [...m.colours.entries()]
+    .map(([name, colour]) => `<span><i style="background:${colour}"></i>${esc(name)}</span>`).join("") +
+    '<span><i style="background:#777;outline:2px solid #000"></i>★ foreground turn</span>' +
+    '<span style="color:#d00">▼ paused ⤳ <span style="color:#2a2">▲</span> resumed</span>' +
+    '<span><i style="background:rgba(200,60,200,.35)"></i>inherited priority</span>';
+
+  if (page.mode === "replay") {
+    const r = page.replay, s = replayStart(), e = replayEnd();
+    document.getElementById("play").textContent = r.playing ? "pause" : "play";
+    document.getElementById("seek").value = String(e > s ? Math.round((r.clock - s) / (e - s) * 1000) : 0);
+    document.getElementById("clock").textContent = `${r.clock.toFixed(1)} / ${e.toFixed(1)} s · ${r.next}/${r.events.length} events`;
+  }
+}
+
+// --------------------------------------------------------- window.swarmState
+
+function snapshot() {
+  const m = page.model;
+  const agents = {};
+  for (const a of m.agents.values()) {
+    agents[a.name] = { state: agentState(a), base_priority: a.base_priority, priority: effectivePriority(m, a),
+                       inherited_by: a.inherited_by, tokens: a.tokens, paused_s: a.paused_s, preemptions: a.preemptions,
+                       turns: a.turns, running: a.running, paused: a.paused, waiting: a.waiting, crashed: a.crashed };
+  }
+  const copy = (o) => Object.assign({}, o);
+  // When a mark's event happened on the wall clock (the swarm stamps its start
+  // with unix_time), so how late the page showed it can be told.
+  const st = m.started;
+  const mark = (o, t) => Object.assign({}, o, st && typeof st.unix_time === "number"
+    ? { event_wall_ms: st.unix_time * 1000 + (t - (st.t || 0)) * 1000 } : {});
+  return {
+    connected: page.connected, mode: page.mode, source: page.source, status: copy(page.status),
+    started: m.started && copy(m.started), stopped: m.stopped, t: m.t, step: m.step,
+    slots: m.slots.map((r) => r && { turn: r.turn, agent: r.agent, foreground: r.foreground, since: r.start }),
+    agents,
+    counts: copy(m.counts),
+    pauses: m.pauses.map((p) => mark(p, p.t)),
+    inheritances: m.bands.map((b) => mark(b, b.start)),
+    drops: m.drops.map(copy),
+    latency: { fg_wait: summary(m.latency.fg_wait), ttft: summary(m.latency.ttft), itl: summary(m.latency.itl) },
+    replay: page.mode === "replay" ? { playing: page.replay.playing, speed: page.replay.speed, clock: page.replay.clock,
+                                       end: replayEnd(), applied: page.replay.next, loaded: page.replay.events.length } : null,
+  };
+}
+
+Object.defineProperty(window, "swarmState", { get: snapshot, enumerable: true });
+
+setupReplayControls();
+document.getElementById("window").onchange = changed;
+window.addEventListener("resize", changed);
+connect();
+requestAnimationFrame(frame);
