@@ -4,13 +4,15 @@
 # - pocl-opencl-icd: Debian's PoCL. The PoCL that pip brings with pyopencl ships an
 #   LLVM that cannot compile for CPUs newer than itself (AMD Zen 5, say); the
 #   distribution's can, and gpu/device.py passes over a device that cannot compile.
+# - chromium, chromium-driver: the real browser the tests of `swarm watch`'s page
+#   run in (headless, driven by selenium).
 #
 # Idempotent and cheap when everything is there (one dpkg query, no network). Where
 # apt-get is missing (not Debian) or we may not use it, it says so and carries on:
 # pip's PoCL or a GPU driver may still be enough.
 set -euo pipefail
 
-PACKAGES=(pocl-opencl-icd)
+PACKAGES=(pocl-opencl-icd chromium chromium-driver)
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
     exit 0
