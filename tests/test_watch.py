@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from browser import chromium, close, state, wait_for
-from runtime.events import Dropped, Event, EventBus, read_events
+from runtime.events import Dropped, kind_named, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.stream import encode_line
 from runtime.timing import TimingEngine
@@ -66,14 +66,14 @@ async def read_stream(hub: WatchHub, last_id: str | None = None) -> list[dict]:
 
 
 def line(name: str, **fields) -> bytes:
-    return encode_line(Event(event=name, t=fields.pop("t", 0.0), step=fields.pop("step", 0), **fields))
+    return encode_line(kind_named(name)(t=fields.pop("t", 0.0), step=fields.pop("step", 0), **fields))
 
 
 @pytest.mark.asyncio
 async def test_a_page_gets_the_whole_session_and_resumes_exactly_where_it_was():
     hub = WatchHub()
     hub.publish(line("swarm.started", unix_time=1.0, slots=2))
-    hub.publish(line("turn.queued", turn=1, agent="a", priority=0))
+    hub.publish(line("turn.queued", turn=1, agent="a", priority=0, tokens=3))
     first = await read_stream(hub)
     assert [f["event"] for f in first[:2]] == ["hello", "reset"]
     events = [json.loads(f["data"]) for f in first if f["event"] == "message"]
@@ -93,7 +93,7 @@ async def test_a_page_behind_the_bounded_history_is_told_how_many_events_it_lost
     hub.publish(line("swarm.started", unix_time=1.0, slots=2))
     seen = await read_stream(hub)
     for i in range(25):
-        hub.publish(line("turn.queued", turn=i, agent="a", priority=0))
+        hub.publish(line("turn.queued", turn=i, agent="a", priority=0, tokens=3))
     later = [json.loads(f["data"]) for f in await read_stream(hub, seen[-1]["id"]) if f["event"] == "message"]
     # 26 events in all; the page had read the first; the history keeps the last few.
     assert hub.base + len(hub.history) == 26 and hub.base > 1
@@ -229,11 +229,11 @@ async def test_unknown_event_kinds_are_ignored_and_a_drop_is_shown(browser):
         hub.publish(b'{"event":"gpu.thermal","t":0.1,"step":1,"celsius":90}')
         hub.publish(b"not json at all")
         hub.publish(encode_line(Dropped(7)))
-        hub.publish(line("turn.queued", t=0.2, turn=1, agent="a", priority=0))
+        hub.publish(line("turn.queued", t=0.2, turn=1, agent="a", priority=0, tokens=3))
         shown = await on_page(wait_for, browser, "window.swarmState.counts.turns == 1 && window.swarmState")
-        badge = await on_page(browser.execute_script, "return [document.getElementById('drops').hidden, document.getElementById('drops').textContent]")
+        badge = await on_page(wait_for, browser, "!document.getElementById('drops').hidden && document.getElementById('drops').textContent")
     assert shown["counts"]["unknown"] == 1 and shown["counts"]["dropped"] == 7 and len(shown["slots"]) == 3
-    assert badge[0] is False and "7" in badge[1]
+    assert "lost: 7" in badge
 
 
 # ------------------------------------------------ the demo with a page open

@@ -30,6 +30,9 @@ import secrets
 from typing import AsyncIterator
 
 import anyio
+import msgspec
+
+from runtime.events import SwarmStarted, decode
 
 # Events kept for pages that open late. A few hundred bytes each: ~25 MB at most.
 MAX_HISTORY = 100_000
@@ -37,6 +40,9 @@ MAX_HISTORY = 100_000
 KEEPALIVE_S = 15.0
 # How long the browser waits before reconnecting after the stream broke.
 RETRY_MS = 1000
+# Events were lost in a number nobody knows (the source reconnected meanwhile).
+GAP = b'{"event":"events.dropped","count":null}'
+_STARTED = SwarmStarted.__struct_config__.tag.encode()
 
 
 class WatchHub:
@@ -63,8 +69,8 @@ class WatchHub:
     def publish(self, line: bytes) -> None:
         """One JSON line of the event stream (its trailing newline optional)."""
         line = line.rstrip(b"\n")
-        if b'"swarm.started"' in line and self._seen_before(line):
-            line = b'{"event":"events.dropped","count":null}'  # we lost what it sent meanwhile
+        if _STARTED in line and self._seen_before(line):
+            line = GAP
         self.history.append(line)
         if len(self.history) > self.max_history:
             # Trim a tenth at a time, so trimming is rare.
@@ -88,9 +94,12 @@ class WatchHub:
         """Whether this swarm.started is the current swarm's, seen again after the
         source reconnected; if not, a new generation begins."""
         try:
-            unix_time = json.loads(line).get("unix_time")
-        except ValueError:
+            started = decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
             return False
+        if not isinstance(started, SwarmStarted):
+            return False
+        unix_time = started.unix_time
         if unix_time is not None and unix_time == self._started_at:
             return True
         self._started_at = unix_time

@@ -11,7 +11,7 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from runtime.events import EventBus
+from runtime.bus import EventBus
 from runtime.stream import default_socket_dir, encode_line, live_sockets
 from swarm.tail import read_file
 from swarm.watch.hub import WatchHub
