@@ -45,7 +45,7 @@ class RecordingAgent(Agent):
         """One chat turn: a system prompt and a user message in, the reply out."""
         prompt = self.chat(system, user)
         async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling) as turn:
-            priority = self.effective_priority  # the inherited one while someone waits on us
+            priority = self.turn_priority  # lent while someone waits on the request this serves
             async for _ in turn:
                 pass
         self.records.append(TurnRecord(

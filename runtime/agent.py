@@ -31,6 +31,7 @@ from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempt
 from runtime.messages import CancelTurn, Token, TurnRequest
 from runtime.owner import TurnChannel
 from runtime.priority import BACKGROUND
+from runtime.waits import lift_key, serving
 
 if TYPE_CHECKING:
     from runtime.owner import GPUOwner
@@ -68,6 +69,14 @@ class Agent(Actor):
     @property
     def tokenizer(self) -> Any:
         return self._owner().tokenizer
+
+    @property
+    def turn_priority(self) -> int:
+        """The priority a turn started here and now runs at: the agent's own, or
+        what the waiters on the request this code serves lend it (runtime.waits)."""
+        if self._system is None:
+            return self.priority
+        return self.system.waits.lifted(self.name, serving.get())
 
     async def on_pause(self, info: PauseInfo) -> None:
         """A turn of this agent lost its slot at a token boundary."""
@@ -135,7 +144,12 @@ class TurnHandle:
         self.agent = agent
         self.prompt = prompt
         self.id = agent._owner().next_turn_id()
-        self._request = TurnRequest(agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos)
+        # Started inside a handler or a critical section: the turn serves that
+        # request, and runs at whatever priority its waiters lend it.
+        lifts = [lift_key(agent.name, via) for via in serving.get()]
+        self._request = TurnRequest(
+            agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
+        )
         self._channel: TurnChannel | None = None  # made on entry: an unentered handle holds nothing
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None

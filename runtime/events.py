@@ -147,6 +147,9 @@ class Inherited(Event, kw_only=True, tag="priority.inherited"):
     priority: int
     by_agent: str  # the waiter whose priority it borrows (the chain's origin)
     base_priority: int
+    # What the lift serves, e.g. "Review for pair" or "lock tools for pair": only
+    # the turns started serving it run at `priority`, not the agent's own work.
+    request: str | None = None
 
 
 class Restored(Event, kw_only=True, tag="priority.restored"):

@@ -6,8 +6,11 @@
 
 While an actor waits for the lock, the wait graph records a wait from it to the
 current holder, so a background holder runs at the priority of a foreground
-waiter until it lets go (the Mars Pathfinder fix). When the lock passes on, the
-remaining waiters' waits are re-pointed at the new holder.
+waiter until it lets go (the Mars Pathfinder fix). What is lifted is the critical
+section (the body of `async with lock(self)`), not everything the holder does:
+turns it starts there run at the waiter's priority, its other turns at its own.
+When the lock passes on, the remaining waiters' waits are re-pointed at the new
+holder.
 
 Rules:
 - The owner is an actor (by name), not a task, and the lock is not re-entrant:
@@ -34,7 +37,7 @@ import anyio
 
 from runtime.actors import Actor
 from runtime.errors import ActorError, UsageError, WaitCycle
-from runtime.waits import WaitGraph, WaitHandle
+from runtime.waits import WaitGraph, WaitHandle, on_behalf
 
 Owner = Union[Actor, str]
 
@@ -59,6 +62,11 @@ class Lock:
         self._arrivals = itertools.count()
 
     @property
+    def via(self) -> str:
+        """The part of its holder a waiter waits on (runtime.waits)."""
+        return f"lock:{self.name}"
+
+    @property
     def holder(self) -> str | None:
         return self._holder
 
@@ -74,7 +82,8 @@ class Lock:
     async def acquire(self, owner: Owner) -> AsyncIterator[None]:
         await self.take(owner)
         try:
-            yield
+            with on_behalf(self.via):  # the critical section is what waiters lift
+                yield
         finally:
             self.release(owner)
 
@@ -86,7 +95,7 @@ class Lock:
             # has nobody queued.
             self._holder = name
             return
-        waiter = _Waiter(name, next(self._arrivals), graph.wait(name, self._holder))
+        waiter = _Waiter(name, next(self._arrivals), graph.wait(name, self._holder, self.via, f"lock {self.name}"))
         self._queue.append(waiter)
         try:
             await waiter.granted.wait()
@@ -123,7 +132,7 @@ class Lock:
         nxt.granted.set()
         for waiter in list(self._queue):
             try:
-                handle = graph.wait(waiter.name, nxt.name)
+                handle = graph.wait(waiter.name, nxt.name, self.via, f"lock {self.name}")
             except WaitCycle as err:
                 # The new holder (another task of the same actor, or an actor
                 # now waiting on this waiter) would close a cycle: fail fast.

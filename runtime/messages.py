@@ -23,6 +23,9 @@ class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
     max_tokens: int
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
+    # Lift keys (runtime.waits.lift_key) of the requests this turn serves: the
+    # priority lent to any of them is lent to the turn.
+    lifts: list[str] = []
     t: float = 0.0  # when the agent asked, on the swarm's clock: the wait starts here
     # Where the owner answers: the send end of an anyio memory stream of
     # TurnUpdate, made by the agent for this turn. (A reply address, not data.)
@@ -42,7 +45,7 @@ class CancelAgent(msgspec.Struct, tag="cancel_agent", kw_only=True):
 
 
 class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
-    agent: str
+    lift: str  # an agent's name (all its turns) or a lift key (turns serving one request)
     priority: int | None  # None: back to its own
 
 
@@ -70,6 +73,8 @@ def turn_request_problem(request: TurnRequest) -> str | None:
         return f"ignore_eos must be a bool, got {request.ignore_eos!r}"
     if not isinstance(request.t, (int, float)) or request.t != request.t:
         return f"t must be a time in seconds, got {request.t!r}"
+    if not isinstance(request.lifts, list) or not all(isinstance(k, str) and k.startswith(f"{request.agent}/") for k in request.lifts):
+        return f"lifts must name requests the agent {request.agent!r} itself serves, got {request.lifts!r}"
     return None
 
 # ------------------------------------------------------------------- updates

@@ -34,6 +34,7 @@ from runtime.events import Ended, Event, Failed, SwappedIn, SwappedOut, TurnEven
 from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate, turn_request_problem
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
+from runtime.waits import lift_key
 from runtime.turns import Plan, SchedulerConfig, SwapOut
 
 log = logging.getLogger(__name__)
@@ -75,14 +76,15 @@ class GPUOwner(Actor):
         await anyio.to_thread.run_sync(self.engine.calibrate)
         self.system.step_source = lambda: self.scheduler.step
         self.system.on_actor_stopped.append(self._actor_stopped)
-        self.system.on_priority_change.append(self._priority_changed)
+        self.system.on_lift.append(self._lifted)
 
     def _actor_stopped(self, name: str) -> None:
         if name != self.name:
             self._request(CancelAgent(agent=name, reason=f"agent {name} stopped"))
 
-    def _priority_changed(self, agent: str, effective: int, inherited: int | None) -> None:
-        self._request(SetInherited(agent=agent, priority=inherited))
+    def _lifted(self, agent: str, via: str, priority: int | None) -> None:
+        # Only the turns serving the request are lifted, not all of the agent's.
+        self._request(SetInherited(lift=lift_key(agent, via), priority=priority))
 
     def _request(self, request: OwnerRequest) -> None:
         try:
@@ -232,7 +234,7 @@ class GPUOwner(Actor):
             # sees includes the rest of the step that was running.
             sched.submit(
                 request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
-                sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id,
+                sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
             )
         elif isinstance(request, CancelTurn):
             sched.cancel(request.turn, now, request.reason)
@@ -240,7 +242,7 @@ class GPUOwner(Actor):
             for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
                 sched.cancel(turn.id, now, request.reason)
         elif isinstance(request, SetInherited):
-            sched.set_inherited(request.agent, request.priority, now)
+            sched.set_inherited(request.lift, request.priority, now)
         else:
             raise UsageError(f"the GPU owner takes {', '.join(t.__name__ for t in OwnerRequest.__args__)}, not {request!r}")
 

@@ -11,8 +11,8 @@ Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
 The effective priority of a turn is the highest of its agent's base priority (aged
-while it waits, see SchedulerConfig) and the priority its agent inherits from agents
-waiting on it. Preemption happens only for a strictly higher effective priority, and
+while it waits, see SchedulerConfig) and the priority lent to the requests it
+serves by agents waiting on them (`set_inherited`). Preemption happens only for a strictly higher effective priority, and
 the victim is the lowest effective priority, latest admitted.
 """
 
@@ -76,12 +76,14 @@ class Scheduler:
         sampling: Sampling = GREEDY,
         ignore_eos: bool = False,
         turn_id: int | None = None,
+        lifts: Sequence[str] = (),
     ) -> Turn:
-        """Queue a turn. A turn that can never run ends at once in turn.failed."""
+        """Queue a turn. A turn that can never run ends at once in turn.failed.
+        `lifts` name the requests it serves (see `set_inherited`)."""
         turn_id = next(self._ids) if turn_id is None else turn_id
         if turn_id in self.turns:
             raise UsageError(f"turn id {turn_id} is already live")
-        turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now)
+        turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now, lifts=(agent, *lifts))
         self.turns[turn.id] = turn
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
         problem = self._unrunnable(turn)
@@ -122,15 +124,20 @@ class Scheduler:
         elif turn.slot is not None:
             self.emit(Recomputed(**self._about(turn, now), tokens=turn.length))
 
-    def set_inherited(self, agent: str, priority: int | None, now: float) -> None:
-        """An agent runs at least at `priority` (None: back to its own) until told
-        otherwise. Takes effect at the next `schedule`."""
+    def set_inherited(self, lift: str, priority: int | None, now: float) -> None:
+        """Turns submitted under `lift` run at least at `priority` (None: back to
+        their own) until told otherwise: an agent's name lifts all its turns, a
+        lift key (runtime.waits.lift_key) only those serving one request. Takes
+        effect at the next `schedule`."""
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise UsageError(f"inherited priority of {agent!r} must be an int or None, got {priority!r}")
+            raise UsageError(f"inherited priority of {lift!r} must be an int or None, got {priority!r}")
         if priority is None:
-            self.inherited.pop(agent, None)
+            self.inherited.pop(lift, None)
         else:
-            self.inherited[agent] = priority
+            self.inherited[lift] = priority
+
+    def _lent(self, turn: Turn, base: int) -> int:
+        return max([base, *(self.inherited[k] for k in turn.lifts if k in self.inherited)])
 
     # ------------------------------------------------------------ priorities
 
@@ -141,7 +148,7 @@ class Scheduler:
             # admitted, so the turn it displaced cannot displace it straight back.
             aged = turn.boost if turn.slot is not None else self._aged(turn, now)
             base = min(base + aged, self.config.aging_cap)
-        return max(base, self.inherited.get(turn.agent, base))
+        return self._lent(turn, base)
 
     def _aged(self, turn: Turn, now: float) -> int:
         return int((now - turn.waiting_since) / self.config.aging_s)
@@ -262,10 +269,15 @@ class Scheduler:
         if not plan.works:
             return False  # e.g. waiting for memory that only background progress frees
         budget.close_base()
-        others = [t for t in self.running.values() if self._level(t) < level and t.pending == 1]
-        for turn in sorted(others, key=lambda t: (-self.effective(t, now), t.last_stepped, t.last_admit)):
-            if turn.slot is not None and budget.fits(turn.computed, 1) and self._take(turn, 1, now, plan):
-                budget.add(turn.computed, 1)
+        # Background work in what the slack leaves: decodes first (they keep running
+        # turns moving), then prefill chunks cut to fit; longest-unserved first.
+        others = [t for t in self.running.values() if self._level(t) < level]
+        room = self.config.step_tokens
+        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_stepped, t.last_admit)):
+            n = budget.largest(turn.computed, min(turn.pending, room))
+            if n and self._take(turn, n, now, plan):
+                budget.add(turn.computed, n)
+                room -= n if n > 1 else 0
         return True
 
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
@@ -292,7 +304,7 @@ class Scheduler:
     def _level(self, turn: Turn) -> int:
         """Priority without aging: what step shaping protects (aging only reorders
         background work among itself)."""
-        return max(turn.priority, self.inherited.get(turn.agent, turn.priority))
+        return self._lent(turn, turn.priority)
 
     def _fast_forward(self, plan: Plan, steps: int) -> int:
         """How many steps this plan can stand for: its first step, then decodes of

@@ -10,9 +10,10 @@ So, while such a turn is live (running or waiting):
 - its work comes first: decodes, then its prefill in chunks of up to
   `SchedulerConfig.prefill_chunk` tokens (every step pays the fixed cost once,
   so the fewer the chunks, the sooner the first token);
-- background prefill waits;
-- background decodes join, longest-unserved first, only while the predicted step
-  stays within `(1 + slack)` of the step without them.
+- background work joins only while the predicted step stays within
+  `(1 + slack)` of the step without it: decodes first, longest-unserved first,
+  then background prefill in chunks cut to what is left (so a long foreground
+  turn slows a background prompt down but never starves it).
 
 The step cost model (runtime.cost) makes the call: where a batch costs about
 what one turn does (a GPU in its memory-bound regime) every background decode
@@ -46,6 +47,17 @@ class StepBudget:
     def fits(self, start: int, n: int) -> bool:
         assert self.limit is not None
         return self.cost.predict(self.tokens + n, self.kv + kv_reads(start, n)) <= self.limit
+
+    def largest(self, start: int, most: int) -> int:
+        """The most tokens (up to `most`) from position `start` that still fit; 0 if none."""
+        lo, hi = 0, most  # the cost grows with n, so bisect
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.fits(start, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def protected_level(levels: list[int]) -> int | None:

@@ -17,7 +17,7 @@ from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessag
 from runtime.bus import EventBus
 from runtime.events import AgentCrashed, Inherited, Restored
 from runtime.mailbox import Envelope, Reply, find_handler, handled_names
-from runtime.waits import WaitGraph
+from runtime.waits import MAILBOX, WaitGraph, on_behalf
 
 __all__ = ["ActorSystem"]
 
@@ -56,7 +56,7 @@ class ActorSystem:
     def __init__(self, bus: EventBus | None = None, *, stop_timeout: float = 10.0) -> None:
         self.bus = bus if bus is not None else EventBus()
         self.step_source: Callable[[], int] = lambda: 0
-        self.waits = WaitGraph(self._priority_changed)
+        self.waits = WaitGraph(self._priority_changed, self._lifted)
         self.stop_timeout = stop_timeout
         # Called with the actor's name once it has stopped (crashed or not),
         # after its on_stop. Plain functions or coroutine functions.
@@ -64,6 +64,9 @@ class ActorSystem:
         # Called with (agent, effective, inherited or None) when the priority an
         # agent borrows changes. Plain functions: they run inside the graph update.
         self.on_priority_change: list[Callable[[str, int, int | None], None]] = []
+        # Called with (agent, via, priority or None) when what one part of an agent
+        # (runtime.waits: its mailbox, a lock's critical section) is lent changes.
+        self.on_lift: list[Callable[[str, str, int | None], None]] = []
         self._cells: dict[str, _Cell] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
@@ -169,7 +172,7 @@ class ActorSystem:
             try:
                 cell.send.send_nowait(envelope)
             except anyio.WouldBlock:
-                with self._waiting(sender, cell.name):
+                with self._waiting(sender, cell.name, type(msg).__qualname__):
                     await cell.send.send(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise self._gone(cell, type(msg).__qualname__) from None
@@ -185,7 +188,7 @@ class ActorSystem:
         if find_handler(cell.actor._dispatch, type(msg)) is None:
             raise self._unhandled(cell, msg)
         reply = Reply()
-        with self._waiting(sender, cell.name):
+        with self._waiting(sender, cell.name, what):
             cell.pending[reply] = what
             try:
                 with anyio.move_on_after(timeout):
@@ -230,8 +233,9 @@ class ActorSystem:
             return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}")
         return ActorCrashed(f"actor {cell.name!r} has {state}; it cannot take {what}")
 
-    def _waiting(self, sender: str | None, holder: str) -> ContextManager[object]:
-        return nullcontext() if sender is None else self.waits.waiting(sender, holder)
+    def _waiting(self, sender: str | None, holder: str, request: str) -> ContextManager[object]:
+        # On the holder's mailbox: whatever handler it runs until this one is served is in the way.
+        return nullcontext() if sender is None else self.waits.waiting(sender, holder, MAILBOX, request)
 
     def _idle(self) -> bool:
         for cell in self._cells.values():
@@ -279,7 +283,8 @@ class ActorSystem:
             method = getattr(actor, find_handler(actor._dispatch, type(msg)))  # type: ignore[arg-type]
             cell.handling = True
             try:
-                result = await method(msg)
+                with on_behalf(MAILBOX):  # turns it starts are lifted while someone waits on this mailbox
+                    result = await method(msg)
             except Exception as exc:
                 if reply is not None:
                     reply.fail(exc)
@@ -354,10 +359,18 @@ class ActorSystem:
         if inherited is None:
             event = Restored(t=t, step=step, agent=agent, priority=effective, base_priority=base)
         else:
-            event = Inherited(t=t, step=step, agent=agent, priority=effective, by_agent=origin, base_priority=base)
+            serves = self.waits.serves(agent)
+            event = Inherited(t=t, step=step, agent=agent, priority=effective, by_agent=origin, base_priority=base, request="; ".join(serves) or None)
         self.bus.emit(event)
         for hook in list(self.on_priority_change):
             try:
                 hook(agent, effective, inherited)
             except Exception:
                 log.exception("on_priority_change hook %r failed for %r", hook, agent)
+
+    def _lifted(self, agent: str, via: str, priority: int | None) -> None:
+        for hook in list(self.on_lift):
+            try:
+                hook(agent, via, priority)
+            except Exception:
+                log.exception("on_lift hook %r failed for %r", hook, agent)

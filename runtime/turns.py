@@ -85,6 +85,7 @@ class Turn:
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
     arrived: float = 0.0
+    lifts: tuple[str, ...] = ()  # names a priority may be lent under: its agent, the requests it serves
     output: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V is in the cache
     blocks: list[int] = field(default_factory=list)

@@ -18,28 +18,62 @@ passes `on_change(agent, effective, inherited, from_agent)`, called exactly when
 `inherited(agent)` changes: `inherited` is the borrowed priority, or None when
 the agent is back at its base priority; `from_agent` is the agent whose base
 priority it borrowed (the origin of the chain, not the direct waiter), or None.
+
+What is lifted is the request, not the whole agent. Every wait names the part of
+the holder it waits on (`via`): its mailbox (the handler serving an ask, and any
+handler ahead of it) or a lock's critical section ("lock:NAME"). Code running in
+such a part carries it in the `serving` context variable (set by the actor system
+around each handler and by Lock around its critical section), and only the turns
+started there run at the waiters' priority: an agent's own background work keeps
+its own. `on_lift(agent, via, priority)` is called exactly when the priority lent
+to one part changes (None: no longer lifted); `lift_key(agent, via)` names it.
 """
 
 from __future__ import annotations
 
 import collections
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable, Iterator
 
 from runtime.errors import UsageError, WaitCycle
 from runtime.priority import BACKGROUND
 
 OnChange = Callable[[str, int, "int | None", "str | None"], None]
+OnLift = Callable[[str, str, "int | None"], None]
+
+MAILBOX = "mailbox"  # the part of an actor an ask (or a blocked tell) waits on
+
+# The parts of its actor the running code serves (innermost last): MAILBOX inside
+# a handler, "lock:NAME" inside a critical section. Empty in an actor's own run().
+serving: ContextVar[tuple[str, ...]] = ContextVar("serving", default=())
+
+
+def lift_key(agent: str, via: str) -> str:
+    """The name under which the scheduler lifts turns started in `via` of `agent`."""
+    return f"{agent}/{via}"
+
+
+@contextmanager
+def on_behalf(via: str) -> Iterator[None]:
+    """Run the body as serving `via` of the current actor (see the module doc)."""
+    token = serving.set((*serving.get(), via))
+    try:
+        yield
+    finally:
+        serving.reset(token)
 
 
 class WaitHandle:
     """One wait, as returned by `WaitGraph.wait`; give it back to `release`."""
 
-    __slots__ = ("waiter", "holder", "released")
+    __slots__ = ("waiter", "holder", "via", "request", "released")
 
-    def __init__(self, waiter: str, holder: str) -> None:
+    def __init__(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> None:
         self.waiter = waiter
         self.holder = holder
+        self.via = via
+        self.request = request
         self.released = False
 
     def __repr__(self) -> str:
@@ -48,8 +82,12 @@ class WaitHandle:
 
 
 class WaitGraph:
-    def __init__(self, on_change: OnChange | None = None) -> None:
+    def __init__(self, on_change: OnChange | None = None, on_lift: OnLift | None = None) -> None:
         self._on_change = on_change
+        self._on_lift = on_lift
+        # holder -> via -> the waits on that part of it: (waiter, request) counted
+        self._parts: dict[str, dict[str, collections.Counter[tuple[str, str | None]]]] = collections.defaultdict(dict)
+        self._lifts: dict[str, dict[str, int]] = {}  # holder -> via -> lent priority, where above base
         self._base: dict[str, int] = {}
         # Edges are counted: two concurrent asks from A to B are two waits, and
         # the edge lives until both end.
@@ -78,6 +116,24 @@ class WaitGraph:
         lent = self._lent.get(agent)
         return lent[1] if lent else None
 
+    def lifts(self, agent: str) -> dict[str, int]:
+        """The parts of `agent` that run above its base priority, and at what."""
+        return dict(self._lifts.get(agent, {}))
+
+    def lifted(self, agent: str, vias: tuple[str, ...]) -> int:
+        """The priority of code of `agent` serving `vias` (see `serving`)."""
+        lifts = self._lifts.get(agent, {})
+        return max([self.base(agent), *(lifts[v] for v in vias if v in lifts)])
+
+    def serves(self, agent: str) -> list[str]:
+        """What each lift of `agent` serves: its waiters' requests, highest first."""
+        out = []
+        for via, priority in sorted(self._lifts.get(agent, {}).items(), key=lambda item: -item[1]):
+            for waiter, request in self._parts[agent][via]:
+                if self.effective(waiter) == priority:
+                    out.append(f"{request or via} for {waiter}")
+        return out
+
     def holders_of(self, waiter: str) -> frozenset[str]:
         """Everyone `waiter` is directly waiting on."""
         return frozenset(self._holders.get(waiter, ()))
@@ -98,9 +154,10 @@ class WaitGraph:
         self._base[agent] = priority
         self._update(agent)
 
-    def wait(self, waiter: str, holder: str) -> WaitHandle:
-        """Record that `waiter` waits on `holder`. Raises WaitCycle, recording
-        nothing, if `holder` already waits (transitively) on `waiter`."""
+    def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> WaitHandle:
+        """Record that `waiter` waits on `holder` (on its part `via`, for
+        `request`, a label for events). Raises WaitCycle, recording nothing, if
+        `holder` already waits (transitively) on `waiter`."""
         chain = self._path(holder, waiter)
         if chain is not None:
             chain = [waiter, *chain]
@@ -109,8 +166,9 @@ class WaitGraph:
             raise err
         self._holders[waiter][holder] += 1
         self._waiters[holder][waiter] += 1
+        self._parts[holder].setdefault(via, collections.Counter())[(waiter, request)] += 1
         self._update(holder)
-        return WaitHandle(waiter, holder)
+        return WaitHandle(waiter, holder, via, request)
 
     def release(self, handle: WaitHandle) -> None:
         """End a wait. Releasing the same handle twice is harmless."""
@@ -120,11 +178,15 @@ class WaitGraph:
         waiter, holder = handle.waiter, handle.holder
         _decrement(self._holders, waiter, holder)
         _decrement(self._waiters, holder, waiter)
+        parts = self._parts[holder]
+        _decrement(parts, handle.via, (waiter, handle.request))
+        if not parts:
+            del self._parts[holder]
         self._update(holder)
 
     @contextmanager
-    def waiting(self, waiter: str, holder: str) -> Iterator[WaitHandle]:
-        handle = self.wait(waiter, holder)
+    def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> Iterator[WaitHandle]:
+        handle = self.wait(waiter, holder, via, request)
         try:
             yield handle
         finally:
@@ -162,8 +224,10 @@ class WaitGraph:
         pending = {a: sum(1 for w in self._waiters.get(a, ()) if w in affected) for a in affected}
         ready = collections.deque(a for a in affected if pending[a] == 0)
         notices: list[tuple[str, int, int | None, str | None]] = []
+        order = []
         while ready:
             agent = ready.popleft()
+            order.append(agent)
             before = self.inherited(agent)
             self._recompute(agent)
             after = self.inherited(agent)
@@ -173,10 +237,26 @@ class WaitGraph:
                 pending[nxt] -= 1
                 if pending[nxt] == 0:
                     ready.append(nxt)
+        lifted = [change for agent in order for change in self._relift(agent)]
         # Callbacks run once the whole graph is consistent, so they may read it.
         if self._on_change is not None:
             for notice in notices:
                 self._on_change(*notice)
+        if self._on_lift is not None:
+            for change in lifted:
+                self._on_lift(*change)
+
+    def _relift(self, agent: str) -> list[tuple[str, str, int | None]]:
+        """Recompute what each part of `agent` is lent; return the changes."""
+        before = self._lifts.pop(agent, {})
+        after = {}
+        for via, waits in self._parts.get(agent, {}).items():
+            top = max(self.effective(waiter) for waiter, _ in waits)
+            if top > self.base(agent):
+                after[via] = top
+        if after:
+            self._lifts[agent] = after
+        return [(agent, via, after.get(via)) for via in sorted(before.keys() | after.keys()) if before.get(via) != after.get(via)]
 
     def _downstream(self, start: str) -> set[str]:
         seen = {start}
@@ -200,7 +280,7 @@ class WaitGraph:
             self._lent[agent] = (best, origin)
 
 
-def _decrement(table: dict[str, collections.Counter[str]], key: str, item: str) -> None:
+def _decrement(table: dict, key: str, item: object) -> None:
     counter = table.get(key)
     if counter is None or counter[item] <= 0:
         raise RuntimeError(f"wait graph out of sync: no wait {key} / {item} to release")

@@ -248,3 +248,91 @@ async def test_join_returns_when_run_ends_and_the_agent_still_answers():
             agent = await s.spawn(OneTurn("one"))
             await s.join(agent)
             assert agent.text == "[1][1]" and s.system.is_alive("one")
+
+
+class BusyReviewer(Agent):
+    """Reviews on request, and does its own long background review meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.started = anyio.Event()
+
+    async def run(self) -> None:
+        async with self.generate([5, 5], max_tokens=LONG, ignore_eos=True) as turn:
+            async for _ in turn:
+                self.started.set()
+                await anyio.sleep(0)
+
+    @handler
+    async def review(self, msg: Review) -> str:
+        return await self.complete([7, 7, 7], max_tokens=5, ignore_eos=True)
+
+
+@pytest.mark.asyncio
+async def test_an_ask_lifts_the_turn_serving_it_not_the_holders_own_work():
+    with anyio.fail_after(30):
+        async with swarm(slots=2) as s:
+            rec = Recorder(s)
+            await s.spawn(Background("tests", priority=5))
+            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "tests")
+            reviewer = await s.spawn(BusyReviewer("reviewer"))
+            await reviewer.started.wait()
+            await s.spawn(Asker("pair", FOREGROUND))
+            lent = await rec.until(lambda e: isinstance(e, Inherited))
+            assert (lent.agent, lent.by_agent, lent.request) == ("reviewer", "pair", "Review for pair")
+            # The handler's turn runs at the asker's priority and displaces the
+            # lowest turn there is: the reviewer's own review, still at background.
+            pre = await rec.until(lambda e: isinstance(e, Preempted))
+            assert (pre.agent, pre.priority, pre.by_agent, pre.by_priority) == ("reviewer", BACKGROUND, "reviewer", FOREGROUND)
+            assert s.owner.scheduler.turns[pre.turn].priority == BACKGROUND
+            await rec.until(lambda e: isinstance(e, Finished) and e.agent == "reviewer")
+            await rec.until(lambda e: isinstance(e, Restored))
+            assert not any(isinstance(e, Preempted) and e.agent == "tests" for e in rec.events)
+
+
+class LockAndOwnWork(Agent):
+    """Holds a lock for one turn while a turn of its own runs outside it."""
+
+    def __init__(self, name: str, lock) -> None:
+        super().__init__(name)
+        self.lock = lock
+        self.started = anyio.Event()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.own_work)
+            await self.started.wait()
+            async with self.lock(self):
+                self.inside = self.turn_priority
+                await self.complete([4, 4], max_tokens=5, ignore_eos=True)
+            tg.cancel_scope.cancel()
+
+    async def own_work(self) -> None:
+        self.outside = self.turn_priority
+        async with self.generate([5, 5], max_tokens=LONG, ignore_eos=True) as turn:
+            async for _ in turn:
+                self.started.set()
+                await anyio.sleep(0)
+
+
+@pytest.mark.asyncio
+async def test_a_lock_lifts_the_holders_critical_section_only():
+    from swarm import Lock
+
+    with anyio.fail_after(30):
+        async with swarm(slots=2) as s:
+            rec = Recorder(s)
+            lock = Lock("workspace")
+            await s.spawn(Background("busy", priority=5))
+            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "busy")
+            docs = await s.spawn(LockAndOwnWork("docs", lock))
+            await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")
+            await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")  # the critical section's turn, no slot
+            await s.spawn(Waiter("pair", lock))
+            lent = await rec.until(lambda e: isinstance(e, Inherited))
+            assert (lent.agent, lent.request) == ("docs", "lock workspace for pair")
+            pre = await rec.until(lambda e: isinstance(e, Preempted))
+            assert (pre.agent, pre.priority, pre.by_agent, pre.by_priority) == ("docs", BACKGROUND, "docs", FOREGROUND)
+            await s.join(docs)
+            assert docs.outside == BACKGROUND
+            assert not any(isinstance(e, Preempted) and e.agent == "busy" for e in rec.events)
