@@ -26,6 +26,7 @@ from runtime.agent import Agent, TurnHandle
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnFailed, WaitCycle
 from runtime.messages import CancelTurn
 from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.waits import MAILBOX, on_behalf
 from swarm.api import Swarm
 from swarm.server.protocol import TurnSpec, check_agent_name, parse_priority
 
@@ -248,7 +249,10 @@ class Gateway:
                     raise RequestError(str(exc), param="X-Swarm-Waits-On", code="wait_cycle") from None
             agent = _Outside(caller.agent, caller.priority)
             agent.gpu = self.swarm.owner
-            handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+            # An outside caller is all request: whoever waits on it waits on this
+            # turn, so the turn carries the caller's mailbox lift.
+            with on_behalf(MAILBOX):
+                handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
             served = ServedTurn(self, caller, handle, spec, arrived)
             async with handle:
                 self._track(handle.id, served)
