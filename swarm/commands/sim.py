@@ -103,17 +103,19 @@ def _print_table(workload: Workload, results) -> None:
     t = workload.timing
     title = (
         f"{workload.arrivals} foreground turns, {workload.slots} slots at {1 / t.decode_step_s:.0f} tok/s, "
-        f"background {workload.background.dist} mean {workload.background.mean:.0f} tokens, seed {workload.seed}"
+        f"background {workload.background.dist} mean {workload.background.mean:.0f} tokens, seed {workload.seed}, "
+        f"shaping {'on' if workload.shaping else 'off'}"
     )
     table = Table(title=title)
-    for col in ("policy", "fg wait p50", "p90", "p99", "max", "bg tok/s", "preempts", "resumes cost"):
+    for col in ("policy", "fg wait p50", "p99", "max", "ttft p50", "p99", "itl p50", "p99", "turn p50", "p99", "bg tok/s", "preempts", "resumes cost"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         s = r.summary()
         w = s["fg_wait_s"]
+        feel = [_seconds(s[key][p]) for key in ("fg_ttft_s", "fg_itl_s", "fg_turn_s") for p in ("p50", "p99")]
         cost = f"{r.recomputed_tokens / 1e3:.0f}k tok" if r.recomputed_tokens else f"{s['swapped_mb'] / 1e3:.1f} GB" if r.swapped_bytes else "-"
-        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p90", "p99", "max")), f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost)
-    Console(width=max(Console().width, 100)).print(table)
+        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost)
+    Console(width=max(Console().width, 160)).print(table)
 
 
 def _seconds(x: float) -> str:
