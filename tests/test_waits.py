@@ -201,3 +201,30 @@ class WaitGraphMachine(RuleBasedStateMachine):
 
 WaitGraphMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_wait_graph_against_brute_force = WaitGraphMachine.TestCase
+
+
+def test_each_part_of_a_holder_is_lifted_by_its_own_waiters() -> None:
+    lifts: list[tuple[str, str, int | None]] = []
+    g = WaitGraph(on_lift=lambda agent, via, priority: lifts.append((agent, via, priority)))
+    g.set_base("pair", FOREGROUND)
+    g.set_base("tests", 3)
+    ask = g.wait("pair", "reviewer", "mailbox", "Review")
+    lock = g.wait("tests", "reviewer", "lock:tools", "lock tools")
+    assert g.lifts("reviewer") == {"mailbox": FOREGROUND, "lock:tools": 3}
+    assert g.lifted("reviewer", ()) == BACKGROUND  # its own run() keeps its priority
+    assert g.lifted("reviewer", ("mailbox",)) == FOREGROUND
+    assert g.lifted("reviewer", ("mailbox", "lock:tools")) == FOREGROUND
+    assert g.serves("reviewer") == ["Review for pair", "lock tools for tests"]
+    g.release(ask)
+    assert g.lifts("reviewer") == {"lock:tools": 3}
+    g.release(lock)
+    assert g.lifts("reviewer") == {}
+    assert lifts == [("reviewer", "mailbox", FOREGROUND), ("reviewer", "lock:tools", 3), ("reviewer", "mailbox", None), ("reviewer", "lock:tools", None)]
+
+
+def test_a_lifted_handler_lends_on_down_a_chain() -> None:
+    g = WaitGraph()
+    g.set_base("pair", FOREGROUND)
+    g.wait("pair", "reviewer")  # reviewer's handler serves pair...
+    g.wait("reviewer", "linter")  # ...and asks the linter
+    assert g.lifts("linter") == {"mailbox": FOREGROUND}
