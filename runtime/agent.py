@@ -31,7 +31,7 @@ from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempt
 from runtime.messages import CancelTurn, Token, TurnRequest
 from runtime.owner import TurnChannel
 from runtime.priority import BACKGROUND
-from runtime.waits import lift_key, serving
+from runtime.waits import MAILBOX, lift_key, serving
 
 if TYPE_CHECKING:
     from runtime.owner import GPUOwner
@@ -112,8 +112,9 @@ class Agent(Actor):
     def waiting_on(self, agent: str) -> ContextManager[object]:
         """`with self.waiting_on("aider"):` lends this agent's priority to another
         while it waits for it: one without a mailbox to ask, such as an outside
-        caller of `swarm serve`. Raises WaitCycle if that would close a cycle."""
-        return self.system.waits.waiting(self.name, agent)
+        caller of `swarm serve`, whose requests (like handlers) are then lifted.
+        Raises WaitCycle if that would close a cycle."""
+        return self.system.waits.waiting(self.name, agent, MAILBOX, "a wait")
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
