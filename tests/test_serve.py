@@ -106,6 +106,21 @@ def test_concurrent_callers_each_get_their_own_answer(client: openai.OpenAI, ser
     assert {f"agent-{i}" for i in range(6)} <= agents
 
 
+def test_callers_are_named_by_header_else_user_else_connection(server: ServerProcess) -> None:
+    body = {**GOOD, "messages": [{"role": "user", "content": "a secret prompt 6f2d"}]}
+    assert server.request("POST", "/v1/chat/completions", {**body, "user": "alice"})[0] == 200
+    assert server.request("POST", "/v1/chat/completions", {**body, "user": "alice"}, {"X-Swarm-Agent": "bob"})[0] == 200
+    conn = server.connect()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    assert conn.getresponse().read()
+    port = conn.sock.getsockname()[1]
+    conn.close()
+    agents = [e["agent"] for e in server.events() if e["event"] == "turn.queued"][-3:]
+    assert agents == ["alice", "bob", f"conn-127.0.0.1:{port}"]
+    # Prompts are not logged unless asked (--log-prompts).
+    assert "6f2d" not in server.events_path.read_text() and "6f2d" not in server.stderr()
+
+
 def test_models_and_health(client: openai.OpenAI, server: ServerProcess) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     status, _, body = server.request("GET", "/health")

@@ -121,7 +121,8 @@ def one_terminal_each(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]
 
 
 def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, tmp_path: Path) -> None:
-    with ServerProcess(serve_gguf, "--slots", "2", "--grace", "120", tmp=tmp_path) as server:
+    prompts = tmp_path / "prompts.jsonl"
+    with ServerProcess(serve_gguf, "--slots", "2", "--grace", "120", "--log-prompts", str(prompts), tmp=tmp_path) as server:
         body = {"model": MODEL, "messages": CHAT, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
         stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": "finisher"})
         chunks = stream.chunks()
@@ -133,6 +134,9 @@ def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, t
         assert server.proc.wait(60) == 0
     ends = one_terminal_each(server.events())
     assert [e["event"] for e in ends.values()] == ["turn.finished"]
+    [logged] = [json.loads(line) for line in prompts.read_text().splitlines()]  # asked for: the prompt log has it
+    assert logged["agent"] == "finisher" and logged["prompt"] == CHAT and logged["finish_reason"] == "length"
+    assert logged["completion"] == "".join(c["choices"][0]["delta"].get("content", "") for c in rest)
 
 
 def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tmp_path: Path) -> None:

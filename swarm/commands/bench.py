@@ -2,6 +2,7 @@
 
     swarm bench engine   what one decode step costs on this device (gpu/bench.py)
     swarm bench swarm    the whole swarm under load (swarm/bench_swarm.py)
+    swarm bench serve    the same load over HTTP through the openai client (swarm/bench_serve.py)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm import bench_swarm
+from swarm import bench_serve, bench_swarm
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     swarm = sub.add_parser("swarm", help="foreground wait per policy on the real engine, under background load")
     bench_swarm.add_arguments(swarm)
     swarm.set_defaults(bench_run=bench_swarm.run)
+
+    serve = sub.add_parser("serve", help="the same load over HTTP: 8 background streams and a foreground client through the openai client")
+    bench_serve.add_arguments(serve)
+    serve.set_defaults(bench_run=bench_serve.run)
 
     parser.set_defaults(func=run)
 

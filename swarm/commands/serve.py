@@ -26,9 +26,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file's name without .gguf)")
     p.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     p.add_argument("--slots", type=int, default=8, help="turns decoded together (default 8)")
     p.add_argument("--policy", default=Policy.RESIDENT.value, help="scheduling policy: " + ", ".join(x.value for x in Policy))
     p.add_argument("--step-tokens", type=int, metavar="N", help="tokens one step may process (bounds every foreground wait)")
+    p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off")
     p.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
     p.add_argument("--max-queue", type=int, metavar="N", help="refuse background requests (429) while N are waiting for a slot")
     p.add_argument("--grace", type=float, default=10.0, metavar="S", help="on shutdown, seconds running turns get to finish (default 10)")
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--slots must be at least 1, got {args.slots}")
     path = resolve_model(args.model)
     model_id = args.served_model_name or Path(path).name.removesuffix(".gguf")
-    engine = OpenCLEngine(path, device=args.device)
+    engine = OpenCLEngine(path, device=args.device, kernels=args.kernels)
     try:
         anyio.run(_serve, engine, model_id, args)
     except KeyboardInterrupt:
@@ -57,7 +59,7 @@ async def _serve(engine, model_id: str, args: argparse.Namespace) -> None:
     from swarm.api import Swarm
     from swarm.server import serve
 
-    async with Swarm(engine, slots=args.slots, policy=args.policy, step_tokens=args.step_tokens, events=args.events, model_name=model_id) as swarm:
+    async with Swarm(engine, slots=args.slots, policy=args.policy, step_tokens=args.step_tokens, shaping=not args.no_shaping, events=args.events, model_name=model_id) as swarm:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(lambda task_status: serve(
                 swarm, model_id=model_id, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -204,6 +204,7 @@ class _Watched(Response):
 
     def __init__(self, run: Callable[[_Out], Awaitable[None]]) -> None:
         self.run = run
+        self.status_code = 200  # what it starts with unless run() says otherwise
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -226,11 +227,14 @@ class _Watched(Response):
 
 async def _read_body(request: Request) -> bytes:
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413, code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413, code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RequestError("the client hung up before sending the whole body", code="client_disconnected") from None
     return b"".join(chunks)
 
 

@@ -15,7 +15,7 @@ foreground ones never are; once closing, every new request is refused (503).
 from __future__ import annotations
 
 import math
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import IO, Any, AsyncIterator, Callable
 
@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from runtime.agent import Agent, TurnHandle
-from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnFailed, WaitCycle
+from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, TurnFailed, UsageError, WaitCycle
 from runtime.messages import CancelTurn
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.waits import MAILBOX, on_behalf
@@ -249,12 +249,19 @@ class Gateway:
                     raise RequestError(str(exc), param="X-Swarm-Waits-On", code="wait_cycle") from None
             agent = _Outside(caller.agent, caller.priority)
             agent.gpu = self.swarm.owner
-            # An outside caller is all request: whoever waits on it waits on this
-            # turn, so the turn carries the caller's mailbox lift.
-            with on_behalf(MAILBOX):
-                handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+            try:
+                # An outside caller is all request: whoever waits on it waits on this
+                # turn, so the turn carries the caller's mailbox lift.
+                with on_behalf(MAILBOX):
+                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+            except UsageError as exc:
+                raise RequestError(str(exc)) from None
             served = ServedTurn(self, caller, handle, spec, arrived)
-            async with handle:
+            async with AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(handle)
+                except TurnError as exc:  # the GPU owner has stopped
+                    raise RequestError(str(exc), status=503, type="server_error", code="shutting_down") from None
                 self._track(handle.id, served)
                 try:
                     yield served
