@@ -151,7 +151,10 @@ class _Server:
                "--policy", args.policy, "--step-tokens", str(args.step_tokens), "--kernels", args.kernels]
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--device", args.device] if args.device else []
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        # The child runs this very code, wherever it was imported from.
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
 
     def url(self) -> str:
         assert self.proc.stdout is not None
