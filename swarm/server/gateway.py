@@ -244,7 +244,7 @@ class Gateway:
         try:
             if caller.waits_on is not None:
                 try:
-                    edge = waits.wait(caller.agent, caller.waits_on)
+                    edge = waits.wait(caller.agent, caller.waits_on, MAILBOX, f"HTTP request of {caller.agent}")
                 except WaitCycle as exc:
                     raise RequestError(str(exc), param="X-Swarm-Waits-On", code="wait_cycle") from None
             agent = _Outside(caller.agent, caller.priority)
