@@ -13,7 +13,9 @@ Per policy: the foreground's wait (request to slot), time to first token, time
 between tokens and turn time (request to last token), each p50/p90/p99/max;
 background tokens decoded per second, overall and while no foreground turn was
 live; preemptions; the median engine step. `solo` runs the same foreground turns
-on the idle engine in the same run, so every figure has its own ratio to idle.
+on the idle engine in the same run, right after each policy (the machine's load
+drifts), so every figure has its own ratio to idle (`vs_solo`, against the solo
+run next to it); `solo` in the output pools them all.
 
 A policy written `name:unshaped` runs with step shaping off (as `--no-shaping`
 does for all), so shaped and unshaped can be compared in one run.
@@ -197,15 +199,26 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
     }
 
 
-async def bench_solo(engine: Any, turns: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The first `turns` foreground turns, one after another, on the idle engine."""
+async def bench_solo(engine: Any, turns: int, args: argparse.Namespace, stats: Stats) -> Stats:
+    """The first `turns` foreground turns, one after another, on the idle engine;
+    their figures are added to `stats`."""
     _, _, _, fg_prompts = _streams(args)
-    stats = Stats()
     # Idle speed is what the engine does best alone: preemptive, shaped unless told not to.
     async with _swarm(engine, Policy.RESIDENT.value, args) as swarm:
         fg = await swarm.spawn(Foreground("fg", iter(lambda: 0.05, None), fg_prompts, args.fg_tokens, stats, turns=turns))
         await swarm.join(fg)
+    return stats
+
+
+def _solo_result(stats: Stats) -> dict[str, Any]:
     return {**_feel(stats), "fg_turns": len(stats.fg_turn_s), "fg_turn_samples_s": stats.fg_turn_s, "fg_token_times_s": stats.fg_tokens_s}
+
+
+def _merge(a: Stats, b: Stats) -> Stats:
+    out = Stats()
+    for name in ("fg_ttft_s", "fg_itl_s", "fg_turn_s", "fg_tokens_s"):
+        setattr(out, name, getattr(a, name) + getattr(b, name))
+    return out
 
 
 def _feel(stats: Stats) -> dict[str, Any]:
@@ -250,16 +263,20 @@ def run(args: argparse.Namespace, engine: Any = None) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     engine = engine or load_engine(args)
     results: dict[str, Any] = {}
+    pooled = Stats()
     for policy in policies:
         if not args.json:
             print(f"{policy}: {args.seconds:.0f} s ...", file=sys.stderr, flush=True)
-        results[policy] = anyio.run(bench_policy, engine, policy, args)
-    turns = max(r["fg_turns"] for r in results.values()) or 1
-    if not args.json:
-        print(f"solo: the same {turns} foreground turns on the idle engine ...", file=sys.stderr, flush=True)
-    solo = anyio.run(bench_solo, engine, turns, args)
-    for r in results.values():
-        r["vs_solo"] = vs_solo(r, solo)
+        results[policy] = r = anyio.run(bench_policy, engine, policy, args)
+        # Solo right after each policy, over the same turns: on a shared machine the
+        # load drifts, and a ratio is only fair between runs close in time.
+        turns = max(r["fg_turns"], 1)
+        if not args.json:
+            print(f"solo: the same {turns} foreground turns on the idle engine ...", file=sys.stderr, flush=True)
+        adjacent = anyio.run(bench_solo, engine, turns, args, Stats())
+        r["vs_solo"] = vs_solo(r, _feel(adjacent))
+        pooled = _merge(pooled, adjacent)
+    solo = _solo_result(pooled)
     out = {
         "workload": {"slots": args.slots, "seconds": args.seconds, "fg_interval_s": args.fg_interval, "fg_tokens": args.fg_tokens,
                      "bg_max": args.bg_max, "step_tokens": args.step_tokens, "prompt": args.prompt, "seed": args.seed,

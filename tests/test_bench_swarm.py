@@ -54,8 +54,9 @@ def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, 
         assert all(t >= w for w, t in zip(waits, ttfts))  # the first token comes after the slot
         assert r["bg_tok_per_s"] > 0 and r["step_s_median"] > 0 and r["seconds"] >= 2
         assert isinstance(r["preemptions"], int) and r["paused_s"] >= 0
-        assert r["vs_solo"]["turn_p50"] == pytest.approx(r["fg_turn_s"]["p50"] / data["solo"]["fg_turn_s"]["p50"])
-    assert data["solo"]["fg_turns"] == max(r["fg_turns"] for r in data["policies"].values())
+        assert r["vs_solo"]["turn_p50"] > 0 and r["vs_solo"]["ttft_p99"] > 0 and r["vs_solo"]["itl_p50"] > 0
+    # A solo run of each policy's turns, right after it; `solo` pools them.
+    assert data["solo"]["fg_turns"] == sum(r["fg_turns"] for r in data["policies"].values())
     assert data["policies"]["priority"]["preemptions"] == 0  # it orders the queue, never preempts
     assert data["policies"]["resident"]["preemptions"] > 0  # every slot was busy when the foreground came
     assert plot_bench(data, tmp_path / "bench.png").is_file()  # swarm plot reads it
