@@ -255,8 +255,8 @@ class Scheduler:
                 budget -= len(plan.works[-1].tokens)
 
     def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
-        """runtime.shaping: the protected turns' work, then background decodes that
-        fit the cost budget. False (nothing added) if no protected work can run."""
+        """runtime.shaping: the protected turns' work, then the background work that
+        fits the cost budget. False (nothing added) if no protected work can run."""
         protected = [t for t in self.running.values() if self._level(t) >= level]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
@@ -277,7 +277,7 @@ class Scheduler:
             n = budget.largest(turn.computed, min(turn.pending, room))
             if n and self._take(turn, n, now, plan):
                 budget.add(turn.computed, n)
-                room -= n if n > 1 else 0
+                room -= n if turn.pending > 1 else 0
         return True
 
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
