@@ -20,11 +20,16 @@ import numpy as np
 
 from gpu.engine import OpenCLEngine
 from runtime.cost import step_features
+from runtime.blocks import BlockPool
 from runtime.engine import Work
+from runtime.scheduler import Scheduler
+from runtime.turns import SchedulerConfig
 
 BATCHES = (1, 2, 4, 8)
 PROMPT = 64  # positions each turn holds before the decode steps
 PREFILL = 256  # tokens in the timed prefill chunk
+TTFT_PROMPT = 1000  # tokens of the prompt whose time to first token is timed, cached and not
+TTFT_REPEATS = 3
 
 
 def _span(steps: int, block_size: int) -> int:
@@ -33,7 +38,7 @@ def _span(steps: int, block_size: int) -> int:
 
 
 def kv_blocks_needed(steps: int, block_size: int = 16) -> int:
-    return (max(BATCHES) + 1) * _span(steps, block_size)
+    return max((max(BATCHES) + 1) * _span(steps, block_size), 2 * -(-TTFT_PROMPT // block_size) + 2)
 
 
 def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[float]) -> dict:
@@ -105,6 +110,8 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         if engine.profile:
             results[-1]["profile"] = profile_steps(profiles[1:], times[1:])
 
+    ttft_tokens = min(TTFT_PROMPT, engine.config.context_length - 1)
+    uncached, cached = time_to_first_token(engine, rng, ttft_tokens)
     weight_bytes = engine.weights.bytes_per_step()
     copy = engine.device.copy_bandwidth()
     step1 = results[0]["step_ms"] / 1e3
@@ -119,7 +126,33 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "achieved_gb_s": weight_bytes / step1 / 1e9,
         "floor_ms": 1e3 * weight_bytes / copy,
         "step_cost": _refit(cost),
+        "ttft_prompt_tokens": ttft_tokens,
+        "ttft_uncached_ms": 1e3 * uncached,
+        "ttft_cached_ms": 1e3 * cached,
     }
+
+
+def time_to_first_token(engine: OpenCLEngine, rng: np.random.Generator, tokens: int) -> tuple[float, float]:
+    """Median seconds from submit to first token of a new prompt of `tokens` tokens,
+    then of the same prompt again (its full blocks now in the prefix cache), each
+    driven through the real scheduler in steps of the engine's batch size."""
+    sched = Scheduler(SchedulerConfig(slots=1, step_tokens=engine.max_batch_tokens), BlockPool(engine.num_blocks, engine.block_size))
+    first = sched.submit("warm-up", 0, rng.integers(0, engine.config.vocab_size, 32).tolist(), 1, 0.0)
+    _first_token(engine, sched, first)
+    uncached, cached = [], []
+    for _ in range(TTFT_REPEATS):  # interleaved, so both see the same machine
+        prompt = rng.integers(0, engine.config.vocab_size, tokens).tolist()
+        for times in (uncached, cached):
+            t0 = time.perf_counter()
+            _first_token(engine, sched, sched.submit("bench", 0, prompt, 1, 0.0))
+            times.append(time.perf_counter() - t0)
+    return statistics.median(uncached), statistics.median(cached)
+
+
+def _first_token(engine: OpenCLEngine, sched: Scheduler, turn) -> None:
+    while not turn.output:
+        plan = sched.schedule(0.0)
+        sched.postprocess(plan, engine.step(plan.works), 0.0)
 
 
 def _refit(cost) -> dict:
@@ -140,6 +173,8 @@ def format_report(r: dict) -> str:
         f"copy bandwidth: {r['copy_gb_s']:.1f} GB/s (bytes read + written by a 256 MiB buffer copy)",
         f"memory floor of a step: {r['floor_ms']:.2f} ms (weight bytes / copy bandwidth)",
         f"achieved at batch 1: {r['achieved_gb_s']:.2f} GB/s of weights",
+        f"time to first token, {r['ttft_prompt_tokens']}-token prompt: {r['ttft_uncached_ms']:.0f} ms new, "
+        f"{r['ttft_cached_ms']:.1f} ms repeated (prefix cache; {r['ttft_cached_ms'] / r['steps'][0]['step_ms']:.2f} batch-1 decode steps)",
     ]
     c = r["step_cost"]
     lines.append(

@@ -68,6 +68,7 @@ class OpenCLEngine:
         profile: bool = False,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
+        self.model_id = f"{self.model.path.name}:{self.model.path.stat().st_size}"
         cfg = self.config = self.model.config
         if block_size % 16:
             raise ConfigError(f"block_size must be a multiple of 16 (the attention kernel's width), got {block_size}")

@@ -1,44 +1,124 @@
-"""KV block accounting: which of the engine's pool blocks are free.
+"""KV block accounting: which of the engine's pool blocks are free, cached or owned.
 
 The scheduler owns this object; the engine owns the memory behind the ids. A turn
 holds the blocks covering every position whose K/V has been computed, in order
-(its block table). Blocks are conserved: free + held by turns == num_blocks.
+(its block table). A full block may also be *cached*: registered under the chain
+hash of its tokens (runtime.prefix), so that a later turn whose prompt starts the
+same way takes it by reference instead of computing it again.
+
+Every block is in exactly one state:
+
+    free     refcount 0, no hash            handed out first
+    cached   refcount 0, hashed, in an LRU  handed out (and its hash forgotten) when
+                                            no free block is left, least recently used first
+    owned    refcount >= 1                  held by that many turns' tables
+
+so free + cached + owned == num_blocks, and `num_free` (what `grow` can hand out
+without evicting a turn) counts the first two.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from runtime.errors import UsageError
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, namespace: str = "") -> None:
         if num_blocks < 1 or block_size < 1:
             raise UsageError(f"need at least one block of at least one position, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # What the cached K/V depends on besides the tokens (the model): folded into
+        # every chain hash, so a pool never serves one model's K/V to another.
+        self.namespace = namespace
         self._free: deque[int] = deque(range(num_blocks))
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks `grow` can hand out: free ones, then cached ones nobody holds."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        """Cached blocks nobody holds (evictable)."""
+        return len(self._lru)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
 
     def blocks_for(self, positions: int) -> int:
         """Blocks needed to hold `positions` token positions."""
         return -(-positions // self.block_size)
 
+    # ------------------------------------------------------------ allocation
+
     def grow(self, table: list[int], positions: int) -> bool:
         """Extend a block table to cover `positions`; False (and no change) if the
-        pool is short."""
+        pool is short. Takes free blocks first, then evicts cached ones, LRU first."""
         missing = self.blocks_for(positions) - len(table)
         if missing <= 0:
             return True
-        if missing > len(self._free):
+        if missing > self.num_free:
             return False
-        table.extend(self._free.popleft() for _ in range(missing))
+        for _ in range(missing):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._lru.popitem(last=False)
+                del self._block_of[self._hash_of.pop(block)]
+            self._refs[block] = 1
+            table.append(block)
         return True
 
     def release(self, table: list[int]) -> None:
-        self._free.extend(table)
+        """Drop a table's references. A block nobody holds any more goes back to the
+        free list, or, if hashed, to the cache. The table is released from its end,
+        so a turn's last blocks (the least likely to be shared) are evicted first."""
+        for block in reversed(table):
+            if self._refs[block] < 1:
+                raise ValueError(f"block {block} released more often than it was taken")
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._hash_of:
+                    self._lru[block] = None
+                else:
+                    self._free.append(block)
         table.clear()
+
+    # ---------------------------------------------------------------- sharing
+
+    def lookup(self, key: bytes) -> int | None:
+        """The block cached under a chain hash, if it is still there."""
+        return self._block_of.get(key)
+
+    def acquire(self, block: int) -> None:
+        """Take one more reference on a cached or owned block."""
+        if self._refs[block] == 0:
+            if block not in self._lru:
+                raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
+            del self._lru[block]
+        self._refs[block] += 1
+
+    def register(self, block: int, key: bytes) -> bool:
+        """Record that an owned, full block holds the K/V that `key` names. False if
+        another block already does (the two were computed side by side; the first
+        stays the shared copy, this one stays private)."""
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+        if self._hash_of.get(block, key) != key:
+            raise ValueError(f"block {block} is already cached under another hash")
+        known = self._block_of.get(key)
+        if known is not None:
+            return known == block
+        self._block_of[key] = block
+        self._hash_of[block] = key
+        return True
+
+    def is_cached(self, block: int) -> bool:
+        return block in self._hash_of

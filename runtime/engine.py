@@ -86,6 +86,7 @@ class Engine(Protocol):
         """Time a few deliberately varied steps to seed `cost`. Called once by the
         GPU owner before the first turn; cheap to call again (it does nothing)."""
         ...
+    model_id: str  # what K/V depends on besides the tokens; keys the prefix cache
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
         """Run one forward pass over the batch; one entry per item, a token where

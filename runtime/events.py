@@ -15,7 +15,8 @@ means something:
 | swarm.started       | the swarm is up                        | unix_time, slots, policy, device, model   |
 | swarm.stopped       | the swarm is down                      | unix_time                                 |
 | turn.queued         | an agent asked for a turn (t: when)    | turn, agent, priority, tokens (prompt)    |
-| turn.admitted       | it got a slot for the first time       | turn, agent, priority, slot, waited_s     |
+| turn.admitted       | it got a slot for the first time       | turn, agent, priority, slot, waited_s,    |
+|                     |                                        | cached_tokens (prompt reused from cache)  |
 | turn.preempted      | paused at a token boundary             | turn, agent, priority, slot, tokens,      |
 |                     |                                        | by_turn, by_agent, by_priority            |
 | turn.resumed        | back in a slot after a pause           | turn, agent, priority, slot, paused_s     |
@@ -29,7 +30,8 @@ means something:
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
 | kv.swapped_in       | and back to the device                 | turn, agent, priority, slot, blocks       |
-| kv.recomputed       | its KV was dropped and is re-prefilled | turn, agent, priority, slot, tokens       |
+| kv.recomputed       | its KV was dropped and is re-prefilled | turn, agent, priority, slot, tokens,      |
+|                     |                                        | cached_tokens (reused, not recomputed)    |
 | agent.crashed       | an actor died; the swarm goes on       | agent, reason                             |
 
 `priority` is always the *effective* priority (base, aged, or inherited) at the time
@@ -92,6 +94,7 @@ class Queued(TurnEvent, kw_only=True, tag="turn.queued"):
 
 class Admitted(TurnEvent, kw_only=True, tag="turn.admitted"):
     waited_s: float | None = None
+    cached_tokens: int = 0  # prompt positions whose K/V came from the prefix cache
 
 
 class Preempted(TurnEvent, kw_only=True, tag="turn.preempted"):
@@ -139,7 +142,8 @@ class SwappedIn(TurnEvent, kw_only=True, tag="kv.swapped_in"):
 
 
 class Recomputed(TurnEvent, kw_only=True, tag="kv.recomputed"):
-    tokens: int
+    tokens: int  # prefilled again
+    cached_tokens: int = 0  # found in the prefix cache instead
 
 
 class Inherited(Event, kw_only=True, tag="priority.inherited"):

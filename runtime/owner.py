@@ -35,7 +35,7 @@ from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.waits import lift_key
-from runtime.turns import Plan, SchedulerConfig, SwapOut
+from runtime.turns import Plan, SchedulerConfig, SwapIn, SwapOut
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class GPUOwner(Actor):
         self.bus = bus
         self._decided: list[Event] = []
         self.scheduler = Scheduler(
-            config, BlockPool(engine.num_blocks, engine.block_size), eos_token_ids=engine.eos_token_ids,
+            config, BlockPool(engine.num_blocks, engine.block_size, namespace=getattr(engine, "model_id", "")), eos_token_ids=engine.eos_token_ids,
             vocab_size=getattr(engine, "vocab_size", None), emit=self._decided.append, cost=engine.cost,
         )
         self.requests: MemoryObjectSendStream[OwnerRequest]
@@ -168,8 +168,10 @@ class GPUOwner(Actor):
             try:
                 if isinstance(move, SwapOut):
                     self.engine.swap_out(move.turn, move.blocks, move.length)
-                else:
+                elif isinstance(move, SwapIn):
                     self.engine.swap_in(move.turn, move.blocks)
+                else:
+                    self.engine.forget(move.turn)
             except Exception as exc:
                 failed[move.turn] = f"{type(move).__name__} failed: {type(exc).__name__}: {exc}"
         return failed

@@ -29,8 +29,9 @@ from runtime.events import (
     Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn,
     SwappedOut,
 )
+from runtime.prefix import PrefixCache
 from runtime.shaping import StepBudget, protected_level
-from runtime.turns import KV, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
+from runtime.turns import KV, Forget, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
 
 
 class Scheduler:
@@ -52,6 +53,7 @@ class Scheduler:
         self.cost = cost or StepCost(fixed_s=1.0)
         self.policy = config.policy
         self.pool = blocks
+        self.prefix = PrefixCache(blocks, config.prefix_cache)
         self.eos = frozenset(eos_token_ids)
         self.emit = emit
         self.step = 0
@@ -119,10 +121,13 @@ class Scheduler:
             del plan.turns[i], plan.works[i]
         turn.computed = 0
         if turn.kv is KV.SWAPPED:
-            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
-            turn.kv, turn.swapped_len = KV.DROPPED, 0  # kv.recomputed when it resumes
+            self.swapped_blocks -= self._host_blocks(turn)
+            turn.kv, turn.swapped_len, turn.swap_kept = KV.DROPPED, 0, []  # kv.recomputed when it resumes
         elif turn.slot is not None:
-            self.emit(Recomputed(**self._about(turn, now), tokens=turn.length))
+            # Its blocks hold nothing it can trust: start over, from the cache.
+            self.pool.release(turn.blocks)
+            turn.cached_tokens = self.prefix.reuse(turn)
+            self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
 
     def set_inherited(self, lift: str, priority: int | None, now: float) -> None:
         """Turns submitted under `lift` run at least at `priority` (None: back to
@@ -208,19 +213,13 @@ class Scheduler:
             self._drop(victim)
 
     def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
+        swapped = turn.kv is KV.SWAPPED
+        if swapped and not self._swap_in(turn, now, plan):
+            return False
         recomputed = turn.kv is KV.DROPPED
-        if recomputed:
+        if recomputed or (turn.kv is KV.RESIDENT and not turn.blocks and turn.computed == 0):
             turn.kv = KV.RESIDENT
-        if turn.kv is KV.SWAPPED:
-            table: list[int] = []
-            if not self._reserve(table, turn.swapped_len, now, plan, keep=turn):
-                return False
-            turn.blocks, turn.kv = table, KV.RESIDENT
-            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
-            plan.moves.append(SwapIn(turn.id, list(table)))
-            swapped_in = True
-        else:
-            swapped_in = False
+            turn.cached_tokens = self.prefix.reuse(turn)
         self.waiting.remove(turn)
         self.running[slot] = turn
         turn.boost = self._aged(turn, now)
@@ -228,17 +227,45 @@ class Scheduler:
         turn.last_admit = next(self._admissions)
         if turn.admitted_at is None:
             turn.admitted_at = now
-            self.emit(Admitted(**self._about(turn, now), waited_s=now - turn.arrived))
+            self.emit(Admitted(**self._about(turn, now), waited_s=now - turn.arrived, cached_tokens=turn.cached_tokens))
         else:
             paused = now - turn.paused_at
             turn.paused_s += paused
             turn.paused_at = None
             self.emit(Resumed(**self._about(turn, now), paused_s=paused))
-            if swapped_in:
-                self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks)))
-            elif recomputed:
-                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length))
+            if recomputed:
+                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
+            elif swapped:
+                self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
+
+    def _swap_in(self, turn: Turn, now: float, plan: Plan) -> bool:
+        """Bring a swapped-out turn's KV back: the shared blocks it left on the device
+        by their keys, the rest from host memory into fresh blocks. False if the pool
+        cannot make room now. If a block it left behind has been evicted since, the
+        host copy is void and the turn is recomputed instead (KV.DROPPED)."""
+        kept = self.prefix.restore(turn, turn.swap_kept)
+        if kept is None:
+            self.swapped_blocks -= self._host_blocks(turn)
+            plan.moves.append(Forget(turn.id))
+            turn.computed, turn.swap_kept, turn.kv = 0, [], KV.DROPPED
+            return True
+        fresh: list[int] = []
+        if not self._reserve(fresh, self._host_blocks(turn) * self.pool.block_size, now, plan, keep=turn):
+            self.pool.release(kept)
+            return False
+        self.swapped_blocks -= len(fresh)
+        if fresh:
+            plan.moves.append(SwapIn(turn.id, list(fresh)))
+        kept_at = dict(zip(turn.swap_kept, kept))
+        fresh.reverse()
+        turn.blocks = [kept_at[i] if i in kept_at else fresh.pop() for i in range(len(kept) + len(fresh))]
+        turn.kv, turn.committed = KV.RESIDENT, 0
+        return True
+
+    def _host_blocks(self, turn: Turn) -> int:
+        """Blocks of a swapped-out turn that live in host memory."""
+        return self.pool.blocks_for(turn.swapped_len) - len(turn.swap_kept)
 
     def _batch(self, now: float, plan: Plan) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
@@ -337,11 +364,14 @@ class Scheduler:
             if turn.done or turn.slot is None:
                 continue
             turn.computed += len(work.tokens) + plan.steps - 1
-            if not work.sample or token is None:
+            sampled = work.sample and token is not None
+            if sampled:
+                if not turn.output:
+                    turn.first_token_at = now
+                turn.output.extend([token] * plan.steps)
+            self.prefix.commit(turn)  # (after the output: fast-forwarded steps fed it)
+            if not sampled:
                 continue
-            if not turn.output:
-                turn.first_token_at = now
-            turn.output.extend([token] * plan.steps)
             delivered.append((turn, token))
             if token in self.eos and not turn.ignore_eos:
                 self._end(turn, Finished, "eos", now)
@@ -381,14 +411,21 @@ class Scheduler:
             self.pool.release(turn.blocks)
             return
         n = self.pool.blocks_for(turn.computed)
+        # Blocks other turns hold stay on the device anyway: leave them, take them
+        # back by their keys at swap-in.
+        kept = self.prefix.shared_blocks(turn, n)
+        copied = n - len(kept)
         cap = self.config.swap_blocks
-        if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + n <= cap):
-            plan.moves.append(SwapOut(turn.id, list(turn.blocks), turn.computed))
-            turn.swapped_len = turn.computed
+        if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + copied <= cap):
+            if copied:
+                skip = set(kept)
+                blocks = [b for i, b in enumerate(turn.blocks[:n]) if i not in skip]
+                plan.moves.append(SwapOut(turn.id, blocks, turn.computed - len(kept) * self.pool.block_size))
+            turn.swapped_len, turn.swap_kept = turn.computed, kept
             turn.kv = KV.SWAPPED
-            self.swapped_blocks += n
+            self.swapped_blocks += copied
             self.pool.release(turn.blocks)
-            self.emit(SwappedOut(**self._about(turn, now), blocks=n))
+            self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
         else:
             self._drop(turn)
 
@@ -438,7 +475,7 @@ class Scheduler:
         elif turn in self.waiting:
             self.waiting.remove(turn)
         if turn.kv is KV.SWAPPED:
-            self.swapped_blocks -= self.pool.blocks_for(turn.swapped_len)
+            self.swapped_blocks -= self._host_blocks(turn)
         self.pool.release(turn.blocks)
         del self.turns[turn.id]
 

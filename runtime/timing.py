@@ -53,6 +53,7 @@ class TimingEngine:
         self.eos_token_ids: frozenset[int] = frozenset()
         self.cost = model.cost()  # exact: there is nothing to learn
         self._law = model.cost()  # what steps really cost, whatever `cost` is told
+        self.model_id = "timing model"
         self._token = token
 
     def calibrate(self) -> None:

@@ -45,6 +45,8 @@ class SchedulerConfig:
     # Host memory for swapped-out KV, in blocks; None = unbounded. When it is full,
     # memory pressure drops KV (recompute on resume) instead.
     swap_blocks: int | None = None
+    # Share full KV blocks between turns whose tokens start alike (runtime.prefix).
+    prefix_cache: bool = True
     max_context: int | None = None
     # Step shaping (runtime.shaping), under the preempting policies: while a turn
     # above background priority is live, background decodes join its step only
@@ -91,6 +93,10 @@ class Turn:
     blocks: list[int] = field(default_factory=list)
     kv: KV = KV.RESIDENT
     swapped_len: int = 0
+    swap_kept: list[int] = field(default_factory=list)  # block indices a swap-out left on the device (shared)
+    hashes: list[bytes] = field(default_factory=list)  # chain hashes of its full blocks (runtime.prefix)
+    committed: int = 0  # leading blocks registered in the prefix cache
+    cached_tokens: int = 0  # positions reused from the prefix cache at the last (re)admission
     slot: int | None = None
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
@@ -144,6 +150,14 @@ class SwapIn:
     blocks: list[int]
 
 
+@dataclass(frozen=True)
+class Forget:
+    """Drop a turn's host copy: it is void (a block its swap-out left on the device,
+    shared, has been evicted since), and the turn is recomputed instead."""
+
+    turn: int
+
+
 @dataclass
 class Plan:
     """One step's decisions: KV moves to make first, in order, then the batch to run.
@@ -154,7 +168,7 @@ class Plan:
 
     works: list[Work] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    moves: list[SwapOut | SwapIn] = field(default_factory=list)
+    moves: list[SwapOut | SwapIn | Forget] = field(default_factory=list)
     preemptions: int = 0
     steps: int = 1  # identical decode steps this plan stands for (the simulator's fast-forward)
 

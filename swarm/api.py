@@ -41,6 +41,7 @@ class Swarm:
         swap_blocks: int | None = None,
         shaping: bool = True,
         slack: float = 0.25,
+        prefix_cache: bool = True,
         events: str | Path | None = None,
         terminal: bool = False,
         socket: str | Path | None = None,
@@ -50,7 +51,7 @@ class Swarm:
         step_tokens = step_tokens or min(128, limit or 128)
         if limit is not None and step_tokens > limit:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
-        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, max_context=getattr(getattr(engine, "config", None), "context_length", None))
+        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=getattr(getattr(engine, "config", None), "context_length", None))
         self.engine = engine
         self.bus = EventBus()
         self.events_path = self.bus.log_to_file(events) if events else None

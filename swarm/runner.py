@@ -61,7 +61,7 @@ class SessionRunner:
 
         s = self.session
         swarm = Swarm(
-            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, events=self.events_path,
+            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache, events=self.events_path,
             socket=self.socket, model_name=getattr(self, "model_name", None),
         )
         self.started = time.monotonic()

@@ -5,6 +5,7 @@ A session file (TOML) says which model, how many slots, which agents:
     model = "path/to.gguf"        # optional: the default model otherwise
     slots = 8
     policy = "resident"
+    prefix_cache = true           # reuse the K/V of prompts that start alike
     workspace = "my_project"      # relative to the session file
     out = "swarm-out"             # each run writes into out/<timestamp>/
     duration = 120                # seconds; optional
@@ -59,6 +60,7 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step_tokens: int | None = None
     shaping: bool = True  # build each step for the foreground turn (runtime.shaping)
     slack: float = 0.25
+    prefix_cache: bool = True  # share the K/V of prompts that start alike
     workspace: str = "."
     out: str = "swarm-out"
     duration: float | None = None  # seconds; None: until the foreground is done (or Ctrl-C)

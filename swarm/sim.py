@@ -10,8 +10,10 @@ the scheduler for a plan that stands for many steps at once and skips ahead.
 
 from __future__ import annotations
 
+import itertools
 import math
 import tomllib
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,7 +23,7 @@ import numpy as np
 
 from runtime.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Event, Preempted, Recomputed
+from runtime.events import Admitted, Event, Preempted, Queued, Recomputed
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
@@ -65,6 +67,10 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     foreground: Lengths = Lengths(mean=128.0, sigma=0.8, max=1024)
     foreground_prompt: int = 64
     foreground_interval_s: float = 10.0  # mean of exponential gaps
+    # The share of every prompt that repeats the agent's earlier prompts (its system
+    # prompt, its conversation): what the prefix cache can hit. The rest is new.
+    prefix_share: float = 0.0
+    prefix_cache: bool = True
     arrivals: int = 2000
     warmup_s: float = 60.0  # let the background reach its steady mix first
     step_tokens: int = 128
@@ -112,6 +118,8 @@ class Result:
     bg_tokens: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0  # what resuming cost under recompute
+    prompt_tokens: int = 0  # prompt tokens of admitted turns
+    cached_tokens: int = 0  # of those, found in the prefix cache
     swapped_bytes: int = 0  # and under swap (both directions)
     span_s: float = 0.0
     steps: int = 0
@@ -125,6 +133,7 @@ class Result:
             "bg_tok_per_s": self.bg_tokens / self.span_s if self.span_s else 0.0,
             "preemptions": self.preemptions,
             "recomputed_tokens": self.recomputed_tokens,
+            "prompt_reused": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "swapped_mb": self.swapped_bytes / 1e6,
         }
 
@@ -152,6 +161,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
             return int(next(bg_pool))
 
     result = Result(policy)
+    prompts: dict[int, int] = {}
 
     def count(event: Event) -> None:
         match event:
@@ -159,17 +169,30 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
                 result.preemptions += 1
             case Recomputed(tokens=tokens):
                 result.recomputed_tokens += tokens
+            case Queued(turn=turn, tokens=tokens):
+                prompts[turn] = tokens
+            case Admitted(turn=turn, cached_tokens=cached):
+                result.prompt_tokens += prompts.pop(turn)
+                result.cached_tokens += cached
+
+    if not 0 <= workload.prefix_share <= 1:
+        raise ConfigError(f"prefix_share must be in [0, 1], got {workload.prefix_share}")
+    fresh = itertools.count(1 << 20)  # token ids no prompt shares
+
+    def prompt(agent: str, n: int) -> list[int]:
+        shared = round(workload.prefix_share * n)
+        return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + [next(fresh) for _ in range(n - shared)]
 
     config = SchedulerConfig(
         slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,
-        shaping=workload.shaping, slack=workload.slack,
+        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def submit_bg(agent: str, now: float) -> None:
-        sched.submit(agent, BACKGROUND, [0] * workload.background_prompt, bg_length(), now, ignore_eos=True)
+        sched.submit(agent, BACKGROUND, prompt(agent, workload.background_prompt), bg_length(), now, ignore_eos=True)
 
     for i in range(workload.background_agents):
         submit_bg(f"bg{i}", 0.0)
@@ -177,7 +200,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     now, next_fg = 0.0, 0
     while next_fg < len(arrivals) or any(not t.done for t in foreground):
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
-            turn = sched.submit("fg", FOREGROUND, [0] * workload.foreground_prompt, int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True)
+            turn = sched.submit("fg", FOREGROUND, prompt("fg", workload.foreground_prompt), int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True)
             foreground.append(turn)
             next_fg += 1
             progress(1)
@@ -194,7 +217,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
         for turn in plan.turns:
-            if turn.agent == "fg" and turn.computed == 0 and turn.admitted_at == now and not turn.output:
+            if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
                 result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))
         moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
         result.swapped_bytes += moved * workload.timing.kv_bytes_per_token

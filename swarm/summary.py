@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Resumed
+from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Recomputed, Resumed
 from runtime.priority import FOREGROUND
 
 
@@ -34,6 +34,8 @@ class Summary:
     inheritances: int
     steps: int
     seconds: float
+    prompt_computed: int = 0  # prompt (and recomputed) tokens the engine prefilled
+    prompt_reused: int = 0  # prompt tokens whose K/V came from the prefix cache
 
 
 def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefill_chunk: int = 512) -> Summary:
@@ -43,7 +45,18 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
     the idle engine."""
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
+    prompts: dict[int, int] = {}
+    computed = reused = 0
     for e in events:
+        match e:
+            case Queued(turn=turn, tokens=tokens):
+                prompts[turn] = tokens
+            case Admitted(turn=turn, cached_tokens=cached):
+                reused += cached
+                computed += prompts.get(turn, 0) - cached
+            case Recomputed(tokens=tokens, cached_tokens=cached):
+                reused += cached
+                computed += tokens
         agent = getattr(e, "agent", None)
         if agent is None or agent == "gpu":
             continue
@@ -83,6 +96,8 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
         inheritances=sum(s.inherited for s in per.values()),
         steps=max((e.step for e in events), default=0),
         seconds=max((e.t for e in events), default=0.0),
+        prompt_computed=computed,
+        prompt_reused=reused,
     )
 
 

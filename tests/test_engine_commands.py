@@ -65,6 +65,8 @@ def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.C
     for key in ("prefill_tok_per_s", "decode_tok_per_s", "weight_bytes_per_step", "copy_gb_s", "achieved_gb_s"):
         assert out[key] > 0
     assert out["device"]
+    assert out["ttft_prompt_tokens"] == 511  # the tiny model's context allows no 1,000
+    assert out["ttft_uncached_ms"] > 0 and out["ttft_cached_ms"] > 0
     law = out["step_cost"]
     assert min(law["fixed_s"], law["token_s"], law["kv_s"]) >= 0 and law["fixed_s"] + law["token_s"] > 0
     assert law["calibration_steps"] > 0 and law["observed_steps"] == 1 + 4 * 3  # the prefill and every timed decode

@@ -112,7 +112,7 @@ def test_swap_moves_the_victims_kv_out_and_back():
 
 
 def test_recompute_drops_the_kv_and_reprefills_everything():
-    rig = Rig(policy="recompute", slots=1, step_tokens=64)
+    rig = Rig(policy="recompute", slots=1, step_tokens=64, prefix_cache=False)
     low = rig.submit("docs", BACKGROUND, max_tokens=20)
     for _ in range(3):
         rig.step()

@@ -1,8 +1,17 @@
 """Hypothesis drives the scheduler through random submits, steps, cancels, priority
-loans and clock jumps, checking its invariants after every move."""
+loans and clock jumps, checking its invariants after every move.
+
+A shadow KV cache stands in for the engine: it records which token each block
+holds at each offset, moves blocks on swap-out and swap-in, and checks that every
+step reads exactly the turn's own tokens at every position before it (so a block
+shared through the prefix cache always holds what the sharer would have
+computed) and never writes a block another turn holds. The "model" is greedy: its
+next token is a function of the sequence so far, so equal prompts share outputs.
+"""
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 
 from hypothesis import given, settings
@@ -14,10 +23,17 @@ from runtime.cost import StepCost, step_features
 from runtime.events import Ended, Event, Preempted
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import Policy, SchedulerConfig
+from runtime.turns import KV, Policy, SchedulerConfig, SwapIn, SwapOut
 
 EOS = 2
 AGENTS = {"pair": FOREGROUND, "tests": 3, "docs": 0, "review": 0}
+# Prompts that share prefixes of different lengths (cut to 1-9 tokens at submit).
+PROMPTS = ([5] * 9, [5, 5, 5, 5, 6, 6, 6, 6, 6], [5, 5, 3, 3, 3, 3, 3, 3, 3], [4, 5, 5, 5, 5, 5, 5, 5, 5])
+
+
+def greedy(sequence: list[int]) -> int:
+    """A deterministic next token (never eos): the same sequence, the same token."""
+    return 3 + zlib.crc32(bytes(sequence)) % 5
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -28,15 +44,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         swap_blocks=st.sampled_from([None, 0, 4]),
         law=st.sampled_from([(0.025, 0.0002, 4e-8), (0.009, 0.0018, 1e-6), (0.01, 0.01, 0.0)]),  # GPU, CPU, all-compute
         slack=st.sampled_from([0.0, 0.25, 1.0]),
+        prefix_cache=st.booleans(),
     )
-    def setup(self, policy, slots, tight, swap_blocks, law, slack):
+    def setup(self, policy, slots, tight, swap_blocks, law, slack, prefix_cache):
         # A tight pool forces memory-pressure paths; a roomy one lets the
         # preemption guarantee be checked strictly.
         self.tight = tight
         self.blocks = 12 if tight else 400
         self.events: list[Event] = []
         self.sched = Scheduler(
-            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks, slack=slack),
+            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks, slack=slack, prefix_cache=prefix_cache),
             BlockPool(self.blocks, 4),
             eos_token_ids=[EOS],
             emit=self.events.append,
@@ -45,21 +62,53 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.submitted: list = []
         self.lent: dict[str, int] = {}
+        self.kv: dict[int, dict[int, tuple[int, int]]] = {}  # block -> offset -> (position, token): the shadow engine
+        self.host: dict[int, list[dict[int, tuple[int, int]]]] = {}  # turn -> swapped-out blocks
 
-    @rule(agent=st.sampled_from(sorted(AGENTS)), prompt=st.integers(0, 9), max_tokens=st.integers(0, 12))
-    def submit(self, agent, prompt, max_tokens):
-        self.submitted.append(self.sched.submit(agent, AGENTS[agent], [5] * prompt, max_tokens, self.now))
+    @rule(agent=st.sampled_from(sorted(AGENTS)), prompt=st.sampled_from(PROMPTS), cut=st.integers(1, 9), max_tokens=st.integers(0, 12))
+    def submit(self, agent, prompt, cut, max_tokens):
+        self.submitted.append(self.sched.submit(agent, AGENTS[agent], prompt[:cut], max_tokens, self.now))
 
-    @rule(eos=st.lists(st.booleans(), max_size=8))
-    def step(self, eos):
+    @rule(eos=st.lists(st.booleans(), max_size=8), more=st.integers(0, 6))
+    def step(self, eos, more):
+        self.step_once(eos)
+        for _ in range(more):  # (runs of steps let turns finish and their blocks be reused)
+            self.step_once([])
+
+    def step_once(self, eos):
         plan = self.sched.schedule(self.now)
         if self.sched.policy.preempts and not self.tight:
             self.check_preemption_guarantee()
         self.check_shaping(plan)
         assert len({w.turn for w in plan.works}) == len(plan.works)
-        tokens = [(EOS if i < len(eos) and eos[i] else 7) if w.sample else None for i, w in enumerate(plan.works)]
+        self.run_on_shadow(plan)
+        tokens = [(EOS if i < len(eos) and eos[i] else greedy(t.prompt + t.output)) if w.sample else None for i, (w, t) in enumerate(zip(plan.works, plan.turns))]
         self.now += 0.1
         self.sched.postprocess(plan, tokens, self.now)
+
+    def run_on_shadow(self, plan):
+        size = self.sched.pool.block_size
+        for move in plan.moves:  # in the order decided, as the GPU owner runs them
+            if isinstance(move, SwapOut):
+                assert len(move.blocks) == -(-move.length // size)
+                self.host[move.turn] = [dict(self.kv.get(b, {})) for b in move.blocks]
+            elif isinstance(move, SwapIn):
+                copies = self.host.pop(move.turn)
+                assert len(copies) == len(move.blocks)
+                for block, copy in zip(move.blocks, copies):
+                    self.kv[block] = dict(copy)
+            else:
+                self.host.pop(move.turn, None)
+        for work, turn in zip(plan.works, plan.turns):
+            sequence = turn.prompt + turn.output
+            assert work.tokens, "a step item must compute at least one token"
+            for p in range(work.start):  # what attention reads: K/V depends on the position too
+                assert self.kv[work.block_table[p // size]][p % size] == (p, sequence[p]), (turn.id, p)
+            for p, token in enumerate(work.tokens, work.start):  # what the step writes
+                block = work.block_table[p // size]
+                assert self.sched.pool.refs(block) == 1 and not self.sched.pool.is_cached(block), "wrote a shared block"
+                assert token == sequence[p]
+                self.kv.setdefault(block, {})[p % size] = (p, token)
 
     @precondition(lambda self: self.sched.turns)
     @rule(data=st.data())
@@ -112,11 +161,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         for slot, turn in self.sched.running.items():
             assert turn.slot == slot and 0 <= slot < self.sched.config.slots
 
+    def teardown(self):
+        """End every turn: then nothing may be held, on the device or the host."""
+        for turn_id in list(self.sched.turns):
+            self.sched.cancel(turn_id, self.now)
+        pool = self.sched.pool
+        assert pool.num_free == self.blocks and all(pool.refs(b) == 0 for b in range(self.blocks))
+        assert self.sched.swapped_blocks == 0
+
     @invariant()
     def kv_blocks_are_conserved(self):
-        held = [b for t in self.sched.turns.values() for b in t.blocks]
-        assert len(held) == len(set(held))
-        assert len(held) + self.sched.pool.num_free == self.blocks
+        """Every block is free, cached or owned; an owned block's reference count is
+        the number of tables holding it, and only a cached block is shared."""
+        pool = self.sched.pool
+        held = Counter(b for t in self.sched.turns.values() for b in t.blocks)
+        for block in range(self.blocks):
+            assert pool.refs(block) == held.get(block, 0) >= 0
+        assert all(pool.is_cached(b) for b, n in held.items() if n > 1)
+        assert len(held) + pool.num_free == self.blocks
+        host = sum(self.sched._host_blocks(t) for t in self.sched.turns.values() if t.kv is KV.SWAPPED)
+        assert host == self.sched.swapped_blocks
 
     @invariant()
     def each_ended_turn_has_exactly_one_terminal_event(self):

@@ -234,5 +234,8 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
     assert Counter(e.turn for e in events if isinstance(e, Ended)) == Counter(queued)
     assert [e.agent for e in events if isinstance(e, Inherited)] == ["reviewer"]
     assert "never sent" not in out  # turns = 2 stopped the script
+    admitted = [e for e in events if e.event == "turn.admitted"]
+    assert admitted and all(e.cached_tokens is not None for e in admitted)
+    assert "prompt tokens:" in out and "reused from the prefix cache" in out
     assert tree_hash(workspace) == before
     assert any((run_dir / "reviewer").rglob("*.md"))

@@ -64,3 +64,18 @@ def test_a_workload_file_sets_fields_and_names_bad_ones(tmp_path):
         load_workload(bad)
     with pytest.raises(ConfigError, match="unknown policy"):
         simulate(workload, "lottery")
+
+
+def test_a_prefix_share_is_reused_and_recompute_hits_the_cache():
+    def run(cache: bool):
+        workload = load_workload(None, arrivals=60, background_prompt=512, prefix_share=0.75, prefix_cache=cache)
+        return simulate(workload, "recompute")
+
+    on, off = run(True), run(False)
+    assert off.summary()["prompt_reused"] == 0
+    # 384 of 512 tokens repeat: 24 whole blocks; every agent's first turn misses.
+    assert 0.6 < on.summary()["prompt_reused"] <= 0.75
+    # A turn recomputed after a pause finds its own blocks still cached.
+    assert on.recomputed_tokens < off.recomputed_tokens / 10
+    with pytest.raises(ConfigError, match="prefix_share"):
+        simulate(load_workload(None, arrivals=1, prefix_share=1.5), "resident")

@@ -35,12 +35,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
     p.add_argument("--watch", action="store_true", help="also show the swarm live in the browser (see swarm watch)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
+                   help="compute every prompt in full (to measure what the prefix cache saves)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     session = load_session(args.session or DEMO_SESSION)
-    for flag in ("model", "device", "kernels", "duration"):
+    for flag in ("model", "device", "kernels", "duration", "prefix_cache"):
         if getattr(args, flag) is not None:
             setattr(session, flag, getattr(args, flag))
     if args.no_shaping:
@@ -99,6 +101,9 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
         cells += [_s(q["p50"]), f"{p['p50'] / q['p50']:.1f}x"] if p and q and q["p50"] > 0 else ["-", "-"]
         waits.add_row(label, str(len(samples)), *cells)
     console.print(waits)
+    total = s.prompt_computed + s.prompt_reused
+    if total:
+        console.print(f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})")
     owner = getattr(getattr(runner, "swarm", None), "owner", None)
     if owner is not None and owner.step_seconds:
         console.print(f"median decode step: {_s(statistics.median(owner.step_seconds))}")

@@ -107,15 +107,15 @@ def _print_table(workload: Workload, results) -> None:
         f"shaping {'on' if workload.shaping else 'off'}"
     )
     table = Table(title=title)
-    for col in ("policy", "fg wait p50", "p99", "max", "ttft p50", "p99", "itl p50", "p99", "turn p50", "p99", "bg tok/s", "preempts", "resumes cost"):
+    for col in ("policy", "fg wait p50", "p99", "max", "ttft p50", "p99", "itl p50", "p99", "turn p50", "p99", "bg tok/s", "preempts", "resumes cost", "prompt reused"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         s = r.summary()
         w = s["fg_wait_s"]
         feel = [_seconds(s[key][p]) for key in ("fg_ttft_s", "fg_itl_s", "fg_turn_s") for p in ("p50", "p99")]
         cost = f"{r.recomputed_tokens / 1e3:.0f}k tok" if r.recomputed_tokens else f"{s['swapped_mb'] / 1e3:.1f} GB" if r.swapped_bytes else "-"
-        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost)
-    Console(width=max(Console().width, 160)).print(table)
+        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost, f"{s['prompt_reused']:.0%}")
+    Console(width=max(Console().width, 170)).print(table)
 
 
 def _seconds(x: float) -> str:

@@ -1,0 +1,160 @@
+"""The block pool with sharing: a hypothesis state machine against a plain model of
+it (tables of block ids, the keys of cached blocks, an LRU list), and a few
+scenarios."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from runtime.blocks import BlockPool
+
+BLOCKS = 10
+
+
+class PoolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(BLOCKS, 4)
+        self.tables: list[list[int]] = []
+        self.key_of: dict[int, bytes] = {}  # what the model expects cached
+        self.lru: list[int] = []  # unreferenced cached blocks, oldest first
+
+    def held(self) -> Counter:
+        return Counter(b for t in self.tables for b in t)
+
+    @rule(n=st.integers(1, 4))
+    def new_table(self, n):
+        self.tables.append([])
+        self.grow(len(self.tables) - 1, n)
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def grow_table(self, data, n):
+        self.grow(data.draw(st.integers(0, len(self.tables) - 1)), n)
+
+    def grow(self, index, n):
+        table = self.tables[index]
+        before = list(table)
+        available = BLOCKS - len(self.held())
+        free_first = BLOCKS - len(self.held()) - len(self.lru)  # never-hashed free blocks
+        ok = self.pool.grow(table, (len(table) + n) * 4)
+        assert ok == (n <= available)
+        if not ok:
+            assert table == before
+            return
+        new = table[len(before):]
+        evicted = [b for b in new if b in self.key_of]
+        # Free blocks go first, then the least recently used cached ones, in order.
+        assert len(evicted) == max(0, n - free_first)
+        assert evicted == self.lru[: len(evicted)]
+        for b in evicted:
+            del self.key_of[b]
+        self.lru = self.lru[len(evicted):]
+
+    @precondition(lambda self: self.key_of)
+    @rule(data=st.data())
+    def share(self, data):
+        """A new table takes a cached block by its key (the prefix cache's hit)."""
+        block = data.draw(st.sampled_from(sorted(self.key_of)))
+        assert self.pool.lookup(self.key_of[block]) == block
+        self.pool.acquire(block)
+        if block in self.lru:
+            self.lru.remove(block)
+        self.tables.append([block])
+
+    @precondition(lambda self: any(self.tables))
+    @rule(data=st.data(), key=st.integers(0, 5))
+    def register(self, data, key):
+        table = data.draw(st.sampled_from([t for t in self.tables if t]))
+        block = data.draw(st.sampled_from(table))
+        name = b"k%d" % key
+        holder = next((b for b, k in self.key_of.items() if k == name), None)
+        if block in self.key_of and self.key_of[block] != name:
+            with pytest.raises(ValueError, match="already cached"):
+                self.pool.register(block, name)
+            return
+        assert self.pool.register(block, name) == (holder in (None, block))
+        if holder is None:
+            self.key_of[block] = name
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def release(self, data):
+        table = self.tables.pop(data.draw(st.integers(0, len(self.tables) - 1)))
+        held = self.held()
+        for block in reversed(table):  # the table's end becomes the oldest
+            if held[block] == 0 and block in self.key_of and block not in self.lru:
+                self.lru.append(block)
+        self.pool.release(table)
+        assert table == []
+
+    @rule(block=st.integers(0, BLOCKS - 1))
+    def misuse_is_refused(self, block):
+        """Releasing an unheld block would drive its count negative; registering it
+        would cache K/V nobody computed; a free block cannot be shared."""
+        if self.pool.refs(block):
+            return
+        with pytest.raises(ValueError, match="released more often"):
+            self.pool.release([block])
+        with pytest.raises(ValueError, match="not owned"):
+            self.pool.register(block, b"x")
+        if block not in self.key_of:
+            with pytest.raises(ValueError, match="is free"):
+                self.pool.acquire(block)
+
+    @invariant()
+    def every_block_is_free_cached_or_owned(self):
+        held = self.held()
+        free = cached = owned = 0
+        for b in range(BLOCKS):
+            refs = self.pool.refs(b)
+            assert refs == held[b] >= 0
+            if refs:
+                owned += 1
+            elif self.pool.is_cached(b):
+                cached += 1
+            else:
+                free += 1
+        assert free + cached + owned == BLOCKS
+        assert cached == self.pool.num_cached == len(self.lru)
+        assert self.pool.num_free == free + cached
+        for b, key in self.key_of.items():
+            assert self.pool.is_cached(b) and self.pool.lookup(key) == b
+
+    def teardown(self):
+        for table in self.tables:
+            self.pool.release(table)
+        assert self.pool.num_free == BLOCKS and all(self.pool.refs(b) == 0 for b in range(BLOCKS))
+
+
+TestPool = PoolMachine.TestCase
+TestPool.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_a_cached_block_outlives_its_turn_until_the_pool_needs_it():
+    pool = BlockPool(3, 4)
+    table: list[int] = []
+    pool.grow(table, 8)
+    pool.register(table[0], b"a")
+    pool.release(table)
+    assert pool.num_free == 3 and pool.num_cached == 1 and pool.lookup(b"a") is not None
+    other: list[int] = []
+    assert pool.grow(other, 8)  # the two never-hashed blocks first
+    assert pool.lookup(b"a") is not None
+    assert pool.grow(other, 12)  # then the cached one is evicted
+    assert pool.lookup(b"a") is None and pool.num_free == 0
+
+
+def test_a_second_copy_of_a_key_stays_private():
+    pool = BlockPool(2, 4)
+    a: list[int] = []
+    b: list[int] = []
+    pool.grow(a, 4)
+    pool.grow(b, 4)
+    assert pool.register(a[0], b"k") and not pool.register(b[0], b"k")
+    assert pool.lookup(b"k") == a[0] and not pool.is_cached(b[0])

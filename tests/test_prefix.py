@@ -1,0 +1,195 @@
+"""Prefix reuse in the scheduler: what is shared, what is computed, and how sharing
+meets preemption, swap and recompute. Token counts, never times."""
+
+from __future__ import annotations
+
+from runtime.blocks import BlockPool
+from runtime.events import Event
+from runtime.prefix import PrefixCache
+from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduler import Scheduler
+from runtime.turns import KV, Forget, SchedulerConfig, Turn
+
+B = 4  # positions per block
+
+
+class Rig:
+    """A scheduler and a fake engine: a turn's next token is 7 (never eos)."""
+
+    def __init__(self, policy="resident", slots=2, blocks=64, **config):
+        self.events: list[Event] = []
+        self.sched = Scheduler(SchedulerConfig(slots=slots, policy=policy, **config), BlockPool(blocks, B), emit=self.events.append)
+        self.now = 0.0
+        self.plans = []
+
+    def submit(self, agent, prompt, max_tokens=4, priority=BACKGROUND) -> Turn:
+        return self.sched.submit(agent, priority, prompt, max_tokens, self.now)
+
+    def step(self):
+        plan = self.sched.schedule(self.now)
+        self.plans.append(plan)
+        self.now += 0.01
+        self.sched.postprocess(plan, [7 if w.sample else None for w in plan.works], self.now)
+        return plan
+
+    def finish(self, *turns):
+        while not all(t.done for t in turns):
+            self.step()
+
+    def computed(self, turn_id) -> int:
+        """Tokens the engine was given for a turn, over every step so far."""
+        return sum(len(w.tokens) for p in self.plans for w in p.works if w.turn == turn_id)
+
+    def named(self, name):
+        return [e for e in self.events if e.event == name]
+
+
+PROMPT = list(range(10, 31))  # 21 tokens: 5 full blocks and one more token
+
+
+def test_a_repeated_prompt_computes_only_its_last_partial_block():
+    rig = Rig()
+    first = rig.submit("a", PROMPT)
+    rig.finish(first)
+    second = rig.submit("b", PROMPT)
+    rig.step()
+    assert rig.named("turn.admitted")[1].cached_tokens == 20
+    assert all(rig.sched.pool.is_cached(b) for b in second.blocks[:5])
+    rig.finish(second)
+    assert rig.computed(second.id) == 1 + 3  # the 21st prompt token, then 3 decodes
+    assert second.output == first.output
+
+
+def test_a_prompt_of_whole_blocks_still_computes_its_last_block():
+    rig = Rig()
+    rig.finish(rig.submit("a", PROMPT[:20]))
+    again = rig.submit("b", PROMPT[:20])
+    rig.step()
+    assert again.cached_tokens == 16 and rig.plans[-1].works[0].tokens == PROMPT[16:20]
+
+
+def test_only_the_common_full_blocks_are_shared():
+    rig = Rig()
+    rig.finish(rig.submit("a", PROMPT))
+    fork = rig.submit("b", PROMPT[:9] + [99] * 12)  # differs from position 9 (inside block 2)
+    rig.step()
+    assert fork.cached_tokens == 8
+
+
+def test_turns_running_side_by_side_share_blocks_by_reference():
+    rig = Rig(slots=3)
+    first = rig.submit("a", PROMPT, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    second = rig.submit("b", PROMPT, max_tokens=20)
+    rig.step()
+    assert second.blocks[:5] == first.blocks[:5]
+    assert all(rig.sched.pool.refs(b) == 2 for b in first.blocks[:5])
+    assert second.blocks[5] != first.blocks[5]  # its own partial block
+    rig.finish(first, second)
+    assert second.output == first.output
+    assert rig.sched.pool.num_free == 64
+
+
+def test_a_multi_turn_agent_reuses_its_conversation():
+    """The next turn resends the conversation so far: prompt and reply are cached."""
+    rig = Rig()
+    turn = rig.submit("a", PROMPT, max_tokens=12)
+    rig.finish(turn)
+    conversation = PROMPT + turn.output + [50, 51, 52]  # 21 + 12 + 3 = 36 tokens
+    follow_up = rig.submit("a", conversation)
+    rig.step()
+    # Positions 0..31 were computed by the first turn (its last token never was).
+    assert follow_up.cached_tokens == 32
+    assert rig.plans[-1].works[0].tokens == conversation[32:]
+
+
+def test_cache_off_computes_everything():
+    rig = Rig(prefix_cache=False)
+    rig.finish(rig.submit("a", PROMPT))
+    again = rig.submit("b", PROMPT)
+    rig.finish(again)
+    assert again.cached_tokens == 0 and rig.computed(again.id) == 21 + 3
+    assert rig.named("turn.admitted")[1].cached_tokens == 0
+
+
+def test_the_model_is_part_of_the_key():
+    turn = Turn(1, "a", 0, PROMPT, 4)
+    keys = [PrefixCache(BlockPool(8, B, namespace=name)).chain(Turn(1, "a", 0, PROMPT, 4), 5) for name in ("m1", "m2")]
+    assert keys[0] != keys[1] and len(set(keys[0]) | set(keys[1])) == 10
+    assert PrefixCache(BlockPool(8, B, namespace="m1")).chain(turn, 5) == keys[0]
+
+
+def test_a_recomputed_turn_hits_the_cache_again():
+    rig = Rig(policy="recompute", slots=1, step_tokens=64)
+    low = rig.submit("docs", PROMPT, max_tokens=20)
+    for _ in range(4):
+        rig.step()
+    length = low.length
+    high = rig.submit("pair", [1, 2, 3], max_tokens=2, priority=FOREGROUND)
+    rig.step()
+    assert low.kv is KV.DROPPED and low.blocks == []
+    rig.finish(high)
+    rig.step()
+    (event,) = rig.named("kv.recomputed")
+    assert event.cached_tokens == (length - 1) // B * B and event.tokens == length - event.cached_tokens
+
+
+def test_swap_out_leaves_blocks_other_turns_hold_and_takes_them_back():
+    rig = Rig(policy="swap", slots=2)
+    keep = rig.submit("a", PROMPT, max_tokens=30)
+    rig.step()
+    low = rig.submit("b", PROMPT, max_tokens=30)
+    for _ in range(3):
+        rig.step()
+    shared = low.blocks[:5]
+    assert shared == keep.blocks[:5]
+    high = rig.submit("pair", [1, 2, 3], max_tokens=3, priority=FOREGROUND)
+    rig.step()
+    assert low.kv is KV.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
+    (out,) = [op for p in rig.plans for op in p.swap_out]
+    assert out[0] == low.id and len(out[1]) == 1 and out[2] == low.swapped_len - 20  # only its own block
+    assert rig.named("kv.swapped_out")[0].blocks == 1 and rig.sched.swapped_blocks == 1
+    rig.finish(high)
+    rig.step()
+    assert low.kv is KV.RESIDENT and low.blocks[:5] == shared
+    (into,) = [op for p in rig.plans for op in p.swap_in]
+    assert into[0] == low.id and len(into[1]) == 1 and rig.sched.swapped_blocks == 0
+    rig.finish(keep, low)
+    assert rig.sched.pool.num_free == 64
+
+
+def test_a_swapped_turn_whose_shared_blocks_were_evicted_is_recomputed():
+    rig = Rig(policy="swap", slots=2, blocks=16, step_tokens=64)
+    keep = rig.submit("a", PROMPT, max_tokens=30)
+    rig.step()
+    low = rig.submit("b", PROMPT, max_tokens=10)
+    rig.step()
+    big = rig.submit("pair", list(range(100, 130)), max_tokens=8, priority=FOREGROUND)
+    rig.step()
+    assert low.kv is KV.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
+    rig.sched.cancel(keep.id, rig.now)  # the shared blocks are now only cached...
+    other = rig.submit("pair", list(range(200, 230)), max_tokens=2, priority=FOREGROUND)
+    rig.step()  # ...and the other foreground turn's 7 blocks evict 3 of them
+    assert low.kv is KV.SWAPPED and rig.sched.pool.num_cached < 5
+    rig.finish(other)  # a slot frees: the swapped turn comes back, but its shared blocks are gone
+    rig.step()
+    assert Forget(low.id) in [m for p in rig.plans for m in p.moves]  # so its host copy is void: the engine drops it
+    (event,) = rig.named("kv.recomputed")
+    assert event.turn == low.id and event.tokens + event.cached_tokens == len(PROMPT) + 1
+    assert rig.sched.swapped_blocks == 0
+    rig.finish(low)
+    assert rig.sched.pool.num_free == 16
+
+
+def test_memory_pressure_evicts_the_cache_before_any_paused_turn():
+    rig = Rig(policy="resident", slots=1, blocks=12)
+    rig.finish(rig.submit("a", PROMPT, max_tokens=2))  # 5 cached blocks left behind
+    low = rig.submit("docs", [1] * 9, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    high = rig.submit("pair", list(range(40, 68)), max_tokens=4, priority=FOREGROUND)  # 8 blocks
+    rig.step()
+    assert rig.named("turn.preempted") and high.blocks
+    assert rig.sched.pool.num_cached == 2  # its 7 prompt blocks: the 4 free ones, then 3 of the 5 cached
+    assert low.kv is KV.RESIDENT and low.blocks and not rig.named("kv.swapped_out")
