@@ -198,7 +198,8 @@ async def test_a_crashing_agent_is_reported_its_turn_ended_and_the_session_goes_
     assert len(summary.fg_itl_s) == sum(r.tokens - 1 for a in runner.agents for r in getattr(a, "records", []) if r.priority >= 10)
 
 
-def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, capsys):
+def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # else rich may wrap a row label across lines
     before = tree_hash(workspace)
     path = tmp_path / "session.toml"
     path.write_text(session_text(f"""
