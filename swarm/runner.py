@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import anyio
 
 from runtime.priority import FOREGROUND
 from swarm.session import Session, _resolve, build_agents, new_out_dir, workspace_of
-from swarm.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
+from swarm.watch import WatchHub, create_app, follow_bus, serve_http
 
 
 class SessionRunner:
@@ -20,7 +21,7 @@ class SessionRunner:
 
     def __init__(self, session: Session, *, engine: Any = None, out: Path | None = None, socket: Path | str | None = None,
                  on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None,
-                 watch_port: int | None = None) -> None:
+                 page_sockets: Sequence[socket.socket] = ()) -> None:
         self.session = session
         self.workspace = workspace_of(session)  # fail early, before loading a model
         self.engine = engine
@@ -32,11 +33,12 @@ class SessionRunner:
         loaded = build_agents(session, self.workspace, self.out, say)
         self.agents, self.problems = loaded.agents, loaded.problems
         self.started = self.stopped = None
-        # `swarm run --watch`: the page is served from before the model loads, so
-        # a browser opened right away waits for the swarm instead of failing.
-        self.page_socket = bind_loopback(watch_port) if watch_port is not None else None
-        self.page_url = f"http://127.0.0.1:{self.page_socket.getsockname()[1]}/" if self.page_socket else None
-        self.hub = WatchHub(source="swarm run") if self.page_socket else None
+        # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
+        # served from before the model loads, so a browser opened right away waits
+        # for the swarm instead of failing.
+        self.page_sockets = list(page_sockets)
+        self.page_urls = [f"http://127.0.0.1:{s.getsockname()[1]}/" for s in self.page_sockets]
+        self.hub = WatchHub(source="swarm run") if self.page_sockets else None
 
     def load_engine(self) -> Any:
         if self.engine is None:
@@ -49,10 +51,10 @@ class SessionRunner:
         return self.engine
 
     async def run(self) -> None:
-        if self.page_socket is None:
+        if self.hub is None:
             return await self._run(self.load_engine())
         async with anyio.create_task_group() as page:
-            page.start_soon(partial(serve_http, create_app(self.hub), self.page_socket, on_stop=[self.hub.close]))
+            page.start_soon(partial(serve_http, create_app(self.hub), self.page_sockets, on_stop=[self.hub.close]))
             await self._run(await anyio.to_thread.run_sync(self.load_engine))
             page.cancel_scope.cancel()
 

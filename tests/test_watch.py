@@ -21,6 +21,7 @@ import msgspec
 import pytest
 
 from browser import chromium, close, state, wait_for
+from runtime.bus import EventBus
 from runtime.events import Dropped, kind_named, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.stream import encode_line
@@ -113,6 +114,50 @@ async def test_a_new_swarm_starts_pages_over_and_the_same_swarm_again_is_a_gap()
     new = await read_stream(hub, gap[-1]["id"])
     assert "reset" in [f["event"] for f in new]
     assert [json.loads(f["data"])["slots"] for f in new if f["event"] == "message"] == [4]
+
+
+@pytest.mark.asyncio
+async def test_fifty_pages_cost_the_bus_one_subscriber_and_a_stalled_one_holds_no_one_up():
+    bus, hub = EventBus(), WatchHub()
+    n, events = 50, 3000  # enough that the stalled page's socket buffers fill up
+    received = [0] * n
+
+    async def page(i: int, port: int) -> None:
+        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+            # HTTP/1.0: the body comes whole, not in chunks, so frames can be counted in it.
+            await conn.send(b"GET /watch/events HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            if i == 0:
+                await anyio.sleep_forever()  # opens the stream, never reads it
+            rest = b""
+            while received[i] < events:
+                whole, _, rest = (rest + await conn.receive()).rpartition(b"\n\n")
+                received[i] += sum(frame.startswith(b"id: ") for frame in whole.split(b"\n\n"))
+
+    with anyio.fail_after(120):
+        async with page_server(hub) as url, anyio.create_task_group() as tg:
+            port = int(url.rsplit(":", 1)[1].strip("/"))
+            await tg.start(follow_bus, hub, bus)
+            pages = anyio.CancelScope()
+            tg.start_soon(_run_pages, pages, [partial(page, i, port) for i in range(n)])
+            while hub.readers < n:
+                await anyio.sleep(0.01)
+            assert len(bus._subscribers) == 1  # the pages are the hub's, not the bus's
+            for i in range(events):
+                bus.emit(kind_named("turn.queued")(t=i * 0.001, step=i, turn=i, agent="a", priority=0, tokens=3))
+                if i % 100 == 0:
+                    await anyio.sleep(0)
+            while min(received[1:]) < events:
+                await anyio.sleep(0.01)
+            pages.cancel()
+            bus.close()
+    assert received[0] == 0 and set(received[1:]) == {events}
+
+
+async def _run_pages(scope: anyio.CancelScope, pages) -> None:
+    with scope:
+        async with anyio.create_task_group() as tg:
+            for p in pages:
+                tg.start_soon(p)
 
 
 # ------------------------------------------------------------------ the browser
@@ -253,18 +298,18 @@ def demo_run(browser, tiny_gguf, tmp_path_factory):
     session.script = ["what does report.py do?", "review inventory.py", "what is a dataclass?"]
     for spec in session.agents:
         spec.options = {**spec.options, "max_tokens": 8, **({"max_file_chars": 300} if spec.class_ == "reviewer" else {})}
-    runner = SessionRunner(session, engine=OpenCLEngine(tiny_gguf), watch_port=0)
+    runner = SessionRunner(session, engine=OpenCLEngine(tiny_gguf), page_sockets=[bind_loopback(0)])
     seen = {}
 
     async def run_with_a_page_open() -> None:
         with anyio.fail_after(240):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(runner.run)
-                await on_page(browser.get, runner.page_url)
+                await on_page(browser.get, runner.page_urls[0])
                 seen["lanes"] = await on_page(
                     wait_for, browser, "window.swarmState.slots.filter(s => s).length >= 2 && window.swarmState"
                 )
-                seen["height"] = await on_page(browser.execute_script, "return document.getElementById('lanes').clientHeight")
+                seen["drawn"] = await on_page(wait_for, browser, "window.swarmState.drawn_lanes == 8 && document.getElementById('lanes').clientHeight")
         seen["final"] = wait_for(browser, "window.swarmState.stopped && window.swarmState")
 
     anyio.run(run_with_a_page_open)
@@ -274,7 +319,7 @@ def demo_run(browser, tiny_gguf, tmp_path_factory):
 def test_the_demo_on_the_tiny_model_with_a_page_open_has_one_lane_per_slot(demo_run):
     lanes = demo_run["lanes"]
     assert demo_run["slots"] == 8 and len(lanes["slots"]) == 8 and lanes["started"]["slots"] == 8
-    assert demo_run["height"] >= 8 * 26  # the canvas drew eight lanes
+    assert demo_run["drawn"] >= 8 * 26  # the canvas drew eight lanes
     busy = [s for s in lanes["slots"] if s]
     assert all(s["agent"] in lanes["agents"] for s in busy)
     # Followed live from before the start, the page ends where the events file does.

@@ -3,6 +3,7 @@
     swarm bench engine   what one decode step costs on this device (gpu/bench.py)
     swarm bench swarm    the whole swarm under load (swarm/bench_swarm.py)
     swarm bench serve    the same load over HTTP through the openai client (swarm/bench_serve.py)
+    swarm bench watch    decode step time with and without pages open (swarm/bench_watch.py)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm import bench_serve, bench_swarm
+from swarm import bench_serve, bench_swarm, bench_watch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="the same load over HTTP: 8 background streams and a foreground client through the openai client")
     bench_serve.add_arguments(serve)
     serve.set_defaults(bench_run=bench_serve.run)
+
+    watch = sub.add_parser("watch", help="decode step time with no page open and with many (a real headless chromium)")
+    bench_watch.add_arguments(watch)
+    watch.set_defaults(bench_run=bench_watch.run)
 
     parser.set_defaults(func=run)
 

@@ -21,7 +21,7 @@ from swarm import tail
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
 from swarm.summary import Summary, percentiles, summarize
-from swarm.watch import DEFAULT_PORT
+from swarm.watch import DEFAULT_PORT, bind_loopback
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -55,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
         session, socket=socket,
         on_event=None if args.quiet else (lambda e: console.print(tail.render(e))),
         say=lambda text: console.print(text, style="bold cyan", markup=False),
-        watch_port=args.port if args.watch else None,
+        page_sockets=[bind_loopback(args.port)] if args.watch else [],
     )
     for problem in runner.problems:
         console.print(f"[bold red]warning:[/] {problem}", highlight=False)
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
-    if runner.page_url:
-        console.print(f"page:   {runner.page_url}")
+    if runner.page_urls:
+        console.print(f"page:   {runner.page_urls[0]}")
     if not args.session:
         console.print("demo: the built-in agents on the sample project (Ctrl-C stops it early)")
     interrupted = False

@@ -77,16 +77,18 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve_http(app: Starlette, sock: socket.socket, *, on_stop: list | None = None) -> None:
-    """Serve `app` on a socket from `bind_loopback` until cancelled. Each callable
-    in `on_stop` runs first when stopping (e.g. `hub.close`, to end the streams)."""
+async def serve_http(app: Starlette, sock: socket.socket | list[socket.socket], *, on_stop: list | None = None) -> None:
+    """Serve `app` on a socket from `bind_loopback` (or several) until cancelled.
+    Each callable in `on_stop` runs first when stopping (e.g. `hub.close`, to end
+    the streams)."""
+    socks = sock if isinstance(sock, list) else [sock]
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
     server = _Server(config)
 
     async def run() -> None:
         # Shielded: a cancelled server must still close its connections.
         with anyio.CancelScope(shield=True):
-            await server.serve(sockets=[sock])
+            await server.serve(sockets=socks)
         tg.cancel_scope.cancel()  # it stopped by itself
 
     async with anyio.create_task_group() as tg:

@@ -63,6 +63,7 @@ class WatchHub:
         self._started_at: float | None = None  # unix_time of this generation's swarm
         self._changed = anyio.Event()
         self.closed = False
+        self.readers = 0  # pages reading now
 
     # ------------------------------------------------------------ publishing
 
@@ -117,36 +118,40 @@ class WatchHub:
     async def stream(self, last_event_id: str | None = None) -> AsyncIterator[bytes]:
         """The server-sent event stream for one page, resuming after
         `last_event_id` where it can."""
-        yield _frame(json.dumps({"mode": self.mode, "source": self.source}), event="hello", retry=RETRY_MS)
-        generation, cursor = self._resume_point(last_event_id)
-        status = None
-        while True:
-            changed = self._changed  # taken before reading, so no wake-up is missed
-            if generation != self.generation:
-                generation, cursor = self.generation, self.base
-                yield _frame(json.dumps({"generation": generation}), event="reset")
-            if status != self.status:
-                status = self.status
-                yield _frame(json.dumps(status), event="status")
-            if cursor < self.base:
-                lost = self.base - cursor
-                cursor = self.base
-                yield _frame(f'{{"event":"events.dropped","count":{lost}}}', id=self._id(generation, cursor))
-            if cursor < self.base + len(self.history):
-                # Everything new in one write: a page that fell behind catches up in one go.
-                items = self.history[cursor - self.base :]
-                chunk = b"".join(
-                    _frame_bytes(line, self._id(generation, cursor + i + 1)) for i, line in enumerate(items)
-                )
-                cursor += len(items)
-                yield chunk
-                continue
-            if self.closed:
-                return
-            with anyio.move_on_after(KEEPALIVE_S) as waited:
-                await changed.wait()
-            if waited.cancelled_caught:
-                yield b": keepalive\n\n"
+        self.readers += 1
+        try:
+            yield _frame(json.dumps({"mode": self.mode, "source": self.source}), event="hello", retry=RETRY_MS)
+            generation, cursor = self._resume_point(last_event_id)
+            status = None
+            while True:
+                changed = self._changed  # taken before reading, so no wake-up is missed
+                if generation != self.generation:
+                    generation, cursor = self.generation, self.base
+                    yield _frame(json.dumps({"generation": generation}), event="reset")
+                if status != self.status:
+                    status = self.status
+                    yield _frame(json.dumps(status), event="status")
+                if cursor < self.base:
+                    lost = self.base - cursor
+                    cursor = self.base
+                    yield _frame(f'{{"event":"events.dropped","count":{lost}}}', id=self._id(generation, cursor))
+                if cursor < self.base + len(self.history):
+                    # Everything new in one write: a page that fell behind catches up in one go.
+                    items = self.history[cursor - self.base :]
+                    chunk = b"".join(
+                        _frame_bytes(line, self._id(generation, cursor + i + 1)) for i, line in enumerate(items)
+                    )
+                    cursor += len(items)
+                    yield chunk
+                    continue
+                if self.closed:
+                    return
+                with anyio.move_on_after(KEEPALIVE_S) as waited:
+                    await changed.wait()
+                if waited.cancelled_caught:
+                    yield b": keepalive\n\n"
+        finally:
+            self.readers -= 1
 
     def _id(self, generation: int, seq: int) -> str:
         return f"{self._name}.{generation}-{seq}"

@@ -217,6 +217,7 @@ const page = {
   connected: false,
   lastId: null,
   lastEventAt: 0,        // performance.now() of the newest live event, to scroll between events
+  drawnLanes: 0,         // slot lanes on the canvas as last drawn
   replay: { events: [], next: 0, clock: 0, playing: true, speed: 1, lastTick: null },
   source_es: null,
 };
@@ -285,7 +286,7 @@ function tickReplay(now) {
     if (r.next >= r.events.length) r.playing = false;
     dirty = true;
   }
-  r.lastTick = now;
+  r.lastTick = r.playing ? now : null;
 }
 
 function setupReplayControls() {
@@ -306,7 +307,7 @@ function setupReplayControls() {
 // ------------------------------------------------------------------- drawing
 
 let dirty = true;
-function changed() { dirty = true; }
+function changed() { dirty = true; schedule(); }
 
 function viewEnd() {
   const m = page.model;
@@ -317,15 +318,31 @@ function viewEnd() {
   return m.t;
 }
 
-function frame(now) {
-  tickReplay(now);
+// Ten frames a second at most while events arrive (or a replay plays), two while
+// the lanes only scroll, none while nothing changes; and only in animation
+// frames, which a hidden page does not get. Many open pages then cost the
+// machine (and so the swarm on it) little.
+const FRAME_MS = 100, SCROLL_MS = 500;
+let lastFrame = -Infinity, pending = false;
+
+function schedule() {
+  if (pending) return;
   const scrolling = page.mode === "live" && page.status.live && !page.model.stopped;
-  if (dirty || scrolling) {
-    dirty = false;
-    draw();
-    render();
-  }
-  requestAnimationFrame(frame);
+  const playing = page.mode === "replay" && page.replay.playing;
+  const every = dirty || playing ? FRAME_MS : scrolling ? SCROLL_MS : null;
+  if (every === null) return; // idle until the next event or click
+  pending = true;
+  setTimeout(() => requestAnimationFrame(frame), Math.max(0, every - (performance.now() - lastFrame)));
+}
+
+function frame(now) {
+  pending = false;
+  lastFrame = now;
+  tickReplay(now);
+  draw();
+  if (dirty) render();
+  dirty = false;
+  schedule();
 }
 
 const LANE = 26, BAND = 18, GUTTER = 110;
@@ -335,6 +352,7 @@ function draw() {
   const canvas = document.getElementById("lanes");
   const lifted = [...new Set(m.bands.map((b) => b.agent))];
   const rows = Math.max(m.slots.length, 1);
+  page.drawnLanes = m.slots.length;
   const height = 24 + rows * LANE + (lifted.length ? 8 + lifted.length * BAND : 0) + 8;
   const width = canvas.clientWidth || 800;
   const dpr = window.devicePixelRatio || 1;
@@ -519,6 +537,7 @@ function snapshot() {
     connected: page.connected, mode: page.mode, source: page.source, status: copy(page.status),
     started: m.started && copy(m.started), stopped: m.stopped, t: m.t, step: m.step,
     slots: m.slots.map((r) => r && { turn: r.turn, agent: r.agent, foreground: r.foreground, since: r.start }),
+    drawn_lanes: page.drawnLanes,
     agents,
     counts: copy(m.counts),
     pauses: m.pauses.map((p) => mark(p, p.t)),
@@ -536,4 +555,4 @@ setupReplayControls();
 document.getElementById("window").onchange = changed;
 window.addEventListener("resize", changed);
 connect();
-requestAnimationFrame(frame);
+schedule();

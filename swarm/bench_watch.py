@@ -1,0 +1,190 @@
+"""`swarm bench watch`: do open pages slow the swarm down?
+
+Runs the demo's agents on the real engine, with the page served in the swarm's
+own process exactly as `swarm run --watch` serves it, and measures the decode
+step time in rounds with no page open and with `--pages` pages open in a real
+headless chromium (Debian's chromium and chromium-driver, driven by selenium),
+interleaved A B B A ... so that drift on a shared machine falls on both sides.
+
+A browser opens at most six connections to one host and port, so the page is
+served on one port per six pages; every page is its own window, so every one of
+them draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import anyio
+
+from runtime.errors import ConfigError
+from swarm.runner import SessionRunner
+from swarm.session import DEMO_SESSION, load_session
+from swarm.watch import bind_loopback
+
+PAGES_PER_PORT = 6  # Chromium's limit on connections to one host and port
+QUESTIONS = [
+    "What does a Python dataclass give me over a plain class?",
+    "How do I read a JSON file safely in Python?",
+    "What is the difference between a list and a tuple?",
+    "review pricing.py",
+]
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1280,800",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pages", type=int, default=50, help="pages open in the B rounds (default 50)")
+    parser.add_argument(
+        "--readers", choices=("chromium", "raw"), default="chromium",
+        help="chromium: real pages in a headless browser; raw: bare event-stream connections from another "
+        "process (what the server alone costs, without the browser's drawing on the same CPU)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="A B B A cycles (default 2)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each round (default 20)")
+    parser.add_argument("--model", metavar="PATH", help="GGUF file (default: the demo's model)")
+    parser.add_argument("--device", metavar="D", help="OpenCL device")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pages < 1 or args.rounds < 1 or args.seconds <= 0:
+        raise ConfigError("--pages and --rounds must be at least 1, --seconds positive")
+    session = load_session(DEMO_SESSION)
+    session.model, session.device = args.model or session.model, args.device or session.device
+    session.duration, session.turns, session.interval = None, None, 4.0
+    session.script = QUESTIONS * 1000  # never runs out: the rounds end the run
+    session.out = tempfile.mkdtemp(prefix="slotswarm-bench-watch-")
+    ports = -(-args.pages // PAGES_PER_PORT)
+    runner = SessionRunner(session, page_sockets=[bind_loopback(0) for _ in range(ports)], say=None)
+    result = anyio.run(_bench, runner, args)
+    shutil.rmtree(session.out, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print(result)
+    return 0
+
+
+async def _bench(runner: SessionRunner, args: argparse.Namespace) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runner.run)
+        while getattr(runner, "swarm", None) is None or runner.swarm.owner.steps_run < 20:
+            await anyio.sleep(0.2)  # the model loads, kernels compile, slots fill
+        order = [0, args.pages, args.pages, 0] * args.rounds
+        for pages in order:
+            opened = await anyio.to_thread.run_sync(_OPEN[args.readers], runner.page_urls, pages) if pages else None
+            try:
+                while runner.hub.readers < pages:
+                    await anyio.sleep(0.1)
+                await anyio.sleep(2.0)  # let the pages settle (first layout, script compiled)
+                rounds.append(await _measure(runner, pages, args.seconds))
+            finally:
+                if opened is not None:
+                    await anyio.to_thread.run_sync(_close, opened)
+        tg.cancel_scope.cancel()
+    by = {n: [s for r in rounds if r["pages"] == n for s in r["steps_s"]] for n in (0, args.pages)}
+    return {
+        "pages": args.pages,
+        "readers": args.readers,
+        "seconds_per_round": args.seconds,
+        "rounds": [{k: v for k, v in r.items() if k != "steps_s"} for r in rounds],
+        "step_s_median": {str(n): statistics.median(v) if v else None for n, v in by.items()},
+        "steps": {str(n): len(v) for n, v in by.items()},
+    }
+
+
+async def _measure(runner: SessionRunner, pages: int, seconds: float) -> dict[str, Any]:
+    owner = runner.swarm.owner
+    before, events_before, t0 = owner.steps_run, runner.hub.base + len(runner.hub.history), time.monotonic()
+    await anyio.sleep(seconds)
+    n = owner.steps_run - before
+    steps = list(owner.step_seconds)[-n:] if n else []
+    return {
+        "pages": pages,
+        "readers": runner.hub.readers,
+        "steps": n,
+        "step_s_median": statistics.median(steps) if steps else None,
+        "events_per_s": (runner.hub.base + len(runner.hub.history) - events_before) / (time.monotonic() - t0),
+        "steps_s": steps,
+    }
+
+
+def _open_pages(urls: list[str], pages: int) -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not browser or not driver:
+        raise ConfigError("swarm bench watch needs Debian's chromium and chromium-driver (scripts/setup-system.sh)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="slotswarm-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    d = webdriver.Chrome(options=options, service=Service(driver))
+    d.profile_dir = profile
+    for i in range(pages):
+        if i:
+            d.switch_to.new_window("window")
+        d.get(urls[i // PAGES_PER_PORT])
+    return d
+
+
+# Bare readers: connect, ask for the stream, read whatever comes, forever.
+_RAW_READERS = """
+import selectors, socket, sys
+from urllib.parse import urlsplit
+sel = selectors.DefaultSelector()
+for i in range(int(sys.argv[1])):
+    url = urlsplit(sys.argv[2 + i % (len(sys.argv) - 2)])
+    s = socket.create_connection((url.hostname, url.port))
+    s.sendall(b"GET /watch/events HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nAccept: text/event-stream\\r\\n\\r\\n")
+    sel.register(s, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        if not key.fileobj.recv(65536):
+            sel.unregister(key.fileobj)
+"""
+
+
+def _open_raw(urls: list[str], pages: int) -> Any:
+    by_port = [urls[i // PAGES_PER_PORT] for i in range(pages)]
+    return subprocess.Popen([sys.executable, "-c", _RAW_READERS, str(pages), *by_port])
+
+
+_OPEN = {"chromium": _open_pages, "raw": _open_raw}
+
+
+def _close(opened: Any) -> None:
+    if isinstance(opened, subprocess.Popen):
+        opened.kill()
+        opened.wait()
+        return
+    try:
+        opened.quit()
+    finally:
+        shutil.rmtree(opened.profile_dir, ignore_errors=True)
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"decode step time with 0 and {result['pages']} pages open ({result['readers']}), rounds of {result['seconds_per_round']:.0f} s")
+    for r in result["rounds"]:
+        median = "-" if r["step_s_median"] is None else f"{r['step_s_median'] * 1000:.1f} ms"
+        print(f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, median {median}, {r['events_per_s']:.0f} events/s")
+    for n, median in result["step_s_median"].items():
+        shown = "-" if median is None else f"{median * 1000:.1f} ms"
+        print(f"all rounds with {n:>3} pages: median step {shown} over {result['steps'][n]} steps")
