@@ -414,3 +414,17 @@ def test_replaying_a_recording_reaches_the_counts_of_swarm_plot_and_the_run_summ
     if waits:
         assert shown["latency"]["fg_wait"]["p50"] == pytest.approx(waits["p50"])
         assert shown["latency"]["fg_wait"]["p99"] == pytest.approx(waits["p99"])
+
+
+@pytest.mark.asyncio
+async def test_swarm_serve_serves_the_page_at_its_root(browser):
+    from swarm.server import serve
+
+    with anyio.fail_after(120):
+        async with Swarm(TimingEngine(realtime=True), slots=2) as swarm, anyio.create_task_group() as tg:
+            handle = await tg.start(lambda task_status: serve(swarm, model_id="timing", port=0, handle_signals=False, task_status=task_status))
+            await on_page(browser.get, handle.url + "/")
+            await swarm.spawn(Foreground("pair", FOREGROUND))
+            shown = await on_page(wait_for, browser, "window.swarmState.counts.finished == 1 && window.swarmState")
+            handle.shutdown()  # the open page does not hold the shutdown up
+    assert shown["started"]["slots"] == 2 and shown["agents"]["pair"]["tokens"] == 20

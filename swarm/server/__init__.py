@@ -31,6 +31,7 @@ from swarm.api import Swarm
 from swarm.server.app import build_app
 from swarm.server.gateway import Gateway
 from swarm.server.metrics import Metrics
+from swarm.watch import WatchHub, follow_bus, watch_routes
 
 __all__ = ["ServerHandle", "serve"]
 
@@ -72,6 +73,8 @@ async def serve(
     gateway = Gateway(swarm, model_id=model_id, max_queue=max_queue, log_prompts=log_prompts)
     metrics = gateway.metrics = Metrics(swarm)
     app = build_app(gateway, metrics, api_key=api_key)
+    hub = WatchHub(source="swarm serve")
+    app.router.routes.extend(watch_routes(hub))  # the live page at /
     sock = _listen(host, port)
     config = uvicorn.Config(
         app, log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none",
@@ -82,7 +85,8 @@ async def serve(
     url = f"http://{'[' + bound_host + ']' if ':' in bound_host else bound_host}:{bound_port}"
     async with anyio.create_task_group() as tg:
         await tg.start(metrics.follow)
-        tg.start_soon(_drain_on_exit, server, gateway, grace_s)
+        await tg.start(follow_bus, hub, swarm.bus)
+        tg.start_soon(_drain_on_exit, server, gateway, grace_s, hub)
         if handle_signals:
             tg.start_soon(_stop_on_signal, server, gateway)
         task_status.started(ServerHandle(url, server, gateway))
@@ -113,9 +117,10 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _drain_on_exit(server: uvicorn.Server, gateway: Gateway, grace_s: float) -> None:
+async def _drain_on_exit(server: uvicorn.Server, gateway: Gateway, grace_s: float, hub: WatchHub) -> None:
     while not server.should_exit:
         await anyio.sleep(0.05)
+    hub.close()  # open pages' streams end now, not at the shutdown's backstop
     await gateway.shutdown(grace_s)
 
 

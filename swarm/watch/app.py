@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, StreamingResponse
+from starlette.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -40,12 +40,17 @@ LOCAL_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 
 def watch_routes(hub: WatchHub) -> list[BaseRoute]:
-    """The page and its event stream, to add to any Starlette app."""
+    """The page and its event stream, to add to any Starlette app. They answer
+    this machine only, even in an app listening beyond it."""
 
-    async def page(request: Request) -> FileResponse:
+    async def page(request: Request) -> Response:
+        if not _local(request):
+            return PlainTextResponse("the swarm's page is served to this machine only", status_code=403)
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
-    async def events(request: Request) -> StreamingResponse:
+    async def events(request: Request) -> Response:
+        if not _local(request):
+            return PlainTextResponse("the swarm's events are served to this machine only", status_code=403)
         return StreamingResponse(
             # The browser sends Last-Event-ID when it reconnects by itself; the page
             # passes ?last= when it has to open a new stream.
@@ -59,6 +64,10 @@ def watch_routes(hub: WatchHub) -> list[BaseRoute]:
         Route("/watch/events", events),
         Mount("/watch/static", StaticFiles(directory=STATIC), name="watch-static"),
     ]
+
+
+def _local(request: Request) -> bool:
+    return request.client is not None and request.client.host in ("127.0.0.1", "::1")
 
 
 def create_app(hub: WatchHub) -> Starlette:
