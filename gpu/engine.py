@@ -1,4 +1,4 @@
-"""The OpenCL decode engine: a Llama forward pass over a paged KV pool.
+"""The OpenCL decode engine: the forward pass gpu/arch.py describes, over a paged KV pool.
 
 One `step` runs any mix of prefill chunks and decodes, for any subset of turns
 at any positions, as ONE flat batch of tokens: every weight is read once per
@@ -14,6 +14,13 @@ step whatever the batch holds. Per layer (x is the residual stream, [T, d]):
 
 then, only for the items that sample, logits = rmsnorm(x_last) @ Wout^T, and
 for greedy items the argmax, on the device.
+
+The architecture's switches add to that: QKV biases and NEOX RoPE cost nothing
+(the bias is added where RoPE is; NEOX models' Q/K rows are permuted on upload
+so one RoPE serves all), per-head Q/K norms are one more launch, GELU and the
+embedding scale are compile-time constants. Post-norms (each residual add
+becomes a matmul plus a norm-and-add) and sliding windows are the CPU family's
+only; `kernels="auto"` picks it for such models.
 
 The kernels come in two families shaped for a CPU or a GPU (gpu/families.py),
 chosen per device or forced with `kernels=`; both fuse the norms, RoPE, the K/V
@@ -77,15 +84,13 @@ class OpenCLEngine:
                 f"{self.model.path}: the kernels need head_dim % 16 == 0, d_model and d_ff % 32 == 0 "
                 f"and n_heads a multiple of n_kv_heads (got {cfg})"
             )
-        if cfg.arch.name != "llama":  # until the kernels learn the other architectures' parts
-            raise UnsupportedModelError(f"{self.model.path}: the OpenCL kernels do not run {cfg.arch.name!r} models yet")
         device = device if isinstance(device, Device) else select_device(device)
         if profile:
             props = cl.command_queue_properties.PROFILING_ENABLE
             device = dataclasses.replace(device, queue=cl.CommandQueue(device.context, device.device, properties=props))
         self.device = device
         self.device_name = device.name
-        self.family = make_family(kernels, device)
+        self.family = make_family(kernels, device, cfg)
         self.family.check(self)
         self.profile = profile
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
@@ -110,6 +115,10 @@ class OpenCLEngine:
     def _build(self) -> cl.Program:
         cfg = self.config
         options = [
+            f"-DEMBED_SCALE={float(np.sqrt(cfg.d_model)) if cfg.arch.embed_scale else 1.0!r}f",
+            f"-DQK_NORM={int(cfg.arch.qk_norm)}",
+            f"-DACT_GELU={int(cfg.arch.activation == 'gelu')}",
+            f"-DNORM_EPS={cfg.norm_eps!r}f",
             f"-DHEAD_DIM={cfg.head_dim}",
             f"-DN_HEADS={cfg.n_heads}",
             f"-DN_KV_HEADS={cfg.n_kv_heads}",
@@ -128,7 +137,6 @@ class OpenCLEngine:
         f = lambda n: cl.Buffer(ctx, RW, 4 * n)  # noqa: E731
         const = lambda a: cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        inv_freq = cfg.rope_base ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
         ones = np.ones(max(cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim), np.float32)
         self.buffers = SimpleNamespace(
             x=f(t * cfg.d_model),
@@ -138,7 +146,7 @@ class OpenCLEngine:
             h=f(t * cfg.d_ff),
             tokens=f(t), pos=f(t), seq=f(t), sample_rows=f(t), ids=f(t),
             all_rows=const(np.arange(t, dtype=i32)),
-            inv_freq=const(inv_freq.astype(np.float32)),
+            tmp=f(t * cfg.d_model),  # a sublayer's output before its post-norm (cpu family)
             ones=const(ones),
             tables=f(t * self.max_blocks),
             logits=f(t * cfg.vocab_size),

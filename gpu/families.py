@@ -56,12 +56,13 @@ class StepLaunches:
     argmax: Argmax
 
 
-def make_family(kernels: str | None, device: Device) -> CPUFamily | GPUFamily:
+def make_family(kernels: str | None, device: Device, config=None) -> CPUFamily | GPUFamily:
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     if choice == "auto":
-        choice = "cpu" if device.is_cpu else "gpu"
+        gpu_can = config is None or not GPUFamily.missing(config)
+        choice = "cpu" if device.is_cpu or not gpu_can else "gpu"
     return CPUFamily(device) if choice == "cpu" else GPUFamily(device)
 
 
@@ -89,19 +90,25 @@ class CPUFamily:
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
             return CPUMatmul(name, program, kernel, self.wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
 
+        def residual(name, w, x, post_norm):
+            """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""
+            if post_norm is None:
+                return [matmul(name, "matmul", w, b.ones, x, b.all_rows, b.x, i32(0), i32(1))]
+            return [matmul(name, "matmul", w, b.ones, x, b.all_rows, b.tmp, i32(0), i32(0)),
+                    Grid("post_norm", program, "add_rmsnorm", 1, (1, 1), b.x, b.tmp, post_norm, i32(cfg.d_model))]  # fmt: skip
+
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
-            kv = (b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(layer))
+            kv = (b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
             # Attention and embedding as 1x1 work-groups: PoCL would put a whole
             # (heads, tokens) grid in one work-group, on one core.
-            layers += [
-                matmul("qkv", "qkv", L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, *kv),
-                Grid("attention", program, "attention", cfg.n_heads, (1, 1), b.qkv, b.pos, b.seq, b.tables, width,
-                     e.kv.k, e.kv.v, b.att, i32(layer)),  # fmt: skip
-                matmul("out", "matmul", L.out, b.ones, b.att, b.all_rows, b.x, i32(0), i32(1)),
-                matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h),
-                matmul("down", "matmul", L.down, b.ones, b.h, b.all_rows, b.x, i32(0), i32(1)),
-            ]
+            layers.append(matmul("qkv", "qkv", L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, *kv))
+            layers += qk_norm(program, e, L, layer)
+            layers.append(Grid("attention", program, "attention", cfg.n_heads, (1, 1), b.qkv, b.pos, b.seq, b.tables,
+                               width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
+            layers += residual("out", L.out, b.att, L.post_attn_norm)
+            layers.append(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
+            layers += residual("down", L.down, b.h, L.post_ffw_norm)
         return StepLaunches(
             embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, (1, 1),
                        W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
@@ -130,8 +137,20 @@ class GPUFamily:
     def options(self, engine: OpenCLEngine) -> list[str]:
         return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}"]
 
+    @staticmethod
+    def missing(cfg) -> list[str]:
+        """The architecture's parts these kernels lack (the attention launch fuses Wo and
+        hands its output to the next matmul, leaving no place for a post-norm)."""
+        return [part for part, needed in (("post-norms", cfg.arch.post_norms), ("sliding-window attention",
+                cfg.sliding_window > 0)) if needed]  # fmt: skip
+
     def check(self, engine: OpenCLEngine) -> None:
         cfg = engine.config
+        if self.missing(cfg):
+            raise UnsupportedModelError(
+                f"{engine.model.path}: the GPU kernels do not run {cfg.arch.name!r}'s "
+                f"{' and '.join(self.missing(cfg))}; use kernels='cpu' (or 'auto', which does)"
+            )
         if (cfg.n_heads // cfg.n_kv_heads * cfg.head_dim) % 32:
             raise UnsupportedModelError(
                 f"{engine.model.path}: the GPU kernels need (n_heads / n_kv_heads) * head_dim to be a multiple of 32"
@@ -147,7 +166,7 @@ class GPUFamily:
         cfg, W, b = e.config, e.weights, e.buffers
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
         stride = i32(e.max_batch_tokens * cfg.d_model)
-        none = (i32(0), i32(0), b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(0))
+        none = (i32(0), i32(0), b.pos, b.seq, b.tables, width, W.layers[0].rope, e.kv.k, e.kv.v, i32(0))
 
         def matmul(name, op, w, g, x, xrows, y, nparts, tail):
             head = (w.qs, w.dm, g, x, xrows, b.parts, i32(nparts), stride, eps, y)
@@ -155,10 +174,11 @@ class GPUFamily:
 
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
-            kv = (i32(1), i32(0), b.pos, b.seq, b.tables, width, b.inv_freq, e.kv.k, e.kv.v, i32(layer))
+            kv = (i32(1), i32(0), b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
             residual = (i32(0), i32(1)) + none[2:]
+            layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
+            layers += qk_norm(program, e, L, layer)
             layers += [
-                matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv),
                 Grid("attention", program, f"attention_{L.out.kind}", cfg.n_kv_heads * self.wg, (self.wg, 1),
                      b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer),
                      L.out.qs, L.out.dm, b.parts, stride, weight_bytes=L.out.nbytes),  # fmt: skip
@@ -172,6 +192,16 @@ class GPUFamily:
             head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
         )
+
+
+def qk_norm(program: cl.Program, e: OpenCLEngine, L, layer: int) -> list[Launch]:
+    """The per-head Q/K norm launch (common.cl) of architectures with one: it also does
+    the RoPE and K store the QKV matmul left undone."""
+    if L.q_norm is None:
+        return []
+    cfg, b = e.config, e.buffers
+    return [Grid("qk_norm", program, "qk_norm_rope", cfg.n_heads + cfg.n_kv_heads, (1, 1), b.qkv, b.pos, b.seq,
+                 b.tables, i32(e.max_blocks), L.rope, L.q_norm, L.k_norm, e.kv.k, i32(layer))]  # fmt: skip
 
 
 def describe(family: Any) -> str:

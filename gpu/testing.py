@@ -105,6 +105,7 @@ def write_tiny_gguf(
     head_dim: int | None = None,
     sliding_window: int = 8,
     llama3_rope: bool = False,
+    v_type: gguf.GGMLQuantizationType | None = None,
 ) -> Path:
     """Write a randomly initialised GGUF of architecture `arch` and return its path.
 
@@ -115,7 +116,8 @@ def write_tiny_gguf(
     when untied); norms and biases are F32 as llama.cpp writes them. Quantized widths must be
     multiples of the type's block (32, or 256 for the K-quants). An architecture the project
     does not describe gets llama's tensors. `llama3_rope` adds Llama 3's rope_freqs.weight;
-    `sliding_window` applies to architectures with local layers (Gemma 3: 5 of every 6).
+    `sliding_window` applies to architectures with local layers (Gemma 3: 5 of every 6);
+    `v_type` gives attn_v its own type (default: weight_type).
 
     To test the loader's errors: `drop_tensor` leaves out the named tensor, `drop_key` the named
     metadata key, and `bad_shape` writes the named tensor with one row too many.
@@ -193,7 +195,8 @@ def write_tiny_gguf(
         add(blk + "attn_norm.weight", norm(), Q.F32)
         add(blk + "attn_q.weight", weights(q_dim, d_model), weight_type)
         add(blk + "attn_k.weight", weights(kv_dim, d_model), weight_type)
-        add(blk + "attn_v.weight", weights(kv_dim, d_model), weight_type)
+        v = v_type or weight_type
+        add(blk + "attn_v.weight", matrix(kv_dim, d_model, d_model**-0.5, v), v)
         add(blk + "attn_output.weight", weights(d_model, q_dim), weight_type)
         add(blk + "ffn_norm.weight", norm(), Q.F32)
         add(blk + "ffn_gate.weight", weights(d_ff, d_model), weight_type)

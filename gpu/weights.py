@@ -1,12 +1,16 @@
 """Model weights on the device, still quantized.
 
-GGUF stores a quantized row as a run of blocks of 32 weights, each block its
-scale(s) followed by its quants (Q4_1: f16 d, f16 m, 16 bytes of nibbles; Q8_0:
-f16 d, 32 int8). Those 20- and 34-byte blocks are not 16-byte aligned, so the
-upload splits each matrix into two arrays, the quants (`qs`) and the scales
-(`dm`), so the kernels can use aligned vector loads. The scales are widened to
-float32 (see kernels/quant.cl for why). Types the kernels do not read directly
-are dequantized to float32.
+GGUF stores a quantized row as a run of blocks (32 weights, or 256 for the
+K-quants), each its scale(s) then its quants. Those blocks are not 16-byte
+aligned, so the upload repacks every type into blocks of 32 in one of a few
+device kinds (kernels/quant.cl lists them): the quants (`qs`, nibbles or int8)
+in one array and the scales (`dm`, widened to float32) in another, so kernels
+use aligned vector loads. The repacking is exact: every K-quant sub-block
+becomes its own (scale, offset). F16 and BF16 are widened to float32.
+
+Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
+Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K/Q3_K 1.0 (0.33-0.43);
+a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
 from __future__ import annotations
@@ -18,25 +22,24 @@ import gguf
 import numpy as np
 import pyopencl as cl
 
-from gpu.model import WeightTensor
+from gpu import quants
+from gpu.model import Model, WeightTensor
 from runtime.errors import UnsupportedModelError
 
 Q = gguf.GGMLQuantizationType
-
-# qtype -> (kernel suffix, bytes of scales at the start of each block)
-_NATIVE = {Q.Q4_1: ("q4_1", 4), Q.Q8_0: ("q8_0", 2)}
 
 
 @dataclass
 class DeviceMatrix:
     """A [rows, cols] weight matrix on the device: kind is the kernel suffix."""
 
-    kind: str  # "q4_1" | "q8_0" | "f32"
+    kind: str  # "q4_1" | "q5" | "q6" | "q4x2" | "q8_0" | "q8x2" | "f32"
     rows: int
     cols: int
     qs: cl.Buffer
     dm: cl.Buffer
-    nbytes: int  # bytes a full pass over the matrix reads
+    nbytes: int  # bytes a full pass over the matrix reads on the device
+    file_bytes: int = 0  # the same weights' bytes in the GGUF file
 
 
 def _buffer(context: cl.Context, array: np.ndarray) -> cl.Buffer:
@@ -46,30 +49,129 @@ def _buffer(context: cl.Context, array: np.ndarray) -> cl.Buffer:
     return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=array)
 
 
+# ---------------------------------------------------------------------- repacking
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[:, at : at + 2]).view(np.float16).astype(np.float32)[:, 0]
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """(n, 32) values 0..15 -> (n, 16) bytes: byte j = q[j] | q[j + 16] << 4."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def _bitword(bits: np.ndarray, width: int) -> np.ndarray:
+    """(n, 32 // width) fields of `width` bits -> (n,) uint32, field j at bit width * j."""
+    shifts = (width * np.arange(bits.shape[1])).astype(np.uint32)
+    return (bits.astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
+
+
+def _dm(*columns: np.ndarray, words: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """Scales as float32 columns, then bit-pattern words in the remaining float slots."""
+    n = len(columns[0])
+    out = np.zeros((n, 4 if len(columns) + len(words) > 2 else len(columns) + len(words)), np.float32)
+    for i, c in enumerate(columns):
+        out[:, i] = c
+    for i, w in enumerate(words):
+        out.view(np.uint32)[:, len(columns) + i] = w
+    return out
+
+
+def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
+    """(kind, qs (n_blocks, bytes), dm (n_blocks, k) float32) of one matrix, blocks of 32 in row order."""
+    if t.qtype in (Q.F32, Q.F16, Q.BF16):
+        return "f32", t.dequantize().reshape(t.rows, t.cols).astype(np.float32), np.zeros(4, np.uint8)
+    b = np.asarray(t.raw, np.uint8).reshape(-1, t.block_bytes)
+    if t.qtype == Q.Q4_0:
+        d = _f16(b, 0)
+        return "q4_1", b[:, 2:18], _dm(d, -8 * d)
+    if t.qtype == Q.Q4_1:
+        return "q4_1", b[:, 4:20], _dm(_f16(b, 0), _f16(b, 2))
+    if t.qtype in (Q.Q5_0, Q.Q5_1):
+        at = 2 if t.qtype == Q.Q5_0 else 4
+        d = _f16(b, 0)
+        m = -16 * d if t.qtype == Q.Q5_0 else _f16(b, 2)
+        qh = np.ascontiguousarray(b[:, at : at + 4]).view(np.uint32)[:, 0]
+        return "q5", b[:, at + 4 : at + 20], _dm(d, m, words=[qh])
+    if t.qtype == Q.Q8_0:
+        return "q8_0", b[:, 2:34], _dm(_f16(b, 0))
+    q, scale, offset = quants.SUBBLOCKS[t.qtype](b)
+    q32 = q.reshape(-1, 32)
+    if t.qtype == Q.Q4_K:
+        return "q4_1", _nibbles(q32), _dm(scale.reshape(-1), offset.reshape(-1))
+    if t.qtype == Q.Q5_K:
+        q32 = q32.astype(np.uint8)
+        return "q5", _nibbles(q32 & 15), _dm(scale.reshape(-1), offset.reshape(-1), words=[_bitword(q32 >> 4, 1)])
+    halves = scale.reshape(-1, 2), offset.reshape(-1, 2)  # sub-blocks of 16: two per block of 32
+    if t.qtype == Q.Q6_K:
+        q6 = (q32 + 32).astype(np.uint8)
+        high = q6 >> 4
+        return "q6", _nibbles(q6 & 15), _dm(halves[0][:, 0], halves[0][:, 1],
+                                            words=[_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)])  # fmt: skip
+    if t.qtype == Q.Q3_K:  # q in -4..3, stored + 4
+        q32, halves = q32 + 4, (halves[0], -4 * halves[0])
+    s, m = halves
+    return "q4x2", _nibbles(q32), _dm(s[:, 0], m[:, 0], s[:, 1], m[:, 1])
+
+
+def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Any block type as int8 levels (n_blocks, 32) with a (scale, offset) per 16 weights,
+    (n_blocks, 2) each: w = scale * q + offset. Exact for every quantized type."""
+    b = np.asarray(t.raw, np.uint8).reshape(-1, t.block_bytes)
+    if t.qtype in quants.SUBBLOCKS:
+        q, scale, offset = quants.SUBBLOCKS[t.qtype](b)  # Q6_K's q comes centred (q - 32)
+        if scale.shape[1] == 8:  # 32-wide sub-blocks: the same scale for both halves
+            scale, offset = np.repeat(scale, 2, axis=1), np.repeat(offset, 2, axis=1)
+        return q.reshape(-1, 32).astype(np.int8), scale.reshape(-1, 2), offset.reshape(-1, 2)
+    d = _f16(b, 0)
+    if t.qtype == Q.Q8_0:
+        q, m = b[:, 2:34].view(np.int8), np.zeros_like(d)
+    elif t.qtype in (Q.Q4_0, Q.Q4_1):
+        q = quants._nibbles(b[:, 2:18] if t.qtype == Q.Q4_0 else b[:, 4:20]).astype(np.int16)
+        q, m = (q - 8, np.zeros_like(d)) if t.qtype == Q.Q4_0 else (q, _f16(b, 2))
+    else:  # Q5_0, Q5_1
+        q = quants.q5_quants(b, 2 if t.qtype == Q.Q5_0 else 4).astype(np.int16)
+        q, m = (q - 16, np.zeros_like(d)) if t.qtype == Q.Q5_0 else (q, _f16(b, 2))
+    pair = lambda v: np.repeat(v[:, None], 2, axis=1)  # noqa: E731
+    return q.astype(np.int8), pair(d), pair(m)
+
+
+SYMMETRIC_32 = (Q.Q4_0, Q.Q5_0, Q.Q8_0)
+
+
 def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
-    """Stack the rows of `tensors` into one matrix and split it into (kind, qs, dm)."""
+    """Stack the rows of `tensors` into one matrix and split it into (kind, qs, dm). Tensors
+    of different device kinds (Qwen2.5 stores Q and K as Q5_0, V as Q8_0) meet in the
+    narrowest kind that holds them all exactly: q8_0, else q8x2, else float32."""
     cols = tensors[0].cols
     if any(t.cols != cols for t in tensors):
         raise UnsupportedModelError(f"cannot stack {[t.name for t in tensors]}: different widths")
     if cols % 32:
         raise UnsupportedModelError(f"{tensors[0].name}: width {cols} is not a multiple of 32")
-    qtypes = {t.qtype for t in tensors}
-    if len(qtypes) == 1 and (qtype := qtypes.pop()) in _NATIVE:
-        kind, scale_bytes = _NATIVE[qtype]
-        raw = np.concatenate([t.raw for t in tensors]) if len(tensors) > 1 else tensors[0].raw
-        rows = raw.shape[0]
-        blocks = np.asarray(raw, np.uint8).reshape(rows, cols // 32, -1)
-        scales = np.ascontiguousarray(blocks[:, :, :scale_bytes]).view(np.float16).astype(np.float32)
-        return kind, blocks[:, :, scale_bytes:].copy(), scales
-    dense = np.concatenate([t.dequantize().reshape(t.rows, t.cols) for t in tensors])
-    return "f32", dense.astype(np.float32), np.zeros(4, np.uint8)
+    parts = [repack(t) for t in tensors]
+    kinds = {kind for kind, _, _ in parts}
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        if len(parts) == 1:
+            return parts[0]
+        return kind, np.concatenate([qs for _, qs, _ in parts]), np.concatenate([dm for _, _, dm in parts])
+    if "f32" in kinds:
+        dense = np.concatenate([t.dequantize().reshape(t.rows, t.cols) for t in tensors])
+        return "f32", dense.astype(np.float32), np.zeros(4, np.uint8)
+    q, scale, offset = (np.concatenate(x) for x in zip(*(levels(t) for t in tensors)))
+    if all(t.qtype in SYMMETRIC_32 for t in tensors):
+        return "q8_0", q, _dm(scale[:, 0])
+    return "q8x2", q, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
 
 
 def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor]) -> DeviceMatrix:
     kind, qs, dm = pack(tensors)
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
-    return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes)
+    file_bytes = sum(t.raw.nbytes for t in tensors)
+    return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
 
 
 def upload_vector(context: cl.Context, tensor: WeightTensor) -> cl.Buffer:
@@ -80,10 +182,15 @@ def upload_vector(context: cl.Context, tensor: WeightTensor) -> cl.Buffer:
 class LayerWeights:
     attn_norm: cl.Buffer
     qkv: DeviceMatrix  # q rows, then k rows, then v rows
+    rope: cl.Buffer  # HEAD_DIM/2 RoPE frequencies, then the QKV bias (zeros when none)
     out: DeviceMatrix
     ffn_norm: cl.Buffer
     gate_up: DeviceMatrix  # gate rows, then up rows
     down: DeviceMatrix
+    q_norm: cl.Buffer | None = None  # per-head RMSNorm weights (qk_norm)
+    k_norm: cl.Buffer | None = None
+    post_attn_norm: cl.Buffer | None = None  # post_norms
+    post_ffw_norm: cl.Buffer | None = None
 
 
 @dataclass
@@ -93,27 +200,62 @@ class ModelWeights:
     output_norm: cl.Buffer
     output: DeviceMatrix
 
+    def matrices(self) -> list[DeviceMatrix]:
+        """Every matrix one step reads: the layers' and the output head."""
+        return [m for L in self.layers for m in (L.qkv, L.out, L.gate_up, L.down)] + [self.output]
+
     def bytes_per_step(self) -> int:
-        """Weight bytes one step reads (every layer matrix and the output head)."""
-        per_layer = sum(m.nbytes for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down))
-        return per_layer + self.output.nbytes
+        """Weight bytes one step reads on the device (every layer matrix and the output head)."""
+        return sum(m.nbytes for m in self.matrices())
+
+    def file_bytes_per_step(self) -> int:
+        """The same weights' bytes in the GGUF file."""
+        return sum(m.file_bytes for m in self.matrices())
 
 
-def upload_weights(context: cl.Context, model) -> ModelWeights:
-    """Every tensor of a Llama `gpu.model.Model`, packed and on the device."""
+def neox_to_adjacent(t: WeightTensor, head_dim: int) -> WeightTensor:
+    """Reorder each head's rows (or entries) so NEOX RoPE's pairs (i, i + head_dim/2) become
+    adjacent (2i, 2i+1). Applied to Q and K alike it leaves every q.k, so attention, unchanged,
+    and the kernels need only one RoPE. Whole quantized rows move, so it is exact."""
+    half = head_dim // 2
+    within = np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)
+    if t.is_vector:
+        order = (np.arange(t.cols // head_dim)[:, None] * head_dim + within).reshape(-1)
+        return WeightTensor(t.name, t.qtype, 1, t.cols, np.ascontiguousarray(t.raw[:, order]))
+    order = (np.arange(t.rows // head_dim)[:, None] * head_dim + within).reshape(-1)
+    return WeightTensor(t.name, t.qtype, t.rows, t.cols, np.ascontiguousarray(t.raw[order]))
+
+
+def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
+    """Every tensor of a `gpu.model.Model`, packed and on the device, as its architecture asks."""
+    c, arch = model.config, model.config.arch
+    if arch.rope == "neox":
+        fix = lambda t: neox_to_adjacent(t, c.head_dim)  # noqa: E731
+    else:
+        fix = lambda t: t  # noqa: E731
+    vector = lambda t: upload_vector(context, t)  # noqa: E731
     layers = []
-    for i in range(model.config.n_layers):
-        t = lambda name: model.tensor(f"blk.{i}.{name}.weight")  # noqa: E731
-        layers.append(
-            LayerWeights(
-                attn_norm=upload_vector(context, t("attn_norm")),
-                qkv=upload_matrix(context, [t("attn_q"), t("attn_k"), t("attn_v")]),
-                out=upload_matrix(context, [t("attn_output")]),
-                ffn_norm=upload_vector(context, t("ffn_norm")),
-                gate_up=upload_matrix(context, [t("ffn_gate"), t("ffn_up")]),
-                down=upload_matrix(context, [t("ffn_down")]),
-            )
+    for i in range(c.n_layers):
+        t = lambda name: model.tensor(f"blk.{i}.{name}")  # noqa: E731
+        if arch.qkv_bias:
+            bias = np.concatenate([fix(t("attn_q.bias")).dequantize(), fix(t("attn_k.bias")).dequantize(),
+                                   t("attn_v.bias").dequantize()])  # fmt: skip
+        else:
+            bias = np.zeros(c.q_dim + 2 * c.kv_dim, np.float32)
+        L = LayerWeights(
+            attn_norm=vector(t("attn_norm.weight")),
+            qkv=upload_matrix(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")]),
+            rope=_buffer(context, np.concatenate([c.inv_freq(i), bias]).astype(np.float32)),
+            out=upload_matrix(context, [t("attn_output.weight")]),
+            ffn_norm=vector(t("ffn_norm.weight")),
+            gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")]),
+            down=upload_matrix(context, [t("ffn_down.weight")]),
         )
+        if arch.qk_norm:
+            L.q_norm, L.k_norm = vector(fix(t("attn_q_norm.weight"))), vector(fix(t("attn_k_norm.weight")))
+        if arch.post_norms:
+            L.post_attn_norm, L.post_ffw_norm = vector(t("post_attention_norm.weight")), vector(t("post_ffw_norm.weight"))
+        layers.append(L)
     embed = upload_matrix(context, [model.tensor("token_embd.weight")])
     output = embed if model.tied else upload_matrix(context, [model.output_weight()])
-    return ModelWeights(embed, layers, upload_vector(context, model.tensor("output_norm.weight")), output)
+    return ModelWeights(embed, layers, vector(model.tensor("output_norm.weight")), output)

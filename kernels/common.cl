@@ -1,6 +1,8 @@
 /* What both kernel families share. Built after quant.cl. The host passes the
  * model's shape as -D constants: HEAD_DIM, N_HEADS, N_KV_HEADS, N_LAYERS,
- * BLOCK_SIZE, and ARGMAX_WG (the argmax work-group size, a power of two).
+ * BLOCK_SIZE, and ARGMAX_WG (the argmax work-group size, a power of two); and
+ * its architecture's switches (gpu/arch.py): EMBED_SCALE, QK_NORM (0/1),
+ * ACT_GELU (0/1), NORM_EPS.
  *
  * A step is a flat list of T tokens from any number of turns. Token t has a
  * position pos[t] and a turn index seq[t]; turn s owns the KV blocks
@@ -41,8 +43,8 @@ __kernel void embed_##NAME(__global const uchar *qs, __global const float *dm,  
     float16 lo, hi;                                                             \
     load_block(WTYPE, qs, dm, (size_t)tokens[t] * nb + b, &lo, &hi);           \
     __global float16 *xt = (__global float16 *)(x + (size_t)t * d);             \
-    xt[2 * b] = lo;                                                             \
-    xt[2 * b + 1] = hi;                                                         \
+    xt[2 * b] = lo * EMBED_SCALE;                                               \
+    xt[2 * b + 1] = hi * EMBED_SCALE;                                           \
 }
 FOR_EACH_WTYPE(DEFINE_EMBED)
 
@@ -51,21 +53,33 @@ FOR_EACH_WTYPE(DEFINE_EMBED)
 /* ======================================================================== */
 /* qkv[t] = [q heads | k heads | v heads], rows of the fused QKV matmul. RoPE
  * rotates ADJACENT pairs (x[2i], x[2i+1]) of each q and k head by the angle
- * pos * inv_freq[i], inv_freq[i] = base^(-2i/HEAD_DIM) (GGUF llama checkpoints
- * are permuted for this convention):
+ * pos * inv_freq[i] (GGUF llama checkpoints are permuted for this convention,
+ * and the host permutes NEOX models' Q/K rows into it):
  *     x'[2i]   = x[2i] cos - x[2i+1] sin
  *     x'[2i+1] = x[2i] sin + x[2i+1] cos
+ * `rope` is the layer's constants: HEAD_DIM/2 frequencies inv_freq[i] (its own
+ * base and scaling), then the QKV bias (zeros for models without one).
  * The QKV matmul calls this for the pair of rows (r, r+1) it computed for token
- * t: rotated q goes back to qkv, rotated k and plain v to the cache slot of pos. */
+ * t: the bias is added, rotated q goes back to qkv, rotated k and plain v to
+ * the cache slot of pos. With QK_NORM, q and k go back to qkv as they are and
+ * qk_norm_rope finishes them once the whole head is there. */
+inline void rotate_pair(int d, float2 *x, int pos, __global const float *rope)
+{
+    float c, s = sincos(pos * rope[(d % HEAD_DIM) / 2], &c);
+    *x = (float2)(x->x * c - x->y * s, x->x * s + x->y * c);
+}
+
 inline void rope_store(int r, float2 x, int t, int pos, int block,
-                       __global const float *inv_freq, __global float *qkv,
+                       __global const float *rope, __global float *qkv,
                        __global half *kcache, __global half *vcache, int layer)
 {
-    if (r < Q_DIM + KV_DIM) {
-        const int i = (r % HEAD_DIM) / 2;
-        float c, s = sincos(pos * inv_freq[i], &c);
-        x = (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
+    x += vload2(0, rope + HEAD_DIM / 2 + r);
+    if (QK_NORM && r < Q_DIM + KV_DIM) {
+        *(__global float2 *)(qkv + (size_t)t * QKV_DIM + r) = x;
+        return;
     }
+    if (r < Q_DIM + KV_DIM)
+        rotate_pair(r, &x, pos, rope);
     if (r < Q_DIM) {
         *(__global float2 *)(qkv + (size_t)t * QKV_DIM + r) = x;
         return;
@@ -78,6 +92,67 @@ inline void rope_store(int r, float2 x, int t, int pos, int block,
     } else {                   /* V: [slot][d] */
         vstore_half2(x, 0, vcache + tile + slot * HEAD_DIM + d);
     }
+}
+
+/* ======================================================================== */
+/* Per-head RMSNorm of q and k, then RoPE and the K store (QK_NORM models)   */
+/* ======================================================================== */
+/* One work-item per (q or k head, token): x = x / rms(x) * w, rotate, then q
+ * back to qkv and k to the cache slot of pos. */
+__kernel void qk_norm_rope(__global float *qkv, __global const int *pos,
+                           __global const int *seq, __global const int *tables,
+                           int max_blocks, __global const float *rope,
+                           __global const float *q_norm, __global const float *k_norm,
+                           __global half *kcache, int layer)
+{
+    const int h = get_global_id(0), t = get_global_id(1), p = pos[t];
+    __global float *x = qkv + (size_t)t * QKV_DIM + h * HEAD_DIM;
+    __global const float *w = h < N_HEADS ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int d = 0; d < HEAD_DIM; d++)
+        ss += x[d] * x[d];
+    const float inv = rsqrt(ss / HEAD_DIM + NORM_EPS);
+    const int slot = p % BLOCK_SIZE;
+    const size_t tile = h < N_HEADS ? 0 : kv_tile(tables[seq[t] * max_blocks + p / BLOCK_SIZE], layer, h - N_HEADS);
+    for (int d = 0; d < HEAD_DIM; d += 2) {
+        float2 v = (float2)(x[d] * inv * w[d], x[d + 1] * inv * w[d + 1]);
+        rotate_pair(d, &v, p, rope);
+        if (h < N_HEADS) {
+            x[d] = v.x;
+            x[d + 1] = v.y;
+        } else {
+            vstore_half(v.x, tile + d * BLOCK_SIZE + slot, kcache);
+            vstore_half(v.y, tile + (d + 1) * BLOCK_SIZE + slot, kcache);
+        }
+    }
+}
+
+/* ======================================================================== */
+/* Post-norm residual add (post_norms models), and the MLP's activation      */
+/* ======================================================================== */
+/* x[t] += y[t] / rms(y[t]) * w, one work-item per token. */
+__kernel void add_rmsnorm(__global float *x, __global const float *y,
+                          __global const float *w, int d)
+{
+    const int t = get_global_id(1);
+    __global const float *yt = y + (size_t)t * d;
+    __global float *xt = x + (size_t)t * d;
+    float ss = 0.0f;
+    for (int i = 0; i < d; i++)
+        ss += yt[i] * yt[i];
+    const float inv = rsqrt(ss / d + NORM_EPS);
+    for (int i = 0; i < d; i++)
+        xt[i] += yt[i] * inv * w[i];
+}
+
+/* act(gate) of the gated MLP: silu, or GELU's tanh form (Gemma) */
+inline float activate(float g)
+{
+#if ACT_GELU
+    return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g)));
+#else
+    return g / (1.0f + exp(-g));
+#endif
 }
 
 /* ======================================================================== */

@@ -1,13 +1,23 @@
 /* Quantized weight blocks, shared by every kernel that reads weights.
  *
  * Weights stay quantized on the device in blocks of 32 along a row. The host
- * repacks GGUF blocks into two arrays so vector loads are aligned:
- *   Q4_1  qs[row][b] = 16 bytes of nibbles   dm[row][b] = float2 (d, m)
- *         weight j of the block: low nibbles hold j = 0..15, high 16..31;
- *         w = d * q + m
- *   Q8_0  qs[row][b] = 32 int8               dm[row][b] = float d
- *         w = d * q
- *   F32   qs = the float row itself          dm unused
+ * (gpu/weights.py) repacks each GGUF type into one of these device kinds, two
+ * arrays so vector loads are aligned; in every nibble kind byte j of a block's
+ * qs holds weight j (low nibble) and weight j + 16 (high):
+ *   Q4_1  qs = 16 B nibbles   dm = float2 (d, m)           w = d q + m
+ *         from Q4_0 (m = -8d), Q4_1, Q4_K (d, m of each 32-weight sub-block)
+ *   Q5    qs = 16 B nibbles   dm = float4 (d, m, qh, -)    w = d (q + 16 bit_j(qh)) + m
+ *         from Q5_0 (m = -16d), Q5_1, Q5_K
+ *   Q6    qs = 16 B nibbles   dm = float4 (d0, d1, qh0, qh1)
+ *         q = nibble + 16 * (2-bit pair j of qh0|qh1), w = d0|d1 (q - 32)
+ *         from Q6_K (d0 scales weights 0..15, d1 16..31: its sub-blocks of 16)
+ *   Q4X2  qs = 16 B nibbles   dm = float4 (d0, m0, d1, m1)   w = d q + m per half
+ *         from Q2_K and Q3_K (sub-blocks of 16; Q3_K's q stored + 4)
+ *   Q8_0  qs = 32 int8        dm = float d                   w = d q
+ *   Q8X2  qs = 32 int8        dm = float4 (d0, m0, d1, m1)   w = d q + m per half
+ *         the common kind when one matrix stacks tensors of different kinds
+ *   F32   qs = the float row itself, dm unused (from F32, F16, BF16)
+ * qh words are bit patterns carried in float slots (as_uint reads them back).
  * `load_block` returns the 32 weights of block `blk` as lo (0..15), hi (16..31).
  * The scales are widened from f16 to f32 on upload (4 more bytes per Q4_1 block,
  * 20%): without cl_khr_fp16 each half took ~20 scalar instructions to convert
@@ -24,12 +34,19 @@
 #define WT_Q4_1 0
 #define WT_Q8_0 1
 #define WT_F32 2
+#define WT_Q5 3
+#define WT_Q6 4
+#define WT_Q4X2 5
+#define WT_Q8X2 6
 
 /* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
  * kernel family instantiates its weight-reading kernels once per entry, so a new
  * type is: a WT_ constant, its branch in load_block, its entry here, and its
  * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. */
-#define FOR_EACH_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32)
+#define FOR_EACH_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
+    X(q5, WT_Q5) X(q6, WT_Q6) X(q4x2, WT_Q4X2) X(q8x2, WT_Q8X2)
+
+#define LANES (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const float *dm, size_t blk,
@@ -40,6 +57,28 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const float2 s = ((__global const float2 *)dm)[blk];
         *lo = convert_float16(q & (uchar)15) * s.x + s.y;
         *hi = convert_float16(q >> (uchar)4) * s.x + s.y;
+    } else if (wtype == WT_Q5) {
+        const uchar16 q = ((__global const uchar16 *)qs)[blk];
+        const float4 s = ((__global const float4 *)dm)[blk];
+        const uint16 qh = (uint16)(as_uint(s.z));
+        *lo = convert_float16(convert_uint16(q & (uchar)15) | (((qh >> LANES) & 1u) << 4)) * s.x + s.y;
+        *hi = convert_float16(convert_uint16(q >> (uchar)4) | (((qh >> (LANES + 16u)) & 1u) << 4)) * s.x + s.y;
+    } else if (wtype == WT_Q6) {
+        const uchar16 q = ((__global const uchar16 *)qs)[blk];
+        const float4 s = ((__global const float4 *)dm)[blk];
+        const uint16 h0 = (uint16)(as_uint(s.z)), h1 = (uint16)(as_uint(s.w));
+        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.x;
+        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.y;
+    } else if (wtype == WT_Q4X2) {
+        const uchar16 q = ((__global const uchar16 *)qs)[blk];
+        const float4 s = ((__global const float4 *)dm)[blk];
+        *lo = convert_float16(q & (uchar)15) * s.x + s.y;
+        *hi = convert_float16(q >> (uchar)4) * s.z + s.w;
+    } else if (wtype == WT_Q8X2) {
+        __global const char16 *q = (__global const char16 *)qs;
+        const float4 s = ((__global const float4 *)dm)[blk];
+        *lo = convert_float16(q[2 * blk]) * s.x + s.y;
+        *hi = convert_float16(q[2 * blk + 1]) * s.z + s.w;
     } else if (wtype == WT_Q8_0) {
         __global const char16 *q = (__global const char16 *)qs;
         const float d = dm[blk];

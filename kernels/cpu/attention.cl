@@ -10,7 +10,8 @@
 /* Token t attends to positions 0..pos[t] of its own turn (causal), reading K/V
  * through the turn's block table; the chunk's own K/V were stored by the QKV
  * matmul before this launch. Query head h reads KV head h / GROUP
- * (grouped-query attention).
+ * (grouped-query attention). On a sliding-window layer (window > 0) token t
+ * sees only positions pos[t] - window < p <= pos[t].
  *     out = sum_p softmax_p(q . k_p / sqrt(HEAD_DIM)) v_p
  * computed in one pass, 16 positions at a time, with a running max m and
  * normaliser l (online softmax): each group of 16 rescales the sums once.
@@ -27,7 +28,7 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
                         __global const int *seq, __global const int *tables,
                         int max_blocks, __global const half *kcache,
                         __global const half *vcache, __global float *out,
-                        int layer)
+                        int layer, int window)
 {
     const int h = get_global_id(0), t = get_global_id(1);
     const int kv_head = h / GROUP;
@@ -43,7 +44,8 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
         acc[j] = (float16)0.0f;
     float m = -INFINITY, l = 0.0f;
     const int n = pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += 16) {
+    const int first = window > 0 ? max(0, n - window) : 0;  /* first position seen */
+    for (int p0 = first / 16 * 16; p0 < n; p0 += 16) {
         const size_t tile = kv_tile(table[p0 / BLOCK_SIZE], layer, kv_head);
         const int slot0 = p0 % BLOCK_SIZE;
         /* scores of positions p0..p0+15; those past pos[t] are masked out */
@@ -51,7 +53,7 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
         float16 score = (float16)0.0f;
         for (int d = 0; d < HEAD_DIM; d++)
             score += q[d] * vload_half16(0, k + d * BLOCK_SIZE);
-        score = select((float16)(-INFINITY), score, lane < (int16)(n - p0));
+        score = select((float16)(-INFINITY), score, lane < (int16)(n - p0) && lane >= (int16)(first - p0));
         const float m_new = fmax(m, hmax16(score));
         const float correction = exp(m - m_new);
         float16 w = exp(score - m_new);
@@ -60,7 +62,7 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
             acc[j] *= correction;
         const float *wp = (const float *)&w;
         __global const half *v = vcache + tile + slot0 * HEAD_DIM;
-        for (int s = 0; s < min(16, n - p0); s++)
+        for (int s = max(0, first - p0); s < min(16, n - p0); s++)
             for (int j = 0; j < HV; j++)
                 acc[j] += wp[s] * vload_half16(j, v + s * HEAD_DIM);
         m = m_new;

@@ -9,7 +9,7 @@
  * the work around each matmul in the same launch:
  *
  *   matmul  y[c] = (accumulate ? y[c] : 0) + W . n(x[c])   residual add fused
- *   swiglu  y[c] = silu(Wgate . n(x[c])) * (Wup . n(x[c]))  silu(g) = g / (1 + e^-g)
+ *   swiglu  y[c] = act(Wgate . n(x[c])) * (Wup . n(x[c]))  act: silu or GELU (common.cl)
  *   qkv     [q|k|v] = Wqkv . n(x[c]), then RoPE and the K/V store (common.cl)
  *
  * Shapes (row-major):  W [rows, k]   x [*, k]   y [ncols, rows]
@@ -131,7 +131,7 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const float s = inv[c0 + c];                                        \
             float2 gate = (float2)(g0[c], g1[c]) * s, up = (float2)(u0[c], u1[c]) * s; \
-            *(__global float2 *)(y + (size_t)(c0 + c) * rows + r) = gate / (1.0f + exp(-gate)) * up; \
+            *(__global float2 *)(y + (size_t)(c0 + c) * rows + r) = (float2)(activate(gate.x), activate(gate.y)) * up; \
         }                                                                       \
     }                                                                           \
 }                                                                               \
@@ -139,7 +139,7 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           __global const int *seq, __global const int *tables,  \
-                          int max_blocks, __global const float *inv_freq,       \
+                          int max_blocks, __global const float *rope,       \
                           __global half *kcache, __global half *vcache,         \
                           int layer)                                            \
 {                                                                               \
@@ -154,7 +154,7 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
             const int t = c0 + c, p = pos[t];                                   \
             const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
             rope_store(r, (float2)(o0[c], o1[c]) * inv[t], t, p, block,        \
-                       inv_freq, y, kcache, vcache, layer);                     \
+                       rope, y, kcache, vcache, layer);                     \
         }                                                                       \
     }                                                                           \
 }

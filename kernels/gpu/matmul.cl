@@ -20,7 +20,7 @@
  * needs together, and both run every op (a uniform branch, `op`):
  *   OP_MATMUL  rows (2u, 2u+1): y[c] = W . n(x[c]) (+ y[c] + parts[c], residual)
  *   OP_QKV     rows (2u, 2u+1): RoPE the pair, store q, or K/V into the cache
- *   OP_SWIGLU  rows (u, rows+u): h[c][u] = silu(gate) * up
+ *   OP_SWIGLU  rows (u, rows+u): h[c][u] = act(gate) * up  (silu or GELU, common.cl)
  * n(x) is the optional RMSNorm (W . (g*x)) / rms(x), as in cpu/matmul.cl.
  * `parts` are the attention's per-KV-head output projections (attention.cl):
  * the SwiGLU input is x + sum(parts), and the down projection's residual adds
@@ -42,7 +42,7 @@
     __global const float *parts, int nparts, int part_stride, float eps,         \
     __global float *y, int rows, int k, int ncols, int op, int normalize,        \
     int accumulate, __global const int *pos, __global const int *seq,           \
-    __global const int *tables, int max_blocks, __global const float *inv_freq, \
+    __global const int *tables, int max_blocks, __global const float *rope, \
     __global half *kcache, __global half *vcache, int layer, int lpu
 
 /* The two weight rows of unit u. */
@@ -73,18 +73,18 @@ inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows
                      int accumulate, __global const float *parts, int nparts, int part_stride,
                      __global const int *pos, __global const int *seq,
                      __global const int *tables, int max_blocks,
-                     __global const float *inv_freq, __global half *kcache,
+                     __global const float *rope, __global half *kcache,
                      __global half *vcache, int layer)
 {
     if (op == OP_SWIGLU) {
-        y[(size_t)c * rows + u] = v.x / (1.0f + exp(-v.x)) * v.y;
+        y[(size_t)c * rows + u] = activate(v.x) * v.y;
         return;
     }
     const int r = 2 * u;
     if (op == OP_QKV) {
         const int p = pos[c];
         const int block = tables[seq[c] * max_blocks + p / BLOCK_SIZE];
-        rope_store(r, v, c, p, block, inv_freq, y, kcache, vcache, layer);
+        rope_store(r, v, c, p, block, rope, y, kcache, vcache, layer);
         return;
     }
     __global float *yc = y + (size_t)c * rows;
@@ -166,7 +166,7 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
                 v *= inv[c];                                                    \
             if (u < units)                                                      \
                 epilogue(op, u, c0 + c, v, y, rows, accumulate, parts, nparts, part_stride, \
-                         pos, seq, tables, max_blocks, inv_freq, kcache, vcache, layer); \
+                         pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
         }                                                                       \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
     }                                                                           \
@@ -236,7 +236,7 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
         if (u < units && c < ncols)                                             \
             epilogue(op, u, c, (float2)(acc[2 * i], acc[2 * i + 1]) * ss[lc], y, rows, \
                      accumulate, parts, nparts, part_stride, pos, seq, tables,  \
-                     max_blocks, inv_freq, kcache, vcache, layer);              \
+                     max_blocks, rope, kcache, vcache, layer);              \
     }                                                                           \
 }
 FOR_EACH_WTYPE(DEFINE_MM)
