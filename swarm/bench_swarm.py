@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy) + " (NAME:unshaped turns step shaping off for that one)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--model", help="GGUF model file (default: the default model)")
+    parser.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
     parser.add_argument("--device", help="OpenCL device (default: the first one)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")

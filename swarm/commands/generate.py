@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
     parser.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
-    parser.add_argument("--model", metavar="PATH", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
+    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
     parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")

@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free one; the URL is printed)")
-    p.add_argument("--model", metavar="PATH", help="GGUF model file (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
     p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file's name without .gguf)")
     p.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
     p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
