@@ -24,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     engine.add_argument("--profile", action="store_true", help="per-kernel device time from OpenCL profiling events")
     engine.add_argument("--steps", type=int, default=16, metavar="N", help="timed decode steps per batch size")
+    engine.add_argument("--quants", action="store_true", help="instead: each tensor type's matmul time per weight byte against Q4_1's, at the model's shape")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(bench_run=run_engine)
 
@@ -54,6 +55,14 @@ def run_engine(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}")
+    if args.quants:
+        from gpu.bench_quants import format_quant_report, run_quant_bench
+        from gpu.model import load_model
+
+        config = load_model(resolve_model(args.model)).config
+        report = run_quant_bench(config, device=args.device, kernels=args.kernels, steps=args.steps)
+        print(json.dumps(report) if args.json else format_quant_report(report))
+        return 0
     engine = OpenCLEngine(
         resolve_model(args.model), device=args.device, kernels=args.kernels, profile=args.profile,
         num_blocks=kv_blocks_needed(args.steps),
