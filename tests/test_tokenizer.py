@@ -177,3 +177,36 @@ def test_text_stream_skips_control_tokens(smollm2_tokenizer: Tokenizer) -> None:
     assert "".join(tok.stream().push(i) for i in ids) == "Paris."
     assert "".join(tok.stream(skip_special=False).push(i) for i in ids) == "Paris.<|im_end|>"
     assert tok.decode(ids, skip_special=True) == "Paris."
+
+
+# ---------------------------------------------------------------- chat templates
+
+
+def template_tokenizer(tiny_model: Model, template: str | None) -> Tokenizer:
+    md = tiny_model.metadata
+    return Tokenizer(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"], md["tokenizer.ggml.merges"],
+                     bos_id=1, eos_id=2, pre="smollm", chat_template=template)  # fmt: skip
+
+
+def test_template_environment_matches_hugging_face(tiny_model: Model) -> None:
+    """Loop controls, tojson without HTML escaping (non-ASCII kept), strftime_now, and the
+    special tokens as variables, as transformers' apply_chat_template provides them."""
+    tok = template_tokenizer(tiny_model, (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
+        "{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }};{% endfor %}"
+        "{{ {'a': '<b> & é'} | tojson(indent=1) }}|{{ strftime_now('%Y') }}"
+    ))
+    import datetime
+
+    text = tok.render_chat([{"role": "skip", "content": "x"}, {"role": "user", "content": "é<&>"},
+                            {"role": "assistant", "content": "2"}, {"role": "user", "content": "3"}])  # fmt: skip
+    want_json = '{"role": "user", "content": "é<&>"};'  # loop.index counts the skipped one: break at 3
+    assert text == f'<|im_start|>{want_json}{{\n "a": "<b> & é"\n}}|{datetime.date.today().year}'
+
+
+def test_model_without_template_gets_the_plain_format_and_a_note(tiny_model: Model, caplog) -> None:
+    tok = template_tokenizer(tiny_model, None)
+    with caplog.at_level("INFO", logger="slotswarm.tokenizer"):
+        text = tok.render_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert text == "System: Be brief.\n\nUser: Hi\n\nAssistant:"
+    assert not tok.has_chat_template and "no chat template" in caplog.text
