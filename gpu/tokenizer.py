@@ -32,6 +32,7 @@ from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from gpu.model import Model
+from gpu.sentencepiece import build_spm, spm_token_bytes
 from gpu.templates import ChatTemplate, plain_prompt
 from runtime.errors import ModelFormatError, UnsupportedModelError
 
@@ -90,8 +91,9 @@ class Tokenizer:
         self.eos_id = eos_id
         self.add_bos = add_bos
         if kind == "llama":
-            self._token_bytes = _spm_token_bytes(tokens, token_types)
-            self._hf = _build_spm(tokens, token_types, scores, add_space_prefix, name)
+            self._token_bytes = spm_token_bytes(tokens, token_types)
+            self._hf = build_spm(tokens, token_types, scores, add_space_prefix, name)
+            _add_special(self._hf, tokens, token_types)
         else:
             self._token_bytes = _token_bytes(tokens, token_types)
             self._hf = _build_bpe(tokens, token_types, merges, pre, name)
@@ -275,40 +277,3 @@ def _add_special(tok: HFTokenizer, tokens: Sequence[str], types: Sequence[int]) 
     tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
-
-
-# ---------------------------------------------------------------------- SentencePiece
-
-
-def _spm_token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
-    out = []
-    for text, kind in zip(tokens, types):
-        if kind == gguf.TokenType.BYTE:
-            out.append(bytes([int(text[3:-1], 16)]))  # "<0x0A>"
-        elif kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED, gguf.TokenType.UNKNOWN):
-            out.append(text.encode("utf-8"))
-        else:
-            out.append(text.replace("\u2581", " ").encode("utf-8"))
-    return out
-
-
-def _build_spm(tokens: Sequence[str], types: Sequence[int], scores: Sequence[float] | None,
-               add_space_prefix: bool, name: str) -> HFTokenizer:
-    """SentencePiece BPE as `tokenizers` BPE, the way transformers converts it: merges are every
-    split of a normal piece into two pieces, ranked by the merged piece's score."""
-    if scores is None or len(scores) != len(tokens):
-        raise ModelFormatError(f"{name}: tokenizer.ggml.scores is missing or the wrong length")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    normal = sorted((i for i, k in enumerate(types) if k == gguf.TokenType.NORMAL), key=lambda i: -scores[i])
-    merges = []
-    for i in normal:
-        piece = tokens[i]
-        splits = [(piece[:j], piece[j:]) for j in range(1, len(piece)) if piece[:j] in vocab and piece[j:] in vocab]
-        merges += sorted(splits, key=lambda ab: (vocab[ab[0]], vocab[ab[1]]))
-    unk = next((tokens[i] for i, k in enumerate(types) if k == gguf.TokenType.UNKNOWN), None)
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    replace = normalizers.Replace(" ", "\u2581")
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), replace]) if add_space_prefix else replace
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    _add_special(tok, tokens, types)
-    return tok

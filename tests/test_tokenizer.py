@@ -4,6 +4,7 @@ encodings, the chat template, and streaming text that never splits a character."
 from __future__ import annotations
 
 import pytest
+import gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,3 +211,23 @@ def test_model_without_template_gets_the_plain_format_and_a_note(tiny_model: Mod
         text = tok.render_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert text == "System: Be brief.\n\nUser: Hi\n\nAssistant:"
     assert not tok.has_chat_template and "no chat template" in caplog.text
+
+
+# ---------------------------------------------------------------- SentencePiece
+
+
+def test_sentencepiece_merges_by_score_and_falls_back_to_bytes() -> None:
+    """A hand-made 'llama' vocabulary: pieces merge highest score first, '▁' is a space, a
+    character without a piece becomes its UTF-8 bytes' <0xXX> tokens, control tokens stay whole."""
+    T = gguf.TokenType
+    pieces = [("<unk>", T.UNKNOWN, 0.0), ("<s>", T.CONTROL, 0.0), ("</s>", T.CONTROL, 0.0)]
+    pieces += [(f"<0x{b:02X}>", T.BYTE, 0.0) for b in range(256)]
+    pieces += [(p, T.NORMAL, s) for p, s in [("▁", -1.0), ("h", -2.0), ("i", -2.0), ("a", -2.0), ("▁h", -3.0),
+                                             ("hi", -0.5), ("▁hi", -0.1), ("ha", -5.0)]]  # fmt: skip
+    tok = Tokenizer([p for p, _, _ in pieces], [int(k) for _, k, _ in pieces], [], bos_id=1, eos_id=2,
+                    kind="llama", scores=[s for _, _, s in pieces], add_bos=True, add_space_prefix=False)  # fmt: skip
+    ids = {p: i for i, (p, _, _) in enumerate(pieces)}
+    assert tok.encode("hi hi") == [ids["hi"], ids["▁hi"]]
+    assert tok.encode("é</s>") == [ids["<0xC3>"], ids["<0xA9>"], 2]
+    assert tok.decode(tok.encode("hai é")) == "hai é"
+    assert tok.chat([{"role": "user", "content": "hi"}])[0] == 1  # add_bos, no template
