@@ -223,6 +223,8 @@ def print_table(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    _s = bench_swarm._s
+
     w = out["workload"]
     table = Table(title=f"{w['slots']} background streams + 1 foreground client, {w['policy']}, {w['seconds']:.0f} s")
     for col in ("", "fg turns", "ttft p50", "p90", "p99", "max", "itl p50", "p90", "p99", "max", "bg tok/s"):
@@ -240,8 +242,3 @@ def print_table(out: dict[str, Any]) -> None:
     if out.get("fg_ttft_p99_vs_in_process") is not None:
         console.print(f"foreground ttft p99, HTTP / in process: {out['fg_ttft_p99_vs_in_process']:.2f}x (target <= 2x)")
 
-
-def _s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"

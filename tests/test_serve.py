@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve_helpers import SSE, EventWatcher, ServerProcess
@@ -185,6 +187,29 @@ def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, bod
 def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: str | None) -> None:
     status, _, data = server.request("POST", "/v1/completions", body)
     assert status == 400 and error_of(status, data)["param"] == param
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+FIELDS = ("messages", "prompt", "stream", "stream_options", "temperature", "top_p", "seed", "stop", "n", "user", "priority",
+          "ignore_eos", "logprobs", "frequency_penalty", "tools", "max_completion_tokens")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+    body=st.fixed_dictionaries(
+        {"model": st.sampled_from([MODEL, "other"]), "max_tokens": st.integers(-2, 3) | JSON},  # at most 3 tokens if accepted
+        optional={name: JSON | st.just([{"role": "user", "content": "hi"}]) | st.just("hi") for name in FIELDS},
+    ),
+    headers=st.dictionaries(st.sampled_from(["X-Swarm-Priority", "X-Swarm-Agent", "X-Swarm-Waits-On"]),
+                            st.sampled_from(["foreground", "background", "7", "-1", "x y", "", "helper"]), max_size=2),
+)
+def test_no_request_body_gets_a_500(server: ServerProcess, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    status, _, data = server.request("POST", path, body, headers)
+    assert status in (200, 400, 404), data
+    if status != 200:
+        error_of(status, data)
 
 
 def test_unknown_routes_and_methods_are_error_objects_too(server: ServerProcess) -> None:

@@ -20,11 +20,12 @@ import contextlib
 import signal
 import socket
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import anyio
 import anyio.abc
 import uvicorn
+from starlette.routing import BaseRoute
 
 from runtime.errors import ConfigError
 from swarm.api import Swarm
@@ -62,19 +63,19 @@ async def serve(
     grace_s: float = 10.0,
     log_prompts: str | Path | None = None,
     handle_signals: bool = True,
+    routes: Sequence[BaseRoute] = (),
     task_status: anyio.abc.TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `swarm` over HTTP until shut down. Port 0 picks a free port; the
-    handle given to `task_status` has the URL."""
+    handle given to `task_status` has the URL. `routes` are served beside the API."""
     if max_queue is not None and max_queue < 0:
         raise ConfigError(f"--max-queue must be at least 0, got {max_queue}")
     if grace_s < 0:
         raise ConfigError(f"--grace must be at least 0, got {grace_s}")
     gateway = Gateway(swarm, model_id=model_id, max_queue=max_queue, log_prompts=log_prompts)
     metrics = gateway.metrics = Metrics(swarm)
-    app = build_app(gateway, metrics, api_key=api_key)
     hub = WatchHub(source="swarm serve")
-    app.router.routes.extend(watch_routes(hub))  # the live page at /
+    app = build_app(gateway, metrics, api_key=api_key, routes=[*watch_routes(hub), *routes])  # the live page at /
     sock = _listen(host, port)
     config = uvicorn.Config(
         app, log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none",

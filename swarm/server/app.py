@@ -7,20 +7,20 @@
 Every error is an OpenAI error object, `{"error": {"message", "type", "param",
 "code"}}`. A request runs inside a response that listens for the client hanging
 up: a hang-up cancels the turn at the next token boundary, queued or paused alike.
-To add a page, append a Route to `app.routes` (or build the list with `routes()`).
+More routes (a page at `/`) come in through `build_app(..., routes=[...])`.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from runtime.errors import RequestError
@@ -35,10 +35,11 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 JSON = [(b"content-type", b"application/json")]
 
 
-def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None) -> Starlette:
+def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None, routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app; `routes` are served next to the API (a page at `/`, say)."""
     api = _Api(gateway, metrics, api_key)
     app = Starlette(
-        routes=[
+        routes=[*routes, 
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completion, methods=["POST"]),
             Route("/v1/models", api.models, methods=["GET"]),
