@@ -83,7 +83,7 @@ def test_a_foreground_request_preempts_a_background_stream(server: ServerProcess
 
 def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server: ServerProcess) -> None:
     first = background_stream(server, "hog1")
-    next(first.chunks())  # admitted: it holds the one slot
+    next(c for c in first.chunks() if c["choices"][0]["delta"].get("content"))  # decoding: it holds the one slot
     second = background_stream(server, "hog2")  # waits: the queue (1) is now full
     server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "hog2")
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0}
@@ -142,7 +142,7 @@ def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, t
 def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tmp_path: Path) -> None:
     with ServerProcess(serve_gguf, "--slots", "1", "--grace", "0", tmp=tmp_path) as server:
         running = background_stream_open(server, "runner")
-        next(running.chunks())
+        next(c for c in running.chunks() if c["choices"][0]["delta"].get("content"))
         queued = background_stream_open(server, "queued")
         server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "queued")
         server.proc.send_signal(15)
