@@ -145,6 +145,7 @@ def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tm
         next(c for c in running.chunks() if c["choices"][0]["delta"].get("content"))
         queued = background_stream_open(server, "queued")
         server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "queued")
+        watcher = EventWatcher(server)
         server.proc.send_signal(15)
         for stream in (running, queued):
             payloads = list(stream)
@@ -153,6 +154,9 @@ def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tm
             assert error["code"] == "cancelled" and "server shutting down" in error["message"]
             stream.hang_up()
         assert server.proc.wait(60) == 0
+        watcher.close()
+    # A viewer watching the events sees the cancellations before its stream ends.
+    assert {(e["agent"], e["reason"]) for e in watcher.events if e["event"] == "turn.cancelled"} == {("queued", "server shutting down"), ("runner", "server shutting down")}
     ends = one_terminal_each(server.events())
     assert sorted((e["agent"], e["event"], e["reason"]) for e in ends.values()) == [
         ("queued", "turn.cancelled", "server shutting down"), ("runner", "turn.cancelled", "server shutting down"),

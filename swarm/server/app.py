@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from runtime.errors import RequestError
+from runtime.bus import Subscription
 from runtime.stream import CLIENT_BUFFER, encode_line
 from swarm.server.gateway import Gateway, ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
@@ -123,16 +124,18 @@ class _Api:
                 if bus.last_started is not None:
                     await out.body(sse(encode_line(bus.last_started).rstrip()))
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_cancel_when, closed, tg.cancel_scope)
+                    tg.start_soon(_close_when, closed, subscription)  # the server has drained: end after what is buffered
                     while True:
                         with anyio.move_on_after(EVENTS_PING_S) as idle:
-                            item = await subscription.__anext__()
+                            try:
+                                item = await subscription.__anext__()
+                            except StopAsyncIteration:
+                                break  # the bus closed: the swarm stopped
                         if idle.cancelled_caught:
                             await out.body(b": ping\n\n")
-                            continue
-                        await out.body(sse(encode_line(item).rstrip()))  # an Event, or the events.dropped notice
-            except StopAsyncIteration:
-                pass  # the bus closed: the swarm stopped
+                        else:
+                            await out.body(sse(encode_line(item).rstrip()))  # an Event, or the events.dropped notice
+                    tg.cancel_scope.cancel()
             finally:
                 subscription.close()
             await out.body(b"", more=False)
@@ -163,9 +166,9 @@ async def _whole(out: _Out, served: ServedTurn) -> None:
     await out.body(encode(body), more=False)
 
 
-async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+async def _close_when(event: anyio.Event, subscription: Subscription) -> None:
     await event.wait()
-    scope.cancel()
+    subscription.close()
 
 
 class _Out:

@@ -157,7 +157,7 @@ class Gateway:
         self.metrics: Any = None  # swarm.server.metrics.Metrics, once attached
         self.turns: dict[int, ServedTurn] = {}
         self.closing = False
-        self.closed = anyio.Event()  # set when shutdown begins: long streams end
+        self.closed = anyio.Event()  # set once shutdown has ended every turn: event streams end
         self.hurry = anyio.Event()  # set to cut the grace period short
         self._changed = anyio.Event()
         self._in_flight: dict[str, list[int]] = {}  # agent -> priorities of its requests in flight
@@ -312,7 +312,6 @@ class Gateway:
         """Refuse new requests, give running turns `grace_s` to finish, then cancel
         the rest (each ends in turn.cancelled; its client gets an error)."""
         self.closing = True
-        self.closed.set()
         with anyio.move_on_after(grace_s):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_when, self.hurry, tg.cancel_scope)
@@ -327,6 +326,7 @@ class Gateway:
                 pass  # the owner has stopped: it ended every turn itself
         while self.turns:
             await self._changed.wait()
+        self.closed.set()
         if self._prompt_log is not None:
             self._prompt_log.close()
             self._prompt_log = None
