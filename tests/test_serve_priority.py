@@ -3,6 +3,7 @@ shutdown with and without a grace period. Real server processes throughout."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -95,6 +96,25 @@ def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server:
     first.hang_up()
     second.hang_up()
     assert ended(server, "hog1")["event"] == ended(server, "hog2")["event"] == "turn.cancelled"
+
+
+def test_a_caller_waiting_on_another_outside_agent_lends_it_its_priority(server: ServerProcess) -> None:
+    worker = background_stream(server, "worker")
+    next(c for c in worker.chunks() if c["choices"][0]["delta"].get("content"))  # it holds the one slot
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0}
+    headers = {**AUTH, "X-Swarm-Agent": "chief", "X-Swarm-Priority": "foreground", "X-Swarm-Waits-On": "worker"}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        chief = pool.submit(server.request, "POST", "/v1/chat/completions", body, headers)
+        lent = server.wait_for_event(lambda e: e["event"] == "priority.inherited" and e["agent"] == "worker")
+        assert (lent["priority"], lent["by_agent"]) == (10, "chief")
+        # The worker now runs at the chief's priority: the chief, who waits on it, does not take its slot.
+        server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "chief")
+        worker.hang_up()
+        status, _, data = chief.result(timeout=120)
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 2
+    assert not [e for e in server.events() if e["event"] == "turn.preempted" and e["agent"] == "worker"]
+    restored = server.wait_for_event(lambda e: e["event"] == "priority.restored" and e["agent"] == "worker")
+    assert restored["priority"] == 0
 
 
 def test_the_api_key_guards_v1_only(server: ServerProcess) -> None:
