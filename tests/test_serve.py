@@ -124,6 +124,7 @@ def test_callers_are_named_by_header_else_user_else_connection(server: ServerPro
 
 
 def test_models_and_health(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert server.host == "127.0.0.1"  # loopback unless --host says otherwise
     assert [m.id for m in client.models.list()] == [MODEL]
     status, _, body = server.request("GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
