@@ -190,8 +190,8 @@ def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: s
     assert status == 400 and error_of(status, data)["param"] == param
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+JSON = SCALAR | st.lists(SCALAR, max_size=3) | st.dictionaries(st.text(max_size=6), SCALAR, max_size=3)
 FIELDS = ("messages", "prompt", "stream", "stream_options", "temperature", "top_p", "seed", "stop", "n", "user", "priority",
           "ignore_eos", "logprobs", "frequency_penalty", "tools", "max_completion_tokens")
 
