@@ -68,3 +68,11 @@ def test_mixed_qkv_types_match_reference(tmp_path: Path, v_type, kind: str) -> N
                            v_type=v_type, **SHAPE)
     assert OpenCLEngine(load_model(path), num_blocks=8).weights.layers[0].qkv.kind == kind
     compare(path, steps=2)
+
+
+@pytest.mark.parametrize("qtype", (Q.Q5_0, Q.Q2_K, Q.Q8_0, Q.BF16), ids=lambda q: q.name)
+def test_gpu_family_reads_the_other_kinds(tmp_path: Path, qtype) -> None:
+    """The GPU family's matmuls read weights through the same load_block: q5, q4x2, q8_0, f32
+    (q4_1 and q6 are covered above), and a Q/K/V stack of mixed kinds as q8x2."""
+    compare(write_tiny_gguf(tmp_path / "m.gguf", weight_type=qtype, embed_type=qtype, tied=False,
+                            v_type=Q.Q6_K if qtype == Q.Q2_K else None, **SHAPE), steps=2, kernels="gpu")  # fmt: skip
