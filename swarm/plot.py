@@ -190,8 +190,11 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
     row = {("slot", s): i for i, s in enumerate(range(tl.slots))}
     row.update({("paused", a): tl.slots + i for i, a in enumerate(paused_agents)})
 
-    fig = Figure(figsize=(12, 1.6 + 0.45 * len(labels)), layout="constrained")
-    ax = fig.add_subplot()
+    answers = foreground_answers(events)
+    height = 1.6 + 0.45 * len(labels)
+    fig = Figure(figsize=(12, height + (3 if answers else 0)), layout="constrained")
+    grid = fig.add_gridspec(2, 1, height_ratios=[height, 3]) if answers else None
+    ax = fig.add_subplot(grid[0]) if grid is not None else fig.add_subplot()
     _draw_runs(ax, tl, row, colours)
     _draw_pauses(ax, tl, row, colours)
     if tl.preemptions:
@@ -219,7 +222,29 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
         Line2D([], [], color="red", marker="v", linestyle="none", label="preemption"),
     ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    if grid is not None:
+        below = fig.add_subplot(grid[1], sharex=ax)
+        for turn, agent, times in answers:
+            below.step([times[0] - 1e-9, *times], range(len(times) + 1), where="post", color=colours.get(agent, "black"), label=f"{agent} turn {turn}")
+        below.set_ylabel("tokens received")
+        below.set_title("foreground turns' tokens over time (first token, then the turn's mean gap)")
+        below.grid(alpha=0.3)
     return _save(fig, out)
+
+
+def foreground_answers(events: list[Event]) -> list[tuple[int, str, list[float]]]:
+    """(turn, agent, token times) for each ended foreground turn whose end event
+    carries its time to first token and mean gap: what its reader saw arrive."""
+    asked: dict[int, float] = {}
+    out = []
+    for e in events:
+        if isinstance(e, Queued) and e.priority >= FOREGROUND:
+            asked[e.turn] = e.t
+        elif isinstance(e, Ended) and e.turn in asked and e.ttft_s is not None and e.tokens:
+            first = asked.pop(e.turn) + e.ttft_s
+            gap = e.itl_s or 0.0
+            out.append((e.turn, e.agent, [first + k * gap for k in range(e.tokens)]))
+    return out
 
 
 def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:

@@ -148,3 +148,15 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path, events_file: Pat
     assert "does not exist" in capsys.readouterr().err
     assert main(["plot", str(events_file), "-o", str(tmp_path / "t.nope")]) == 2
     assert "not supported" in capsys.readouterr().err
+
+
+def test_foreground_answers_are_their_tokens_over_time() -> None:
+    from runtime.events import Finished
+
+    events = [
+        Queued(t=1.0, step=0, turn=1, agent="pair", priority=FOREGROUND, tokens=3),
+        Queued(t=1.0, step=0, turn=2, agent="docs", priority=0, tokens=3),
+        Finished(t=3.0, step=9, turn=1, agent="pair", priority=FOREGROUND, tokens=3, reason="length", ttft_s=0.5, itl_s=0.25),
+        Finished(t=3.0, step=9, turn=2, agent="docs", priority=0, tokens=3, reason="length", ttft_s=0.5, itl_s=0.25),
+    ]
+    assert plot.foreground_answers(events) == [(1, "pair", [1.5, 1.75, 2.0])]
