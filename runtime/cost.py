@@ -56,11 +56,12 @@ class StepCost:
     def predict_works(self, works: Sequence[Work]) -> float:
         return self.predict(*step_features(works))
 
-    def idle_turn(self, prompt: int, tokens: int, chunk: int = 512) -> tuple[float, float, float]:
+    def idle_turn(self, prompt: int, tokens: int, chunk: int = 512, overhead_s: float = 0.0) -> tuple[float, float, float]:
         """What a turn would feel like alone on the engine: (time to first token,
-        inter-token latency, turn time), its prompt in chunks of `chunk` tokens."""
-        ttft = sum(self.predict(min(chunk, prompt - s), kv_reads(s, min(chunk, prompt - s))) for s in range(0, prompt, chunk))
-        decodes = [self.predict(1, prompt + i + 1) for i in range(max(tokens - 1, 0))]
+        inter-token latency, turn time), its prompt in chunks of `chunk` tokens,
+        each step also paying `overhead_s` of the owner's own work."""
+        ttft = sum(overhead_s + self.predict(min(chunk, prompt - s), kv_reads(s, min(chunk, prompt - s))) for s in range(0, prompt, chunk))
+        decodes = [overhead_s + self.predict(1, prompt + i + 1) for i in range(max(tokens - 1, 0))]
         itl = sum(decodes) / len(decodes) if decodes else 0.0
         return ttft, itl, ttft + sum(decodes)
 

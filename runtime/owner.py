@@ -59,6 +59,8 @@ class GPUOwner(Actor):
         # Wall time of the latest engine steps (bounded: an owner runs for days),
         # and how many steps it has run in all.
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
+        # The rest of each boundary: scheduling, KV moves, telling the agents.
+        self.overhead_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
         self.steps_run = 0
         self._faults: dict[int, str] = {}  # turn -> the engine error it alone caused this step
 
@@ -108,6 +110,7 @@ class GPUOwner(Actor):
         while True:
             if not self.scheduler.turns:
                 self._apply(await self._inbox.receive())  # idle: sleep until asked
+            started = time.perf_counter()
             self._drain()
             plan = self.scheduler.schedule(self.bus.now())
             if plan.moves:
@@ -126,8 +129,10 @@ class GPUOwner(Actor):
             except Exception as exc:
                 log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
                 tokens = await anyio.to_thread.run_sync(self._isolate, plan)
+                spent = 0.0
             else:
-                self.engine.cost.observe(*step_features(plan.works), self.step_seconds[-1])
+                spent = self.step_seconds[-1]
+                self.engine.cost.observe(*step_features(plan.works), spent)
             now = self.bus.now()
             for turn_id, reason in self._faults.items():
                 self.scheduler.fail(turn_id, now, reason)
@@ -135,6 +140,7 @@ class GPUOwner(Actor):
             for turn, token in self.scheduler.postprocess(plan, tokens, now):
                 self._send(turn.id, Token(turn=turn.id, token=token, t=now))
             self._publish()
+            self.overhead_seconds.append(time.perf_counter() - started - spent)
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""

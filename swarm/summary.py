@@ -38,11 +38,11 @@ class Summary:
     prompt_reused: int = 0  # prompt tokens whose K/V came from the prefix cache
 
 
-def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefill_chunk: int = 512) -> Summary:
+def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefill_chunk: int = 512, overhead_s: float = 0.0) -> Summary:
     """Per-agent counts from the event log; time to first token, between tokens
     and to the last from the agents' own records (events carry no per-token
-    times); with the engine's step cost law, what the same turns would take on
-    the idle engine."""
+    times); with the engine's step cost law (and the owner's own time per step,
+    `overhead_s`), what the same turns would take on the idle engine."""
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
     prompts: dict[int, int] = {}
@@ -82,7 +82,7 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
     if records:
         fg_wait = [r.waited_s for r in records]
     ttft = [r.ttft_s for r in records]
-    idle = [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk) for r in records if r.prompt_tokens and r.tokens] if cost else []
+    idle = [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk, overhead_s) for r in records if r.prompt_tokens and r.tokens] if cost else []
     return Summary(
         agents=per,
         fg_wait_s=fg_wait,

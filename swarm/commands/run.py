@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
     engine = runner.engine
     config = getattr(getattr(runner, "swarm", None), "config", None)
-    summary = summarize(events, runner.agents, getattr(engine, "cost", None), getattr(config, "prefill_chunk", 512))
+    owner = getattr(getattr(runner, "swarm", None), "owner", None)
+    overhead = statistics.median(owner.overhead_seconds) if owner is not None and owner.overhead_seconds else 0.0
+    summary = summarize(events, runner.agents, getattr(engine, "cost", None), getattr(config, "prefill_chunk", 512), overhead)
     print_summary(console, summary, runner)
     if interrupted:
         console.print("stopped by Ctrl-C")
@@ -86,7 +88,7 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     for name, a in s.agents.items():
         table.add_row(name, str(a.turns), str(a.tokens), f"{a.paused_s:.1f} s", str(a.preempted), str(a.inherited), a.crashed or "")
     console.print(table)
-    waits = Table(title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law")
+    waits = Table(title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law plus the owner's median time per step")
     for col in ("", "n", "p50", "p90", "p99", "max", "idle p50", "x idle"):
         waits.add_column(col, justify="right")
     rows = (
