@@ -229,7 +229,8 @@ def describe(e: Event | Unrecognized) -> str:
         case ev.Queued():
             return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
         case ev.Admitted():
-            return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}"
+            cached = f", {e.cached_tokens} prompt tokens from the prefix cache" if e.cached_tokens else ""
+            return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}{cached}"
         case ev.Preempted():
             return (
                 f"{who} paused at token {e.tokens}, slot {e.slot} given to "
@@ -252,7 +253,8 @@ def describe(e: Event | Unrecognized) -> str:
         case ev.SwappedIn():
             return f"{who} KV back on the device ({e.blocks} blocks), slot {e.slot}"
         case ev.Recomputed():
-            return f"{who} KV dropped, re-prefilling {e.tokens} tokens"
+            cached = f" ({e.cached_tokens} more from the prefix cache)" if e.cached_tokens else ""
+            return f"{who} KV dropped, re-prefilling {e.tokens} tokens{cached}"
         case ev.AgentCrashed():
             return f"agent {e.agent} crashed: {e.reason}"
     # An event newer than this viewer: show its fields plainly.

@@ -245,3 +245,12 @@ def test_follow_reassembles_lines_however_the_writer_splits_them(events: list[Ev
 
         seen = [item for _, item in tail.read_file(path, follow=True, wait=wait)]
     assert seen == events
+
+
+def test_a_line_says_how_much_of_a_prompt_came_from_the_prefix_cache() -> None:
+    from runtime.events import Admitted, Recomputed
+
+    about = dict(t=1.0, step=3, turn=7, agent="docs", priority=0, slot=1)
+    assert "48 prompt tokens from the prefix cache" in tail.describe(Admitted(**about, waited_s=0.1, cached_tokens=48))
+    assert "prefix cache" not in tail.describe(Admitted(**about, waited_s=0.1))
+    assert "re-prefilling 5 tokens (64 more from the prefix cache)" in tail.describe(Recomputed(**about, tokens=5, cached_tokens=64))
