@@ -12,10 +12,12 @@ import pytest
 from gpu.engine import OpenCLEngine
 from gpu.model import Model
 from runtime.blocks import BlockPool
-from runtime.events import Event, Finished
+from runtime.agent import Agent
+from runtime.events import Admitted, Event, Finished
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.turns import SchedulerConfig, SwapIn, SwapOut
+from swarm import Swarm
 
 BLOCKS = 20  # 320 positions: the host room (swap_blocks) runs out, so swap also drops and recomputes
 
@@ -103,3 +105,38 @@ def test_cache_on_equals_cache_off_on_the_tiny_model(tiny_engine: OpenCLEngine, 
 @pytest.mark.parametrize("policy", ["swap", "recompute"])
 def test_cache_on_equals_cache_off_on_smollm2(smollm2_model: Model, policy: str) -> None:
     check(OpenCLEngine(smollm2_model, num_blocks=BLOCKS), policy)
+
+
+class Chatty(Agent):
+    """A multi-turn agent written the plain way: each turn resends the whole chat."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, BACKGROUND)
+        self.replies: list[str] = []
+
+    async def run(self) -> None:
+        chat = [{"role": "system", "content": "You are a terse assistant who answers in one line. " * 3}]
+        for question in ("What is a list?", "And a tuple?", "Which is faster?"):
+            chat.append({"role": "user", "content": question})
+            reply = await self.complete(chat, max_tokens=12)
+            chat.append({"role": "assistant", "content": reply})
+            self.replies.append(reply)
+
+
+@pytest.mark.asyncio
+async def test_a_multi_turn_agent_reuses_its_conversation_through_the_chat_template(tiny_gguf) -> None:
+    """No API change: the chat template repeats the conversation, the chain hash finds it."""
+    engine = OpenCLEngine(tiny_gguf, num_blocks=64)
+    replies, admitted = {}, {}
+    for cache in (True, False):
+        async with Swarm(engine, slots=2, prefix_cache=cache) as swarm:
+            log = swarm.bus.subscribe()
+            agent = await swarm.spawn(Chatty("chatty"))
+            await swarm.join(agent)
+        replies[cache] = agent.replies
+        admitted[cache] = [e async for e in log if isinstance(e, Admitted)]
+    assert replies[True] == replies[False]
+    assert [e.cached_tokens for e in admitted[False]] == [0, 0, 0]
+    first, *later = [e.cached_tokens for e in admitted[True]]
+    assert first == 0 and all(n >= 64 for n in later)  # at least the system prompt's blocks, every turn
+    assert later[1] > later[0]  # and the conversation grows
