@@ -174,7 +174,8 @@ def format_report(r: dict) -> str:
         f"memory floor of a step: {r['floor_ms']:.2f} ms (weight bytes / copy bandwidth)",
         f"achieved at batch 1: {r['achieved_gb_s']:.2f} GB/s of weights",
         f"time to first token, {r['ttft_prompt_tokens']}-token prompt: {r['ttft_uncached_ms']:.0f} ms new, "
-        f"{r['ttft_cached_ms']:.1f} ms repeated (prefix cache; {r['ttft_cached_ms'] / r['steps'][0]['step_ms']:.2f} batch-1 decode steps)",
+        f"{r['ttft_cached_ms']:.1f} ms repeated (prefix cache: {r['ttft_cached_ms'] / r['steps'][0]['step_ms']:.2f} decode steps "
+        f"of 1 turn, {r['ttft_cached_ms'] / r['steps'][-1]['step_ms']:.2f} of {r['steps'][-1]['batch']})",
     ]
     c = r["step_cost"]
     lines.append(
