@@ -249,6 +249,7 @@ class GPUOwner(Actor):
         elif isinstance(request, CancelAgent):
             for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
                 sched.cancel(turn.id, now, request.reason)
+            sched.set_inherited(request.agent, None, now)  # a loan to a gone agent is kept by nobody
         elif isinstance(request, SetInherited):
             sched.set_inherited(request.lift, request.priority, now)
         else:

@@ -4,6 +4,7 @@ What it promises is written down in `runtime.actors`."""
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 from contextlib import nullcontext
@@ -22,6 +23,8 @@ from runtime.waits import MAILBOX, WaitGraph, on_behalf
 __all__ = ["ActorSystem"]
 
 log = logging.getLogger(__name__)
+
+FINISHED_KEPT = 1024  # finished actors remembered for late asks
 
 
 def check_timeout(timeout: object) -> None:
@@ -67,7 +70,10 @@ class ActorSystem:
         # Called with (agent, via, priority or None) when what one part of an agent
         # (runtime.waits: its mailbox, a lock's critical section) is lent changes.
         self.on_lift: list[Callable[[str, str, int | None], None]] = []
-        self._cells: dict[str, _Cell] = {}
+        self._cells: dict[str, _Cell] = {}  # every actor not yet finished
+        # The last few finished actors, so a late ask still hears how they ended;
+        # bounded, so a swarm that churns through agents does not grow.
+        self._finished: collections.OrderedDict[str, _Cell] = collections.OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
         self._progress: anyio.Event | None = None
@@ -109,11 +115,11 @@ class ActorSystem:
             )
         if actor._system is not None:
             raise ActorError(f"actor {actor.name!r} is already spawned")
-        old = self._cells.get(actor.name)
-        if old is not None and not old.finished.is_set():
+        if actor.name in self._cells:
             raise ActorError(f"an actor named {actor.name!r} is already running")
         cell = _Cell(actor)
         self._cells[actor.name] = cell
+        self._finished.pop(actor.name, None)
         actor._system = self
         self.waits.set_base(actor.name, actor.priority)
         self._tg.start_soon(self._live, cell, name=f"actor {actor.name}")
@@ -209,7 +215,7 @@ class ActorSystem:
         name = target if isinstance(target, str) else getattr(target, "name", None)
         if not isinstance(name, str) or not isinstance(target, (str, Actor, Ref)):
             raise UsageError(f"a message goes to an actor name, Actor or Ref, not {target!r}")
-        cell = self._cells.get(name)
+        cell = self._cells.get(name) or self._finished.get(name)
         if cell is None:
             raise ActorError(f"no actor named {name!r} (known: {', '.join(self._cells) or 'none'})")
         return cell
@@ -351,7 +357,19 @@ class ActorSystem:
             except Exception:
                 log.exception("on_actor_stopped hook %r failed for actor %r", hook, cell.name)
         cell.finished.set()
+        self._bury(cell)
         self._made_progress()
+
+    def _bury(self, cell: _Cell) -> None:
+        """Forget a finished actor but for how it ended (see `_finished`)."""
+        if self._cells.get(cell.name) is cell:
+            del self._cells[cell.name]
+            self.waits.forget(cell.name)
+        cell.actor = None  # type: ignore[assignment]  # its state is the user's, not ours to keep
+        self._finished[cell.name] = cell
+        self._finished.move_to_end(cell.name)
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
 
     def _priority_changed(self, agent: str, effective: int, inherited: int | None, origin: str | None) -> None:
         base = self.waits.base(agent)

@@ -154,6 +154,10 @@ class WaitGraph:
         self._base[agent] = priority
         self._update(agent)
 
+    def forget(self, agent: str) -> None:
+        """Drop a stopped agent's base priority (its waits ended with it)."""
+        self._base.pop(agent, None)
+
     def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> WaitHandle:
         """Record that `waiter` waits on `holder` (on its part `via`, for
         `request`, a label for events). Raises WaitCycle, recording nothing, if
