@@ -249,8 +249,6 @@ class GPUOwner(Actor):
         elif isinstance(request, CancelAgent):
             for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
                 sched.cancel(turn.id, now, request.reason)
-            for lift in [k for k in sched.inherited if k == request.agent or k.startswith(f"{request.agent}/")]:
-                sched.set_inherited(lift, None, now)  # a loan to a gone agent is kept by nobody
         elif isinstance(request, SetInherited):
             sched.set_inherited(request.lift, request.priority, now)
         else:

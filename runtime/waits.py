@@ -155,8 +155,10 @@ class WaitGraph:
         self._update(agent)
 
     def forget(self, agent: str) -> None:
-        """Drop a stopped agent's base priority (its waits ended with it)."""
-        self._base.pop(agent, None)
+        """Drop a stopped agent's base priority, unless someone still waits on its
+        name (a lock, or a waiter that outlives it), where it still counts."""
+        if agent not in self._waiters and agent not in self._holders and agent not in self._parts:
+            self._base.pop(agent, None)
 
     def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> WaitHandle:
         """Record that `waiter` waits on `holder` (on its part `via`, for
