@@ -96,7 +96,13 @@ async def test_the_pairs_review_request_lends_the_reviewer_foreground_priority(t
                 await swarm.spawn(Hog(f"hog{i}", workspace=workspace, out=out))
             # rounds=0 passes: the reviewer only answers asks.
             reviewer = await swarm.spawn(Reviewer("reviewer", workspace=workspace, out=out, rounds=0, max_tokens=6, max_file_chars=300))
-            pair = PairProgrammer("pair", workspace=workspace, out=out, script=["review pricing.py"], interval_s=0.2, say=said.append, log_text=True)
+            # Explicitly synchronised, not timed: the pair asks only once both hogs
+            # hold a slot, however long this machine took to get there.
+            async for event in sub:
+                events.append(event)
+                if sum(isinstance(e, Admitted) and e.agent.startswith("hog") for e in events) == 2:
+                    break
+            pair = PairProgrammer("pair", workspace=workspace, out=out, script=["review pricing.py"], interval_s=0, say=said.append, log_text=True)
             await swarm.spawn(pair)
             async for event in sub:
                 events.append(event)
