@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
+from runtime.agent import check_max_tokens
 from agents.reviewer import Review, Verdict
 from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnFailed
 
@@ -38,6 +39,7 @@ class PairProgrammer(RecordingAgent):
         log_text: bool = False,
         **kwargs: Any,
     ) -> None:
+        check_max_tokens(name, max_tokens)
         super().__init__(name, priority, log_text=log_text, **kwargs)
         self.workspace = Path(workspace).resolve()
         self.out = Path(out).resolve() / name if out is not None else None

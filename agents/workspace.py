@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
+from runtime.agent import check_max_tokens
 from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
 SOURCE_SUFFIXES = (".py", ".md", ".txt", ".toml")
@@ -40,6 +41,7 @@ class WorkspaceAgent(RecordingAgent):
         log_text: bool = False,
         **kwargs: Any,
     ) -> None:
+        check_max_tokens(name, max_tokens)
         super().__init__(name, priority, log_text=log_text, **kwargs)
         self.workspace = Path(workspace).resolve()
         self.out = Path(out).resolve() / name

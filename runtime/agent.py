@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
 
+def check_max_tokens(agent: str, max_tokens: object) -> None:
+    """For agents that take a max_tokens setting: refuse a bad one when they are
+    built, not at their first turn."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise UsageError(f"agent {agent!r}: max_tokens must be an int >= 1, got {max_tokens!r}")
+
+
 @dataclass(frozen=True)
 class PauseInfo:
     turn: int
@@ -94,8 +101,7 @@ class Agent(Actor):
     ) -> TurnHandle:
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
         user message (a str), or raw token ids. Use it as `async with`."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise UsageError(f"agent {self.name!r}: max_tokens must be an int >= 1, got {max_tokens!r}")
+        check_max_tokens(self.name, max_tokens)
         if not isinstance(sampling, Sampling):
             raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
         if not isinstance(ignore_eos, bool):

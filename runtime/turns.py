@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from runtime.engine import GREEDY, Sampling, Work
@@ -59,6 +60,18 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         self.policy = Policy.parse(self.policy) if isinstance(self.policy, str) else self.policy
+        if not isinstance(self.policy, Policy):
+            raise ConfigError(f"policy must be one of {', '.join(p.value for p in Policy)}, got {self.policy!r}")
+        for name in ("slots", "step_tokens", "prefill_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an int, got {value!r}")
+        for name in ("aging_s", "slack"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if self.swap_blocks is not None and (isinstance(self.swap_blocks, bool) or not isinstance(self.swap_blocks, int) or self.swap_blocks < 0):
+            raise ConfigError(f"swap_blocks must be None or an int >= 0, got {self.swap_blocks!r}")
         if self.slots < 1:
             raise ConfigError(f"slots must be at least 1, got {self.slots}")
         if self.step_tokens < self.slots:

@@ -48,7 +48,8 @@ class Swarm:
         model_name: str | None = None,
     ) -> None:
         limit = getattr(engine, "max_batch_tokens", None)
-        step_tokens = step_tokens or min(128, limit or 128)
+        if step_tokens is None:
+            step_tokens = min(128, limit or 128)
         if limit is not None and step_tokens > limit:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
         self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=getattr(getattr(engine, "config", None), "context_length", None))

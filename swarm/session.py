@@ -34,9 +34,10 @@ import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import msgspec
+from msgspec import Meta
 
 from runtime.errors import ConfigError
 from runtime.priority import BACKGROUND, FOREGROUND
@@ -46,7 +47,7 @@ DEMO_SESSION = Path(__file__).with_name("demo.toml")
 
 class AgentSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     class_: str = msgspec.field(name="class")
-    name: str | None = None
+    name: Annotated[str, Meta(min_length=1)] | None = None
     priority: int | str = "background"
     options: dict[str, Any] = {}
 
@@ -55,18 +56,18 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     device: str | None = None
     kernels: str | None = None  # kernel family: auto, cpu or gpu
-    slots: int = 8
+    slots: Annotated[int, Meta(ge=1)] = 8
     policy: str = "resident"
-    step_tokens: int | None = None
+    step_tokens: Annotated[int, Meta(ge=1)] | None = None
     shaping: bool = True  # build each step for the foreground turn (runtime.shaping)
-    slack: float = 0.25
+    slack: Annotated[float, Meta(ge=0)] = 0.25  # (NaN fails every bound)
     prefix_cache: bool = True  # share the K/V of prompts that start alike
     workspace: str = "."
     out: str = "swarm-out"
-    duration: float | None = None  # seconds; None: until the foreground is done (or Ctrl-C)
-    turns: int | None = None  # foreground messages before stopping
+    duration: Annotated[float, Meta(gt=0)] | None = None  # seconds; None: until the foreground is done (or Ctrl-C)
+    turns: Annotated[int, Meta(ge=1)] | None = None  # foreground messages before stopping
     script: list[str] | str | None = None  # foreground messages (or a file of them)
-    interval: float = 10.0  # seconds before each scripted message
+    interval: Annotated[float, Meta(ge=0)] = 10.0  # seconds before each scripted message
     log_text: bool = False  # let agents keep prompts/answers in their own out files
     agents: list[AgentSpec] = []
     # Where the file was read from: relative paths resolve against it.
@@ -93,8 +94,16 @@ def parse_session(text: str, *, where: str = "<session>", base: str | Path = "."
         session = msgspec.convert({**data, "__base__": str(base)}, Session)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}{_locate(text, str(exc))}: {exc}") from None
+    seen: dict[str, int] = {}
     for i, spec in enumerate(session.agents):
         _check_priority(spec, text, where, i)
+        name = agent_name(spec)
+        if name in seen:
+            raise ConfigError(
+                f"{where}{_line_suffix(text, ['agents', i, 'name' if spec.name else 'class'])}: agents[{i}] is named "
+                f"{name!r} like agents[{seen[name]}]; give each agent its own name"
+            )
+        seen[name] = i
     if session.policy not in ("fcfs", "priority", "recompute", "swap", "resident"):
         raise ConfigError(f"{where}{_line_suffix(text, ['policy'])}: unknown policy {session.policy!r}")
     return session
@@ -175,6 +184,10 @@ class LoadedAgents:
     problems: list[str] = field(default_factory=list)  # one line per agent left out
 
 
+def agent_name(spec: AgentSpec) -> str:
+    return spec.name or spec.class_.rpartition(":")[2].lower()
+
+
 def priority_of(spec: AgentSpec) -> int:
     if isinstance(spec.priority, int):
         return spec.priority
@@ -215,7 +228,7 @@ def build_agents(session: Session, workspace: Path, out: Path, say: Callable[[st
         "script": script, "interval_s": session.interval, "turns": session.turns, "say": say,
     }
     for i, spec in enumerate(session.agents):
-        name = spec.name or spec.class_.rpartition(":")[2].lower()
+        name = agent_name(spec)
         try:
             cls = import_agent_class(spec.class_)
             params = inspect.signature(cls.__init__).parameters

@@ -177,3 +177,49 @@ async def test_an_engine_fault_fails_only_the_turn_that_causes_it() -> None:
                     pass
             assert innocent.tokens == reference_output(INNOCENT, 30)
             assert s.system.is_alive(s.owner.name)
+
+
+# ------------------------------------------------------------ session files
+
+BAD_SESSIONS = {
+    "duplicate agent names": ('[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\nname = "docs"\n', "line 5"),
+    "duplicate default names": ('[[agents]]\nclass = "reviewer"\n[[agents]]\nclass = "reviewer"\n', "line 4"),
+    "duration nan": ("duration = nan\n", "duration"),
+    "duration negative": ("duration = -5\n", "duration"),
+    "interval negative": ("interval = -1\n", "interval"),
+    "turns negative": ("turns = -2\n", "turns"),
+    "step_tokens 0": ("step_tokens = 0\n", "step_tokens"),
+    "slots 0": ("slots = 0\n", "slots"),
+    "slack nan": ("slack = nan\n", "slack"),
+    "empty agent name": ('[[agents]]\nclass = "docs"\nname = ""\n', "name"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_SESSIONS), ids=list(BAD_SESSIONS))
+def test_a_session_file_that_would_crash_swarm_run_is_refused_naming_the_field(bad: str, tmp_path) -> None:
+    from swarm.session import parse_session
+
+    text, mention = BAD_SESSIONS[bad]
+    with pytest.raises(ConfigError, match=mention):
+        parse_session(text, base=tmp_path)
+
+
+@pytest.mark.parametrize("options", ["{ max_tokens = \"5\" }", "{ max_tokens = 0 }", "{ max_tokens = true }"])
+def test_a_bad_max_tokens_in_a_session_files_options_leaves_that_agent_out_at_start(options: str, tmp_path) -> None:
+    from swarm.runner import SessionRunner
+    from swarm.session import parse_session
+
+    session = parse_session(f'[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\noptions = {options}\n', base=tmp_path)
+    runner = SessionRunner(session, out=tmp_path / "out")
+    assert [a.name for a in runner.agents] == ["docs"]
+    assert "max_tokens must be an int >= 1" in runner.problems[0]
+
+
+def test_swarm_run_on_a_bad_session_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    from swarm.cli import main
+
+    path = tmp_path / "s.toml"
+    path.write_text('[[agents]]\nclass = "docs"\n[[agents]]\nclass = "docs"\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give each agent its own name" in err and "Traceback" not in err
