@@ -40,6 +40,7 @@ from runtime.turns import Plan, SchedulerConfig, SwapIn, SwapOut
 log = logging.getLogger(__name__)
 
 STEP_HISTORY = 10_000
+STOPPED = "swarm stopped"
 
 
 class GPUOwner(Actor):
@@ -56,6 +57,9 @@ class GPUOwner(Actor):
         self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
         self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
         self._turn_ids = itertools.count(1)
+        # Set when the swarm shuts down: the turns its stopping agents leave were
+        # ended by the shutdown, and say so.
+        self.closing = False
         # Wall time of the latest engine steps (bounded: an owner runs for days),
         # and how many steps it has run in all.
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
@@ -99,7 +103,7 @@ class GPUOwner(Actor):
         self._drain()
         now = self.bus.now()
         for turn_id in list(self.scheduler.turns):
-            self.scheduler.cancel(turn_id, now, "swarm stopped")
+            self.scheduler.cancel(turn_id, now, STOPPED)
         self._publish()
         self.requests.close()
         self._inbox.close()
@@ -245,10 +249,10 @@ class GPUOwner(Actor):
                 sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
             )
         elif isinstance(request, CancelTurn):
-            sched.cancel(request.turn, now, request.reason)
+            sched.cancel(request.turn, now, STOPPED if self.closing else request.reason)
         elif isinstance(request, CancelAgent):
             for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
-                sched.cancel(turn.id, now, request.reason)
+                sched.cancel(turn.id, now, STOPPED if self.closing else request.reason)
         elif isinstance(request, SetInherited):
             sched.set_inherited(request.lift, request.priority, now)
         else:

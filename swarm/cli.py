@@ -1,20 +1,27 @@
 """The `swarm` command line. Each subcommand lives in its own module under
-`swarm/commands/` with two functions: `add_parser(subparsers)` and `run(args) -> int`."""
+`swarm/commands/` with two functions: `add_parser(subparsers)` and `run(args) -> int`.
+
+Exit codes: 0 done, 1 a runtime failure (one line on stderr saying what), 2 a usage
+error (a bad flag, value or file), 130 interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
-from runtime.errors import SlotswarmError
+from runtime.errors import ConfigError, SlotswarmError, UsageError
 
 COMMANDS = ["run", "sim", "bench", "generate", "tail", "plot", "serve", "watch", "models"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="swarm", description="slotswarm: local LLM agent swarms in which the turn a person watches never waits behind background work."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -27,13 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("slotswarm")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except SlotswarmError as exc:
-        print(f"swarm {args.command}: error: {exc}", file=sys.stderr)
+    except (ConfigError, UsageError) as exc:
+        print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except SlotswarmError as exc:
+        print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -41,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         # Point stdout at devnull so the interpreter's final flush stays quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file that cannot be read or written, a socket refused
+        print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ from runtime.turns import Policy, SchedulerConfig, Turn
 POLICIES = [p.value for p in Policy]
 
 
+def _check(struct: msgspec.Struct, *, positive=(), non_negative=(), at_least_1=()) -> None:
+    for names, ok, what in ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0"), (at_least_1, lambda v: v >= 1, ">= 1")):
+        for name in names:
+            value = getattr(struct, name)
+            if not ok(value):  # NaN fails every comparison
+                raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
 class Lengths(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A clipped heavy-tailed distribution of turn lengths in tokens."""
 
@@ -41,6 +49,12 @@ class Lengths(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     alpha: float = 1.5  # pareto shape (smaller: heavier tail)
     min: int = 1
     max: int = 4096
+
+    def __post_init__(self) -> None:
+        # Raised as ValueError so msgspec.convert reports it with the field's path.
+        _check(self, positive=("mean", "sigma", "alpha"), at_least_1=("min",))
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.dist == "lognormal":
@@ -80,6 +94,14 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shaping: bool = True  # step shaping for the foreground (runtime.shaping)
     slack: float = 0.25
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(
+            self,
+            positive=("foreground_interval_s", "aging_s"),
+            non_negative=("warmup_s", "slack", "background_agents"),
+            at_least_1=("slots", "arrivals", "background_prompt", "foreground_prompt", "step_tokens", "block_size"),
+        )
 
     @property
     def num_blocks(self) -> int:

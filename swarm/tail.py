@@ -154,6 +154,10 @@ def make_filter(agents: Sequence[str] = (), events: Sequence[str] = ()) -> Calla
     `kv.swap`, `turn.preempted`). Dropped notices are always kept: they say the
     view has gaps."""
     agents = set(agents)
+    names = [kind.__struct_config__.tag for kind in ev.KINDS]
+    for pattern in events:
+        if not any(ev.name_matches(_Named(name), [pattern]) for name in names):
+            raise ConfigError(f"--event {pattern!r} matches no event; the events are: {', '.join(names)}")
 
     def keep(item: Item) -> bool:
         if isinstance(item, Dropped):
@@ -166,8 +170,25 @@ def make_filter(agents: Sequence[str] = (), events: Sequence[str] = ()) -> Calla
     return keep
 
 
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.event = name
+
+
 def filtered(lines: Iterable[Line], keep: Callable[[Item], bool]) -> Iterator[Line]:
     return (line for line in lines if keep(line[1]))
+
+
+def in_time_order(lines: Iterator[Line]) -> Iterator[Line]:
+    """Every line of a finished file, stably sorted by time (a Dropped notice keeps
+    the time of the line before it)."""
+    keyed, t = [], 0.0
+    for line in lines:
+        t = getattr(line[1], "t", t)
+        keyed.append((t, line))
+    if hasattr(lines, "close"):
+        lines.close()
+    return (line for _, line in sorted(keyed, key=lambda k: k[0]))
 
 
 # ---------------------------------------------------------------- showing events

@@ -25,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most new tokens (default 256)")
     parser.add_argument("--greedy", action="store_true", help="always take the likeliest token (the default)")
     parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
-    parser.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    parser.add_argument("--top-p", type=float, metavar="P", help="with --temperature: nucleus sampling mass (default 1)")
+    parser.add_argument("--seed", type=int, metavar="S", help="with --temperature: sampling seed (default 0)")
     parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
     parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
@@ -38,10 +38,13 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
     if args.greedy and args.temperature is not None:
         raise ConfigError("--greedy and --temperature exclude each other")
     if args.temperature is None:
+        if args.top_p is not None or args.seed is not None:
+            raise ConfigError("--top-p and --seed only apply to sampling: add --temperature T (greedy decoding ignores them)")
         return GREEDY
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ConfigError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}")
-    return Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    top_p = 1.0 if args.top_p is None else args.top_p
+    if not args.temperature >= 0 or not 0 < top_p <= 1:
+        raise ConfigError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {top_p}")
+    return Sampling(temperature=args.temperature, top_p=top_p, seed=0 if args.seed is None else args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("w:")}
     workload = load_workload(None if args.workload == "seed" else args.workload, **overrides)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError(f"--policies names no policy; choose from {', '.join(POLICIES)}")
     for name in policies:
         if name not in POLICIES:
             raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")

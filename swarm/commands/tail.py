@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"following the swarm at {path} (Ctrl-C to stop)", file=sys.stderr)
     else:
         lines = tail.read_file(path, follow=args.follow)
+        if not args.follow:
+            # A turn.queued is stamped with when its agent asked, before the boundary
+            # that logged it: a finished file is shown in time order.
+            lines = tail.in_time_order(lines)
     lines = tail.filtered(lines, tail.make_filter(args.agent, args.event))
     try:
         if args.json:
@@ -76,8 +80,13 @@ def _print_json(lines: Iterator[tail.Line]) -> None:
 
 def _print_pretty(lines: Iterator[tail.Line]) -> None:
     console = Console(highlight=False, soft_wrap=True)
+    console.on_broken_pipe = _raise_broken_pipe  # rich would exit 1 itself; a closed pipe is no error here
     for _, item in lines:
         console.print(tail.render(item))
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError
 
 
 def _silence_stdout() -> None:
