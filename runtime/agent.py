@@ -201,7 +201,10 @@ class TurnHandle:
         self._request.reply = self._channel
         self._request.t = self.agent._owner().bus.now()
         try:
-            await self.agent._owner().requests.send(self._request)
+            # The request channel is unbounded: sending never waits, so there is no
+            # checkpoint at which a cancel could leave a request out with nobody to
+            # read its answer.
+            self.agent._owner().requests.send_nowait(self._request)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._channel.send.close()  # nobody else holds it
             self._channel.receive.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
@@ -46,7 +46,11 @@ class Swarm:
         terminal: bool = False,
         socket: str | Path | None = None,
         model_name: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`clock` (seconds, default the wall clock from now) stamps every event
+        and arrival: a virtual one lets a test or simulation run the real owner
+        in virtual time."""
         limit = getattr(engine, "max_batch_tokens", None)
         if step_tokens is None:
             step_tokens = min(128, limit or 128)
@@ -54,7 +58,7 @@ class Swarm:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
         self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=getattr(getattr(engine, "config", None), "context_length", None))
         self.engine = engine
-        self.bus = EventBus()
+        self.bus = EventBus(clock=clock)
         self.events_path = self.bus.log_to_file(events) if events else None
         if terminal:
             self.bus.log_to_terminal()
