@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_helpers import SSE, EventWatcher, ServerProcess
+from serve_helpers import SSE, ServerProcess
 
 MODEL = "tiny-serve"
 FG = {"X-Swarm-Priority": "foreground"}

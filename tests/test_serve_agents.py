@@ -5,7 +5,7 @@ slotswarm would run it), on a real loopback socket, spoken to by the openai clie
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import openai

@@ -23,10 +23,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from runtime.errors import RequestError
 from runtime.bus import Subscription
+from runtime.errors import RequestError
 from runtime.stream import CLIENT_BUFFER, encode_line
-from swarm.server.gateway import Gateway, ServedTurn
+from swarm.server.gateway import Gateway
+from swarm.server.turn import ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
 from swarm.server.protocol import SSE_DONE, Reply, TurnSpec, encode, error_body, parse_chat, parse_completion, sse
 
