@@ -252,6 +252,7 @@ def scrape(server: ServerProcess) -> dict[str, float]:
 
 
 def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) -> None:
+    assert server.request("POST", "/v1/chat/completions", b"{")[0] == 400
     client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=4, temperature=0, extra_body={"ignore_eos": True}, extra_headers=FG)
     m = scrape(server)
     assert m["slotswarm_slots"] == 2
@@ -262,5 +263,7 @@ def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) 
     assert m["slotswarm_time_to_first_token_seconds_count{class=foreground}"] >= 1
     assert m["slotswarm_inter_token_latency_seconds_count{class=foreground}"] >= 3
     assert m["slotswarm_wait_seconds_count{class=foreground}"] >= 1
+    assert m["slotswarm_http_responses_total{path=/v1/chat/completions,status=200}"] >= 1
+    assert m["slotswarm_http_responses_total{path=/v1/chat/completions,status=400}"] >= 1
     for name in ("slotswarm_preemptions_total", "slotswarm_priority_inheritances_total", "slotswarm_waiting_turns"):
         assert name in m

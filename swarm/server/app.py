@@ -18,10 +18,11 @@ from typing import Any, Awaitable, Callable, Sequence
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bus import Subscription
 from runtime.errors import RequestError
@@ -50,6 +51,7 @@ def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None,
             Route("/metrics", api.metrics, methods=["GET"]),
         ],
         exception_handlers={RequestError: _request_error, HTTPException: _http_error, Exception: _server_error},
+        middleware=[Middleware(_CountResponses, metrics=metrics)],
     )
     app.state.gateway = gateway
     app.state.metrics = metrics
@@ -228,6 +230,28 @@ class _Watched(Response):
             pass
         out.hang_up()
         scope.cancel()
+
+
+class _CountResponses:
+    """Counts every response by path (the API's own, else "other") and status."""
+
+    PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/events", "/health", "/metrics"})
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"] if scope["path"] in self.PATHS else "other"
+
+        async def counted(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.responses.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 async def _read_body(request: Request) -> bytes:

@@ -39,6 +39,7 @@ class Metrics:
         self.preemptions = Counter("slotswarm_preemptions", "Turns paused at a token boundary to give their slot away", registry=r)
         self.inheritances = Counter("slotswarm_priority_inheritances", "Times an agent started running at a waiter's priority", registry=r)
         self.turns = Counter("slotswarm_turns", "Turns ended, by terminal event", ["outcome"], registry=r)
+        self.responses = Counter("slotswarm_http_responses", "HTTP responses, by path and status", ["path", "status"], registry=r)
         self.tokens = Counter("slotswarm_http_completion_tokens", "Tokens sent to HTTP callers", ["class"], registry=r)
         self.wait = Histogram("slotswarm_wait_seconds", "Request to first slot, every turn", ["class"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("slotswarm_time_to_first_token_seconds", "HTTP request arrival to its first text", ["class"], buckets=LATENCY_BUCKETS, registry=r)
