@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     session.script = QUESTIONS * 1000  # never runs out: the rounds end the run
     session.out = tempfile.mkdtemp(prefix="slotswarm-bench-watch-")
     ports = -(-args.pages // PAGES_PER_PORT)
-    runner = SessionRunner(session, page_sockets=[bind_loopback(0) for _ in range(ports)], say=None)
+    runner = SessionRunner(session, page_sockets=[bind_loopback(0) for _ in range(ports)], say=lambda text: None)
     result = anyio.run(_bench, runner, args)
     shutil.rmtree(session.out, ignore_errors=True)
     if args.json:

@@ -336,11 +336,11 @@ def test_the_demo_on_the_tiny_model_with_a_page_open_has_one_lane_per_slot(demo_
 # ----------------------------------------------- swarm watch: socket and replay
 
 
-def start_watch(*args: str) -> tuple[subprocess.Popen, str]:
-    """`swarm watch ARGS --port 0` as its own process; returns it and its page's URL."""
+def start_watch(*args: str, port: str = "0") -> tuple[subprocess.Popen, str]:
+    """`swarm watch ARGS --port PORT` as its own process; returns it and its page's URL."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarm.cli", "watch", *args, "--port", "0"],
+        [sys.executable, "-m", "swarm.cli", "watch", *args, "--port", port],
         stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
     first = proc.stderr.readline()
@@ -428,3 +428,18 @@ async def test_swarm_serve_serves_the_page_at_its_root(browser):
             shown = await on_page(wait_for, browser, "window.swarmState.counts.finished == 1 && window.swarmState")
             handle.shutdown()  # the open page does not hold the shutdown up
     assert shown["started"]["slots"] == 2 and shown["agents"]["pair"]["tokens"] == 20
+
+
+def test_a_page_reconnects_by_itself_when_its_server_comes_back(browser, events_file):
+    proc, url = start_watch(str(events_file))
+    port = url.rsplit(":", 1)[1].strip("/")
+    try:
+        browser.get(url)
+        wait_for(browser, "window.swarmState.connected && window.swarmState.replay.loaded > 0")
+        stop(proc)
+        wait_for(browser, "!window.swarmState.connected")
+        proc, _ = start_watch(str(events_file), port=port)
+        shown = wait_for(browser, "window.swarmState.connected && window.swarmState.replay.loaded > 0 && window.swarmState")
+    finally:
+        stop(proc)
+    assert shown["replay"]["loaded"] == sum(1 for _ in read_events(events_file))  # once, not twice

@@ -379,7 +379,7 @@ function draw() {
   const stepS = niceStep(span / 8);
   for (let t = Math.ceil(start / stepS) * stepS; t <= end; t += stepS) {
     g.beginPath(); g.moveTo(x(t), 14); g.lineTo(x(t), height); g.stroke();
-    g.fillText(t.toFixed(stepS < 1 ? 1 : 0) + " s", x(t) + 2, 7);
+    g.fillText(t.toFixed(Math.max(0, -Math.floor(Math.log10(stepS) + 1e-9))) + " s", x(t) + 2, 7);
   }
   for (let s = 0; s < rows; s++) {
     g.fillStyle = "#444"; g.fillText(`slot ${s}`, 6, laneY(s) + LANE / 2);
@@ -394,7 +394,7 @@ function draw() {
     const y = laneY(r.slot) + 4, h = LANE - 8;
     g.globalAlpha = r.foreground ? 1 : 0.5;
     g.fillStyle = m.colours.get(r.agent) || "#999";
-    g.fillRect(x0, y, x1 - x0, h);
+    g.fillRect(x0, y, Math.max(x1 - x0 - 1, 1), h); // a pixel apart: turns back to back stay two
     g.globalAlpha = 1;
     if (r.foreground) { g.lineWidth = 2; g.strokeStyle = "#000"; g.strokeRect(x0, y, x1 - x0, h); g.lineWidth = 1; }
     if (x1 - x0 > 34) {
