@@ -443,3 +443,18 @@ def test_a_page_reconnects_by_itself_when_its_server_comes_back(browser, events_
     finally:
         stop(proc)
     assert shown["replay"]["loaded"] == sum(1 for _ in read_events(events_file))  # once, not twice
+
+
+def test_swarm_run_watch_prints_where_the_page_is(tmp_path, tiny_gguf, capsys):
+    from swarm.cli import main
+
+    session = tmp_path / "session.toml"
+    session.write_text(
+        f'model = "{tiny_gguf}"\nslots = 2\nstep_tokens = 16\nworkspace = "{ROOT / "agents" / "sample_project"}"\n'
+        f'out = "{tmp_path / "out"}"\nduration = 60\ninterval = 0.1\nscript = ["hello"]\n'
+        '[[agents]]\nclass = "pair"\npriority = "foreground"\noptions = { max_tokens = 4 }\n'
+    )
+    assert main(["run", str(session), "--watch", "--port", "0", "--quiet"]) == 0
+    assert re.search(r"page: +http://127\.0\.0\.1:\d+/", capsys.readouterr().out)
+    assert main(["run", str(session), "--watch", "--port", "70000"]) == 2
+    assert "--port must be between 0 and 65535" in capsys.readouterr().err
