@@ -102,6 +102,8 @@ async def _bench(runner: SessionRunner, args: argparse.Namespace) -> dict[str, A
         "seconds_per_round": args.seconds,
         "rounds": [{k: v for k, v in r.items() if k != "steps_s"} for r in rounds],
         "step_s_median": {str(n): statistics.median(v) if v else None for n, v in by.items()},
+        "step_s_p90": {str(n): _p90(v) for n, v in by.items()},
+        "step_s_mean": {str(n): statistics.fmean(v) if v else None for n, v in by.items()},
         "steps": {str(n): len(v) for n, v in by.items()},
     }
 
@@ -116,10 +118,17 @@ async def _measure(runner: SessionRunner, pages: int, seconds: float) -> dict[st
         "pages": pages,
         "readers": runner.hub.readers,
         "steps": n,
+        "steps_per_s": n / seconds,
         "step_s_median": statistics.median(steps) if steps else None,
+        "step_s_p90": _p90(steps),
+        "step_s_mean": statistics.fmean(steps) if steps else None,
         "events_per_s": (runner.hub.base + len(runner.hub.history) - events_before) / (time.monotonic() - t0),
         "steps_s": steps,
     }
+
+
+def _p90(samples: list[float]) -> float | None:
+    return statistics.quantiles(samples, n=10)[-1] if len(samples) >= 2 else None
 
 
 def _open_pages(urls: list[str], pages: int) -> Any:
@@ -183,8 +192,17 @@ def _close(opened: Any) -> None:
 def _print(result: dict[str, Any]) -> None:
     print(f"decode step time with 0 and {result['pages']} pages open ({result['readers']}), rounds of {result['seconds_per_round']:.0f} s")
     for r in result["rounds"]:
-        median = "-" if r["step_s_median"] is None else f"{r['step_s_median'] * 1000:.1f} ms"
-        print(f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, median {median}, {r['events_per_s']:.0f} events/s")
-    for n, median in result["step_s_median"].items():
-        shown = "-" if median is None else f"{median * 1000:.1f} ms"
-        print(f"all rounds with {n:>3} pages: median step {shown} over {result['steps'][n]} steps")
+        print(
+            f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, {r['steps_per_s']:.1f}/s, "
+            f"median {_ms(r['step_s_median'])}, p90 {_ms(r['step_s_p90'])}, mean {_ms(r['step_s_mean'])}, "
+            f"{r['events_per_s']:.0f} events/s"
+        )
+    for n in result["step_s_median"]:
+        print(
+            f"all rounds with {n:>3} pages: {result['steps'][n]} steps, median {_ms(result['step_s_median'][n])}, "
+            f"p90 {_ms(result['step_s_p90'][n])}, mean {_ms(result['step_s_mean'][n])}"
+        )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
