@@ -16,6 +16,7 @@ import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
+from runtime.files import open_private
 from agents.reviewer import Review, Verdict
 from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnFailed
 
@@ -59,8 +60,7 @@ class PairProgrammer(RecordingAgent):
             self.say(f"{self.name}> {reply.strip()}")
             self.answered += 1
             if self.log_text and self.out is not None:
-                self.out.mkdir(parents=True, exist_ok=True)
-                with open(self.out / "transcript.md", "a") as f:
+                with open_private(self.out / "transcript.md", "a") as f:
                     f.write(f"**you**: {message}\n\n**{self.name}**: {reply.strip()}\n\n")
             if self.turns is not None and self.answered >= self.turns:
                 return

@@ -13,6 +13,7 @@ import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
+from runtime.files import write_private
 from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
 SOURCE_SUFFIXES = (".py", ".md", ".txt", ".toml")
@@ -102,8 +103,7 @@ class WorkspaceAgent(RecordingAgent):
         path = path.resolve()
         if not path.is_relative_to(self.out):
             raise PermissionError(f"agent {self.name!r} may only write under {self.out}, not {path}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_private(path, text)  # 0600, in folders made 0700
         self.written.append(path)
         return path
 

@@ -20,6 +20,7 @@ import msgspec
 import structlog
 
 from runtime.events import Dropped, Event, SwarmStarted, encode
+from runtime.files import open_private
 
 
 class Subscription:
@@ -104,9 +105,9 @@ class EventBus:
     def log_to_file(self, path: str | Path) -> Path:
         """Append every event to `path` as one JSON object a line."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # Unbuffered: a line is in the file the moment it is emitted, for `tail -f`.
-        self._files.append(open(path, "ab", buffering=0))
+        # Private (0600): prompts and agent names are the user's business.
+        self._files.append(open_private(path, "ab", buffering=0))
         return path
 
     def log_to_terminal(self, file: IO[str] | None = None, colors: bool | None = None) -> None:

@@ -40,6 +40,7 @@ import msgspec
 from msgspec import Meta
 
 from runtime.errors import ConfigError
+from runtime.files import private_dir
 from runtime.priority import BACKGROUND, FOREGROUND
 
 DEMO_SESSION = Path(__file__).with_name("demo.toml")
@@ -263,7 +264,7 @@ def new_out_dir(session: Session) -> Path:
     while out.exists():
         n += 1
         out = root / f"{stamp}-{n}"
-    out.mkdir(parents=True)
+    private_dir(out)
     return out.resolve()
 
 

@@ -223,3 +223,27 @@ def test_swarm_run_on_a_bad_session_file_is_one_line_and_exit_2(tmp_path, capsys
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "give each agent its own name" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------ private files
+
+
+def test_the_event_log_and_an_agents_proposals_are_private(tmp_path) -> None:
+    import os
+    import stat
+
+    from agents import DocWriter
+    from runtime.bus import EventBus
+
+    old = os.umask(0o022)  # the usual umask, which would make them 0644
+    try:
+        bus = EventBus()
+        log = bus.log_to_file(tmp_path / "run" / "events.jsonl")
+        bus.close()
+        agent = DocWriter("docs", workspace=tmp_path, out=tmp_path / "out")
+        proposal = agent._write(tmp_path / "out" / "docs" / "sub" / "a.py.md", "text")
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(log) == 0o600 and mode(proposal) == 0o600
+    assert mode(tmp_path / "run") == 0o700 and mode(proposal.parent) == 0o700 and mode(tmp_path / "out") == 0o700
