@@ -74,6 +74,9 @@ class EventBus:
         self._start = time.monotonic()
         self._clock = clock or (lambda: time.monotonic() - self._start)
         self._subscribers: set[Subscription] = set()
+        # Called before each event reaches the subscribers: a way to subscribe
+        # whoever must not miss it (runtime.stream's viewers waiting on accept).
+        self.before_fanout: list[Callable[[], None]] = []
         self._loggers: list[structlog.typing.FilteringBoundLogger] = []  # readable lines
         self._files: list[IO[bytes]] = []  # JSON lines
         self.counts: collections.Counter[type[Event]] = collections.Counter()  # by kind
@@ -94,6 +97,8 @@ class EventBus:
             fields = {k: v for k, v in msgspec.structs.asdict(event).items() if v is not None}
             for logger in self._loggers:
                 logger.info(event.event, **fields)
+        for admit in tuple(self.before_fanout):
+            admit()  # (the live stream takes in viewers that connected just now)
         for sub in tuple(self._subscribers):
             sub.put(event)
 

@@ -164,12 +164,30 @@ async def serve_events(
         closing.close()
         raise ConfigError(f"cannot listen on {path}: {exc}") from exc
     inode = path.stat().st_ino
+    raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
         async with listener, anyio.create_task_group() as clients:
             accepting = anyio.CancelScope()
             clients.start_soon(_accept_clients, listener, bus, max_buffer, clients, accepting)
+            # A viewer's connect completes in the kernel before accept() runs; events
+            # emitted in between would be lost to it. So before each event goes out,
+            # take in (and subscribe) every viewer already connected.
+
+            def admit_connected() -> None:
+                while True:
+                    try:
+                        conn, _ = raw.accept()
+                    except (BlockingIOError, InterruptedError):
+                        return
+                    except OSError as exc:
+                        log.warning("event stream: accept failed: %s", exc)
+                        return
+                    clients.start_soon(_adopt, conn, bus.subscribe(max_buffer), bus.last_started)
+
+            bus.before_fanout.append(admit_connected)
             task_status.started(path)
             await closing.wait()
+            bus.before_fanout.remove(admit_connected)
             # The swarm is done: no new viewers, and the current ones get a moment
             # to read what is still buffered for them (their subscriptions are
             # closed, so their tasks end once drained).
@@ -203,6 +221,16 @@ async def _accept_clients(
             # learns the slots, policy and model from the replayed swarm.started.
             sub = bus.subscribe(max_buffer)
             clients.start_soon(_serve_client, stream, sub, bus.last_started)
+
+
+async def _adopt(conn: socket.socket, sub: Subscription, started: Event | None) -> None:
+    try:
+        stream = await anyio.abc.UNIXSocketStream.from_socket(conn)
+    except BaseException:
+        conn.close()
+        sub.close()
+        raise
+    await _serve_client(stream, sub, started)
 
 
 async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None) -> None:

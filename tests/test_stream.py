@@ -273,3 +273,24 @@ async def test_refuses_a_path_in_use_or_too_long(sock_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a socket"):
         await serve_events(bus, sock_path)
     assert sock_path.read_text() == "precious"
+
+
+@pytest.mark.asyncio
+async def test_a_viewer_misses_nothing_emitted_between_its_connect_and_the_accept(sock_path: Path) -> None:
+    bus = EventBus()
+    bus.emit(STARTED)
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_events, bus, sock_path)
+        # A plain blocking connect: the kernel completes it at once, and the event
+        # below is emitted before the server's event loop has had a turn to accept.
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(os.fsdecode(sock_path))
+        bus.emit(Queued(t=1.0, step=1, turn=1, agent="early", priority=0, tokens=3))
+        bus.emit(SwarmStopped(t=2.0, step=2))
+        bus.close()
+        raw.setblocking(False)
+        viewer = Viewer(await anyio.abc.UNIXSocketStream.from_socket(raw))
+        with anyio.fail_after(30):
+            items = await viewer.read_all()
+        await viewer.stream.aclose()
+    assert [type(i) for i in items] == [SwarmStarted, Queued, SwarmStopped]
