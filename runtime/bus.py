@@ -46,6 +46,10 @@ class Subscription:
             self._buffer.append(Dropped(1))
         self._wakeup.set()
 
+    def pending(self) -> int:
+        """Events not yet taken out: those buffered and those already lost."""
+        return self._events + sum(item.count for item in self._buffer if isinstance(item, Dropped))
+
     def close(self) -> None:
         self.closed = True
         self._bus._subscribers.discard(self)

@@ -234,15 +234,32 @@ async def _adopt(conn: socket.socket, sub: Subscription, started: Event | None) 
 
 
 async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None) -> None:
+    room = _Room(stream.extra(anyio.abc.SocketAttribute.raw_socket))
     try:
         async with stream, anyio.create_task_group() as tg:
             tg.start_soon(_hang_up_on_eof, stream, tg.cancel_scope)
             if started is not None:
                 await stream.send(encode_line(started))
-            async for item in sub:
-                # A viewer that stops reading blocks us here, never the bus: its
-                # subscription fills up and then counts what it lost.
-                await stream.send(encode_line(item))
+            taken = 0  # an item taken from the subscription but not yet sent
+            try:
+                async for item in sub:
+                    taken = item.count if isinstance(item, Dropped) else 1
+                    line = encode_line(item)
+                    # A viewer that stops reading holds us here, never the bus: its
+                    # subscription fills up and then counts what it lost. A line is
+                    # only sent once the socket has room for all of it, so it is never
+                    # cut in half, and room for one more line is always kept...
+                    await room.wait_for(len(line))
+                    await stream.send(line)
+                    taken = 0
+            except anyio.get_cancelled_exc_class():
+                # ...for this: the swarm stopped and the viewer's grace ran out. It is
+                # told what it never got before the stream closes.
+                lost = taken + sub.pending()
+                if lost:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(0.5):
+                        await stream.send(encode_line(Dropped(lost)))
+                raise
             tg.cancel_scope.cancel()
     except* _CLIENT_GONE:
         log.debug("event stream: viewer went away")
@@ -250,6 +267,36 @@ async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, start
         log.warning("event stream: viewer dropped after an error", exc_info=group)
     finally:
         sub.close()
+
+
+class _Room:
+    """Room in a Unix socket's send buffer, kept so that a last, short line always
+    fits. Linux tells how much of the buffer is in use (SIOCOUTQ); elsewhere the
+    check is skipped and a send simply waits."""
+
+    RESERVE = 4096  # bytes of buffer kept free: one Dropped line with its overhead
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        try:
+            self.size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            self._used()
+        except (OSError, AttributeError):
+            self.size = None
+
+    def _used(self) -> int:
+        import fcntl
+        import struct
+        import termios
+
+        return struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+    async def wait_for(self, n: int) -> None:
+        if self.size is None:
+            return
+        # Each queued line costs its length and about a kilobyte of bookkeeping.
+        while self._used() + n + 1024 + self.RESERVE > self.size:
+            await anyio.sleep(0.005)
 
 
 async def _hang_up_on_eof(stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:

@@ -294,3 +294,26 @@ async def test_a_viewer_misses_nothing_emitted_between_its_connect_and_the_accep
             items = await viewer.read_all()
         await viewer.stream.aclose()
     assert [type(i) for i in items] == [SwarmStarted, Queued, SwarmStopped]
+
+
+@pytest.mark.asyncio
+async def test_a_viewer_still_not_reading_at_shutdown_is_told_what_it_lost_before_the_stream_closes(sock_path: Path) -> None:
+    bus = EventBus()
+    flood = 20_000
+    with anyio.fail_after(60):  # a hang guard
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(serve_events, bus, sock_path, max_buffer=16, grace_s=0.05))
+            bus.emit(STARTED)
+            stuck = await attach(bus, sock_path)
+            for i in range(flood):
+                bus.emit(Queued(t=0.0, step=i, turn=i, agent="a", priority=0, tokens=7))
+                if i % 50 == 0:
+                    await anyio.sleep(0)
+            bus.close()  # the swarm stops while the viewer still reads nothing
+        # Only now does it read: whole lines, and at the end the count of the rest.
+        items = await stuck.read_all()
+        await stuck.stream.aclose()
+    events = sum(isinstance(i, Queued) for i in items)
+    dropped = sum(i.count for i in items if isinstance(i, Dropped))
+    assert isinstance(items[-1], Dropped)
+    assert events + dropped == flood
