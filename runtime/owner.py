@@ -100,13 +100,21 @@ class GPUOwner(Actor):
 
     async def on_stop(self) -> None:
         # Every turn ends in exactly one terminal event, even at shutdown.
-        self._drain()
-        now = self.bus.now()
-        for turn_id in list(self.scheduler.turns):
-            self.scheduler.cancel(turn_id, now, STOPPED)
-        self._publish()
-        self.requests.close()
-        self._inbox.close()
+        try:
+            self._drain()
+            now = self.bus.now()
+            for turn_id in list(self.scheduler.turns):
+                self.scheduler.cancel(turn_id, now, STOPPED)
+            self._publish()
+        finally:
+            # Even if the owner died of a bug and the above failed too: no agent is
+            # left waiting on a turn (a channel closed without an end reads as
+            # TurnFailed "the GPU owner stopped").
+            self.requests.close()
+            self._inbox.close()
+            for reply in self._replies.values():
+                reply.close()
+            self._replies.clear()
 
     # ----------------------------------------------------------------- loop
 

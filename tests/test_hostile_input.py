@@ -247,3 +247,19 @@ def test_the_event_log_and_an_agents_proposals_are_private(tmp_path) -> None:
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
     assert mode(log) == 0o600 and mode(proposal) == 0o600
     assert mode(tmp_path / "run") == 0o700 and mode(proposal.parent) == 0o700 and mode(tmp_path / "out") == 0o700
+
+
+@pytest.mark.asyncio
+async def test_if_the_owner_dies_of_a_bug_no_agent_is_left_waiting(monkeypatch) -> None:
+    engine = KVEngine(num_blocks=64, block_size=4)
+    with anyio.fail_after(30):
+        async with Swarm(engine, slots=2) as s:
+            agent = await s.spawn(Agent("a"))
+
+            def broken(*args, **kwargs):
+                raise RuntimeError("a bug in the scheduler")
+
+            monkeypatch.setattr(s.owner.scheduler, "schedule", broken)
+            monkeypatch.setattr(s.owner.scheduler, "cancel", broken)  # and on_stop's cleanup fails too
+            with pytest.raises(TurnFailed):
+                await agent.complete([5, 6], max_tokens=3)
