@@ -258,6 +258,7 @@ def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) 
     assert m["slotswarm_slots"] == 2
     assert m["slotswarm_running_turns"] == m["slotswarm_slots_in_use"] <= 2
     assert m["slotswarm_kv_blocks_used"] + m["slotswarm_kv_blocks_free"] > 0
+    assert 0 <= m["slotswarm_kv_blocks_cached"] <= m["slotswarm_kv_blocks_free"]
     assert m["slotswarm_turns_total{outcome=finished}"] >= 1
     assert m["slotswarm_http_completion_tokens_total{class=foreground}"] >= 4
     assert m["slotswarm_time_to_first_token_seconds_count{class=foreground}"] >= 1

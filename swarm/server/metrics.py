@@ -94,7 +94,8 @@ class _SchedulerGauges(Collector):
         yield _gauge("slotswarm_slots_in_use", "Slots holding a turn", len(scheduler.running))
         yield _gauge("slotswarm_slots", "Slots in all", scheduler.config.slots)
         yield _gauge("slotswarm_kv_blocks_used", "KV cache blocks held by turns", pool.num_blocks - pool.num_free)
-        yield _gauge("slotswarm_kv_blocks_free", "KV cache blocks free", pool.num_free)
+        yield _gauge("slotswarm_kv_blocks_free", "KV cache blocks free (counting the prefix cache's unheld blocks)", pool.num_free)
+        yield _gauge("slotswarm_kv_blocks_cached", "KV cache blocks kept for prefix reuse, held by no turn", pool.num_cached)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
