@@ -29,6 +29,7 @@ from runtime.errors import ConfigError
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
 from swarm.watch import bind_loopback
+from swarm.watch.browser import close_chromium, open_chromium
 
 PAGES_PER_PORT = 6  # Chromium's limit on connections to one host and port
 QUESTIONS = [
@@ -36,11 +37,6 @@ QUESTIONS = [
     "How do I read a JSON file safely in Python?",
     "What is the difference between a list and a tuple?",
     "review pricing.py",
-]
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1280,800",
 ]
 
 
@@ -132,25 +128,12 @@ def _p90(samples: list[float]) -> float | None:
 
 
 def _open_pages(urls: list[str], pages: int) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not browser or not driver:
-        raise ConfigError("swarm bench watch needs Debian's chromium and chromium-driver (scripts/setup-system.sh)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="slotswarm-chromium-")
-    options.add_argument(f"--user-data-dir={profile}")
-    d = webdriver.Chrome(options=options, service=Service(driver))
-    d.profile_dir = profile
+    chromium = open_chromium()
     for i in range(pages):
         if i:
-            d.switch_to.new_window("window")
-        d.get(urls[i // PAGES_PER_PORT])
-    return d
+            chromium.switch_to.new_window("window")
+        chromium.get(urls[i // PAGES_PER_PORT])
+    return chromium
 
 
 # Bare readers: connect, ask for the stream, read whatever comes, forever.
@@ -183,10 +166,7 @@ def _close(opened: Any) -> None:
         opened.kill()
         opened.wait()
         return
-    try:
-        opened.quit()
-    finally:
-        shutil.rmtree(opened.profile_dir, ignore_errors=True)
+    close_chromium(opened)
 
 
 def _print(result: dict[str, Any]) -> None:
