@@ -26,8 +26,11 @@ FLAGS = [
 
 def open_chromium() -> Any:
     """A selenium driver for a fresh headless chromium (its own empty profile)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        raise ConfigError("this needs selenium: pip install -e '.[test]'") from None
 
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not browser or not driver:
