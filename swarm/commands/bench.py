@@ -4,6 +4,7 @@
     swarm bench swarm    the whole swarm under load (swarm/bench_swarm.py)
     swarm bench serve    the same load over HTTP through the openai client (swarm/bench_serve.py)
     swarm bench watch    decode step time with and without pages open (swarm/bench_watch.py)
+    swarm bench owner    the owner's host work per step, zero-cost engine (swarm/bench_owner.py)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm import bench_serve, bench_swarm, bench_watch
+from swarm import bench_owner, bench_serve, bench_swarm, bench_watch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="the same load over HTTP: 8 background streams and a foreground client through the openai client")
     bench_serve.add_arguments(serve)
     serve.set_defaults(bench_run=bench_serve.run)
+    owner = sub.add_parser("owner", help="the GPU owner's host time per step, with an engine that costs nothing")
+    bench_owner.add_arguments(owner)
+    owner.set_defaults(bench_run=bench_owner.run)
 
     watch = sub.add_parser("watch", help="decode step time with no page open and with many (a real headless chromium)")
     bench_watch.add_arguments(watch)

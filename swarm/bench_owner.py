@@ -1,0 +1,83 @@
+"""`swarm bench owner`: how much host time the GPU owner spends per step.
+
+The engine is the timing model with no cost at all (its step returns at once),
+so every microsecond measured is the owner's own work, and the agents': draining
+requests, scheduling, delivering each token to its agent, publishing events. On
+a real device that work must fit in the shadow of the step in flight.
+
+Each configuration keeps every slot busy: `agents` background agents, each
+asking for one long turn after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import anyio
+
+from runtime.agent import Agent
+from runtime.events import Admitted
+from runtime.priority import BACKGROUND
+from runtime.timing import TimingEngine
+
+CONFIGS = ((8, 8), (8, 64), (64, 64))  # (slots, agents)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=2000, metavar="N", help="measured steps per configuration")
+    parser.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per configuration; the best is reported")
+    parser.add_argument("--turn-tokens", type=int, default=512, metavar="N", help="tokens per background turn")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+class Busy(Agent):
+    """One long turn after another, reading every token."""
+
+    def __init__(self, name: str, tokens: int) -> None:
+        super().__init__(name, BACKGROUND)
+        self.tokens = tokens
+
+    async def run(self) -> None:
+        while True:
+            async with self.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=self.tokens, ignore_eos=True) as turn:
+                async for _ in turn:
+                    pass
+
+
+async def measure(slots: int, agents: int, steps: int, turn_tokens: int) -> dict[str, Any]:
+    from swarm.api import Swarm
+
+    engine = TimingEngine(realtime=False)
+    async with Swarm(engine, slots=slots) as swarm:
+        for i in range(agents):
+            await swarm.spawn(Busy(f"a{i}", turn_tokens))
+        while swarm.bus.counts[Admitted] < min(slots, agents):
+            await anyio.sleep(0.01)
+        sched = swarm.owner.scheduler
+        first, started = sched.step, time.perf_counter()
+        while sched.step < first + steps:
+            await anyio.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        done = sched.step - first
+    return {"slots": slots, "agents": agents, "steps": done, "steps_per_s": done / elapsed, "host_ms_per_step": 1e3 * elapsed / done}
+
+
+def run(args: argparse.Namespace) -> int:
+    results = []
+    for slots, agents in CONFIGS:
+        runs = [anyio.run(measure, slots, agents, args.steps, args.turn_tokens) for _ in range(args.repeats)]
+        results.append(min(runs, key=lambda r: r["host_ms_per_step"]))
+    if args.json:
+        print(json.dumps({"engine": "timing model, zero cost", "configs": results}))
+    else:
+        print("owner host work per step, zero-cost engine (best of %d runs)" % args.repeats)
+        for r in results:
+            per_token = r["host_ms_per_step"] / min(r["slots"], r["agents"]) * 1e3
+            print(
+                f"  {r['slots']:3d} slots, {r['agents']:3d} agents: {r['host_ms_per_step']:6.3f} ms/step "
+                f"({r['steps_per_s']:7.0f} steps/s, {per_token:5.1f} us per token delivered)"
+            )
+    return 0
