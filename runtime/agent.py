@@ -143,6 +143,9 @@ class Agent(Actor):
         return self.gpu
 
 
+_STOPPED = object()  # the update stream ended
+
+
 class TurnHandle:
     """One turn, seen from its agent. Iterate it for text pieces; afterwards
     `tokens`, `text` and the timings say what happened."""
@@ -229,9 +232,18 @@ class TurnHandle:
         if self._channel is None:
             raise UsageError(f"agent {self.agent.name!r}: start the turn first: `async with agent.generate(...) as turn`")
         while self.ended is None:
-            try:
-                update = await self._channel.receive.receive()
+            try:  # what is already there needs no trip through the event loop
+                update = self._channel.receive.receive_nowait()
+            except anyio.WouldBlock:
+                update = None
             except (anyio.EndOfStream, anyio.ClosedResourceError):
+                update = _STOPPED
+            if update is None:
+                try:
+                    update = await self._channel.receive.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    update = _STOPPED
+            if update is _STOPPED:
                 if self.ended is None:  # the owner went away without a word
                     self.ended = Failed(t=0.0, step=0, turn=self.id, agent=self.agent.name, priority=self.agent.priority, tokens=len(self.tokens), reason="the GPU owner stopped")
                 break

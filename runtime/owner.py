@@ -4,21 +4,27 @@ Its loop, once per token boundary:
 
     drain the request channel into the scheduler   (submit, cancel, inherit)
     plan = scheduler.schedule(now)                  (admit, preempt, resume)
-    move KV, run one engine step in a worker thread (the event loop stays free)
+    move KV, start the engine step in the step thread
+    while it runs: deliver the previous step's tokens, then the decisions,
+                   each on its turn's own channel
     scheduler.postprocess(...)                      (finish, count)
-    deliver tokens, then the decisions, on each turn's own channel
 
+The host work a step's tokens cause (waking agents, events) overlaps the next
+step on the device, as in vLLM's async scheduling and SGLang's overlap
+scheduler: only postprocess, schedule and the launch lie between two steps.
 Requests are only ever applied at a boundary, never while a step runs, so a
 cancelled turn's blocks are freed when no step can be using them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -67,6 +73,10 @@ class GPUOwner(Actor):
         self.overhead_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
         self.steps_run = 0
         self._faults: dict[int, str] = {}  # turn -> the engine error it alone caused this step
+        # host time from a step's end to the next step's start (the device idles)
+        self.gap_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
+        self._pending: list[Token] = []  # the last step's tokens, not yet delivered
+        self._step_ended: float | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -101,6 +111,7 @@ class GPUOwner(Actor):
     async def on_stop(self) -> None:
         # Every turn ends in exactly one terminal event, even at shutdown.
         try:
+            self._deliver()
             self._drain()
             now = self.bus.now()
             for turn_id in list(self.scheduler.turns):
@@ -119,40 +130,62 @@ class GPUOwner(Actor):
     # ----------------------------------------------------------------- loop
 
     async def run(self) -> None:
-        while True:
-            if not self.scheduler.turns:
-                self._apply(await self._inbox.receive())  # idle: sleep until asked
-            started = time.perf_counter()
-            self._drain()
-            plan = self.scheduler.schedule(self.bus.now())
-            if plan.moves:
-                # Before the decisions are told: a move that fails is not reported as made.
-                self._settle(plan, await anyio.to_thread.run_sync(self._move, plan))
+        with ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-step") as device:
+            while True:
+                await self._boundary(device)
+
+    async def _boundary(self, device: ThreadPoolExecutor) -> None:
+        """One token boundary: plan, launch the step, deliver the last one's tokens."""
+        if not self.scheduler.turns:
+            self._deliver()
             self._publish()
-            if not plan.works:
-                if self.scheduler.turns:
-                    # Nothing could run this boundary (memory was being freed):
-                    # look again soon, or as soon as something changes.
-                    with anyio.move_on_after(0.05):
-                        self._apply(await self._inbox.receive())
-                continue
-            try:
-                tokens = await anyio.to_thread.run_sync(self._execute, plan)
-            except Exception as exc:
-                log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
-                tokens = await anyio.to_thread.run_sync(self._isolate, plan)
-                spent = 0.0
-            else:
-                spent = self.step_seconds[-1]
-                self.engine.cost.observe(*step_features(plan.works), spent)
-            now = self.bus.now()
-            for turn_id, reason in self._faults.items():
-                self.scheduler.fail(turn_id, now, reason)
-            self._faults.clear()
-            for turn, token in self.scheduler.postprocess(plan, tokens, now):
-                self._send(turn.id, Token(turn=turn.id, token=token, t=now))
+            self._step_ended = None
+            self._apply(await self._inbox.receive())  # idle: sleep until asked
+        started = time.perf_counter()
+        self._drain()
+        plan = self.scheduler.schedule(self.bus.now())
+        if plan.moves:
+            # Before the decisions are told: a move that fails is not reported as made.
+            self._settle(plan, await anyio.to_thread.run_sync(self._move, plan))
+        if not plan.works:
+            self._deliver()
             self._publish()
-            self.overhead_seconds.append(time.perf_counter() - started - spent)
+            self._step_ended = None
+            if self.scheduler.turns:
+                # Nothing could run this boundary (memory was being freed):
+                # look again soon, or as soon as something changes.
+                with anyio.move_on_after(0.05):
+                    self._apply(await self._inbox.receive())
+            return
+        step = device.submit(self._execute, plan)
+        if self._step_ended is not None:
+            self.gap_seconds.append(time.perf_counter() - self._step_ended)
+        # While the device works: what the last step produced, then this boundary's decisions.
+        self._deliver()
+        self._publish()
+        try:
+            with anyio.CancelScope(shield=True):  # never leave a step running unowned
+                tokens = await _result(step)
+        except Exception as exc:
+            log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
+            tokens = await anyio.to_thread.run_sync(self._isolate, plan)
+            self._step_ended, spent = None, 0.0
+        else:
+            self._step_ended, spent = time.perf_counter(), self.step_seconds[-1]
+            self.engine.cost.observe(*step_features(plan.works), spent)
+        now = self.bus.now()
+        for turn_id, reason in self._faults.items():
+            self.scheduler.fail(turn_id, now, reason)
+        self._faults.clear()
+        self._pending = [Token(turn=turn.id, token=token, t=now) for turn, token in self.scheduler.postprocess(plan, tokens, now)]
+        # Host time of this boundary not hidden behind the step (the delivery is).
+        self.overhead_seconds.append(max(0.0, time.perf_counter() - started - spent))
+        await anyio.lowlevel.checkpoint()  # a cancellation lands here, between steps
+
+    def _deliver(self) -> None:
+        pending, self._pending = self._pending, []
+        for token in pending:
+            self._send(token.turn, token)
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""
@@ -293,6 +326,15 @@ class GPUOwner(Actor):
             # The agent stopped listening: end the turn at the next boundary.
             self._replies.pop(turn_id).close()
             self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))
+
+
+async def _result(step: Future) -> Any:
+    """Wait for the step thread without blocking the event loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # another anyio backend: wait in a worker thread
+        return await anyio.to_thread.run_sync(step.result)
+    return await asyncio.wrap_future(step, loop=loop)
 
 
 class TurnChannel:

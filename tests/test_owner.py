@@ -336,3 +336,58 @@ async def test_a_lock_lifts_the_holders_critical_section_only():
             await s.join(docs)
             assert docs.outside == BACKGROUND
             assert not any(isinstance(e, Preempted) and e.agent == "busy" for e in rec.events)
+
+
+class GatedEngine(TimingEngine):
+    """A step runs only when the test lets it: `in_flight` says whether one is
+    being held on the device right now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.gate = threading.Semaphore(0)
+        self.in_flight = threading.Event()
+
+    def step(self, batch):
+        self.in_flight.set()
+        self.gate.acquire()
+        self.in_flight.clear()
+        return super().step(batch)
+
+
+@pytest.mark.asyncio
+async def test_a_steps_tokens_reach_the_agent_while_the_next_step_runs():
+    engine = GatedEngine()
+    seen: list[bool] = []
+
+    class Reader(Agent):
+        async def run(self) -> None:
+            engine.gate.release()  # the first step (prefill) may finish
+            async with self.generate([1, 2, 3], max_tokens=4, ignore_eos=True) as turn:
+                async for _ in turn:
+                    if len(turn.tokens) < 4:
+                        # Blocking the event loop on purpose: the next step can only
+                        # reach the device if the owner launched it before delivering.
+                        seen.append(engine.in_flight.wait(10))
+                    engine.gate.release()
+
+    with anyio.fail_after(60):
+        async with Swarm(engine, slots=1) as s:
+            reader = await s.spawn(Reader("reader", FOREGROUND))
+            await s.join(reader)
+    assert seen == [True, True, True]
+    assert len(s.owner.gap_seconds) == 3
+
+
+def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from swarm.cli import main
+
+    assert main(["bench", "owner", "--steps", "40", "--repeats", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(c["slots"], c["agents"]) for c in out["configs"]] == [(8, 8), (8, 64), (64, 64)]
+    for c in out["configs"]:
+        assert c["steps"] >= 40 and c["steps_per_s"] > 0
+        assert 0 < c["gap_ms_per_step"] <= c["host_ms_per_step"] * 10
