@@ -41,7 +41,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
-from gpu.families import make_family
+from gpu.families import GPUFamily, make_family
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
 from gpu.sampling import sample_batch
@@ -53,6 +53,7 @@ from runtime.errors import ConfigError, EngineError, UnsupportedModelError
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
+GPU_MAX_SPLITS = GPUFamily.MAX_SPLITS
 
 
 class OpenCLEngine:
@@ -60,6 +61,8 @@ class OpenCLEngine:
 
     kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
     profile: time every launch with OpenCL profiling events (`last_profile`).
+    attention_splits: force the GPU kernels' attention splits per (token, KV
+    head) (tests); None decides per step from the positions and the device.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class OpenCLEngine:
         kv_fraction: float = 0.25,
         max_batch_tokens: int = 256,
         profile: bool = False,
+        attention_splits: int | None = None,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         self.model_id = f"{self.model.path.name}:{self.model.path.stat().st_size}"
@@ -90,7 +94,7 @@ class OpenCLEngine:
             device = dataclasses.replace(device, queue=cl.CommandQueue(device.context, device.device, properties=props))
         self.device = device
         self.device_name = device.name
-        self.family = make_family(kernels, device, cfg)
+        self.family = make_family(kernels, device, cfg, attention_splits)
         self.family.check(self)
         self.profile = profile
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
@@ -98,6 +102,7 @@ class OpenCLEngine:
         self.num_blocks = num_blocks or choose_num_blocks(self.device, cfg, block_size, kv_fraction)
         self.max_batch_tokens = max_batch_tokens
         self.max_blocks = -(-cfg.context_length // block_size)  # block table width
+        self.step_positions = 0  # the most positions a token of the step attends to
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
         self.weights = upload_weights(self.device.context, self.model)
         self._allocate(max_batch_tokens)
@@ -143,6 +148,9 @@ class OpenCLEngine:
             qkv=f(t * qkv_dim),
             att=f(t * cfg.n_heads * cfg.head_dim),  # attention output (cpu family)
             parts=f(cfg.n_kv_heads * t * cfg.d_model),  # per-KV-head output projections (gpu family)
+            # attention splits' partial results, and a done-counter per (token, KV head) (gpu family)
+            split_scratch=f(t * cfg.n_kv_heads * GPU_MAX_SPLITS * (cfg.n_heads // cfg.n_kv_heads) * (cfg.head_dim + 2)),
+            split_counters=cl.Buffer(ctx, RW | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(t * cfg.n_kv_heads, i32)),
             h=f(t * cfg.d_ff),
             tokens=f(t), pos=f(t), seq=f(t), sample_rows=f(t), ids=f(t),
             all_rows=const(np.arange(t, dtype=i32)),
@@ -263,6 +271,7 @@ class OpenCLEngine:
     def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits) -> tuple[np.ndarray, np.ndarray]:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
+        self.step_positions = int(pos.max()) + 1
         for buf, arr in ((b.tokens, tokens), (b.pos, pos), (b.seq, seq), (b.tables, tables)):
             cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
         if n:

@@ -27,7 +27,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device
-from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUMatmul, Grid
+from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 
@@ -56,14 +56,15 @@ class StepLaunches:
     argmax: Argmax
 
 
-def make_family(kernels: str | None, device: Device, config=None) -> CPUFamily | GPUFamily:
+def make_family(kernels: str | None, device: Device, config=None, splits: int | None = None) -> CPUFamily | GPUFamily:
+    """`splits` forces the GPU family's attention splits (tests); None decides per step."""
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     if choice == "auto":
         gpu_can = config is None or not GPUFamily.missing(config)
         choice = "cpu" if device.is_cpu or not gpu_can else "gpu"
-    return CPUFamily(device) if choice == "cpu" else GPUFamily(device)
+    return CPUFamily(device) if choice == "cpu" else GPUFamily(device, splits)
 
 
 class CPUFamily:
@@ -122,8 +123,12 @@ class GPUFamily:
     name = "gpu"
     SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
     MAX_WG = 256
+    MAX_SPLITS = 16
+    SPLIT_POSITIONS = 256  # fewest positions worth a work-group of their own
 
-    def __init__(self, device: Device):
+    def __init__(self, device: Device, splits: int | None = None):
+        self.compute_units = int(device.device.max_compute_units)
+        self.forced_splits = splits
         # The largest power of two the device allows, up to 256: a multiple of
         # every GPU's warp/wavefront (32 or 64) and of its preferred multiple.
         limit = min(self.MAX_WG, int(device.device.max_work_group_size))
@@ -135,7 +140,15 @@ class GPUFamily:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
-        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}"]
+        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}", f"-DMAX_SPLITS={self.MAX_SPLITS}"]
+
+    def splits(self, tokens: int, positions: int, kv_heads: int) -> int:
+        """Work-groups per (token, KV head) in attention: enough to fill the device
+        about twice over, none with fewer than SPLIT_POSITIONS positions."""
+        if self.forced_splits:
+            return min(self.forced_splits, self.MAX_SPLITS)
+        fill = max(1, 2 * self.compute_units // (tokens * kv_heads))
+        return max(1, min(self.MAX_SPLITS, fill, -(-positions // self.SPLIT_POSITIONS)))
 
     @staticmethod
     def missing(cfg) -> list[str]:
@@ -179,9 +192,10 @@ class GPUFamily:
             layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
             layers += qk_norm(program, e, L, layer)
             layers += [
-                Grid("attention", program, f"attention_{L.out.kind}", cfg.n_kv_heads * self.wg, (self.wg, 1),
-                     b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer),
-                     L.out.qs, L.out.dm, b.parts, stride, weight_bytes=L.out.nbytes),  # fmt: skip
+                GPUAttention(program, f"attention_{L.out.kind}", self.wg, cfg.n_kv_heads,
+                             (b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer),
+                              L.out.qs, L.out.dm, b.parts, stride, b.split_scratch, b.split_counters),
+                             L.out.nbytes, lambda t: self.splits(t, e.step_positions, cfg.n_kv_heads)),  # fmt: skip
                 matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, cfg.n_kv_heads, (i32(1),) + none[1:]),
                 matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, cfg.n_kv_heads, residual),
             ]

@@ -92,6 +92,22 @@ class GPUMatmul:
         return cl.enqueue_nd_range_kernel(queue, kernel, size, local)
 
 
+class GPUAttention:
+    """The GPU family's attention (kernels/gpu/attention.cl) over a (KV heads,
+    tokens, splits) grid; `splits` is decided per step by `split_count`."""
+
+    name = "attention"
+
+    def __init__(self, program: cl.Program, kernel: str, wg: int, kv_heads: int, args: tuple, weight_bytes: int, split_count):
+        self.kernel = cl.Kernel(program, kernel)
+        self.kernel.set_args(*args)
+        self.wg, self.kv_heads, self.weight_bytes, self.split_count = wg, kv_heads, weight_bytes, split_count
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        size = (self.kv_heads * self.wg, t, self.split_count(t))
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, size, (self.wg, 1, 1))
+
+
 class Argmax:
     """Greedy sampling on the device: one work-group per sampled row."""
 

@@ -296,3 +296,21 @@ def test_device_argmax_takes_the_lowest_index_among_equal_maxima(engine: OpenCLE
     ids = np.empty(3, np.int32)
     cl.enqueue_copy(q, ids, engine.buffers.ids)
     assert ids.tolist() == [3, engine.config.vocab_size - 1, 0] == np.argmax(rows, axis=1).tolist()
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_gpu_attention_split_over_work_groups_matches_the_reference(tiny_model: Model, reference: ReferenceModel, splits: int) -> None:
+    """Flash-decoding: each token's positions cut into `splits` work-groups and
+    combined by the last one done; some splits of early tokens are empty."""
+    split = OpenCLEngine(tiny_model, num_blocks=64, kernels="gpu", attention_splits=splits)
+    vocab = split.config.vocab_size
+    tokens = prompt(splits, 45, vocab)
+    cache = reference.new_cache()
+    want = reference.forward(tokens, 0, cache)[-1]
+    got = split.step_logits([Work(turn=0, tokens=tokens, start=0, block_table=table(0), sample=True)])[0]
+    assert rel_error(got, want) < TOL
+    for position in range(45, 50):  # decodes, twice over: the counters were reset
+        token = int(np.argmax(want))
+        want = reference.forward([token], position, cache)[-1]
+        got = split.step_logits([Work(turn=0, tokens=[token], start=position, block_table=table(0), sample=True)])[0]
+        assert rel_error(got, want) < TOL

@@ -1,9 +1,12 @@
 /* GPU family: paged attention with the output projection fused in. Built after
- * quant.cl, common.cl and gpu/reduce.cl; the host passes WG and D_MODEL.
+ * quant.cl, common.cl and gpu/reduce.cl; the host passes WG, D_MODEL and
+ * MAX_SPLITS.
  *
- * One work-group per (KV head, token). The query heads of the KV head's group
+ * Work-group (KV head, token, split). The query heads of the KV head's group
  * (grouped-query attention) share every K and V load. The positions 0..pos[t]
- * are processed WG at a time, flash-attention style:
+ * are cut into `splits` equal ranges (flash-decoding: a long context keeps many
+ * work-groups busy even for one token); a split processes its range WG
+ * positions at a time, flash-attention style:
  *   scores   work-item i takes position p0 + i: its K column (K is stored
  *            transposed, so neighbouring work-items read neighbouring halves)
  *            against each query head of the group;
@@ -11,6 +14,11 @@
  *            running max m and normaliser l: earlier chunks rescale once;
  *   P.V      work-item i owns outputs (head, d) = i, i + WG, ...: neighbouring
  *            work-items read neighbouring halves of each V row.
+ * With more than one split, each writes its running (m, l, unnormalised output)
+ * per head to `partial` and counts itself done on the (token, KV head) counter;
+ * the last to finish combines them,
+ *     o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,   M = max_s m_s,
+ * resets the counter and goes on alone (the "last block" reduction pattern).
  * Then the group's outputs (GROUP * HEAD_DIM values, in local memory) times the
  * matching column slice of Wo gives this KV head's share of the attention
  * block's output, parts[kv head][t][:]. The next launch (the SwiGLU matmul)
@@ -20,6 +28,7 @@
 
 #define GH (GROUP * HEAD_DIM)      /* outputs of one KV head's query group */
 #define ACC ((GH + WG - 1) / WG)   /* outputs per work-item */
+#define SPLIT_FLOATS (GROUP * (2 + HEAD_DIM))  /* m, l, output of each head of a group */
 
 #define DEFINE_ATTENTION(NAME, WTYPE)                                           \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
@@ -28,7 +37,8 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
                       int max_blocks, __global const half *kcache,              \
                       __global const half *vcache, int layer,                   \
                       __global const uchar *wo_qs, __global const float *wo_dm, \
-                      __global float *parts, int part_stride)                   \
+                      __global float *parts, int part_stride,                   \
+                      __global float *partial, __global int *counters)          \
 {                                                                               \
     __local float q[GH];                                                        \
     __local float16 o16[GH / 16];                                               \
@@ -36,9 +46,12 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
     __local float scratch[GROUP * WG];                                          \
     __local float chunk[GROUP];                                                 \
     __local float *o = (__local float *)o16;                                    \
+    __local int last;                                                           \
     const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1); \
+    const int split = get_group_id(2), splits = get_num_groups(2);              \
     __global const int *table = tables + seq[t] * max_blocks;                   \
-    const int n = pos[t] + 1;                                                   \
+    const int n = pos[t] + 1, span = (n + splits - 1) / splits;                 \
+    const int begin = split * span, end = min(n, begin + span);                 \
     const float scale = rsqrt((float)HEAD_DIM);                                 \
     for (int j = lid; j < GH; j += WG)                                          \
         q[j] = qkv[(size_t)t * QKV_DIM + kvh * GH + j] * scale;                 \
@@ -50,11 +63,11 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         l[h] = 0.0f;                                                            \
     }                                                                           \
     barrier(CLK_LOCAL_MEM_FENCE);                                               \
-    for (int p0 = 0; p0 < n; p0 += WG) {                                        \
+    for (int p0 = begin; p0 < end; p0 += WG) {                                  \
         const int at = p0 + lid;                                                \
         for (int h = 0; h < GROUP; h++)                                         \
-            s[h] = at < n ? 0.0f : -INFINITY;                                   \
-        if (at < n) {                                                           \
+            s[h] = at < end ? 0.0f : -INFINITY;                                 \
+        if (at < end) {                                                         \
             __global const half *kp = kcache + kv_tile(table[at / BLOCK_SIZE], layer, kvh) \
                                       + at % BLOCK_SIZE;                        \
             for (int d = 0; d < HEAD_DIM; d++) {                                \
@@ -74,7 +87,7 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         wg_sum(s, GROUP, scratch, chunk);  /* its barriers publish p too */     \
         for (int h = 0; h < GROUP; h++)                                         \
             l[h] = l[h] * corr[h] + chunk[h];                                   \
-        const int len = min(WG, n - p0);                                        \
+        const int len = min(WG, end - p0);                                      \
         for (int i = 0; i < ACC; i++) {                                         \
             const int j = lid + i * WG, h = j / HEAD_DIM, d = j % HEAD_DIM;     \
             if (j >= GH)                                                        \
@@ -90,10 +103,51 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         }                                                                       \
         barrier(CLK_LOCAL_MEM_FENCE);  /* before the next chunk rewrites p */   \
     }                                                                           \
-    for (int i = 0; i < ACC; i++) {                                             \
-        const int j = lid + i * WG;                                             \
-        if (j < GH)                                                             \
-            o[j] = acc[i] / l[j / HEAD_DIM];                                    \
+    if (splits == 1) {                                                          \
+        for (int i = 0; i < ACC; i++) {                                         \
+            const int j = lid + i * WG;                                         \
+            if (j < GH)                                                         \
+                o[j] = acc[i] / l[j / HEAD_DIM];                                \
+        }                                                                       \
+    } else {                                                                    \
+        const size_t pair = (size_t)t * N_KV_HEADS + kvh;                       \
+        __global float *mine = partial + (pair * MAX_SPLITS + split) * SPLIT_FLOATS; \
+        for (int i = 0; i < ACC; i++) {                                         \
+            const int j = lid + i * WG;                                         \
+            if (j < GH)                                                         \
+                mine[2 * GROUP + j] = acc[i];                                   \
+        }                                                                       \
+        for (int h = 0; h < GROUP; h++)                                         \
+            if (lid == h) {                                                     \
+                mine[h] = m[h];                                                 \
+                mine[GROUP + h] = l[h];                                         \
+            }                                                                   \
+        mem_fence(CLK_GLOBAL_MEM_FENCE);                                        \
+        barrier(CLK_GLOBAL_MEM_FENCE);                                          \
+        if (lid == 0)                                                           \
+            last = atomic_inc(counters + pair) == splits - 1;                   \
+        barrier(CLK_LOCAL_MEM_FENCE);                                           \
+        if (!last)                                                              \
+            return;  /* the whole work-group: `last` is shared */               \
+        if (lid == 0)                                                           \
+            counters[pair] = 0;  /* ready for the next launch */                \
+        /* volatile: read what the other work-groups wrote, not a stale cache */ \
+        volatile __global const float *all = partial + pair * MAX_SPLITS * SPLIT_FLOATS; \
+        for (int i = 0; i < ACC; i++) {                                         \
+            const int j = lid + i * WG, h = j / HEAD_DIM;                       \
+            if (j >= GH)                                                        \
+                break;                                                          \
+            float top = -INFINITY, sum = 0.0f, out = 0.0f;                      \
+            for (int q = 0; q < splits; q++)                                    \
+                top = fmax(top, all[q * SPLIT_FLOATS + h]);                     \
+            for (int q = 0; q < splits; q++) {                                  \
+                volatile __global const float *its = all + q * SPLIT_FLOATS;   \
+                const float w = exp(its[h] - top);                              \
+                sum += w * its[GROUP + h];                                      \
+                out += w * its[2 * GROUP + j];                                  \
+            }                                                                   \
+            o[j] = out / sum;                                                   \
+        }                                                                       \
     }                                                                           \
     barrier(CLK_LOCAL_MEM_FENCE);                                               \
     /* this group's columns of Wo: blocks b0 .. b0 + GH/32 of every row */      \
