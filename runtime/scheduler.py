@@ -123,11 +123,12 @@ class Scheduler:
         if turn.kv is KV.SWAPPED:
             self.swapped_blocks -= self._host_blocks(turn)
             turn.kv, turn.swapped_len, turn.swap_kept = KV.DROPPED, 0, []  # kv.recomputed when it resumes
-        elif turn.slot is not None:
+        else:
             # Its blocks hold nothing it can trust: start over, from the cache.
             self.pool.release(turn.blocks)
             turn.cached_tokens = self.prefix.reuse(turn)
-            self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
+            if turn.slot is not None:
+                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
 
     def set_inherited(self, lift: str, priority: int | None, now: float) -> None:
         """Turns submitted under `lift` run at least at `priority` (None: back to

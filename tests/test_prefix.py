@@ -8,7 +8,7 @@ from runtime.events import Event
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import KV, Forget, SchedulerConfig, Turn
+from runtime.turns import KV, Forget, Plan, SchedulerConfig, Turn
 
 B = 4  # positions per block
 
@@ -193,3 +193,18 @@ def test_memory_pressure_evicts_the_cache_before_any_paused_turn():
     assert rig.named("turn.preempted") and high.blocks
     assert rig.sched.pool.num_cached == 2  # its 7 prompt blocks: the 4 free ones, then 3 of the 5 cached
     assert low.kv is KV.RESIDENT and low.blocks and not rig.named("kv.swapped_out")
+
+
+def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():
+    rig = Rig()
+    rig.finish(rig.submit("a", PROMPT))
+    turn = rig.submit("b", PROMPT, max_tokens=10)
+    for _ in range(3):
+        rig.step()
+    shared = turn.blocks[:5]
+    rig.sched.lose_kv(Plan(), turn.id, rig.now)  # as the GPU owner does when a swap fails
+    assert turn.blocks == shared and turn.computed == 20  # never rewrites a shared block
+    (event,) = rig.named("kv.recomputed")
+    assert event.cached_tokens == 20 and event.tokens == turn.length - 20
+    rig.finish(turn)
+    assert rig.sched.pool.num_free == 64
