@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
 
@@ -42,6 +43,7 @@ import pyopencl as cl
 
 from gpu.device import Device, select_device
 from gpu.families import GPUFamily, make_family
+from gpu.fetch import resolve_model
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
 from gpu.sampling import sample_batch
@@ -54,6 +56,15 @@ from runtime.errors import ConfigError, EngineError, UnsupportedModelError
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
 GPU_MAX_SPLITS = GPUFamily.MAX_SPLITS
+
+
+def open_engine(model: str | Path | Model | None = None, device: str | Device | None = None, **options) -> OpenCLEngine:
+    """The engine for a model file (None: the default model, fetched once) on a
+    device (None: the first usable one). What run, bench and generate all use;
+    `options` are OpenCLEngine's (block_size, num_blocks, ...)."""
+    if not isinstance(model, Model):
+        model = resolve_model(model)
+    return OpenCLEngine(model, device=device, **options)
 
 
 class OpenCLEngine:
@@ -94,6 +105,8 @@ class OpenCLEngine:
             device = dataclasses.replace(device, queue=cl.CommandQueue(device.context, device.device, properties=props))
         self.device = device
         self.device_name = device.name
+        self.model_name = Path(self.model.path).name
+        self.max_context = cfg.context_length
         self.family = make_family(kernels, device, cfg, attention_splits)
         self.family.check(self)
         self.profile = profile

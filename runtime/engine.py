@@ -22,7 +22,7 @@ any number of times samples exactly what it samples unpaused.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import msgspec
 
@@ -72,12 +72,40 @@ class Work(msgspec.Struct):
     sampling: Sampling = GREEDY
 
 
+class TextCodec(Protocol):
+    """An engine's tokenizer, as agents use it (gpu.tokenizer.Tokenizer is one)."""
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt for a chat, its template applied."""
+        ...
+
+    def stream(self) -> TextStream:
+        """A decoder for one turn's tokens, as they come."""
+        ...
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str: ...
+
+
+class TextStream(Protocol):
+    def push(self, token: int) -> str:
+        """The text this token completes (maybe "" mid-character)."""
+        ...
+
+    def flush(self) -> str: ...
+
+
 class Engine(Protocol):
-    """What the GPU owner needs from a model engine."""
+    """Everything the runtime uses of a model engine: nothing is probed for."""
 
     block_size: int  # token positions per KV block
     num_blocks: int  # blocks in the device pool
     eos_token_ids: frozenset[int]
+    tokenizer: TextCodec | None  # None: prompts are token ids (the timing model)
+    max_batch_tokens: int | None  # tokens one step can hold; None: no limit
+    max_context: int | None  # positions one turn can hold; None: no limit
+    vocab_size: int | None  # token ids it knows; None: any
+    device_name: str  # for the swarm.started event
+    model_name: str | None
     # What a step costs on this engine (runtime.cost): the scheduler's step shaping
     # reads it, the GPU owner feeds it every measured step.
     cost: StepCost

@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from runtime.actors import Actor
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
-from runtime.engine import Engine
+from runtime.engine import Engine, TextCodec
 from runtime.bus import EventBus
 from runtime.errors import UsageError
 from runtime.events import Ended, Event, Failed, SwappedIn, SwappedOut, TurnEvent
@@ -56,8 +56,8 @@ class GPUOwner(Actor):
         self.bus = bus
         self._decided: list[Event] = []
         self.scheduler = Scheduler(
-            config, BlockPool(engine.num_blocks, engine.block_size, namespace=getattr(engine, "model_id", "")), eos_token_ids=engine.eos_token_ids,
-            vocab_size=getattr(engine, "vocab_size", None), emit=self._decided.append, cost=engine.cost,
+            config, BlockPool(engine.num_blocks, engine.block_size, namespace=engine.model_id), eos_token_ids=engine.eos_token_ids,
+            vocab_size=engine.vocab_size, emit=self._decided.append, cost=engine.cost,
         )
         self.requests: MemoryObjectSendStream[OwnerRequest]
         self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
@@ -79,8 +79,8 @@ class GPUOwner(Actor):
         self._step_ended: float | None = None
 
     @property
-    def tokenizer(self) -> Any:
-        return getattr(self.engine, "tokenizer", None)
+    def tokenizer(self) -> TextCodec | None:
+        return self.engine.tokenizer
 
     def next_turn_id(self) -> int:
         return next(self._turn_ids)

@@ -51,6 +51,12 @@ class TimingEngine:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()
+        self.tokenizer = None  # prompts are token ids
+        self.max_batch_tokens: int | None = None
+        self.max_context: int | None = None
+        self.vocab_size: int | None = None
+        self.device_name = "timing model"
+        self.model_name: str | None = None
         self.cost = model.cost()  # exact: there is nothing to learn
         self._law = model.cost()  # what steps really cost, whatever `cost` is told
         self.model_id = "timing model"

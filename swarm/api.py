@@ -51,19 +51,19 @@ class Swarm:
         """`clock` (seconds, default the wall clock from now) stamps every event
         and arrival: a virtual one lets a test or simulation run the real owner
         in virtual time."""
-        limit = getattr(engine, "max_batch_tokens", None)
+        limit = engine.max_batch_tokens
         if step_tokens is None:
             step_tokens = min(128, limit or 128)
         if limit is not None and step_tokens > limit:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
-        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=getattr(getattr(engine, "config", None), "context_length", None))
+        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=engine.max_context)
         self.engine = engine
         self.bus = EventBus(clock=clock)
         self.events_path = self.bus.log_to_file(events) if events else None
         if terminal:
             self.bus.log_to_terminal()
         self.socket = Path(socket) if socket else None
-        self.model_name = model_name
+        self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
         self.owner = GPUOwner(engine, self.config, self.bus)
         self._stack = AsyncExitStack()
@@ -80,7 +80,7 @@ class Swarm:
             stack.push_async_callback(self._stop_agents)
             self.bus.emit(SwarmStarted(
                 t=self.bus.now(), step=0, unix_time=time.time(), slots=self.config.slots,
-                policy=self.config.policy.value, device=getattr(self.engine, "device_name", type(self.engine).__name__), model=self.model_name,
+                policy=self.config.policy.value, device=self.engine.device_name, model=self.model_name,
             ))
             await self.system.spawn(self.owner)
             self._stack = stack.pop_all()

@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import anyio
 import numpy as np
 
+from runtime.engine import Engine
 from runtime.errors import ConfigError
 from runtime.events import Admitted, Preempted
 from runtime.turns import Policy
@@ -153,13 +154,13 @@ def _streams(args: argparse.Namespace):
     return lengths, gaps, prompts(args.prompt, np.random.default_rng(seeds[2])), prompts(args.prompt, np.random.default_rng(seeds[3]))
 
 
-def _swarm(engine: Any, policy: str, args: argparse.Namespace) -> Swarm:
+def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
     name, _, variant = policy.partition(":")
     shaping = not args.no_shaping and variant != "unshaped"
     return Swarm(engine, slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=shaping, slack=args.slack)
 
 
-async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> dict[str, Any]:
+async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) -> dict[str, Any]:
     """One policy on a fresh Swarm under full background load."""
     lengths, gaps, bg_prompts, fg_prompts = _streams(args)
     stats = Stats()
@@ -199,7 +200,7 @@ async def bench_policy(engine: Any, policy: str, args: argparse.Namespace) -> di
     }
 
 
-async def bench_solo(engine: Any, turns: int, args: argparse.Namespace, stats: Stats) -> Stats:
+async def bench_solo(engine: Engine, turns: int, args: argparse.Namespace, stats: Stats) -> Stats:
     """The first `turns` foreground turns, one after another, on the idle engine;
     their figures are added to `stats`."""
     _, _, _, fg_prompts = _streams(args)
@@ -249,19 +250,15 @@ def parse_policies(text: str) -> list[str]:
     return out
 
 
-def load_engine(args: argparse.Namespace) -> Any:
-    from gpu.engine import OpenCLEngine
-    from gpu.fetch import resolve_model
-
-    return OpenCLEngine(resolve_model(args.model), device=args.device, kernels=args.kernels)
-
-
-def run(args: argparse.Namespace, engine: Any = None) -> int:
+def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     policies = args.policies_run = parse_policies(args.policies)
     for flag in ("seconds", "fg_interval", "prompt", "fg_tokens"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    engine = engine or load_engine(args)
+    if engine is None:
+        from gpu.engine import open_engine
+
+        engine = open_engine(args.model, args.device, kernels=args.kernels)
     results: dict[str, Any] = {}
     pooled = Stats()
     for policy in policies:
@@ -280,7 +277,7 @@ def run(args: argparse.Namespace, engine: Any = None) -> int:
     out = {
         "workload": {"slots": args.slots, "seconds": args.seconds, "fg_interval_s": args.fg_interval, "fg_tokens": args.fg_tokens,
                      "bg_max": args.bg_max, "step_tokens": args.step_tokens, "prompt": args.prompt, "seed": args.seed,
-                     "shaping": not args.no_shaping, "slack": args.slack, "device": getattr(engine, "device_name", type(engine).__name__)},
+                     "shaping": not args.no_shaping, "slack": args.slack, "device": engine.device_name},
         "policies": results,
         "solo": solo,
     }

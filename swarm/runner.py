@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import anyio
 
+from runtime.engine import Engine
 from runtime.priority import FOREGROUND
 from swarm.session import Session, _resolve, build_agents, new_out_dir, workspace_of
 from swarm.watch import WatchHub, create_app, follow_bus, serve_http
@@ -19,7 +20,7 @@ class SessionRunner:
     """Runs one session. `run()` is async; `events_path`, `agents` and `problems`
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
-    def __init__(self, session: Session, *, engine: Any = None, out: Path | None = None, socket: Path | str | None = None,
+    def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
                  on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None,
                  page_sockets: Sequence[socket.socket] = ()) -> None:
         self.session = session
@@ -40,17 +41,15 @@ class SessionRunner:
         self.page_urls = [f"http://127.0.0.1:{s.getsockname()[1]}/" for s in self.page_sockets]
         self.hub = WatchHub(source="swarm run") if self.page_sockets else None
 
-    def load_engine(self) -> Any:
+    def load_engine(self) -> Engine:
         if self.engine is None:
-            from gpu.engine import OpenCLEngine
-            from gpu.fetch import is_model_name, resolve_model
+            from gpu.engine import open_engine
+            from gpu.fetch import is_model_name
 
             spec = self.session.model
             if spec and not is_model_name(spec):  # a path, relative to the session file
                 spec = _resolve(self.session, spec)
-            model = resolve_model(spec)
-            self.engine = OpenCLEngine(model, device=self.session.device, kernels=self.session.kernels)
-            self.model_name = model.name
+            self.engine = open_engine(spec, self.session.device, kernels=self.session.kernels)
         return self.engine
 
     async def run(self) -> None:
@@ -67,7 +66,7 @@ class SessionRunner:
         s = self.session
         swarm = Swarm(
             engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache, events=self.events_path,
-            socket=self.socket, model_name=getattr(self, "model_name", None),
+            socket=self.socket,
         )
         self.started = time.monotonic()
         try:

@@ -46,6 +46,9 @@ class KVEngine:
         self.num_blocks = num_blocks
         self.vocab_size = vocab
         self.eos_token_ids = frozenset({EOS} if eos else ())
+        self.tokenizer = None
+        self.max_batch_tokens = self.max_context = None
+        self.device_name, self.model_name, self.model_id = "kv test engine", None, "kv test engine"
         self.cost = TimingModel.cpu().cost()  # a CPU's law, so step shaping thins the batch here too
         self.cache = np.full((num_blocks, block_size), -1, np.int64)
         self.host: dict[int, np.ndarray] = {}

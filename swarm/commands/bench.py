@@ -53,23 +53,22 @@ def run(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from gpu.bench import format_report, kv_blocks_needed, run_engine_bench
-    from gpu.engine import OpenCLEngine
-    from gpu.fetch import resolve_model
+    from gpu.engine import open_engine
     from runtime.errors import ConfigError
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}")
     if args.quants:
         from gpu.bench_quants import format_quant_report, run_quant_bench
+        from gpu.fetch import resolve_model
         from gpu.model import load_model
 
         config = load_model(resolve_model(args.model)).config
         report = run_quant_bench(config, device=args.device, kernels=args.kernels, steps=args.steps)
         print(json.dumps(report) if args.json else format_quant_report(report))
         return 0
-    engine = OpenCLEngine(
-        resolve_model(args.model), device=args.device, kernels=args.kernels, profile=args.profile,
-        num_blocks=kv_blocks_needed(args.steps),
+    engine = open_engine(
+        args.model, args.device, kernels=args.kernels, profile=args.profile, num_blocks=kv_blocks_needed(args.steps),
     )
     report = run_engine_bench(engine, steps=args.steps)
     print(json.dumps(report) if args.json else format_report(report))

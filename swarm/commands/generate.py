@@ -48,7 +48,7 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu.engine import OpenCLEngine
+    from gpu.engine import open_engine
     from gpu.fetch import resolve_model
     from gpu.model import load_model
     from gpu.tokenizer import Tokenizer
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the prompt is {len(prompt)} tokens, the model's context is {limit}")
     # One turn: a KV pool just big enough for it, not a fraction of the device.
     blocks = list(range(-(-(len(prompt) + max_tokens) // BLOCK_SIZE)))
-    engine = OpenCLEngine(model, device=args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=len(blocks))
+    engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=len(blocks))
 
     stream = tokenizer.stream()
     tokens: list[int] = []

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     config = getattr(getattr(runner, "swarm", None), "config", None)
     owner = getattr(getattr(runner, "swarm", None), "owner", None)
     overhead = statistics.median(owner.overhead_seconds) if owner is not None and owner.overhead_seconds else 0.0
-    summary = summarize(events, runner.agents, getattr(engine, "cost", None), getattr(config, "prefill_chunk", 512), overhead)
+    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, getattr(config, "prefill_chunk", 512), overhead)
     print_summary(console, summary, runner)
     if interrupted:
         console.print("stopped by Ctrl-C")

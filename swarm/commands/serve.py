@@ -40,14 +40,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu.engine import OpenCLEngine
+    from gpu.engine import open_engine
     from gpu.fetch import resolve_model
 
     if args.slots < 1:
         raise ConfigError(f"--slots must be at least 1, got {args.slots}")
     path = resolve_model(args.model)
     model_id = args.served_model_name or Path(path).name.removesuffix(".gguf")
-    engine = OpenCLEngine(path, device=args.device, kernels=args.kernels)
+    engine = open_engine(path, args.device, kernels=args.kernels)
     try:
         anyio.run(_serve, engine, model_id, args)
     except KeyboardInterrupt:
