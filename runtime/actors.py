@@ -122,6 +122,12 @@ class Actor:
     async def on_stop(self) -> None:
         """Runs once when the actor stops for any reason, even a failed on_start."""
 
+    def on_undelivered(self, msg: msgspec.Struct) -> bool:
+        """Told, before on_stop, of each message still in the mailbox when the
+        actor stopped; True if it took care of it (the default: it is dropped,
+        with a warning)."""
+        return False
+
     async def tell(self, target: Target, msg: msgspec.Struct) -> None:
         await self.system.tell(target, msg, sender=self.name)
 

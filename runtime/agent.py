@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 import anyio
 
 from runtime.actors import Actor
-from runtime.engine import GREEDY, Sampling
+from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
-from runtime.messages import CancelTurn, Token, TurnRequest
-from runtime.owner import TurnChannel
+from runtime.messages import Token, TurnChannel, TurnRequest
 from runtime.priority import BACKGROUND
 from runtime.waits import MAILBOX, lift_key, serving
 
 if TYPE_CHECKING:
-    from runtime.owner import GPUOwner
+    from runtime.client import GPUClient
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
@@ -71,11 +70,11 @@ class Agent(Actor):
 
     def __init__(self, name: str, priority: int = BACKGROUND, **kwargs: Any) -> None:
         super().__init__(name, priority, **kwargs)
-        self.gpu: GPUOwner | None = None  # set by Swarm.spawn
+        self.gpu: GPUClient | None = None  # set by Swarm.spawn
 
     @property
-    def tokenizer(self) -> Any:
-        return self._owner().tokenizer
+    def tokenizer(self) -> TextCodec | None:
+        return self._gpu().tokenizer
 
     @property
     def turn_priority(self) -> int:
@@ -137,7 +136,7 @@ class Agent(Actor):
             raise UsageError(f"agent {self.name!r}: a list prompt holds messages (dicts) or token ids (ints >= 0), not a mix or strings")
         return list(prompt)
 
-    def _owner(self) -> GPUOwner:
+    def _gpu(self) -> GPUClient:
         if self.gpu is None:
             raise ActorError(f"agent {self.name!r} has no GPU: spawn it with Swarm.spawn")
         return self.gpu
@@ -153,14 +152,14 @@ class TurnHandle:
     def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool) -> None:
         self.agent = agent
         self.prompt = prompt
-        self.id = agent._owner().next_turn_id()
+        self._gpu = agent._gpu()
+        self.id = self._gpu.new_turn_id()
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
             agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
         )
-        self._channel: TurnChannel | None = None  # made on entry: an unentered handle holds nothing
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
         self.tokens: list[int] = []
@@ -173,6 +172,7 @@ class TurnHandle:
         self.pauses: list[PauseInfo] = []
         self.paused_s = 0.0
         self.cancel_reason = "left by its agent"  # what the event says if the turn is left early
+        self._channel: TurnChannel | None = None  # made on entry: an unentered handle holds nothing
 
     @property
     def text(self) -> str:
@@ -200,28 +200,14 @@ class TurnHandle:
     async def __aenter__(self) -> TurnHandle:
         if self._channel is not None:
             raise UsageError(f"agent {self.agent.name!r}: turn {self.id} was already started; call generate() again for another")
-        self._channel = TurnChannel(self.id)
-        self._request.reply = self._channel
-        self._request.t = self.agent._owner().bus.now()
-        try:
-            # The request channel is unbounded: sending never waits, so there is no
-            # checkpoint at which a cancel could leave a request out with nobody to
-            # read its answer.
-            self.agent._owner().requests.send_nowait(self._request)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._channel.send.close()  # nobody else holds it
-            self._channel.receive.close()
-            raise TurnCancelled(f"agent {self.agent.name!r}: the GPU owner has stopped") from None
+        self._channel = await self._gpu.submit(self.id, self._request)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
         self._channel.receive.close()  # the owner closes the send end
         if self.ended is None:
             with anyio.CancelScope(shield=True):
-                try:
-                    await self.agent._owner().requests.send(CancelTurn(turn=self.id, reason=self.cancel_reason))
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass  # the owner has stopped and ended the turn itself
+                await self._gpu.cancel(self.id, self.cancel_reason)
 
     def __aiter__(self) -> TurnHandle:
         return self

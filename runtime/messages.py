@@ -1,14 +1,18 @@
 """What agents and the GPU owner say to each other.
 
-Agents send `OwnerRequest`s over the owner's request channel; the owner answers
-each turn on that turn's own channel with its tokens and its events.
+Agents send `OwnerRequest`s to the GPU owner's mailbox (through runtime.client);
+the owner answers each turn on that turn's own channel with its tokens and its
+events.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Union
 
+import anyio
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from runtime.engine import GREEDY, Sampling
 from runtime.events import TurnEvent
@@ -52,6 +56,7 @@ class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
 OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
 
 
+
 def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -90,3 +95,19 @@ class Token(msgspec.Struct, tag="token", kw_only=True):
 
 
 TurnUpdate = Union[Token, TurnEvent]
+
+
+class TurnChannel:
+    """The reply address a TurnRequest carries: the turn's id and its update
+    stream. The owner sends on it and closes it at the turn's end; the turn's
+    handle receives. Made by the GPU client (runtime.client)."""
+
+    def __init__(self, turn_id: int) -> None:
+        self.turn_id = turn_id
+        self.send: MemoryObjectSendStream[TurnUpdate]
+        self.receive: MemoryObjectReceiveStream[TurnUpdate]
+        self.send, self.receive = anyio.create_memory_object_stream[TurnUpdate](math.inf)
+
+    def close(self) -> None:
+        self.send.close()
+        self.receive.close()

@@ -1,8 +1,10 @@
 """The GPU owner: the one actor that drives the engine, a token at a time.
 
-Its loop, once per token boundary:
+What reaches it comes through its mailbox (agents use runtime.client.GPUClient):
+turn requests and cancels, and from the actor system, agents that stopped and
+priorities lent. Its handler only queues them; its loop, once per token boundary:
 
-    drain the request channel into the scheduler   (submit, cancel, inherit)
+    take what has arrived into the scheduler       (submit, cancel, inherit)
     plan = scheduler.schedule(now)                  (admit, preempt, resume)
     move KV, start the engine step in the step thread
     while it runs: deliver the previous step's tokens, then the decisions,
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import math
 import time
@@ -28,16 +29,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
 
-from runtime.actors import Actor
+from runtime.actors import Actor, handler
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
-from runtime.engine import Engine, TextCodec
+from runtime.engine import Engine
 from runtime.bus import EventBus
 from runtime.errors import UsageError
 from runtime.events import Ended, Event, Failed, SwappedIn, SwappedOut, TurnEvent
-from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate, turn_request_problem
+from runtime.messages import (
+    CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnChannel, TurnRequest, TurnUpdate, turn_request_problem,
+)
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.waits import lift_key
@@ -50,6 +54,8 @@ STOPPED = "swarm stopped"
 
 
 class GPUOwner(Actor):
+    mailbox_size = math.inf  # a request is never refused for room: the handler only queues it
+
     def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
         super().__init__(name, FOREGROUND)
         self.engine = engine
@@ -59,10 +65,9 @@ class GPUOwner(Actor):
             config, BlockPool(engine.num_blocks, engine.block_size, namespace=engine.model_id), eos_token_ids=engine.eos_token_ids,
             vocab_size=engine.vocab_size, emit=self._decided.append, cost=engine.cost,
         )
-        self.requests: MemoryObjectSendStream[OwnerRequest]
-        self.requests, self._inbox = anyio.create_memory_object_stream[OwnerRequest](math.inf)
+        self._arrived: collections.deque[OwnerRequest] = collections.deque()  # taken at the next boundary
+        self._wakeup = anyio.Event()
         self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
-        self._turn_ids = itertools.count(1)
         # Set when the swarm shuts down: the turns its stopping agents leave were
         # ended by the shutdown, and say so.
         self.closing = False
@@ -77,13 +82,6 @@ class GPUOwner(Actor):
         self.gap_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
         self._pending: list[Token] = []  # the last step's tokens, not yet delivered
         self._step_ended: float | None = None
-
-    @property
-    def tokenizer(self) -> TextCodec | None:
-        return self.engine.tokenizer
-
-    def next_turn_id(self) -> int:
-        return next(self._turn_ids)
 
     # ---------------------------------------------------------------- hooks
 
@@ -102,11 +100,26 @@ class GPUOwner(Actor):
         # Only the turns serving the request are lifted, not all of the agent's.
         self._request(SetInherited(lift=lift_key(agent, via), priority=priority))
 
+    @handler
+    async def arrive(self, request: TurnRequest | CancelTurn | CancelAgent | SetInherited) -> None:
+        """Every request waits for the next token boundary: none is applied while
+        a step runs, so a cancelled turn's blocks are freed when no step uses them."""
+        self._request(request)
+
+    def on_undelivered(self, msg: msgspec.Struct) -> bool:
+        # A request still in the mailbox at shutdown is taken by on_stop like the
+        # rest, so its turn ends in a terminal event instead of hanging its agent.
+        self._request(msg)  # type: ignore[arg-type]
+        return True
+
     def _request(self, request: OwnerRequest) -> None:
-        try:
-            self.requests.send_nowait(request)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the owner has stopped; on_stop already ended every turn
+        self._arrived.append(request)
+        self._wakeup.set()
+
+    async def _wait_for_request(self) -> None:
+        while not self._arrived:
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
 
     async def on_stop(self) -> None:
         # Every turn ends in exactly one terminal event, even at shutdown.
@@ -121,8 +134,10 @@ class GPUOwner(Actor):
             # Even if the owner died of a bug and the above failed too: no agent is
             # left waiting on a turn (a channel closed without an end reads as
             # TurnFailed "the GPU owner stopped").
-            self.requests.close()
-            self._inbox.close()
+            for request in self._arrived:
+                if isinstance(request, TurnRequest) and isinstance(request.reply, TurnChannel):
+                    request.reply.send.close()
+            self._arrived.clear()
             for reply in self._replies.values():
                 reply.close()
             self._replies.clear()
@@ -140,7 +155,7 @@ class GPUOwner(Actor):
             self._deliver()
             self._publish()
             self._step_ended = None
-            self._apply(await self._inbox.receive())  # idle: sleep until asked
+            await self._wait_for_request()  # idle: sleep until asked
         started = time.perf_counter()
         self._drain()
         plan = self.scheduler.schedule(self.bus.now())
@@ -155,7 +170,7 @@ class GPUOwner(Actor):
                 # Nothing could run this boundary (memory was being freed):
                 # look again soon, or as soon as something changes.
                 with anyio.move_on_after(0.05):
-                    self._apply(await self._inbox.receive())
+                    await self._wait_for_request()
             return
         step = device.submit(self._execute, plan)
         if self._step_ended is not None:
@@ -242,11 +257,8 @@ class GPUOwner(Actor):
     # ------------------------------------------------------------- requests
 
     def _drain(self) -> None:
-        while True:
-            try:
-                self._apply(self._inbox.receive_nowait())
-            except anyio.WouldBlock:
-                return
+        while self._arrived:
+            self._apply(self._arrived.popleft())
 
     def _apply(self, request: OwnerRequest) -> None:
         """Take one request. Nothing an agent sends may stop the owner: a request
@@ -335,14 +347,3 @@ async def _result(step: Future) -> Any:
     except RuntimeError:  # another anyio backend: wait in a worker thread
         return await anyio.to_thread.run_sync(step.result)
     return await asyncio.wrap_future(step, loop=loop)
-
-
-class TurnChannel:
-    """The reply address a TurnRequest carries: the turn's id and the send end of
-    its update stream. Made by the agent side (runtime.agent.TurnHandle)."""
-
-    def __init__(self, turn_id: int) -> None:
-        self.turn_id = turn_id
-        self.send: MemoryObjectSendStream[TurnUpdate]
-        self.receive: MemoryObjectReceiveStream[TurnUpdate]
-        self.send, self.receive = anyio.create_memory_object_stream[TurnUpdate](math.inf)

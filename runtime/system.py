@@ -328,10 +328,11 @@ class ActorSystem:
         dropped = 0
         while True:
             try:
-                cell.recv.receive_nowait()
-                dropped += 1
+                envelope = cell.recv.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
+            if not cell.actor.on_undelivered(envelope.msg):
+                dropped += 1
         if dropped:
             log.warning("actor %r stopped with %d undelivered messages; dropped", cell.name, dropped)
         cell.recv.close()  # a sender still blocked on the full mailbox gets ActorCrashed

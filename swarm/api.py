@@ -23,6 +23,7 @@ from runtime.engine import Engine
 from runtime.errors import ConfigError, UsageError
 from runtime.bus import EventBus
 from runtime.events import SwarmStarted, SwarmStopped
+from runtime.client import GPUClient
 from runtime.owner import GPUOwner
 from runtime.stream import serve_events
 from runtime.system import ActorSystem
@@ -66,6 +67,7 @@ class Swarm:
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
         self.owner = GPUOwner(engine, self.config, self.bus)
+        self.client = GPUClient(self.system, self.owner.name, self.bus.now, engine.tokenizer)  # what agents hold
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Swarm:
@@ -103,7 +105,7 @@ class Swarm:
     async def spawn(self, agent: Agent) -> Agent:
         if not isinstance(agent, Agent):
             raise UsageError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
-        agent.gpu = self.owner
+        agent.gpu = self.client
         await self.system.spawn(agent)
         return agent
 

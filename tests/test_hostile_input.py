@@ -17,7 +17,7 @@ from runtime.events import Ended, Failed
 from runtime.errors import ConfigError, SlotswarmError, TurnFailed, UsageError
 from runtime.lock import Lock
 from runtime.messages import TurnRequest
-from runtime.owner import TurnChannel
+from runtime.messages import TurnChannel
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, handler
 
 
@@ -144,9 +144,9 @@ async def test_a_bad_request_sent_straight_to_the_owner_fails_only_its_own_turn(
             async with bystander.generate(INNOCENT, max_tokens=30, ignore_eos=True) as innocent:
                 fields = dict(agent="evil", priority=FOREGROUND, prompt=[1, 2], max_tokens=5)
                 fields.update(BAD_REQUESTS[bad])
-                channel = TurnChannel(s.owner.next_turn_id())
-                await s.owner.requests.send(TurnRequest(**fields, reply=channel))
-                await s.owner.requests.send(TurnRequest(**fields))  # no reply address at all
+                channel = TurnChannel(s.client.new_turn_id())
+                await s.system.tell(s.owner, TurnRequest(**fields, reply=channel))
+                await s.system.tell(s.owner, TurnRequest(**fields))  # no reply address at all
                 with channel.receive:
                     *_, end = [u async for u in channel.receive]
                 assert isinstance(end, Failed)

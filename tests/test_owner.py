@@ -188,9 +188,7 @@ async def test_a_cancelled_turn_raises_turn_cancelled_to_its_reader():
                 with pytest.raises(TurnCancelled, match="told to stop"):
                     async for _ in turn:
                         if len(turn.tokens) == 2:
-                            from runtime.messages import CancelTurn
-
-                            await s.owner.requests.send(CancelTurn(turn=turn.id, reason="told to stop"))
+                            await s.client.cancel(turn.id, "told to stop")
 
 
 class Holder(Agent):

@@ -1,8 +1,8 @@
 """`swarm generate "message"`: one chat turn on the model, streamed to stdout.
 
-The chat template is applied to the single user message, the prompt is prefilled
-in chunks, and tokens are decoded one step at a time until an end-of-turn token
-or --max-tokens. With --json nothing streams; one JSON object is printed at the end:
+The chat template is applied to the single user message and the turn runs like any
+agent's, through a one-slot swarm: prefilled in chunks, then decoded a token a step
+until an end-of-turn token or --max-tokens. With --json nothing streams; one JSON object is printed at the end:
 {"prompt_ids": [...], "tokens": [...], "text": "..."}.
 """
 
@@ -12,10 +12,12 @@ import argparse
 import json
 import sys
 
-from runtime.engine import GREEDY, Sampling, Work
-from runtime.errors import ConfigError
+import anyio
 
-PREFILL_CHUNK = 128
+from runtime.engine import GREEDY, Engine, Sampling
+from runtime.errors import ConfigError
+from swarm import FOREGROUND, Agent, Swarm, TurnHandle
+
 BLOCK_SIZE = 16
 
 
@@ -56,40 +58,32 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from(args)
-    path = resolve_model(args.model)
-
-    model = load_model(path)
-    tokenizer = Tokenizer.from_model(model)
-    prompt = tokenizer.chat([{"role": "user", "content": args.message}])
+    model = load_model(resolve_model(args.model))
+    prompt = Tokenizer.from_model(model).chat([{"role": "user", "content": args.message}])
     limit = model.config.context_length
     max_tokens = min(args.max_tokens, limit - len(prompt))
     if max_tokens < 1:
         raise ConfigError(f"the prompt is {len(prompt)} tokens, the model's context is {limit}")
     # One turn: a KV pool just big enough for it, not a fraction of the device.
-    blocks = list(range(-(-(len(prompt) + max_tokens) // BLOCK_SIZE)))
-    engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=len(blocks))
-
-    stream = tokenizer.stream()
-    tokens: list[int] = []
-    for start in range(0, len(prompt), PREFILL_CHUNK):
-        chunk = prompt[start : start + PREFILL_CHUNK]
-        last = start + len(chunk) == len(prompt)
-        token = engine.step([Work(0, chunk, start, blocks, sample=last, sampling=sampling)])[0]
-    while True:
-        tokens.append(token)
-        if token in engine.eos_token_ids:
-            break
-        if not args.json:
-            sys.stdout.write(stream.push(token))
-            sys.stdout.flush()
-        if len(tokens) == max_tokens:
-            break
-        position = len(prompt) + len(tokens) - 1
-        token = engine.step([Work(0, [token], position, blocks, sample=True, sampling=sampling)])[0]
-
+    blocks = -(-(len(prompt) + max_tokens) // BLOCK_SIZE)
+    engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=blocks)
+    turn = anyio.run(_generate, engine, prompt, max_tokens, sampling, not args.json)
     if args.json:
-        text = tokenizer.decode(tokens, skip_special=True)
-        print(json.dumps({"prompt_ids": prompt, "tokens": tokens, "text": text}))
+        text = engine.tokenizer.decode(turn.tokens, skip_special=True)
+        print(json.dumps({"prompt_ids": prompt, "tokens": turn.tokens, "text": text}))
     else:
-        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.write("\n")
     return 0
+
+
+async def _generate(engine: Engine, prompt: list[int], max_tokens: int, sampling: Sampling, stream: bool) -> TurnHandle:
+    """The turn, through a one-slot swarm: the same client, owner and scheduler
+    every agent's turn goes through."""
+    async with Swarm(engine, slots=1) as swarm:
+        agent = await swarm.spawn(Agent("generate", FOREGROUND))
+        async with agent.generate(prompt, max_tokens=max_tokens, sampling=sampling) as turn:
+            async for piece in turn:
+                if stream:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+    return turn

@@ -24,7 +24,6 @@ import msgspec
 
 from runtime.agent import Agent, TurnHandle
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
-from runtime.messages import CancelTurn
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.waits import MAILBOX, on_behalf
 from swarm.api import Swarm
@@ -51,7 +50,7 @@ class Gateway:
         self.swarm = swarm
         self.model_id = model_id
         self.max_queue = max_queue
-        self.tokenizer = swarm.owner.tokenizer
+        self.tokenizer = swarm.client.tokenizer
         self.context = swarm.config.max_context or math.inf
         self.clock: Callable[[], float] = swarm.bus.now
         self.metrics: Any = None  # swarm.server.metrics.Metrics, once attached
@@ -148,7 +147,7 @@ class Gateway:
                 except WaitCycle as exc:
                     raise RequestError(str(exc), param="X-Swarm-Waits-On", code="wait_cycle") from None
             agent = _Outside(caller.agent, caller.priority)
-            agent.gpu = self.swarm.owner
+            agent.gpu = self.swarm.client
             try:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
@@ -220,10 +219,7 @@ class Gateway:
                 tg.cancel_scope.cancel()
         for turn_id, served in list(self.turns.items()):
             served.handle.cancel_reason = "server shutting down"
-            try:
-                self.swarm.owner.requests.send_nowait(CancelTurn(turn=turn_id, reason="server shutting down"))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # the owner has stopped: it ended every turn itself
+            await self.swarm.client.cancel(turn_id, "server shutting down")
         while self.turns:
             await self._changed.wait()
         self.closed.set()

@@ -1,0 +1,59 @@
+"""The GPU client: all an agent holds of the GPU.
+
+    turn = client.new_turn_id()
+    channel = await client.submit(turn, request)   # into the GPU owner's mailbox
+    await client.cancel(turn, reason)
+    client.now(), client.tokenizer
+
+It is the single source of turn ids, and it reaches the owner only through the
+owner's actor mailbox, like any other actor would. One client serves a swarm;
+every agent spawned into it (and `swarm generate`, and the HTTP gateway) shares it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Callable
+
+from runtime.engine import TextCodec
+from runtime.errors import ActorError, TurnCancelled
+from runtime.messages import CancelTurn, TurnChannel, TurnRequest
+
+if TYPE_CHECKING:
+    from runtime.system import ActorSystem
+
+
+class GPUClient:
+    def __init__(self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None) -> None:
+        self._system = system
+        self._owner = owner
+        self._ids = itertools.count(1)
+        self.now = clock  # the swarm's clock: what every event's `t` is on
+        self.tokenizer = tokenizer
+
+    def new_turn_id(self) -> int:
+        return next(self._ids)
+
+    async def submit(self, turn: int, request: TurnRequest) -> TurnChannel:
+        """Hand a turn to the GPU owner; returns the channel its tokens and events
+        come back on, once the request is in the owner's mailbox (it is taken at
+        the next token boundary). Raises TurnCancelled if the owner has stopped."""
+        channel = request.reply = TurnChannel(turn)
+        request.t = self.now()  # the wait a person sees starts here
+        try:
+            # The owner's mailbox is unbounded, so this tell never waits: there is
+            # no checkpoint at which a cancel could leave the request sent with
+            # nobody to read its answer. (One still in the mailbox when the owner
+            # stops is handed back to it, and ended: GPUOwner.on_undelivered.)
+            await self._system.tell(self._owner, request)
+        except ActorError as exc:
+            channel.close()
+            raise TurnCancelled(f"turn {turn} of agent {request.agent!r}: the GPU owner has stopped") from exc
+        return channel
+
+    async def cancel(self, turn: int, reason: str) -> None:
+        """End a turn at the next token boundary (nothing if it has ended)."""
+        try:
+            await self._system.tell(self._owner, CancelTurn(turn=turn, reason=reason))
+        except ActorError:
+            pass  # the owner has stopped, and ended every turn as it did
