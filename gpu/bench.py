@@ -24,6 +24,7 @@ from runtime.blocks import BlockPool
 from runtime.engine import Work
 from runtime.scheduler import Scheduler
 from runtime.turns import SchedulerConfig
+from runtime.units import ceil_div
 
 BATCHES = (1, 2, 4, 8)
 PROMPT = 64  # positions each turn holds before the decode steps
@@ -34,11 +35,11 @@ TTFT_REPEATS = 3
 
 def _span(steps: int, block_size: int) -> int:
     """KV blocks one bench turn needs."""
-    return -(-max(PROMPT + (steps + 1) * len(BATCHES), PREFILL) // block_size)
+    return ceil_div(max(PROMPT + (steps + 1) * len(BATCHES), PREFILL), block_size)
 
 
 def kv_blocks_needed(steps: int, block_size: int = 16) -> int:
-    return max((max(BATCHES) + 1) * _span(steps, block_size), 2 * -(-TTFT_PROMPT // block_size) + 2)
+    return max((max(BATCHES) + 1) * _span(steps, block_size), 2 * ceil_div(TTFT_PROMPT, block_size) + 2)
 
 
 def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[float]) -> dict:

@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime.cost import step_features
 from runtime.engine import Work
+from runtime.units import ceil_div
 
 BATCHES = (1, 2, 4, 8)
 PREFILLS = (32, 96)
@@ -26,7 +27,7 @@ PREFILLS = (32, 96)
 def calibration_samples(engine: Any, repeats: int = 2) -> list[tuple[int, int, float]]:
     """(tokens, kv_reads, seconds) for each calibration shape; [] if the pool is too small."""
     width = max(max(BATCHES), 2) + 1
-    span = min(engine.num_blocks // width, -(-400 // engine.block_size))  # blocks per turn
+    span = min(engine.num_blocks // width, ceil_div(400, engine.block_size))  # blocks per turn
     positions = span * engine.block_size
     if positions < 2 * max(PREFILLS):
         return []

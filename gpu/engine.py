@@ -52,6 +52,7 @@ from gpu.weights import upload_weights
 from runtime.cost import StepCost
 from runtime.engine import Work
 from runtime.errors import ConfigError, EngineError, UnsupportedModelError
+from runtime.units import ceil_div
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -114,7 +115,7 @@ class OpenCLEngine:
         self.block_size = block_size
         self.num_blocks = num_blocks or choose_num_blocks(self.device, cfg, block_size, kv_fraction)
         self.max_batch_tokens = max_batch_tokens
-        self.max_blocks = -(-cfg.context_length // block_size)  # block table width
+        self.max_blocks = ceil_div(cfg.context_length, block_size)  # block table width
         self.step_positions = 0  # the most positions a token of the step attends to
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
         self.weights = upload_weights(self.device.context, self.model)
@@ -234,7 +235,7 @@ class OpenCLEngine:
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
         tables = np.zeros((len(batch), self.max_blocks), dtype=i32)
         for s, w in enumerate(batch):
-            need = -(-(w.start + len(w.tokens)) // self.block_size)
+            need = ceil_div(w.start + len(w.tokens), self.block_size)
             tables[s, :need] = w.block_table[:need]
         ends = np.cumsum([len(w.tokens) for w in batch]) - 1
         sample_at = np.array([e for e, w in zip(ends, batch) if w.sample], dtype=i32)
@@ -273,7 +274,7 @@ class OpenCLEngine:
                 raise EngineError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")
             if min(w.tokens) < 0 or max(w.tokens) >= vocab:
                 raise EngineError(f"turn {w.turn}: token ids must be in [0, {vocab})")
-            need = -(-end // self.block_size)
+            need = ceil_div(end, self.block_size)
             if len(w.block_table) < need:
                 raise EngineError(
                     f"turn {w.turn}: block table of {len(w.block_table)} blocks covers "

@@ -23,6 +23,7 @@ import gguf
 import numpy as np
 
 from runtime.errors import ModelFormatError
+from runtime.units import ceil_div
 
 # value type -> struct format (gguf.GGUFValueType numbering)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -100,7 +101,7 @@ def read_gguf(path: Path) -> tuple[dict[str, object], list[GGUFTensor]]:
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelFormatError(f"{path}: corrupt or truncated GGUF header ({e})") from e
     alignment = int(metadata.get("general.alignment", 32))  # type: ignore[arg-type]
-    start = -(-c.at // alignment) * alignment
+    start = ceil_div(c.at, alignment) * alignment
     tensors = []
     for name, dims, kind, offset in infos:
         try:

@@ -16,6 +16,7 @@ import pyopencl as cl
 from gpu.device import Device
 from gpu.model import ModelConfig
 from runtime.errors import ConfigError, EngineError
+from runtime.units import ceil_div
 
 CPU_KV_CAP = 1 << 30  # bytes; on a CPU device the "device memory" is the host's RAM
 
@@ -69,7 +70,7 @@ class KVPool:
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         """Copy the blocks holding the first `length` positions to host memory."""
-        n = -(-length // self.block_size)
+        n = ceil_div(length, self.block_size)
         if n > len(blocks):
             raise EngineError(f"turn {turn}: {len(blocks)} blocks cannot hold {length} positions")
         self.check_blocks(blocks[:n], f"swap_out of turn {turn}")

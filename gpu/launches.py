@@ -12,6 +12,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.weights import DeviceMatrix
+from runtime.units import ceil_div
 
 i32 = np.int32
 
@@ -43,8 +44,8 @@ class CPUMatmul:
     def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple):
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
-        pairs = -(-rows // 2)
-        self.global_size = (-(-pairs // wg) * wg,)
+        pairs = ceil_div(rows, 2)
+        self.global_size = (ceil_div(pairs, wg) * wg,)
         self.tiles = {}
         for tile in (1, 2, 4, 8):
             k = cl.Kernel(program, f"{kernel}_{w.kind}_t{tile}")
@@ -71,12 +72,12 @@ class GPUMatmul:
     def __init__(self, name: str, program: cl.Program, op: int, wg: int, w: DeviceMatrix, args: tuple):
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if op == OP_SWIGLU else w.rows
-        units = rows if op == OP_SWIGLU else -(-rows // 2)
+        units = rows if op == OP_SWIGLU else ceil_div(rows, 2)
         blocks = w.cols // 32
         # lanes per unit: a power of two, at most a warp, no more than the row has blocks
         self.lpu = min(1 << (blocks.bit_length() - 1), 32, wg)
-        self.mv_size = (-(-units // (wg // self.lpu)) * wg,)
-        self.mm_groups = -(-units // (MM_ROWS // 2))
+        self.mv_size = (ceil_div(units, wg // self.lpu) * wg,)
+        self.mm_groups = ceil_div(units, MM_ROWS // 2)
         self.kernels = {}
         for shape in ("mv", "mm"):
             k = cl.Kernel(program, f"{shape}_{w.kind}")
@@ -87,7 +88,7 @@ class GPUMatmul:
         if ncols <= MV_MAX_COLS:
             kernel, size, local = self.kernels["mv"], self.mv_size, (self.wg,)
         else:
-            kernel, size, local = self.kernels["mm"], (self.mm_groups * self.wg, -(-ncols // MM_COLS)), (self.wg, 1)
+            kernel, size, local = self.kernels["mm"], (self.mm_groups * self.wg, ceil_div(ncols, MM_COLS)), (self.wg, 1)
         kernel.set_arg(self.NCOLS, i32(ncols))
         return cl.enqueue_nd_range_kernel(queue, kernel, size, local)
 

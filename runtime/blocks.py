@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from runtime.errors import UsageError
+from runtime.units import ceil_div
 
 
 class BlockPool:
@@ -54,7 +55,7 @@ class BlockPool:
 
     def blocks_for(self, positions: int) -> int:
         """Blocks needed to hold `positions` token positions."""
-        return -(-positions // self.block_size)
+        return ceil_div(positions, self.block_size)
 
     # ------------------------------------------------------------ allocation
 

@@ -30,6 +30,22 @@ class Policy(enum.StrEnum):
         except ValueError:
             raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(p.value for p in cls)}") from None
 
+    @classmethod
+    def parse_list(cls, text: str, *, variants: tuple[str, ...] = ()) -> list[str]:
+        """A comma-separated list of policies, each NAME or NAME:VARIANT (one of
+        `variants`), checked and normalised: what --policies flags take."""
+        names = [p.strip() for p in text.split(",") if p.strip()]
+        if not names:
+            raise ConfigError("--policies: name at least one policy")
+        out = []
+        for name in names:
+            policy, _, variant = name.partition(":")
+            if variant and variant not in variants:
+                allowed = " or ".join(f"NAME:{v}" for v in variants) or "none"
+                raise ConfigError(f"--policies: {name!r}: the only variant is {allowed}")
+            out.append(cls.parse(policy).value + (f":{variant}" if variant else ""))
+        return out
+
 
 @dataclass
 class SchedulerConfig:

@@ -33,8 +33,8 @@ import anyio
 
 from runtime.errors import ConfigError
 from runtime.turns import Policy
+from runtime.units import format_duration, percentiles
 from swarm import bench_swarm
-from swarm.summary import percentiles
 
 START_TIMEOUT_S = 600
 
@@ -223,8 +223,6 @@ def print_table(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    _s = bench_swarm._s
-
     w = out["workload"]
     table = Table(title=f"{w['slots']} background streams + 1 foreground client, {w['policy']}, {w['seconds']:.0f} s")
     for col in ("", "fg turns", "ttft p50", "p90", "p99", "max", "itl p50", "p90", "p99", "max", "bg tok/s"):
@@ -232,13 +230,12 @@ def print_table(out: dict[str, Any]) -> None:
     rows = [("over HTTP", out["http"])] + ([("in process", out["in_process"])] if "in_process" in out else [])
     for name, r in rows:
         ttft, itl = r["fg_ttft_s"] or {}, r["fg_itl_s"] or {}
-        table.add_row(name, str(r["fg_turns"]), *(_s(ttft.get(k)) for k in ("p50", "p90", "p99", "max")),
-                      *(_s(itl.get(k)) for k in ("p50", "p90", "p99", "max")), f"{r['bg_tok_per_s']:.1f}")
+        table.add_row(name, str(r["fg_turns"]), *(format_duration(ttft.get(k), 0) for k in ("p50", "p90", "p99", "max")),
+                      *(format_duration(itl.get(k), 0) for k in ("p50", "p90", "p99", "max")), f"{r['bg_tok_per_s']:.1f}")
     console = Console()
     console.print(table)
     server = out["http"]["fg_server_ttft_s"]
     if server:
-        console.print(f"server-side ttft (usage.ttft_s) over HTTP: p50 {_s(server['p50'])}, p99 {_s(server['p99'])}")
+        console.print(f"server-side ttft (usage.ttft_s) over HTTP: p50 {format_duration(server['p50'], 0)}, p99 {format_duration(server['p99'], 0)}")
     if out.get("fg_ttft_p99_vs_in_process") is not None:
         console.print(f"foreground ttft p99, HTTP / in process: {out['fg_ttft_p99_vs_in_process']:.2f}x (target <= 2x)")
-

@@ -39,7 +39,7 @@ from runtime.errors import ConfigError
 from runtime.events import Admitted, Preempted
 from runtime.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
-from swarm.summary import percentiles
+from runtime.units import format_duration, percentiles
 from swarm.sim import Lengths
 
 FEEL = ("fg_ttft_s", "fg_itl_s", "fg_turn_s")  # what solo is measured for
@@ -238,16 +238,7 @@ def vs_solo(result: dict[str, Any], solo: dict[str, Any]) -> dict[str, float | N
 
 
 def parse_policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise ConfigError("--policies: name at least one policy")
-    out = []
-    for name in names:
-        policy, _, variant = name.partition(":")
-        if variant not in ("", "unshaped"):
-            raise ConfigError(f"--policies: {name!r}: the only variant is NAME:unshaped")
-        out.append(Policy.parse(policy).value + (":unshaped" if variant else ""))
-    return out
+    return Policy.parse_list(text, variants=("unshaped",))
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
@@ -303,10 +294,10 @@ def print_table(out: dict[str, Any]) -> None:
     rows = [("solo", out["solo"], None)] + [(name, r, r["vs_solo"]) for name, r in out["policies"].items()]
     for name, r, ratio in rows:
         wait = r.get("fg_wait_s") or {}
-        cells = [_s(wait.get("p50")), _s(wait.get("p99"))]
+        cells = [format_duration(wait.get("p50"), 0), format_duration(wait.get("p99"), 0)]
         for key, (p, x) in (("fg_ttft_s", ("p50", "ttft_p99")), ("fg_itl_s", ("p50", "itl_p50")), ("fg_turn_s", ("p50", "turn_p50"))):
             v = r.get(key) or {}
-            cells += [_s(v.get(p)), _s(v.get("p99")), "-" if ratio is None or ratio.get(x) is None else f"{ratio[x]:.2f}x"]
+            cells += [format_duration(v.get(p), 0), format_duration(v.get("p99"), 0), "-" if ratio is None or ratio.get(x) is None else f"{ratio[x]:.2f}x"]
         feel.add_row(name, str(r["fg_turns"]), *cells)
     console.print(feel)
     load = Table(title="the background")
@@ -314,11 +305,5 @@ def print_table(out: dict[str, Any]) -> None:
         load.add_column(col, justify="right")
     for name, r in out["policies"].items():
         idle = r["bg_tok_per_s_idle"]
-        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), _s(r["paused_s"]), _s(r["step_s_median"]))
+        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), format_duration(r["paused_s"], 0), format_duration(r["step_s_median"], 0))
     console.print(load)
-
-
-def _s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"

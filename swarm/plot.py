@@ -31,6 +31,7 @@ from matplotlib.patches import Patch
 from runtime.errors import ConfigError
 from runtime.events import Admitted, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, fields_of
 from runtime.priority import FOREGROUND
+from runtime.units import format_duration, percentiles
 from swarm.tail import read_file
 
 PERCENTILES = ("p50", "p90", "p99", "max")
@@ -310,7 +311,7 @@ def _draw_waits(ax: Any, tl: Timeline, row: dict) -> None:
     ax.plot([w.admitted for w in tl.waits], ys, color="black", marker="|", markersize=9, linestyle="none", zorder=3)
     for w in sorted(tl.waits, key=lambda w: w.waited, reverse=True)[:MAX_WAIT_LABELS]:
         ax.annotate(
-            _ms(w.waited),
+            format_duration(w.waited),
             (w.admitted, row[("slot", w.slot)] + 0.42),
             xytext=(2, -1), textcoords="offset points", fontsize=7, va="top",
         )
@@ -323,14 +324,9 @@ def _timeline_title(tl: Timeline) -> str:
         parts.append(tl.started.model or "")
     parts.append(f"{tl.slots} slots, {len({s.turn for s in tl.runs})} turns")
     if tl.waits:
-        waited = sorted(w.waited for w in tl.waits)
-        parts.append(f"foreground wait p50 {_ms(waited[len(waited) // 2])}, max {_ms(waited[-1])}")
+        waited = percentiles([w.waited for w in tl.waits])
+        parts.append(f"foreground wait p50 {format_duration(waited['p50'])}, max {format_duration(waited['max'])}")
     return " · ".join(p for p in parts if p)
-
-
-def _ms(seconds: float) -> str:
-    ms = seconds * 1000
-    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
 
 
 def _agent_colours(agents: list[str]) -> dict[str, Any]:
@@ -480,4 +476,3 @@ def _save(fig: Figure, out: str | os.PathLike[str]) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write {out}: {exc.strerror}") from None
     return out
-

@@ -42,6 +42,7 @@ from msgspec import Meta
 from runtime.errors import ConfigError
 from runtime.files import private_dir
 from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.turns import Policy
 
 DEMO_SESSION = Path(__file__).with_name("demo.toml")
 
@@ -105,8 +106,10 @@ def parse_session(text: str, *, where: str = "<session>", base: str | Path = "."
                 f"{name!r} like agents[{seen[name]}]; give each agent its own name"
             )
         seen[name] = i
-    if session.policy not in ("fcfs", "priority", "recompute", "swap", "resident"):
-        raise ConfigError(f"{where}{_line_suffix(text, ['policy'])}: unknown policy {session.policy!r}")
+    try:
+        Policy.parse(session.policy)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{_line_suffix(text, ['policy'])}: {exc}") from None
     return session
 
 

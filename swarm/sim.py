@@ -27,6 +27,7 @@ from runtime.events import Admitted, Event, Preempted, Queued, Recomputed
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
+from runtime.units import ceil_div, percentiles
 from runtime.turns import Policy, SchedulerConfig, Turn
 
 POLICIES = [p.value for p in Policy]
@@ -108,7 +109,7 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # Room for every slot's longest turn plus the paused ones: the seed
         # workload is about time, not memory.
         longest = self.background_prompt + self.background.max + self.foreground_prompt + self.foreground.max
-        return 2 * (self.slots + 2) * -(-longest // self.block_size)
+        return 2 * (self.slots + 2) * ceil_div(longest, self.block_size)
 
 
 def load_workload(path: str | Path | None, **overrides) -> Workload:
@@ -161,8 +162,7 @@ class Result:
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
-    a = np.array(samples) if samples else np.zeros(1)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+    return percentiles(samples or [0.0])  # the table always has a row
 
 
 def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = lambda n: None) -> Result:

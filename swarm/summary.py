@@ -99,13 +99,3 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
         prompt_computed=computed,
         prompt_reused=reused,
     )
-
-
-def percentiles(samples: list[float]) -> dict[str, float] | None:
-    """p50 / p90 / p99 / max, or None without samples."""
-    if not samples:
-        return None
-    import numpy as np
-
-    a = np.asarray(samples, dtype=float)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}

@@ -27,6 +27,7 @@ from runtime import events as ev
 from runtime.errors import ConfigError
 from runtime.events import Dropped, Event, Unrecognized, decode
 from runtime.priority import FOREGROUND
+from runtime.units import format_duration
 from runtime.stream import default_socket_dir, live_sockets
 
 Item = Event | Unrecognized | Dropped
@@ -251,14 +252,14 @@ def describe(e: Event | Unrecognized) -> str:
             return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
         case ev.Admitted():
             cached = f", {e.cached_tokens} prompt tokens from the prefix cache" if e.cached_tokens else ""
-            return f"{who} got slot {e.slot} after waiting {_duration(e.waited_s)}{cached}"
+            return f"{who} got slot {e.slot} after waiting {format_duration(e.waited_s)}{cached}"
         case ev.Preempted():
             return (
                 f"{who} paused at token {e.tokens}, slot {e.slot} given to "
                 f"turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})"
             )
         case ev.Resumed():
-            return f"{who} back in slot {e.slot} after {_duration(e.paused_s)} paused"
+            return f"{who} back in slot {e.slot} after {format_duration(e.paused_s)} paused"
         case ev.Finished():
             return f"{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free"
         case ev.Cancelled():
@@ -280,11 +281,3 @@ def describe(e: Event | Unrecognized) -> str:
             return f"agent {e.agent} crashed: {e.reason}"
     # An event newer than this viewer: show its fields plainly.
     return " ".join(f"{k}={v}" for k, v in ev.fields_of(e).items() if v is not None)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 1.0:
-        return f"{seconds * 1000:.1f} ms"
-    return f"{seconds:.2f} s"

@@ -30,7 +30,8 @@ from swarm import Agent, Swarm, handler
 from swarm.plot import build_timeline
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from swarm.summary import percentiles, summarize
+from runtime.units import percentiles
+from swarm.summary import summarize
 from swarm.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
 
 ROOT = Path(__file__).parent.parent

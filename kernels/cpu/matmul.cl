@@ -95,14 +95,19 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     __global const float *x, __global const int *xrows, float eps,              \
     __global float *y, int rows, int k, int ncols
 
+/* How every kernel below starts: the input columns' RMS scales in local memory
+   (all 1 when `normalize` is 0), then the pair of output rows this item owns. */
+#define MATMUL_PROLOGUE(normalize)                                              \
+    __local float inv[MAX_COLS];                                                \
+    column_scales(x, xrows, ncols, k, eps, normalize, inv);                     \
+    const int r = 2 * get_global_id(0);                                         \
+    if (r >= rows) return;
+
 #define DEFINE_MATMUL(NAME, WTYPE, TILE)                                        \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        \
 {                                                                               \
-    __local float inv[MAX_COLS];                                                \
-    column_scales(x, xrows, ncols, k, eps, normalize, inv);                     \
-    const int r = 2 * get_global_id(0);                                         \
-    if (r >= rows) return;                                                      \
+    MATMUL_PROLOGUE(normalize)                                                  \
     const int r1 = min(r + 1, rows - 1); /* an odd last row pairs with itself */ \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float o0[TILE], o1[TILE];                                               \
@@ -120,10 +125,7 @@ void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       \
 {                                                                               \
-    __local float inv[MAX_COLS];                                                \
-    column_scales(x, xrows, ncols, k, eps, 1, inv);                             \
-    const int r = 2 * get_global_id(0);                                         \
-    if (r >= rows) return;                                                      \
+    MATMUL_PROLOGUE(1)                                                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
         pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, g0, g1); \
@@ -143,10 +145,7 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           __global half *kcache, __global half *vcache,         \
                           int layer)                                            \
 {                                                                               \
-    __local float inv[MAX_COLS];                                                \
-    column_scales(x, xrows, ncols, k, eps, 1, inv);                             \
-    const int r = 2 * get_global_id(0);                                         \
-    if (r >= rows) return;                                                      \
+    MATMUL_PROLOGUE(1)                                                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float o0[TILE], o1[TILE];                                               \
         pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, o0, o1); \

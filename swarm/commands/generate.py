@@ -16,6 +16,7 @@ import anyio
 
 from runtime.engine import GREEDY, Engine, Sampling
 from runtime.errors import ConfigError
+from runtime.units import ceil_div
 from swarm import FOREGROUND, Agent, Swarm, TurnHandle
 
 BLOCK_SIZE = 16
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if max_tokens < 1:
         raise ConfigError(f"the prompt is {len(prompt)} tokens, the model's context is {limit}")
     # One turn: a KV pool just big enough for it, not a fraction of the device.
-    blocks = -(-(len(prompt) + max_tokens) // BLOCK_SIZE)
+    blocks = ceil_div(len(prompt) + max_tokens, BLOCK_SIZE)
     engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=blocks)
     turn = anyio.run(_generate, engine, prompt, max_tokens, sampling, not args.json)
     if args.json:

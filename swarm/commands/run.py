@@ -20,7 +20,8 @@ from runtime.stream import default_socket_path
 from swarm import tail
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from swarm.summary import Summary, percentiles, summarize
+from runtime.units import format_duration, percentiles
+from swarm.summary import Summary, summarize
 from swarm.watch import DEFAULT_PORT, bind_loopback
 
 
@@ -99,8 +100,8 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     )
     for label, samples, idle in rows:
         p, q = percentiles(samples), percentiles(idle)
-        cells = [_s(p[k]) for k in ("p50", "p90", "p99", "max")] if p else ["-"] * 4
-        cells += [_s(q["p50"]), f"{p['p50'] / q['p50']:.1f}x"] if p and q and q["p50"] > 0 else ["-", "-"]
+        cells = [format_duration(p[k], 0) for k in ("p50", "p90", "p99", "max")] if p else ["-"] * 4
+        cells += [format_duration(q["p50"], 0), f"{p['p50'] / q['p50']:.1f}x"] if p and q and q["p50"] > 0 else ["-", "-"]
         waits.add_row(label, str(len(samples)), *cells)
     console.print(waits)
     total = s.prompt_computed + s.prompt_reused
@@ -108,11 +109,5 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
         console.print(f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})")
     owner = getattr(getattr(runner, "swarm", None), "owner", None)
     if owner is not None and owner.step_seconds:
-        console.print(f"median decode step: {_s(statistics.median(owner.step_seconds))}")
+        console.print(f"median decode step: {format_duration(statistics.median(owner.step_seconds), 0)}")
     console.print(f"events: {runner.events_path}\nproposals: {runner.out}")
-
-
-def _s(x: float) -> str:
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
-
-

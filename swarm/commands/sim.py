@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from runtime.errors import ConfigError
+from runtime.turns import Policy
+from runtime.units import format_duration
 from swarm.sim import POLICIES, Workload, load_workload, simulate
 
 
@@ -48,12 +49,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("w:")}
     workload = load_workload(None if args.workload == "seed" else args.workload, **overrides)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise ConfigError(f"--policies names no policy; choose from {', '.join(POLICIES)}")
-    for name in policies:
-        if name not in POLICIES:
-            raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    policies = Policy.parse_list(args.policies)
     results = _simulate_all(workload, policies, args.jobs, quiet=args.json)
     if args.json:
         out = {"workload": msgspec.to_builtins(workload), "policies": {}}
@@ -114,11 +110,7 @@ def _print_table(workload: Workload, results) -> None:
     for r in results:
         s = r.summary()
         w = s["fg_wait_s"]
-        feel = [_seconds(s[key][p]) for key in ("fg_ttft_s", "fg_itl_s", "fg_turn_s") for p in ("p50", "p99")]
+        feel = [format_duration(s[key][p]) for key in ("fg_ttft_s", "fg_itl_s", "fg_turn_s") for p in ("p50", "p99")]
         cost = f"{r.recomputed_tokens / 1e3:.0f}k tok" if r.recomputed_tokens else f"{s['swapped_mb'] / 1e3:.1f} GB" if r.swapped_bytes else "-"
-        table.add_row(r.policy, *(_seconds(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost, f"{s['prompt_reused']:.0%}")
+        table.add_row(r.policy, *(format_duration(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost, f"{s['prompt_reused']:.0%}")
     Console(width=max(Console().width, 170)).print(table)
-
-
-def _seconds(x: float) -> str:
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"

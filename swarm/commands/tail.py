@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Iterator
 
@@ -60,11 +59,7 @@ def run(args: argparse.Namespace) -> int:
             _print_pretty(lines)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # `swarm tail ... | head`: the reader has all it wanted.
-        _silence_stdout()
-        return 0
-    finally:
+    finally:  # (a closed pipe, `swarm tail | head`, is swarm.cli's to quiet)
         lines.close()
     if kind == "socket":
         print("the swarm stopped", file=sys.stderr)
@@ -86,10 +81,4 @@ def _print_pretty(lines: Iterator[tail.Line]) -> None:
 
 
 def _raise_broken_pipe() -> None:
-    raise BrokenPipeError
-
-
-def _silence_stdout() -> None:
-    # Python flushes stdout again at exit, which would raise a second time.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    raise BrokenPipeError  # to swarm.cli, which quiets it
