@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from runtime.errors import ConfigError
+from runtime.units import ceil_div
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
 from swarm.watch import bind_loopback
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     session.duration, session.turns, session.interval = None, None, 4.0
     session.script = QUESTIONS * 1000  # never runs out: the rounds end the run
     session.out = tempfile.mkdtemp(prefix="slotswarm-bench-watch-")
-    ports = -(-args.pages // PAGES_PER_PORT)
+    ports = ceil_div(args.pages, PAGES_PER_PORT)
     runner = SessionRunner(session, page_sockets=[bind_loopback(0) for _ in range(ports)], say=lambda text: None)
     result = anyio.run(_bench, runner, args)
     shutil.rmtree(session.out, ignore_errors=True)
