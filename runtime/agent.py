@@ -241,7 +241,8 @@ class TurnHandle:
             return rest
         if self.ended is not None and not isinstance(self.ended, Finished):
             error = TurnCancelled if isinstance(self.ended, Cancelled) else TurnFailed
-            raise error(f"turn {self.id} of agent {self.agent.name!r}: {self.ended.reason}")
+            reason = self.ended.reason
+            raise error(f"turn {self.id} of agent {self.agent.name!r}: {reason}", turn=self.id, agent=self.agent.name, reason=reason)
         raise StopAsyncIteration
 
     async def _take(self, update: Any) -> str:

@@ -48,7 +48,8 @@ class GPUClient:
             await self._system.tell(self._owner, request)
         except ActorError as exc:
             channel.close()
-            raise TurnCancelled(f"turn {turn} of agent {request.agent!r}: the GPU owner has stopped") from exc
+            reason = "the GPU owner has stopped"
+            raise TurnCancelled(f"turn {turn} of agent {request.agent!r}: {reason}", turn=turn, agent=request.agent, reason=reason) from exc
         return channel
 
     async def cancel(self, turn: int, reason: str) -> None:

@@ -20,7 +20,9 @@
     └── RequestError           an HTTP request `swarm serve` will not serve (carries
                                the status and the OpenAI error type, code and param)
 
-Catch `SlotswarmError` to catch them all.
+Catch `SlotswarmError` to catch them all. Each carries its context: actor errors
+the `agent` (and `reason` for a crash, `chain` for a cycle), turn errors the
+`turn`, `agent` and `reason`. `swarm` re-exports the whole tree.
 """
 
 
@@ -57,11 +59,19 @@ class EngineError(SlotswarmError, ValueError):
 
 
 class ActorError(SlotswarmError):
-    pass
+    """`agent`: the actor the trouble is with (the one asked, the one that died)."""
+
+    def __init__(self, message: str, *, agent: str | None = None) -> None:
+        super().__init__(message)
+        self.agent = agent
 
 
 class ActorCrashed(ActorError):
-    pass
+    """`reason`: its crash ("Type: message"), or None if it was stopped."""
+
+    def __init__(self, message: str, *, agent: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message, agent=agent)
+        self.reason = reason
 
 
 class UnhandledMessage(ActorError):
@@ -73,11 +83,22 @@ class AskTimeout(ActorError):
 
 
 class WaitCycle(ActorError):
-    pass
+    """`chain`: the agents in the cycle the wait would close, first to last, the
+    waiter at both ends."""
+
+    def __init__(self, message: str, *, chain: list[str] | None = None) -> None:
+        self.chain = list(chain or [])
+        super().__init__(message, agent=self.chain[0] if self.chain else None)
 
 
 class TurnError(SlotswarmError):
-    pass
+    """`turn`, `agent`: whose turn; `reason`: why it ended, as its event says."""
+
+    def __init__(self, message: str, *, turn: int | None = None, agent: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.turn = turn
+        self.agent = agent
+        self.reason = reason
 
 
 class TurnCancelled(TurnError):

@@ -207,7 +207,7 @@ class ActorSystem:
                 cell.pending.pop(reply, None)
         if reply.done.is_set():
             return reply.result()
-        raise AskTimeout(f"no reply from actor {cell.name!r} to {what} within {timeout} s")
+        raise AskTimeout(f"no reply from actor {cell.name!r} to {what} within {timeout} s", agent=cell.name)
 
     # ---- internals --------------------------------------------------------
 
@@ -230,14 +230,15 @@ class ActorSystem:
         actor = cell.actor
         return UnhandledMessage(
             f"actor {cell.name!r} ({type(actor).__qualname__}) has no handler for {type(msg).__qualname__}; "
-            f"it handles: {handled_names(actor._dispatch)}"
+            f"it handles: {handled_names(actor._dispatch)}",
+            agent=cell.name,
         )
 
     def _gone(self, cell: _Cell, what: str, *, before_reply: bool = False) -> ActorCrashed:
         state = f"crashed ({cell.crash})" if cell.crash else "stopped"
         if before_reply:
-            return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}")
-        return ActorCrashed(f"actor {cell.name!r} has {state}; it cannot take {what}")
+            return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}", agent=cell.name, reason=cell.crash)
+        return ActorCrashed(f"actor {cell.name!r} has {state}; it cannot take {what}", agent=cell.name, reason=cell.crash)
 
     def _waiting(self, sender: str | None, holder: str, request: str) -> ContextManager[object]:
         # On the holder's mailbox: whatever handler it runs until this one is served is in the way.

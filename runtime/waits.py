@@ -167,8 +167,7 @@ class WaitGraph:
         chain = self._path(holder, waiter)
         if chain is not None:
             chain = [waiter, *chain]
-            err = WaitCycle(f"{waiter!r} waiting on {holder!r} would close a cycle: {' -> '.join(chain)}")
-            err.chain = chain  # type: ignore[attr-defined]
+            err = WaitCycle(f"{waiter!r} waiting on {holder!r} would close a cycle: {' -> '.join(chain)}", chain=chain)
             raise err
         self._holders[waiter][holder] += 1
         self._waiters[holder][waiter] += 1

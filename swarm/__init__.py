@@ -19,20 +19,30 @@ from runtime import (
     handler,
     read_events,
 )
-from runtime.errors import (
+from runtime.errors import (  # the whole tree (see runtime/errors.py)
     ActorCrashed,
+    ActorError,
     AskTimeout,
     ConfigError,
+    DeviceError,
+    EngineError,
+    ModelError,
+    ModelFormatError,
+    RequestError,
     SlotswarmError,
     TurnCancelled,
+    TurnError,
     TurnFailed,
     UnhandledMessage,
+    UnsupportedModelError,
+    UsageError,
     WaitCycle,
 )
 from swarm.api import Swarm
 
 __all__ = [
-    "Actor", "ActorCrashed", "Agent", "AskTimeout", "BACKGROUND", "ConfigError", "Event", "FOREGROUND", "GREEDY",
-    "Lock", "PauseInfo", "Policy", "ResumeInfo", "Sampling", "SlotswarmError", "Swarm", "TurnCancelled",
-    "TurnFailed", "TurnHandle", "UnhandledMessage", "WaitCycle", "handler", "read_events",
+    "Actor", "ActorCrashed", "ActorError", "Agent", "AskTimeout", "BACKGROUND", "ConfigError", "DeviceError",
+    "EngineError", "Event", "FOREGROUND", "GREEDY", "Lock", "ModelError", "ModelFormatError", "PauseInfo", "Policy",
+    "RequestError", "ResumeInfo", "Sampling", "SlotswarmError", "Swarm", "TurnCancelled", "TurnError", "TurnFailed",
+    "TurnHandle", "UnhandledMessage", "UnsupportedModelError", "UsageError", "WaitCycle", "handler", "read_events",
 ]
