@@ -210,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     ns = argparse.Namespace(**vars(args), no_shaping=False, slack=0.25)
-    engine = bench_swarm.load_engine(ns)
+    from gpu.engine import open_engine
+
+    engine = open_engine(args.model, args.device, kernels=args.kernels)
     return anyio.run(bench_swarm.bench_policy, engine, args.policy, ns)
 
 
