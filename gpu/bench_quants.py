@@ -18,10 +18,11 @@ from pathlib import Path
 
 import gguf
 
-from gpu.engine import OpenCLEngine
+from gpu.engine import OpenCLEngine, open_engine
 from gpu.model import ModelConfig
-from gpu.testing import write_tiny_gguf
+from gpu.synthetic import write_tiny_gguf
 from runtime.engine import Work
+from runtime.units import ceil_div
 
 Q = gguf.GGMLQuantizationType
 TYPES = (Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -29,15 +30,15 @@ MATMULS = ("qkv", "out", "swiglu", "down")
 
 
 def run_quant_bench(config: ModelConfig, *, device=None, kernels=None, steps: int = 8, rounds: int = 3) -> dict:
-    d = -(-config.d_model // 256) * 256
-    d_ff = -(-config.d_ff // 256) * 256
+    d = ceil_div(config.d_model, 256) * 256
+    d_ff = ceil_div(config.d_ff, 256) * 256
     heads = max(1, d // 64)
     engines = {}
     with tempfile.TemporaryDirectory(prefix="slotswarm-quants-") as tmp:
         for qtype in TYPES:
             path = write_tiny_gguf(Path(tmp) / f"{qtype.name}.gguf", n_layers=1, d_model=d, d_ff=d_ff, n_heads=heads,
                                    n_kv_heads=heads, weight_type=qtype, embed_type=Q.Q8_0)  # fmt: skip
-            engines[qtype] = OpenCLEngine(str(path), device=device, kernels=kernels, profile=True, num_blocks=4)
+            engines[qtype] = open_engine(path, device, kernels=kernels, profile=True, num_blocks=4)
     per_byte: dict[Q, list[float]] = {q: [] for q in TYPES}
     for _ in range(rounds):
         for qtype, engine in engines.items():

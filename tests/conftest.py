@@ -13,7 +13,7 @@ import pytest
 
 from gpu.fetch import resolve_model
 from gpu.model import Model, load_model
-from gguf_writer import write_tiny_gguf
+from gpu.synthetic import write_tiny_gguf
 from gpu.tokenizer import Tokenizer
 
 

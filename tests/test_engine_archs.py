@@ -12,7 +12,7 @@ import pytest
 from gpu.engine import OpenCLEngine
 from gpu.model import load_model
 from gpu.reference import ReferenceModel
-from gpu.testing import write_tiny_gguf
+from gpu.synthetic import write_tiny_gguf
 from runtime.engine import Work
 from runtime.errors import UnsupportedModelError
 

@@ -15,7 +15,7 @@ import pytest
 from gpu.catalogue import CATALOGUE, Part
 from gpu.fetch import DEFAULT_MODEL_FILE, extract_part, fetch, resolve_model
 from gpu.model import Model, expected_shapes, load_model
-from gguf_writer import write_tiny_gguf
+from gpu.synthetic import write_tiny_gguf
 from runtime.errors import ModelError, ModelFormatError, UnsupportedModelError
 
 Q = gguf.GGMLQuantizationType

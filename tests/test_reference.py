@@ -11,7 +11,7 @@ import pytest
 
 from gpu.model import Model, load_model
 from gpu.reference import ReferenceModel, attention, rope
-from gguf_writer import write_tiny_gguf
+from gpu.synthetic import write_tiny_gguf
 from gpu.tokenizer import Tokenizer
 from runtime.engine import GREEDY, Sampling
 

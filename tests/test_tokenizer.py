@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu.model import Model
-from gguf_writer import tiny_vocab
+from gpu.synthetic import tiny_vocab
 from gpu.tokenizer import Tokenizer, bytes_to_unicode
 from runtime.errors import ConfigError
 

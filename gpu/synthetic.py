@@ -1,4 +1,5 @@
-"""A tiny, random, but complete GGUF of any described architecture for tests: loads with
+"""A tiny, random, but complete GGUF of any described architecture, for the tests and
+for `swarm bench engine --quants` (which times every tensor type on it): loads with
 `load_model`, tokenizes with `Tokenizer.from_model`, runs through the reference and the OpenCL
 engine in milliseconds.
 
