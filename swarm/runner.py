@@ -12,7 +12,8 @@ import anyio
 
 from runtime.engine import Engine
 from runtime.priority import FOREGROUND
-from swarm.session import Session, _resolve, build_agents, new_out_dir, workspace_of
+from swarm.agent_loading import build_agents, new_out_dir, resolve_path, workspace_of
+from swarm.session import Session
 from swarm.watch import WatchHub, create_app, follow_bus, serve_http
 
 
@@ -48,7 +49,7 @@ class SessionRunner:
 
             spec = self.session.model
             if spec and not is_model_name(spec):  # a path, relative to the session file
-                spec = _resolve(self.session, spec)
+                spec = resolve_path(self.session, spec)
             self.engine = open_engine(spec, self.session.device, kernels=self.session.kernels)
         return self.engine
 

@@ -17,7 +17,8 @@ from runtime.errors import ConfigError
 from runtime.events import AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
 from swarm.cli import main
 from swarm.runner import SessionRunner
-from swarm.session import find_line, load_session, parse_session
+from swarm.session import load_session, parse_session
+from swarm.toml_lines import find_line
 from swarm.summary import summarize
 
 SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"
