@@ -69,3 +69,10 @@ def serve_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with a 4096-token context, for `swarm serve`'s tests: a
     background turn of thousands of tokens outlasts every step of a test."""
     return write_tiny_gguf(tmp_path_factory.mktemp("serve") / "tiny-serve.gguf", context_length=4096)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The runtime's own tests (marked `anyio`) run on both backends: a user on
+    trio gets a runtime that works there. The rest use pytest-asyncio (strict)."""
+    return request.param

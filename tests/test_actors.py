@@ -116,7 +116,7 @@ def bus(tmp_path: Path) -> Iterator[EventBus]:
     bus.close()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ask_and_tell_in_order(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -137,7 +137,7 @@ async def test_ask_and_tell_in_order(bus: EventBus) -> None:
             assert system.ref("echo") == ref and ref.alive
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_handler_error_goes_to_asker_and_actor_survives(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -148,7 +148,7 @@ async def test_handler_error_goes_to_asker_and_actor_survives(bus: EventBus) -> 
             assert events(bus, AgentCrashed) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_told_error_is_logged(bus: EventBus, caplog: pytest.LogCaptureFixture) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -160,7 +160,7 @@ async def test_told_error_is_logged(bus: EventBus, caplog: pytest.LogCaptureFixt
             assert await ref.ask(Ping(0)) == Pong(1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unhandled_message_names_type_and_handlers(bus: EventBus, caplog: pytest.LogCaptureFixture) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -178,7 +178,7 @@ async def test_unhandled_message_names_type_and_handlers(bus: EventBus, caplog: 
                 await system.ask("nobody", Ping())
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ask_timeout_names_target_and_cleans_up(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -221,7 +221,7 @@ def test_handler_table_is_checked_when_the_class_is_made() -> None:
     assert Both._dispatch == {Ping: "ping", Boom: "boom", Never: "either", Pong: "either"}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_union_handler_and_override(bus: EventBus) -> None:
     class Both(Echo):
         @handler
@@ -254,7 +254,7 @@ class CrashInRun(Actor):
         self.stopped = True
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_crash_in_run_is_isolated(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -304,7 +304,7 @@ class BadStart(Echo):
         self.seen.append(-1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_crash_in_on_start(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -338,7 +338,7 @@ class Recorder(Actor):
         await anyio.sleep_forever()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_leaving_the_system_stops_everything(bus: EventBus) -> None:
     log: list[str] = []
     errors: list[BaseException] = []
@@ -366,7 +366,7 @@ async def test_leaving_the_system_stops_everything(bus: EventBus) -> None:
         assert events(bus, AgentCrashed) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_system_body_error_still_stops_actors(bus: EventBus) -> None:
     log: list[str] = []
     with anyio.fail_after(GUARD):
@@ -377,7 +377,7 @@ async def test_system_body_error_still_stops_actors(bus: EventBus) -> None:
     assert log == ["start a", "stop a"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_stop_one_actor(bus: EventBus) -> None:
     log: list[str] = []
     with anyio.fail_after(GUARD):
@@ -394,7 +394,7 @@ async def test_stop_one_actor(bus: EventBus) -> None:
                 await system.spawn(Echo("b"))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_wait_cycles_fail_fast(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -417,7 +417,7 @@ async def test_wait_cycles_fail_fast(bus: EventBus) -> None:
                 assert await relay.ref.ask(Ping(3)) == Pong(3)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_tell_into_a_full_mailbox_is_a_wait_too(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -432,7 +432,7 @@ async def test_tell_into_a_full_mailbox_is_a_wait_too(bus: EventBus) -> None:
             assert a.notes == 1 and system.waits.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_priority_inherited_along_an_ask_chain_and_restored(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -463,7 +463,7 @@ async def test_priority_inherited_along_an_ask_chain_and_restored(bus: EventBus)
             assert system.waits.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_cancelled_ask_releases_its_wait(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -479,7 +479,7 @@ async def test_cancelled_ask_releases_its_wait(bus: EventBus) -> None:
             assert system.waits.edges() == {} and system._cells["silent"].pending == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_changing_base_priority_updates_the_graph(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
@@ -489,7 +489,7 @@ async def test_changing_base_priority_updates_the_graph(bus: EventBus) -> None:
             assert system.waits.effective("echo") == FOREGROUND == echo.effective_priority
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_spawns_are_named(bus: EventBus) -> None:
     class Forgot(Actor):
         def __init__(self) -> None:

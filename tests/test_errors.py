@@ -34,7 +34,7 @@ def test_a_wait_cycle_names_its_chain() -> None:
     assert caught.value.chain == ["c", "a", "b", "c"] and caught.value.agent == "c"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_cancelled_turn_says_whose_it_was_and_why() -> None:
     with anyio.fail_after(30):
         async with Swarm(TimingEngine(), slots=1) as s:
@@ -46,7 +46,7 @@ async def test_a_cancelled_turn_says_whose_it_was_and_why() -> None:
     assert (caught.value.turn, caught.value.agent, caught.value.reason) == (turn.id, "a", "told to stop")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_asking_a_stopped_actor_names_it() -> None:
     with anyio.fail_after(30):
         async with Swarm(TimingEngine(), slots=1) as s:

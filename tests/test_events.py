@@ -40,7 +40,7 @@ def test_terminal_sink_is_readable():
     assert "turn.preempted" in text and "by_agent=pair" in text and "\n" in text
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_slow_subscriber_loses_events_and_is_told_how_many():
     bus = EventBus()
     sub = bus.subscribe(max_buffer=4)

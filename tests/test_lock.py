@@ -53,7 +53,7 @@ class User(Actor):
             User.inside -= 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_mutual_exclusion_between_actors() -> None:
     lock = Lock("tools")
     with anyio.fail_after(GUARD):
@@ -70,7 +70,7 @@ async def test_mutual_exclusion_between_actors() -> None:
             assert system.waits.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_holder_inherits_waiters_priority_until_release(tmp_path) -> None:
     bus = EventBus(clock=lambda: 0.0)
     path = bus.log_to_file(tmp_path / "events.jsonl")
@@ -112,7 +112,7 @@ async def hold_until(lock: Lock, owner: str, until: anyio.Event, log: list[str])
         await until.wait()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_next_holder_by_priority_then_arrival_and_waits_follow_the_holder() -> None:
     graph = WaitGraph()
     for name, priority in [("first", 1), ("second", 1), ("urgent", FOREGROUND)]:
@@ -142,7 +142,7 @@ async def test_next_holder_by_priority_then_arrival_and_waits_follow_the_holder(
     assert lock.holder is None and graph.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_cancelled_waiter_leaves_nothing_behind() -> None:
     graph = WaitGraph()
     graph.set_base("high", FOREGROUND)
@@ -162,7 +162,7 @@ async def test_cancelled_waiter_leaves_nothing_behind() -> None:
         lock.release("high")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_granted_then_cancelled_passes_the_lock_on() -> None:
     graph = WaitGraph()
     lock = Lock("l", waits=graph)
@@ -210,7 +210,7 @@ async def test_cancellation_raised_after_the_grant_passes_the_lock_on() -> None:
         assert lock.holder is None and graph.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_lock_cycle_and_reentry_raise_wait_cycle() -> None:
     graph = WaitGraph()
     l1, l2 = Lock("l1", waits=graph), Lock("l2", waits=graph)
@@ -232,7 +232,7 @@ async def test_lock_cycle_and_reentry_raise_wait_cycle() -> None:
         assert graph.edges() == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_misuse_is_named() -> None:
     lock = Lock("l", waits=WaitGraph())
     with pytest.raises(ActorError, match="'x' cannot release lock 'l': it is not held"):

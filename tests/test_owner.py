@@ -54,7 +54,7 @@ def swarm(slots=2, policy="resident", **kw) -> Swarm:
     return Swarm(TimingEngine(), slots=slots, policy=policy, **kw)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_foreground_takes_a_slot_at_the_next_boundary_and_the_victim_is_told():
     with anyio.fail_after(30):
         async with swarm(slots=2) as s:
@@ -86,7 +86,7 @@ class Crasher(Agent):
                     raise RuntimeError("boom")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_crashing_agent_has_its_turn_ended_and_kv_freed_and_the_swarm_goes_on():
     with anyio.fail_after(30):
         async with swarm(slots=2) as s:
@@ -102,7 +102,7 @@ async def test_a_crashing_agent_has_its_turn_ended_and_kv_freed_and_the_swarm_go
             assert pool.num_free == pool.num_blocks
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_leaving_a_turn_early_cancels_it_once():
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
@@ -116,7 +116,7 @@ async def test_leaving_a_turn_early_cancels_it_once():
             assert (type(end), end.reason) == (Cancelled, "left by its agent")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_turn_that_cannot_run_fails_with_its_reason():
     with anyio.fail_after(30):
         async with Swarm(TimingEngine(num_blocks=2, block_size=4), slots=1) as s:
@@ -140,7 +140,7 @@ class Asker(Agent):
         self.verdict = await self.ask("reviewer", Review("x = 1"), timeout=30)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_foreground_ask_lends_its_priority_to_the_reviewers_turn():
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
@@ -158,7 +158,7 @@ async def test_a_foreground_ask_lends_its_priority_to_the_reviewers_turn():
             assert (restored.agent, restored.priority) == ("reviewer", BACKGROUND)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
     path = tmp_path / "events.jsonl"
     with anyio.fail_after(30):
@@ -179,7 +179,7 @@ async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
     assert isinstance(events[0], SwarmStarted) and isinstance(events[-1], SwarmStopped)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_cancelled_turn_raises_turn_cancelled_to_its_reader():
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
@@ -211,7 +211,7 @@ class Waiter(Agent):
             self.got_it = True
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
     from swarm import Lock
 
@@ -239,7 +239,7 @@ class OneTurn(Agent):
         self.text = await self.complete([3], max_tokens=2, ignore_eos=True)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_join_returns_when_run_ends_and_the_agent_still_answers():
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
@@ -266,7 +266,7 @@ class BusyReviewer(Agent):
         return await self.complete([7, 7, 7], max_tokens=5, ignore_eos=True)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_ask_lifts_the_turn_serving_it_not_the_holders_own_work():
     with anyio.fail_after(30):
         async with swarm(slots=2) as s:
@@ -313,7 +313,7 @@ class LockAndOwnWork(Agent):
                 await anyio.sleep(0)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_lock_lifts_the_holders_critical_section_only():
     from swarm import Lock
 
