@@ -180,7 +180,7 @@ class Scheduler:
 
     # ------------------------------------------------------------- schedule
 
-    def schedule(self, now: float, steps: int = 1) -> Plan:
+    def schedule(self, now: float) -> Plan:
         plan = Plan()
         for turn in self._queue_order(now):
             free = self._free_slot()
@@ -195,7 +195,6 @@ class Scheduler:
             if not self._admit(turn, free, now, plan):
                 break
         self._batch(now, plan)
-        plan.steps = self._fast_forward(plan, steps)
         return plan
 
     def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan) -> None:
@@ -334,43 +333,22 @@ class Scheduler:
         background work among itself)."""
         return self._lent(turn, turn.priority)
 
-    def _fast_forward(self, plan: Plan, steps: int) -> int:
-        """How many steps this plan can stand for: its first step, then decodes of
-        every item until the first turn ends. Each item must sample (the last
-        chunk of a prefill does), ignore eos, and have its blocks reservable now."""
-        if steps <= 1 or not plan.works or plan.preemptions or plan.moves:
-            return 1  # (a KV move or flush makes the first step longer than the rest)
-        for work, turn in zip(plan.works, plan.turns):
-            if not work.sample or not turn.ignore_eos:
-                return 1
-            steps = min(steps, turn.max_tokens - len(turn.output))
-        if steps <= 1:
-            return 1
-        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        need = sum(self.pool.blocks_for(end) - len(turn.blocks) for end, turn in zip(ends, plan.turns))
-        if need > self.pool.num_free:
-            return 1
-        for end, turn in zip(ends, plan.turns):
-            self.pool.grow(turn.blocks, end)
-        return steps
-
     # ---------------------------------------------------------- postprocess
 
     def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
-        """Account one step (or `plan.steps` identical ones); return the sampled
-        tokens to deliver, in batch order."""
-        self.step += plan.steps
+        """Account one step; return the sampled tokens to deliver, in batch order."""
+        self.step += 1
         delivered = []
         for work, turn, token in zip(plan.works, plan.turns, tokens):
             if turn.done or turn.slot is None:
                 continue
-            turn.computed += len(work.tokens) + plan.steps - 1
+            turn.computed += len(work.tokens)
             sampled = work.sample and token is not None
             if sampled:
                 if not turn.output:
                     turn.first_token_at = now
-                turn.output.extend([token] * plan.steps)
-            self.prefix.commit(turn)  # (after the output: fast-forwarded steps fed it)
+                turn.output.append(token)
+            self.prefix.commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if not sampled:
                 continue
             delivered.append((turn, token))

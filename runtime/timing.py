@@ -81,11 +81,11 @@ class TimingEngine:
 
     # ------------------------------------------------------------- pricing
 
-    def step_s(self, plan: Plan) -> float:
-        """Seconds for the plan's steps, KV moves and flushes excluded: its first
-        step as given, the rest (the simulator's fast-forward) as one-token decodes
-        whose attention reads one more position per item each step."""
-        rest = plan.steps - 1
+    def step_s(self, plan: Plan, steps: int = 1) -> float:
+        """Seconds for `steps` steps of the plan, KV moves and flushes excluded: its
+        first step as given, the rest (the simulator's fast-forward, swarm.fastforward)
+        as one-token decodes whose attention reads one more position per item each step."""
+        rest = steps - 1
         # Fast-forwarded step k (1 .. rest) reads k - 1 more positions per item than the first of them.
         growth = self._law.kv_s * len(plan.works) * (rest * (rest - 1) // 2)
         return self.first_step_s(plan) + rest * self.next_step_s(plan) + growth

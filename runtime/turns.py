@@ -199,7 +199,6 @@ class Plan:
     turns: list[Turn] = field(default_factory=list)
     moves: list[SwapOut | SwapIn | Forget] = field(default_factory=list)
     preemptions: int = 0
-    steps: int = 1  # identical decode steps this plan stands for (the simulator's fast-forward)
 
     @property
     def swap_out(self) -> list[tuple[int, list[int], int]]:

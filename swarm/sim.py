@@ -4,8 +4,8 @@ It drives the real `runtime.scheduler.Scheduler` with the timing-model engine, s
 the policy measured here is the policy that ships. Background agents run closed
 loops (a new turn the moment the last one ends) and keep every slot busy; the
 foreground agent's turns arrive at random. Between events (an arrival, a turn
-ending, an aging tick) every step is the same decode step, so the simulator asks
-the scheduler for a plan that stands for many steps at once and skips ahead.
+ending, an aging tick) every step is the same decode step, so the simulator
+stretches one plan over many steps and skips ahead (swarm.fastforward).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.units import ceil_div, percentiles
+from swarm.fastforward import account, stretch
 from runtime.turns import Policy, SchedulerConfig, Turn
 
 POLICIES = [p.value for p in Policy]
@@ -234,7 +235,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         # skipping ahead by it never runs past the horizon by more than a step.
         step_s = engine.cost.predict(workload.slots, sum(t.length + 1 for t in sched.running.values()) + workload.slots)
         steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
-        plan = sched.schedule(now, steps)
+        plan = sched.schedule(now)
+        steps = stretch(sched, plan, steps)
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
@@ -245,21 +247,21 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
         tokens = engine.step(plan.works)
         first = now + engine.overhead_s(plan) + engine.first_step_s(plan)
-        now += engine.overhead_s(plan) + engine.step_s(plan)
-        rest = (now - first) / (plan.steps - 1) if plan.steps > 1 else 0.0
-        for turn, _ in sched.postprocess(plan, tokens, now):
+        now += engine.overhead_s(plan) + engine.step_s(plan, steps)
+        rest = (now - first) / (steps - 1) if steps > 1 else 0.0
+        for turn, _ in account(sched, plan, tokens, steps, now):
             if turn.agent == "fg":
                 if turn.id in last_token:
                     result.fg_itl.append(first - last_token[turn.id])
                 else:
                     result.fg_ttft.append(first - turn.arrived)
-                result.fg_itl.extend([rest] * (plan.steps - 1))
+                result.fg_itl.extend([rest] * (steps - 1))
                 last_token[turn.id] = now
                 if turn.done:
                     result.fg_turn.append(now - turn.arrived)
                     del last_token[turn.id]
             elif now > workload.warmup_s:
-                result.bg_tokens += plan.steps
+                result.bg_tokens += steps
             if turn.done and turn.agent != "fg":
                 submit_bg(turn.agent, now)
     result.span_s = now - workload.warmup_s
