@@ -17,7 +17,6 @@ runs in this process on the same workload, and the TTFT p99 ratio is reported
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import selectors
@@ -200,12 +199,7 @@ def run(args: argparse.Namespace) -> int:
         out["in_process"] = {k: local[k] for k in ("fg_ttft_s", "fg_itl_s", "fg_wait_s", "fg_turns", "bg_tok_per_s", "seconds")}
         mine, theirs = http["fg_ttft_s"], local["fg_ttft_s"]
         out["fg_ttft_p99_vs_in_process"] = mine["p99"] / theirs["p99"] if mine and theirs and theirs["p99"] > 0 else None
-    if args.json:
-        json.dump(out, sys.stdout)
-        print()
-    else:
-        print_table(out)
-    return 0
+    return bench_swarm.report(out, args.json, print_table)
 
 
 def _in_process(args: argparse.Namespace) -> dict[str, Any]:

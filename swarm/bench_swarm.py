@@ -272,11 +272,16 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         "policies": results,
         "solo": solo,
     }
-    if args.json:
+    return report(out, args.json, print_table)
+
+
+def report(out: dict[str, Any], as_json: bool, table: Any) -> int:
+    """A bench's results: one JSON object (for swarm plot), or its table."""
+    if as_json:
         json.dump(out, sys.stdout)
         print()
     else:
-        print_table(out)
+        table(out)
     return 0
 
 

@@ -237,47 +237,41 @@ def _or_blank(value: object, prefix: str = "") -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
+# One phrase a kind; `who` is "turn N (agent)", and durations come formatted.
+PHRASES: dict[type, str] = {
+    ev.SwarmStopped: "swarm down",
+    ev.Queued: "{who} queued at prio {e.priority}, prompt {e.tokens} tokens",
+    ev.Admitted: "{who} got slot {e.slot} after waiting {waited}{cached}",
+    ev.Preempted: "{who} paused at token {e.tokens}, slot {e.slot} given to turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})",
+    ev.Resumed: "{who} back in slot {e.slot} after {paused} paused",
+    ev.Finished: "{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free",
+    ev.Cancelled: "{who} cancelled at token {e.tokens}: {e.reason}",
+    ev.Failed: "{who} failed at token {e.tokens}: {e.reason}",
+    ev.Inherited: "{e.agent} runs at prio {e.priority} (base {e.base_priority}): {e.by_agent} waits on it",
+    ev.Restored: "{e.agent} back to prio {e.priority}",
+    ev.SwappedOut: "{who} KV moved to host memory ({e.blocks} blocks)",
+    ev.SwappedIn: "{who} KV back on the device ({e.blocks} blocks), slot {e.slot}",
+    ev.Recomputed: "{who} KV dropped, re-prefilling {e.tokens} tokens{cached}",
+    ev.AgentCrashed: "agent {e.agent} crashed: {e.reason}",
+}
+
+CACHED = {  # what the prefix cache gave, where it gave some
+    ev.Admitted: ", {} prompt tokens from the prefix cache",
+    ev.Recomputed: " ({} more from the prefix cache)",
+}
+
+
 def describe(e: Event | Unrecognized) -> str:
     """A short human phrase for an event, e.g. "turn 12 (tests) paused at token
     87, slot 3 given to turn 40 (pair, prio 10)"."""
+    if isinstance(e, ev.SwarmStarted):
+        model = f", model {e.model}" if e.model else ""
+        device = f" on {e.device}" if e.device else ""
+        return f"swarm up: {e.slots} slots, policy {e.policy}{model}{device}"
+    phrase = PHRASES.get(type(e))
+    if phrase is None:  # an event newer than this viewer: its fields, plainly
+        return " ".join(f"{k}={v}" for k, v in ev.fields_of(e).items() if v is not None)
     who = f"turn {e.turn} ({e.agent})" if isinstance(e, ev.TurnEvent) else ""
-    match e:
-        case ev.SwarmStarted():
-            model = f", model {e.model}" if e.model else ""
-            device = f" on {e.device}" if e.device else ""
-            return f"swarm up: {e.slots} slots, policy {e.policy}{model}{device}"
-        case ev.SwarmStopped():
-            return "swarm down"
-        case ev.Queued():
-            return f"{who} queued at prio {e.priority}, prompt {e.tokens} tokens"
-        case ev.Admitted():
-            cached = f", {e.cached_tokens} prompt tokens from the prefix cache" if e.cached_tokens else ""
-            return f"{who} got slot {e.slot} after waiting {format_duration(e.waited_s)}{cached}"
-        case ev.Preempted():
-            return (
-                f"{who} paused at token {e.tokens}, slot {e.slot} given to "
-                f"turn {e.by_turn} ({e.by_agent}, prio {e.by_priority})"
-            )
-        case ev.Resumed():
-            return f"{who} back in slot {e.slot} after {format_duration(e.paused_s)} paused"
-        case ev.Finished():
-            return f"{who} finished ({e.reason}) after {e.tokens} tokens, slot {e.slot} free"
-        case ev.Cancelled():
-            return f"{who} cancelled at token {e.tokens}: {e.reason}"
-        case ev.Failed():
-            return f"{who} failed at token {e.tokens}: {e.reason}"
-        case ev.Inherited():
-            return f"{e.agent} runs at prio {e.priority} (base {e.base_priority}): {e.by_agent} waits on it"
-        case ev.Restored():
-            return f"{e.agent} back to prio {e.priority}"
-        case ev.SwappedOut():
-            return f"{who} KV moved to host memory ({e.blocks} blocks)"
-        case ev.SwappedIn():
-            return f"{who} KV back on the device ({e.blocks} blocks), slot {e.slot}"
-        case ev.Recomputed():
-            cached = f" ({e.cached_tokens} more from the prefix cache)" if e.cached_tokens else ""
-            return f"{who} KV dropped, re-prefilling {e.tokens} tokens{cached}"
-        case ev.AgentCrashed():
-            return f"agent {e.agent} crashed: {e.reason}"
-    # An event newer than this viewer: show its fields plainly.
-    return " ".join(f"{k}={v}" for k, v in ev.fields_of(e).items() if v is not None)
+    waited, paused = (format_duration(getattr(e, name, None)) for name in ("waited_s", "paused_s"))
+    cached = getattr(e, "cached_tokens", None)
+    return phrase.format(e=e, who=who, waited=waited, paused=paused, cached=CACHED.get(type(e), "").format(cached) if cached else "")

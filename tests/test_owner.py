@@ -14,7 +14,7 @@ import pytest
 from runtime.errors import TurnCancelled
 from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped, decode, read_events
 from runtime.timing import TimingEngine
-from swarm import BACKGROUND, FOREGROUND, Agent, PauseInfo, ResumeInfo, Swarm, handler
+from swarm import BACKGROUND, FOREGROUND, Agent, Lock, PauseInfo, ResumeInfo, Swarm, handler
 
 LONG = 1_000_000  # never ends within a test: every slot stays busy
 
@@ -30,6 +30,14 @@ class Recorder:
             if predicate(event):
                 return event
         raise AssertionError("event stream ended")
+
+
+async def busy(s: Swarm, name: str) -> Recorder:
+    """A recorder, once a middle-priority agent `name` decodes in a slot."""
+    rec = Recorder(s)
+    await s.spawn(Background(name, priority=5))
+    await rec.until(lambda e: isinstance(e, Admitted) and e.agent == name)
+    return rec
 
 
 class Background(Agent):
@@ -144,9 +152,7 @@ class Asker(Agent):
 async def test_a_foreground_ask_lends_its_priority_to_the_reviewers_turn():
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
-            rec = Recorder(s)
-            await s.spawn(Background("tests", priority=5))
-            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "tests")
+            rec = await busy(s, "tests")
             await s.spawn(Reviewer("reviewer"))
             await s.spawn(Asker("pair", FOREGROUND))
             lent = await rec.until(lambda e: isinstance(e, Inherited))
@@ -211,16 +217,13 @@ class Waiter(Agent):
             self.got_it = True
 
 
+
+
 @pytest.mark.anyio
 async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
-    from swarm import Lock
-
     with anyio.fail_after(30):
         async with swarm(slots=1) as s:
-            rec = Recorder(s)
-            lock = Lock("workspace")
-            await s.spawn(Background("busy", priority=5))
-            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "busy")
+            rec, lock = await busy(s, "busy"), Lock("workspace")
             await s.spawn(Holder("docs", lock))
             await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")
             await s.spawn(Waiter("pair", lock))
@@ -270,9 +273,7 @@ class BusyReviewer(Agent):
 async def test_an_ask_lifts_the_turn_serving_it_not_the_holders_own_work():
     with anyio.fail_after(30):
         async with swarm(slots=2) as s:
-            rec = Recorder(s)
-            await s.spawn(Background("tests", priority=5))
-            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "tests")
+            rec = await busy(s, "tests")
             reviewer = await s.spawn(BusyReviewer("reviewer"))
             await reviewer.started.wait()
             await s.spawn(Asker("pair", FOREGROUND))
@@ -315,14 +316,9 @@ class LockAndOwnWork(Agent):
 
 @pytest.mark.anyio
 async def test_a_lock_lifts_the_holders_critical_section_only():
-    from swarm import Lock
-
     with anyio.fail_after(30):
         async with swarm(slots=2) as s:
-            rec = Recorder(s)
-            lock = Lock("workspace")
-            await s.spawn(Background("busy", priority=5))
-            await rec.until(lambda e: isinstance(e, Admitted) and e.agent == "busy")
+            rec, lock = await busy(s, "busy"), Lock("workspace")
             docs = await s.spawn(LockAndOwnWork("docs", lock))
             await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")
             await rec.until(lambda e: isinstance(e, Queued) and e.agent == "docs")  # the critical section's turn, no slot

@@ -10,7 +10,7 @@ from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted,
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
-from runtime.turns import KV, Policy, SchedulerConfig
+from runtime.turns import KV, Policy, SchedulerConfig, Turn
 from swarm.fastforward import account, stretch
 
 EOS = 2
@@ -94,14 +94,21 @@ def test_resident_preempts_at_the_next_boundary_and_keeps_kv():
     assert not rig.named(Recomputed) and not rig.swaps
 
 
-def test_swap_moves_the_victims_kv_out_and_back():
-    rig = Rig(policy="swap", slots=1)
+def preempt_after_three_steps(rig: Rig) -> tuple[Turn, Turn, int, int]:
+    """A background turn three steps in, preempted by a short foreground one:
+    (low, high, low's computed and its length when preempted)."""
     low = rig.submit("docs", BACKGROUND, max_tokens=20)
     for _ in range(3):
         rig.step()
-    computed = low.computed
+    computed, length = low.computed, low.length
     high = rig.submit("pair", FOREGROUND, max_tokens=2)
     rig.step()
+    return low, high, computed, length
+
+
+def test_swap_moves_the_victims_kv_out_and_back():
+    rig = Rig(policy="swap", slots=1)
+    low, high, computed, _ = preempt_after_three_steps(rig)
     assert low.blocks == [] and low.kv is KV.SWAPPED
     while not high.done:
         rig.step()
@@ -114,12 +121,7 @@ def test_swap_moves_the_victims_kv_out_and_back():
 
 def test_recompute_drops_the_kv_and_reprefills_everything():
     rig = Rig(policy="recompute", slots=1, step_tokens=64, prefix_cache=False)
-    low = rig.submit("docs", BACKGROUND, max_tokens=20)
-    for _ in range(3):
-        rig.step()
-    length = low.length
-    high = rig.submit("pair", FOREGROUND, max_tokens=2)
-    rig.step()
+    low, high, _, length = preempt_after_three_steps(rig)
     assert low.blocks == [] and low.computed == 0
     while not high.done:
         rig.step()
