@@ -4,7 +4,7 @@ meets preemption, swap and recompute. Token counts, never times."""
 from __future__ import annotations
 
 from runtime.blocks import BlockPool
-from runtime.events import Event
+from runtime.events import Admitted, Event, Preempted, Recomputed, SwappedOut
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
@@ -40,8 +40,8 @@ class Rig:
         """Tokens the engine was given for a turn, over every step so far."""
         return sum(len(w.tokens) for p in self.plans for w in p.works if w.turn == turn_id)
 
-    def named(self, name):
-        return [e for e in self.events if e.event == name]
+    def named(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
 
 
 PROMPT = list(range(10, 31))  # 21 tokens: 5 full blocks and one more token
@@ -53,7 +53,7 @@ def test_a_repeated_prompt_computes_only_its_last_partial_block():
     rig.finish(first)
     second = rig.submit("b", PROMPT)
     rig.step()
-    assert rig.named("turn.admitted")[1].cached_tokens == 20
+    assert rig.named(Admitted)[1].cached_tokens == 20
     assert all(rig.sched.pool.is_cached(b) for b in second.blocks[:5])
     rig.finish(second)
     assert rig.computed(second.id) == 1 + 3  # the 21st prompt token, then 3 decodes
@@ -110,7 +110,7 @@ def test_cache_off_computes_everything():
     again = rig.submit("b", PROMPT)
     rig.finish(again)
     assert again.cached_tokens == 0 and rig.computed(again.id) == 21 + 3
-    assert rig.named("turn.admitted")[1].cached_tokens == 0
+    assert rig.named(Admitted)[1].cached_tokens == 0
 
 
 def test_the_model_is_part_of_the_key():
@@ -131,7 +131,7 @@ def test_a_recomputed_turn_hits_the_cache_again():
     assert low.kv is KV.DROPPED and low.blocks == []
     rig.finish(high)
     rig.step()
-    (event,) = rig.named("kv.recomputed")
+    (event,) = rig.named(Recomputed)
     assert event.cached_tokens == (length - 1) // B * B and event.tokens == length - event.cached_tokens
 
 
@@ -149,7 +149,7 @@ def test_swap_out_leaves_blocks_other_turns_hold_and_takes_them_back():
     assert low.kv is KV.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
     (out,) = [op for p in rig.plans for op in p.swap_out]
     assert out[0] == low.id and len(out[1]) == 1 and out[2] == low.swapped_len - 20  # only its own block
-    assert rig.named("kv.swapped_out")[0].blocks == 1 and rig.sched.swapped_blocks == 1
+    assert rig.named(SwappedOut)[0].blocks == 1 and rig.sched.swapped_blocks == 1
     rig.finish(high)
     rig.step()
     assert low.kv is KV.RESIDENT and low.blocks[:5] == shared
@@ -175,7 +175,7 @@ def test_a_swapped_turn_whose_shared_blocks_were_evicted_is_recomputed():
     rig.finish(other)  # a slot frees: the swapped turn comes back, but its shared blocks are gone
     rig.step()
     assert Forget(low.id) in [m for p in rig.plans for m in p.moves]  # so its host copy is void: the engine drops it
-    (event,) = rig.named("kv.recomputed")
+    (event,) = rig.named(Recomputed)
     assert event.turn == low.id and event.tokens + event.cached_tokens == len(PROMPT) + 1
     assert rig.sched.swapped_blocks == 0
     rig.finish(low)
@@ -190,9 +190,9 @@ def test_memory_pressure_evicts_the_cache_before_any_paused_turn():
         rig.step()
     high = rig.submit("pair", list(range(40, 68)), max_tokens=4, priority=FOREGROUND)  # 8 blocks
     rig.step()
-    assert rig.named("turn.preempted") and high.blocks
+    assert rig.named(Preempted) and high.blocks
     assert rig.sched.pool.num_cached == 2  # its 7 prompt blocks: the 4 free ones, then 3 of the 5 cached
-    assert low.kv is KV.RESIDENT and low.blocks and not rig.named("kv.swapped_out")
+    assert low.kv is KV.RESIDENT and low.blocks and not rig.named(SwappedOut)
 
 
 def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():
@@ -204,7 +204,7 @@ def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():
     shared = turn.blocks[:5]
     rig.sched.lose_kv(Plan(), turn.id, rig.now)  # as the GPU owner does when a swap fails
     assert turn.blocks == shared and turn.computed == 20  # never rewrites a shared block
-    (event,) = rig.named("kv.recomputed")
+    (event,) = rig.named(Recomputed)
     assert event.cached_tokens == 20 and event.tokens == turn.length - 20
     rig.finish(turn)
     assert rig.sched.pool.num_free == 64

@@ -13,7 +13,7 @@ from gpu.engine import OpenCLEngine
 from gpu.model import Model
 from runtime.blocks import BlockPool
 from runtime.agent import Agent
-from runtime.events import Admitted, Event, Finished
+from runtime.events import Admitted, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.turns import SchedulerConfig, SwapIn, SwapOut
@@ -73,8 +73,8 @@ def run(engine: OpenCLEngine, policy: str, cache: bool) -> tuple[dict[str, list[
         sched.postprocess(plan, tokens, float(sched.step + 1))
     assert all(isinstance(t.ended, Finished) for t in turns.values())
     assert pool.num_free == BLOCKS and sched.swapped_blocks == 0
-    reused = sum(e.cached_tokens or 0 for e in events if e.event in ("turn.admitted", "kv.recomputed"))
-    return {name: t.output for name, t in turns.items()}, Counter([e.event for e in events], kept=kept), reused
+    reused = sum(e.cached_tokens or 0 for e in events if isinstance(e, (Admitted, Recomputed)))
+    return {name: t.output for name, t in turns.items()}, Counter([type(e) for e in events], kept=kept), reused
 
 
 def check(engine: OpenCLEngine, policy: str) -> None:
@@ -83,12 +83,12 @@ def check(engine: OpenCLEngine, policy: str) -> None:
     assert none == 0
     assert got == want
     assert reused >= 64 + 80  # the repeat's 4 blocks and the follow-up's 5 at least
-    assert events["turn.preempted"]
+    assert events[Preempted]
     if policy == "swap":
-        assert events["kv.swapped_out"] and events["kv.swapped_in"]
+        assert events[SwappedOut] and events[SwappedIn]
         assert events["kept"]  # the repeat was swapped out leaving the blocks it shares on the device
     if policy == "recompute":
-        assert events["kv.recomputed"]
+        assert events[Recomputed]
 
 
 @pytest.fixture(scope="module")

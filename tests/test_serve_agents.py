@@ -11,7 +11,7 @@ import anyio
 import openai
 import pytest
 
-from runtime.events import Event
+from runtime.events import Event, Inherited, Queued, Restored
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 from swarm.server import ServerHandle, serve
 
@@ -48,8 +48,8 @@ async def started(swarm: Swarm, tg: Any) -> ServerHandle:
     return await tg.start(lambda task_status: serve(swarm, model_id=MODEL, port=0, handle_signals=False, task_status=task_status))
 
 
-def events_of(log: list[Event], *names: str) -> list[Event]:
-    return [e for e in log if e.event in names]
+def events_of(log: list[Event], *kinds: type) -> list[Event]:
+    return [e for e in log if isinstance(e, kinds)]
 
 
 @pytest.mark.asyncio
@@ -67,11 +67,11 @@ async def test_an_in_process_agent_lends_its_priority_to_an_http_caller(engine: 
         await swarm.join(lead)
         handle.shutdown()
     seen = [e async for e in log if isinstance(e, Event)]
-    inherited = events_of(seen, "priority.inherited")
+    inherited = events_of(seen, Inherited)
     assert [(e.agent, e.priority, e.base_priority, e.by_agent) for e in inherited] == [("aider", FOREGROUND, BACKGROUND, "lead")]
-    queued = next(e for e in seen if e.event == "turn.queued" and e.agent == "aider")
+    queued = next(e for e in seen if isinstance(e, Queued) and e.agent == "aider")
     assert queued.priority == FOREGROUND  # its turn ran at the lead's priority
-    assert events_of(seen, "priority.restored")[-1].agent == "aider"
+    assert events_of(seen, Restored)[-1].agent == "aider"
 
 
 @pytest.mark.asyncio
@@ -100,5 +100,5 @@ async def test_an_http_caller_waiting_on_an_in_process_agent_lends_it_its_priori
                                                      extra_headers={"X-Swarm-Agent": "human2", "X-Swarm-Waits-On": "helper"})
         handle.shutdown()
     seen = [e async for e in log if isinstance(e, Event)]
-    assert [(e.agent, e.priority, e.by_agent) for e in events_of(seen, "priority.inherited")] == [("helper", FOREGROUND, "human")]
-    assert [e.agent for e in events_of(seen, "priority.restored")] == ["helper"]
+    assert [(e.agent, e.priority, e.by_agent) for e in events_of(seen, Inherited)] == [("helper", FOREGROUND, "human")]
+    assert [e.agent for e in events_of(seen, Restored)] == ["helper"]

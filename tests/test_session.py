@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
+from runtime.events import Admitted, AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
 from swarm.cli import main
 from swarm.runner import SessionRunner
 from swarm.session import load_session, parse_session
@@ -236,7 +236,7 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
     assert Counter(e.turn for e in events if isinstance(e, Ended)) == Counter(queued)
     assert [e.agent for e in events if isinstance(e, Inherited)] == ["reviewer"]
     assert "never sent" not in out  # turns = 2 stopped the script
-    admitted = [e for e in events if e.event == "turn.admitted"]
+    admitted = [e for e in events if isinstance(e, Admitted)]
     assert admitted and all(e.cached_tokens is not None for e in admitted)
     assert "prompt tokens:" in out and "reused from the prefix cache" in out
     assert tree_hash(workspace) == before

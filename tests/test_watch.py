@@ -22,7 +22,7 @@ import pytest
 
 from browser import chromium, close, state, wait_for
 from runtime.bus import EventBus
-from runtime.events import Dropped, kind_named, read_events
+from runtime.events import Dropped, Finished, kind_named, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.stream import encode_line
 from runtime.timing import TimingEngine
@@ -403,7 +403,7 @@ def test_replaying_a_recording_reaches_the_counts_of_swarm_plot_and_the_run_summ
     counts = shown["counts"]
     assert counts["preemptions"] == summary.preemptions == len(timeline.preemptions)
     assert counts["inheritances"] == summary.inheritances
-    assert counts["finished"] == sum(e.event == "turn.finished" for e in events)
+    assert counts["finished"] == sum(isinstance(e, Finished) for e in events)
     assert counts["turns"] == sum(a.turns for a in summary.agents.values())
     assert len(shown["slots"]) == timeline.slots and not any(shown["slots"])
     assert shown["stopped"] and shown["step"] == summary.steps
