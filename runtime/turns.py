@@ -28,7 +28,11 @@ class Policy(enum.StrEnum):
         try:
             return cls(name)
         except ValueError:
-            raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(p.value for p in cls)}") from None
+            raise ConfigError(f"unknown policy {name!r}; {cls._choices()}") from None
+
+    @classmethod
+    def _choices(cls) -> str:
+        return f"choose from {', '.join(p.value for p in cls)}"
 
     @classmethod
     def parse_list(cls, text: str, *, variants: tuple[str, ...] = ()) -> list[str]:
@@ -36,7 +40,7 @@ class Policy(enum.StrEnum):
         `variants`), checked and normalised: what --policies flags take."""
         names = [p.strip() for p in text.split(",") if p.strip()]
         if not names:
-            raise ConfigError("--policies: name at least one policy")
+            raise ConfigError(f"--policies names no policy; {cls._choices()}")
         out = []
         for name in names:
             policy, _, variant = name.partition(":")
