@@ -30,6 +30,7 @@ from gpu.device import Device
 from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
+from runtime.units import ceil_div
 
 if TYPE_CHECKING:
     from gpu.engine import OpenCLEngine
@@ -148,7 +149,7 @@ class GPUFamily:
         if self.forced_splits:
             return min(self.forced_splits, self.MAX_SPLITS)
         fill = max(1, 2 * self.compute_units // (tokens * kv_heads))
-        return max(1, min(self.MAX_SPLITS, fill, -(-positions // self.SPLIT_POSITIONS)))
+        return max(1, min(self.MAX_SPLITS, fill, ceil_div(positions, self.SPLIT_POSITIONS)))
 
     @staticmethod
     def missing(cfg) -> list[str]:
