@@ -29,20 +29,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(bench_run=run_engine)
 
-    swarm = sub.add_parser("swarm", help="foreground wait per policy on the real engine, under background load")
-    bench_swarm.add_arguments(swarm)
-    swarm.set_defaults(bench_run=bench_swarm.run)
-
-    serve = sub.add_parser("serve", help="the same load over HTTP: 8 background streams and a foreground client through the openai client")
-    bench_serve.add_arguments(serve)
-    serve.set_defaults(bench_run=bench_serve.run)
-    owner = sub.add_parser("owner", help="the GPU owner's host time per step, with an engine that costs nothing")
-    bench_owner.add_arguments(owner)
-    owner.set_defaults(bench_run=bench_owner.run)
-
-    watch = sub.add_parser("watch", help="decode step time with no page open and with many (a real headless chromium)")
-    bench_watch.add_arguments(watch)
-    watch.set_defaults(bench_run=bench_watch.run)
+    for name, module, text in (
+        ("swarm", bench_swarm, "foreground wait per policy on the real engine, under background load"),
+        ("serve", bench_serve, "the same load over HTTP: 8 background streams and a foreground client through the openai client"),
+        ("owner", bench_owner, "the GPU owner's host time per step, with an engine that costs nothing"),
+        ("watch", bench_watch, "decode step time with no page open and with many (a real headless chromium)"),
+    ):
+        bench = sub.add_parser(name, help=text)
+        module.add_arguments(bench)
+        bench.set_defaults(bench_run=module.run)
 
     parser.set_defaults(func=run)
 
