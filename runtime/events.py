@@ -54,7 +54,12 @@ import msgspec
 from runtime.errors import ConfigError
 
 
-class Event(msgspec.Struct, omit_defaults=True, tag_field="event"):
+class _Stamp(msgspec.Struct, kw_only=True):
+    # Which GPU owner decided it, in a cluster's merged stream (absent with one owner).
+    owner: str | None = None
+
+
+class Event(_Stamp, omit_defaults=True, tag_field="event"):
     """A scheduling decision. Each kind below is tagged by its name, which is the
     JSON `event` field; match on the classes, never on the names."""
 

@@ -31,6 +31,15 @@ from runtime.turns import Policy, SchedulerConfig
 
 
 class Swarm:
+    def __new__(cls, engine: Engine | None = None, *, cluster: str | None = None, **options: Any) -> Any:
+        # Swarm(cluster="ray", owners=2, model=...) spans several GPU owners: the
+        # same agents and API, each owner a Ray actor (swarm.cluster).
+        if cluster is not None:
+            from swarm.cluster import ClusterSwarm
+
+            return ClusterSwarm(cluster=cluster, **options)
+        return super().__new__(cls)
+
     def __init__(
         self,
         engine: Engine,

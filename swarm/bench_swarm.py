@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slack", type=float, default=0.25, help="shaping: background decodes may lengthen a foreground step by this fraction")
     parser.add_argument("--warmup", type=float, default=30.0, help="at most this many seconds for every slot to fill first")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cluster", nargs="?", const="local", metavar="ADDRESS",
+                        help="the same load over GPU owners as Ray actors (a local Ray instance, or the cluster at ADDRESS)")
+    parser.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2)")
 
 
 @dataclass
@@ -246,6 +249,10 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     for flag in ("seconds", "fg_interval", "prompt", "fg_tokens"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.cluster is not None:
+        from swarm import bench_cluster
+
+        return _report(args, "cluster of %d owners" % args.owners, **bench_cluster.run(args, policies))
     if engine is None:
         from gpu.engine import open_engine
 
@@ -264,15 +271,23 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         adjacent = anyio.run(bench_solo, engine, turns, args, Stats())
         r["vs_solo"] = vs_solo(r, _feel(adjacent))
         pooled = _merge(pooled, adjacent)
-    solo = _solo_result(pooled)
+    return _report(args, engine.device_name, policies=results, solo=_solo_result(pooled))
+
+
+def _report(args: argparse.Namespace, device: str, **out: Any) -> int:
     out = {
         "workload": {"slots": args.slots, "seconds": args.seconds, "fg_interval_s": args.fg_interval, "fg_tokens": args.fg_tokens,
                      "bg_max": args.bg_max, "step_tokens": args.step_tokens, "prompt": args.prompt, "seed": args.seed,
-                     "shaping": not args.no_shaping, "slack": args.slack, "device": engine.device_name},
-        "policies": results,
-        "solo": solo,
+                     "shaping": not args.no_shaping, "slack": args.slack, "device": device},
+        **out,
     }
-    return report(out, args.json, print_table)
+    return report(out, args.json, _print_tables)
+
+
+def _print_tables(out: dict[str, Any]) -> None:
+    print_table(out)
+    for name, owner in out.get("owners", {}).items():  # a cluster's owners, one by one
+        print_table({**out, "workload": {**out["workload"], "device": f"owner {name}"}, **owner})
 
 
 def report(out: dict[str, Any], as_json: bool, table: Any) -> int:

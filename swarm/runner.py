@@ -23,8 +23,10 @@ class SessionRunner:
 
     def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
                  on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None,
-                 page_sockets: Sequence[socket.socket] = ()) -> None:
+                 page_sockets: Sequence[socket.socket] = (), cluster: str | None = None, owners: int = 2) -> None:
         self.session = session
+        # With a cluster ("local", or a Ray address), `owners` GPU owners run as Ray actors.
+        self.cluster, self.owners = cluster, owners
         self.workspace = workspace_of(session)  # fail early, before loading a model
         self.engine = engine
         self.out = out or new_out_dir(session)
@@ -45,30 +47,42 @@ class SessionRunner:
     def load_engine(self) -> Engine:
         if self.engine is None:
             from gpu.engine import open_engine
-            from gpu.fetch import is_model_name
 
-            spec = self.session.model
-            if spec and not is_model_name(spec):  # a path, relative to the session file
-                spec = resolve_path(self.session, spec)
-            self.engine = open_engine(spec, self.session.device, kernels=self.session.kernels)
+            self.engine = open_engine(self.model_spec(), self.session.device, kernels=self.session.kernels)
         return self.engine
 
+    def model_spec(self) -> str | Path | None:
+        """The session's model: a catalogue name, or a path relative to the session file."""
+        from gpu.fetch import is_model_name
+
+        spec = self.session.model
+        return resolve_path(self.session, spec) if spec and not is_model_name(spec) else spec
+
     async def run(self) -> None:
+        # A cluster's owners each open their own engine; else it is opened here.
+        load = (lambda: None) if self.cluster is not None else self.load_engine
         if self.hub is None:
-            return await self._run(self.load_engine())
+            return await self._run(load())
         async with anyio.create_task_group() as page:
             page.start_soon(partial(serve_http, create_app(self.hub), self.page_sockets, on_stop=[self.hub.close]))
-            await self._run(await anyio.to_thread.run_sync(self.load_engine))
+            await self._run(await anyio.to_thread.run_sync(load))
             page.cancel_scope.cancel()
 
     async def _run(self, engine: Any) -> None:
         from swarm.api import Swarm
 
         s = self.session
-        swarm = Swarm(
-            engine, slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache, events=self.events_path,
-            socket=self.socket,
+        common = dict(
+            slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache,
+            events=self.events_path, socket=self.socket,
         )
+        if self.cluster is not None:
+            swarm = Swarm(
+                cluster="ray", owners=self.owners, address=None if self.cluster == "local" else self.cluster,
+                model=self.model_spec(), device=s.device, kernels=s.kernels, **common,
+            )
+        else:
+            swarm = Swarm(engine, **common)
         self.started = time.monotonic()
         try:
             async with anyio.create_task_group() as viewers:

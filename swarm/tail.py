@@ -229,6 +229,8 @@ def render(item: Item) -> Text:
     line.append(f"{_or_blank(fields.get('turn'), 't'):>5} ")
     line.append(f"{_or_blank(fields.get('slot'), 's'):>4} ")
     line.append(f"{_or_blank(priority, 'p'):>4}  ", "bold" if fg else "dim")
+    if owner := fields.get("owner"):  # a cluster: which GPU owner decided it
+        line.append(f"{owner}: ", "magenta")
     line.append(describe(e))
     return line
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Preempted, Queued, Resumed, SwappedOut, read_events
+from runtime.events import Admitted, Preempted, Queued, Resumed, SwappedOut, SwarmStarted, read_events
 from runtime.priority import FOREGROUND
 from swarm import plot
 from swarm.cli import main
@@ -75,6 +75,22 @@ def test_turns_still_running_at_the_end_are_drawn_to_the_end() -> None:
     assert [(s.turn, s.start, s.end, s.open) for s in tl.runs] == [(1, 0.1, 0.3, False), (2, 0.3, 0.5, True)]
     assert [(p.turn, p.start, p.end, p.open) for p in tl.pauses] == [(1, 0.3, 0.5, True)]
     assert tl.preemptions == [(0.3, 2)]
+
+
+def test_a_clusters_merged_stream_gets_one_lane_group_per_owner(tmp_path: Path) -> None:
+    events = [
+        SwarmStarted(t=0.0, step=0, slots=3, policy="resident"),  # the driver's: every owner's slots
+        SwarmStarted(t=0.0, step=0, slots=2, owner="gpu1"),
+        SwarmStarted(t=0.0, step=0, slots=1, owner="gpu0"),
+        Admitted(t=0.1, step=1, turn=1, agent="a", priority=0, slot=0, waited_s=0.0, owner="gpu0"),
+        Admitted(t=0.1, step=1, turn=2, agent="b", priority=0, slot=1, waited_s=0.0, owner="gpu1"),
+        Preempted(t=0.2, step=2, turn=1, agent="a", priority=0, tokens=4, reason="owner gpu0 lost", owner="gpu0"),
+        Admitted(t=0.3, step=1, turn=1, agent="a", priority=0, slot=0, waited_s=0.0, owner="gpu1"),
+    ]
+    tl = plot.build_timeline(events)
+    assert tl.lane_names == ["gpu0 slot 0", "gpu1 slot 0", "gpu1 slot 1"]
+    assert sorted((s.turn, s.slot) for s in tl.runs) == [(1, 0), (1, 1), (2, 2)]  # turn 1 moved from gpu0 to gpu1
+    assert is_png(plot.plot_timeline(events, tmp_path / "cluster.png"))
 
 
 # ---------------------------------------------------------------- pictures

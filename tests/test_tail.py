@@ -254,3 +254,12 @@ def test_a_line_says_how_much_of_a_prompt_came_from_the_prefix_cache() -> None:
     assert "48 prompt tokens from the prefix cache" in tail.describe(Admitted(**about, waited_s=0.1, cached_tokens=48))
     assert "prefix cache" not in tail.describe(Admitted(**about, waited_s=0.1))
     assert "re-prefilling 5 tokens (64 more from the prefix cache)" in tail.describe(Recomputed(**about, tokens=5, cached_tokens=64))
+
+
+def test_a_cluster_event_names_its_owner() -> None:
+    from runtime.events import Admitted
+    from swarm.tail import render
+
+    line = render(Admitted(t=1.0, step=3, turn=7, agent="pair", priority=10, slot=0, waited_s=0.01, owner="gpu1")).plain
+    assert "gpu1: turn 7 (pair) got slot 0" in line
+    assert "gpu" not in render(Admitted(t=1.0, step=3, turn=7, agent="pair", priority=10, slot=0, waited_s=0.01)).plain

@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
                    help="compute every prompt in full (to measure what the prefix cache saves)")
+    p.add_argument("--cluster", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the GPU owners as Ray actors: a local Ray instance, or the cluster at ADDRESS (needs the cluster extra)")
+    p.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2; one per GPU where the cluster has GPUs)")
     p.set_defaults(func=run)
 
 
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         session, socket=socket,
         on_event=None if args.quiet else (lambda e: console.print(tail.render(e))),
         say=lambda text: console.print(text, style="bold cyan", markup=False),
-        page_sockets=[bind_loopback(args.port)] if args.watch else [],
+        page_sockets=[bind_loopback(args.port)] if args.watch else [], cluster=args.cluster, owners=args.owners,
     )
     for problem in runner.problems:
         console.print(f"[bold red]warning:[/] {problem}", highlight=False)

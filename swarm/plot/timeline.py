@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -65,6 +66,7 @@ class Timeline:
     start: float
     end: float
     started: SwarmStarted | None
+    lane_names: list[str] | None = None  # a cluster's "gpu0 slot 0", ... (None: "slot N")
 
 
 @dataclass
@@ -77,8 +79,34 @@ class _Turn:
     paused: bool = False
 
 
+def owner_lanes(events: list[Event]) -> tuple[list[Event], list[str] | None]:
+    """A cluster's merged stream drawn as one lane group per owner: slot s of an
+    owner becomes lane (lanes of the owners before it) + s. Without owners, as is."""
+    def owner(e: Event) -> str | None:
+        return getattr(e, "owner", None)  # (an unrecognized kind has none)
+
+    owners = sorted({o for e in events if (o := owner(e))})
+    if not owners:
+        return events, None
+    sizes = {owner(e): e.slots or 0 for e in events if isinstance(e, SwarmStarted) and owner(e)}
+    for e in events:
+        if owner(e) and getattr(e, "slot", None) is not None:
+            sizes[owner(e)] = max(sizes.get(owner(e), 0), e.slot + 1)
+    base, names = {}, []
+    for o in owners:
+        base[o] = len(names)
+        names += [f"{o} slot {s}" for s in range(max(sizes.get(o, 0), 1))]
+    lanes = [
+        msgspec.structs.replace(e, slot=base[owner(e)] + e.slot) if owner(e) and getattr(e, "slot", None) is not None else e
+        for e in events
+        if not (isinstance(e, SwarmStarted) and owner(e))  # the driver's own start counts every slot
+    ]
+    return lanes, names
+
+
 def build_timeline(events: list[Event]) -> Timeline:
     """Turn the event sequence into spans per slot and per paused turn."""
+    events, lane_names = owner_lanes(events)
     runs: list[Span] = []
     pauses: list[Span] = []
     waits: list[Wait] = []
@@ -133,7 +161,7 @@ def build_timeline(events: list[Event]) -> Timeline:
         close(turn_id, state, end, open_=True)
     slots = max(started.slots if started and started.slots else 0, max_slot + 1, 1)
     return Timeline(
-        runs, pauses, waits, preemptions, slots, list(agents), min(e.t for e in events), end, started
+        runs, pauses, waits, preemptions, max(slots, len(lane_names or ())), list(agents), min(e.t for e in events), end, started, lane_names
     )
 
 
@@ -147,7 +175,7 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
     colours = _agent_colours(tl.agents)
     paused_agents = [a for a in tl.agents if any(p.agent == a for p in tl.pauses)]
     # Rows top to bottom: slot 0..n-1, then one paused lane per agent that paused.
-    labels = [f"slot {s}" for s in range(tl.slots)] + [f"{a} paused" for a in paused_agents]
+    labels = (tl.lane_names or [f"slot {s}" for s in range(tl.slots)]) + [f"{a} paused" for a in paused_agents]
     row = {("slot", s): i for i, s in enumerate(range(tl.slots))}
     row.update({("paused", a): tl.slots + i for i, a in enumerate(paused_agents)})
 

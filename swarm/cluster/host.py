@@ -1,0 +1,126 @@
+"""One GPU owner inside a Ray actor: today's owner loop and scheduler, unchanged,
+behind the few calls a driver makes across processes.
+
+The host runs a whole `Swarm` with no agents of its own. Its `serve` call holds
+the swarm's task group open for the actor's life; every other call is a short
+coroutine (or an async generator, which Ray streams) on the same event loop.
+Turn ids come from the driver, so a turn keeps its id wherever it runs and the
+merged event stream never confuses two turns.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, AsyncIterator
+
+import anyio
+import msgspec
+
+from runtime.events import encode
+from runtime.messages import SetInherited, TurnRequest
+
+
+class OwnerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How to build one owner: what `Swarm` and `open_engine` take, as data that
+    crosses to the Ray worker."""
+
+    name: str
+    model: str | None = None  # a path or catalogue name; None: the default model
+    device: str | None = None
+    kernels: str | None = None
+    num_blocks: int | None = None
+    slots: int = 8
+    policy: str = "resident"
+    step_tokens: int | None = None
+    shaping: bool = True
+    slack: float = 0.25
+    prefix_cache: bool = True
+
+
+class OwnerInfo(msgspec.Struct, frozen=True):
+    name: str
+    device: str
+    model: str
+    pid: int
+    unix_start: float  # the owner's clock zero, to line its events up with the driver's
+
+
+class OwnerHost:
+    """The Ray actor's class (wrapped with `ray.remote` by `swarm.cluster.start`)."""
+
+    def __init__(self, spec: OwnerSpec) -> None:
+        self.spec = spec
+        self._swarm: Any = None
+        self._ready = anyio.Event()
+        self._stop = anyio.Event()
+        self._failure: str | None = None
+
+    async def serve(self) -> None:
+        """Open the engine and run the owner until `stop`. Runs for the actor's life."""
+        from gpu.engine import open_engine  # the driver need not import the GPU stack
+        from swarm.api import Swarm
+
+        spec = self.spec
+        try:
+            engine = await anyio.to_thread.run_sync(
+                lambda: open_engine(spec.model, spec.device, kernels=spec.kernels, **({"num_blocks": spec.num_blocks} if spec.num_blocks else {}))
+            )
+            swarm = Swarm(engine, slots=spec.slots, policy=spec.policy, step_tokens=spec.step_tokens, shaping=spec.shaping, slack=spec.slack, prefix_cache=spec.prefix_cache, model_name=engine.model_name)
+        except Exception as exc:
+            self._failure = f"{type(exc).__name__}: {exc}"
+            self._ready.set()
+            raise
+        async with swarm:
+            self._swarm = swarm
+            self._ready.set()
+            await self._stop.wait()
+
+    async def info(self) -> OwnerInfo:
+        await self._ready.wait()
+        if self._failure:
+            raise RuntimeError(f"owner {self.spec.name} could not start: {self._failure}")
+        swarm = self._swarm
+        started = swarm.bus.last_started
+        return OwnerInfo(self.spec.name, swarm.engine.device_name, swarm.engine.model_name or "", os.getpid(), started.unix_time - started.t)
+
+    async def turn(self, turn_id: int, request: TurnRequest) -> AsyncIterator[Any]:
+        """Run one turn here and stream its updates (tokens and its events)."""
+        await self._ready.wait()
+        ended = False
+        try:
+            channel = await self._swarm.client.submit(turn_id, request)
+            async with channel.receive:
+                async for update in channel.receive:
+                    yield update
+            ended = True
+        finally:
+            if not ended:  # the driver went away (or cancelled): end it here too
+                with anyio.CancelScope(shield=True):
+                    await self.cancel(turn_id, "its driver stopped listening")
+
+    async def cancel(self, turn_id: int, reason: str) -> None:
+        if self._swarm is not None:
+            await self._swarm.client.cancel(turn_id, reason)
+
+    async def lift(self, key: str, priority: int | None) -> None:
+        await self._ready.wait()
+        # Into the owner's mailbox, as the swarm's own lifts go.
+        await self._swarm.system.tell(self._swarm.owner.name, SetInherited(lift=key, priority=priority))
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The owner's event stream as JSON-lines chunks, from its start."""
+        await self._ready.wait()
+        bus = self._swarm.bus
+        sub = bus.subscribe()
+        yield encode(bus.last_started)
+        async for item in sub:
+            yield encode(item)
+
+    async def steps(self) -> tuple[int, list[float]]:
+        """Steps run so far, and the wall time of the latest ones (for benches)."""
+        await self._ready.wait()
+        owner = self._swarm.owner
+        return owner.steps_run, list(owner.step_seconds)
+
+    async def stop(self) -> None:
+        self._stop.set()

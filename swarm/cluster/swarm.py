@@ -1,0 +1,202 @@
+"""`ClusterSwarm`: the agents here, one GPU owner per device as Ray actors.
+
+    async with Swarm(cluster="ray", owners=2, model=path) as swarm:   # or ClusterSwarm(...)
+        await swarm.spawn(PairProgrammer("pair", FOREGROUND))
+        ...
+
+The agents and their actor system (and so the whole wait graph) live in this
+process; each owner runs today's owner loop and scheduler in its own Ray actor,
+placed one per GPU where the cluster has GPUs. What crosses between them is a
+turn (streamed back token by token), a cancel, a lent priority, and the owner's
+events, merged here into one stream with an `owner` field.
+
+Ray is an optional extra (`pip install -e '.[cluster]'`) and needs the asyncio
+backend of anyio.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Sequence
+
+import anyio
+
+from runtime.agent import Agent
+from runtime.bus import EventBus
+from runtime.errors import ConfigError, UsageError
+from runtime.events import SwarmStarted, SwarmStopped
+from runtime.stream import serve_events
+from runtime.system import ActorSystem
+from swarm.cluster.client import ClusterGPU
+from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
+from swarm.cluster.placement import Placement, Router
+
+STOP_GRACE_S = 30.0  # for the owners to end their turns at shutdown
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise ConfigError("the cluster needs Ray: pip install -e '.[cluster]'") from None
+    return ray
+
+
+class ClusterSwarm:
+    def __init__(
+        self,
+        owners: int | Sequence[OwnerSpec] = 2,
+        *,
+        address: str | None = None,
+        model: str | Path | None = None,
+        device: str | None = None,
+        kernels: str | None = None,
+        slots: int = 8,
+        policy: str = "resident",
+        step_tokens: int | None = None,
+        shaping: bool = True,
+        slack: float = 0.25,
+        prefix_cache: bool = True,
+        placement: Placement | None = None,
+        events: str | Path | None = None,
+        terminal: bool = False,
+        socket: str | Path | None = None,
+        cluster: str = "ray",
+    ) -> None:
+        if cluster != "ray":
+            raise ConfigError(f"unknown cluster kind {cluster!r}; choose 'ray'")
+        if isinstance(owners, int):
+            if owners < 1:
+                raise ConfigError(f"a cluster needs at least one owner, got {owners}")
+            model = None if model is None else str(model)
+            owners = [
+                OwnerSpec(name=f"gpu{i}", model=model, device=device, kernels=kernels, slots=slots, policy=str(policy), step_tokens=step_tokens, shaping=shaping, slack=slack, prefix_cache=prefix_cache)
+                for i in range(owners)
+            ]
+        names = [spec.name for spec in owners]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"owner names must be unique, got {names}")
+        self.specs = list(owners)
+        self.address = address
+        self.placement = placement
+        self.bus = EventBus()
+        self.events_path = self.bus.log_to_file(events) if events else None
+        if terminal:
+            self.bus.log_to_terminal()
+        self.socket = Path(socket) if socket else None
+        self.system = ActorSystem(self.bus)
+        self.handles: dict[str, Any] = {}
+        self.infos: dict[str, OwnerInfo] = {}
+        self.client: ClusterGPU | None = None  # what agents hold
+        self._followed: set[str] = set()  # owners whose event stream has ended
+        self._followers_done = anyio.Event()
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> ClusterSwarm:
+        # Exits run in reverse: stop the agents (cancelling their turns), stop the
+        # owners (each ends what is left in one terminal event), wait for the last
+        # of their events, announce the stop, close the stream, leave Ray.
+        ray = _ray()
+        async with AsyncExitStack() as stack:
+            if not ray.is_initialized():
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                stack.callback(ray.shutdown)
+            outer = await stack.enter_async_context(anyio.create_task_group())
+            if self.socket:
+                await outer.start(serve_events, self.bus, self.socket)
+            stack.push_async_callback(self._announce_stop)
+            self._start_owners(ray)
+            stack.push_async_callback(self._kill_owners)
+            infos = [await self.handles[spec.name].info.remote() for spec in self.specs]
+            self.infos = {info.name: info for info in infos}
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            tokenizer = await anyio.to_thread.run_sync(self._tokenizer)  # agents encode their prompts here
+            zero = time.time() - self.bus.now()
+            self.client = ClusterGPU(
+                self.handles, {name: info.unix_start - zero for name, info in self.infos.items()},
+                Router({name: info.model for name, info in self.infos.items()}, self.placement), self.bus, tokenizer, tasks,
+            )
+            stack.push_async_callback(self._stop_owners, tasks)
+            self.system.on_lift.append(self.client.lifted)
+            self.system.on_actor_stopped.append(self.client.agent_stopped)
+            await stack.enter_async_context(self.system)
+            stack.push_async_callback(self._stop_agents)
+            self.bus.emit(SwarmStarted(
+                t=self.bus.now(), step=0, unix_time=time.time(), slots=sum(s.slots for s in self.specs), policy=self.specs[0].policy,
+                device=f"cluster of {len(self.specs)}: " + ", ".join(f"{i.name}={i.device}" for i in infos), model=infos[0].model,
+            ))
+            for name in self.handles:
+                tasks.start_soon(self._follow, name)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._stack.__aexit__(*exc_info)
+
+    def _start_owners(self, ray: Any) -> None:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        # One owner per GPU where there are GPUs; on a CPU-only cluster the owners
+        # share the OpenCL CPU device and ask Ray for no CPU of their own.
+        resources = {"num_gpus": 1} if gpus >= len(self.specs) else {"num_cpus": 0}
+        Host = ray.remote(OwnerHost)
+        for spec in self.specs:
+            handle = Host.options(max_concurrency=10_000, **resources).remote(spec)
+            self.handles[spec.name] = handle
+            handle.serve.remote()
+
+    def _tokenizer(self) -> Any:
+        from gpu.fetch import resolve_model
+        from gpu.model import load_model
+        from gpu.tokenizer import Tokenizer
+
+        return Tokenizer.from_model(load_model(resolve_model(self.specs[0].model)))
+
+    async def _stop_agents(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for name in self.system.names():
+                await self.system.stop(name)
+
+    async def _follow(self, name: str) -> None:
+        await self.client.follow(name)
+        self._followed.add(name)
+        self._followers_done.set()
+
+    async def _stop_owners(self, tasks: anyio.abc.TaskGroup) -> None:
+        # Each owner's own shutdown ends its turns in exactly one terminal event,
+        # and its event stream ends after them.
+        self.client.closed = True
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(STOP_GRACE_S):
+                for name in sorted(self.client.router.live):
+                    try:
+                        await self.handles[name].stop.remote()
+                    except Exception:
+                        pass  # lost meanwhile
+                while self._followed != set(self.handles):
+                    self._followers_done = anyio.Event()
+                    await self._followers_done.wait()
+        tasks.cancel_scope.cancel()  # an owner that did not stop in time is not waited for
+
+    async def _kill_owners(self) -> None:
+        for handle in self.handles.values():
+            _ray().kill(handle, no_restart=True)
+
+    async def _announce_stop(self) -> None:
+        self.bus.emit(SwarmStopped(t=self.bus.now(), step=0, unix_time=time.time()))
+        self.bus.close()
+
+    async def spawn(self, agent: Agent) -> Agent:
+        if not isinstance(agent, Agent):
+            raise UsageError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
+        agent.gpu = self.client
+        await self.system.spawn(agent)
+        return agent
+
+    async def join(self, agent: Agent | str) -> None:
+        await self.system.wait_run(agent)
+
+    def kill_owner(self, name: str) -> None:
+        """Kill an owner's process, as a crash would (fault drills and tests)."""
+        _ray().kill(self.handles[name], no_restart=True)
