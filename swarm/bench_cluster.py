@@ -10,7 +10,6 @@ the cluster's totals pool them. The JSON adds
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import Counter
 from typing import Any
@@ -18,9 +17,8 @@ from typing import Any
 import anyio
 
 from runtime.events import Admitted, Preempted
-from swarm.bench_swarm import Background, Foreground, Stats, _feel, _streams
+from swarm.bench_swarm import Background, Foreground, Stats, _feel, _streams, row
 from swarm.cluster import ClusterSwarm, Pinned
-from runtime.units import percentiles
 
 
 def _cluster(args: argparse.Namespace, policy: str, owners: int, pins: dict[str, str]) -> ClusterSwarm:
@@ -30,21 +28,6 @@ def _cluster(args: argparse.Namespace, policy: str, owners: int, pins: dict[str,
         slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=not args.no_shaping and variant != "unshaped",
         slack=args.slack, placement=Pinned(owners=pins),
     )
-
-
-def _row(stats: Stats, elapsed: float, preemptions: int, steps: list[float]) -> dict[str, Any]:
-    idle_s = elapsed - stats.fg_live_s
-    return {
-        **_feel(stats),
-        "fg_wait_s": percentiles(stats.fg_wait_s),
-        "fg_turns": len(stats.fg_wait_s),
-        "bg_tok_per_s": stats.bg_tokens / elapsed,
-        "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,
-        "preemptions": preemptions,
-        "step_s_median": statistics.median(steps) if steps else None,
-        "paused_s": stats.bg_paused_s,
-        "seconds": elapsed,
-    }
 
 
 def _pooled(parts: list[Stats]) -> Stats:
@@ -95,8 +78,8 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
             run, seconds = await swarm.handles[name].steps.remote()
             steps[name] = seconds[-(run - before[name]):] if run > before[name] else []
         tg.cancel_scope.cancel()
-    owners = {name: _row(stats[name], elapsed, preempted[name], steps[name]) for name in names}
-    total = _row(_pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s])
+    owners = {name: row(stats[name], elapsed, preempted[name], steps[name]) for name in names}
+    total = row(_pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s])
     return {"total": total, "owners": owners}
 
 
@@ -128,8 +111,8 @@ def run(args: argparse.Namespace, policies: list[str]) -> dict[str, Any]:
     turns = max(r["owners"]["gpu0"]["fg_turns"] for r in results.values()) or 1
     solo = anyio.run(bench_solo, turns, args, backend="asyncio")
     for r in results.values():
-        for row in (r["total"], *r["owners"].values()):
-            row["vs_solo"] = vs_solo(row, solo)
+        for figures in (r["total"], *r["owners"].values()):
+            figures["vs_solo"] = vs_solo(figures, solo)
     return {
         "policies": {policy: r["total"] for policy, r in results.items()},
         "solo": solo,

@@ -184,17 +184,8 @@ async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) ->
         elapsed = time.monotonic() - started
         steps = list(swarm.owner.step_seconds)[steps_before - swarm.owner.steps_run :] if swarm.owner.steps_run > steps_before else []
         preemptions = swarm.bus.counts[Preempted] - preempted_before
-    idle_s = elapsed - stats.fg_live_s
     return {
-        **_feel(stats),
-        "fg_wait_s": percentiles(stats.fg_wait_s),
-        "fg_turns": len(stats.fg_wait_s),
-        "bg_tok_per_s": stats.bg_tokens / elapsed,
-        "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,
-        "preemptions": preemptions,
-        "step_s_median": statistics.median(steps) if steps else None,
-        "paused_s": stats.bg_paused_s,
-        "seconds": elapsed,
+        **row(stats, elapsed, preemptions, steps),
         "step_cost": engine.cost.coefficients,
         "fg_wait_samples_s": stats.fg_wait_s,
         "fg_ttft_samples_s": stats.fg_ttft_s,
@@ -223,6 +214,22 @@ def _merge(a: Stats, b: Stats) -> Stats:
     for name in ("fg_ttft_s", "fg_itl_s", "fg_turn_s", "fg_tokens_s"):
         setattr(out, name, getattr(a, name) + getattr(b, name))
     return out
+
+
+def row(stats: Stats, elapsed: float, preemptions: int, steps: list[float]) -> dict[str, Any]:
+    """One policy's figures from a measured run: what the foreground felt and the background got."""
+    idle_s = elapsed - stats.fg_live_s
+    return {
+        **_feel(stats),
+        "fg_wait_s": percentiles(stats.fg_wait_s),
+        "fg_turns": len(stats.fg_wait_s),
+        "bg_tok_per_s": stats.bg_tokens / elapsed,
+        "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,
+        "preemptions": preemptions,
+        "step_s_median": statistics.median(steps) if steps else None,
+        "paused_s": stats.bg_paused_s,
+        "seconds": elapsed,
+    }
 
 
 def _feel(stats: Stats) -> dict[str, Any]:
