@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from runtime.events import Admitted, Preempted
-from swarm.bench_swarm import Background, Foreground, Stats, _feel, _streams, row
+from swarm.bench_load import Background, Foreground, Stats, feel, row, streams
 from swarm.cluster import ClusterSwarm, Pinned
 
 
@@ -57,7 +57,7 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         tg.start_soon(tally, swarm.bus.subscribe(max_buffer=10**6))
         foreground = {}
         for i, name in enumerate(names):  # each owner its own draws, the same under every policy
-            lengths, gaps, bg_prompts, fg_prompts = _streams(argparse.Namespace(**{**vars(args), "seed": args.seed + i}))
+            lengths, gaps, bg_prompts, fg_prompts = streams(argparse.Namespace(**{**vars(args), "seed": args.seed + i}))
             foreground[name] = Foreground(f"fg-{name}", gaps, fg_prompts, args.fg_tokens, stats[name])
             for j in range(args.slots):
                 await swarm.spawn(Background(f"bg-{name}-{j}", lengths, bg_prompts, stats[name]))
@@ -85,19 +85,19 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
 async def bench_solo(turns: int, args: argparse.Namespace) -> dict[str, Any]:
     """The first owner's foreground turns, one after another, on an idle cluster."""
-    _, _, _, fg_prompts = _streams(args)
+    _, _, _, fg_prompts = streams(args)
     stats = Stats()
     async with _cluster(args, "resident", 1, {}) as swarm:
         fg = await swarm.spawn(Foreground("fg", iter(lambda: 0.05, None), fg_prompts, args.fg_tokens, stats, turns=turns))
         await swarm.join(fg)
-    return {**_feel(stats), "fg_turns": len(stats.fg_turn_s)}
+    return {**feel(stats), "fg_turns": len(stats.fg_turn_s)}
 
 
 def run(args: argparse.Namespace, policies: list[str]) -> dict[str, Any]:
     """Every policy, then solo; the same JSON as bench swarm plus `owners`."""
     import sys
 
-    from swarm.bench_swarm import vs_solo
+    from swarm.bench_load import vs_solo
 
     if args.owners < 1:
         from runtime.errors import ConfigError

@@ -33,7 +33,7 @@ import anyio
 from runtime.errors import ConfigError
 from runtime.turns import Policy
 from runtime.units import format_duration, percentiles
-from swarm import bench_swarm
+from swarm import bench_load, bench_swarm
 
 START_TIMEOUT_S = 600
 
@@ -72,7 +72,7 @@ class Stats:
 async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     import openai
 
-    lengths, gaps, bg_prompts, fg_prompts = bench_swarm._streams(args)
+    lengths, gaps, bg_prompts, fg_prompts = bench_load.streams(args)
     stats = Stats()
 
     async def background(client: openai.AsyncOpenAI, i: int) -> None:
