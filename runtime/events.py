@@ -21,11 +21,12 @@ means something:
 |                     |                                        | by_turn, by_agent, by_priority            |
 | turn.resumed        | back in a slot after a pause           | turn, agent, priority, slot, paused_s     |
 | turn.finished       | ended normally (eos or max tokens)     | turn, agent, priority, slot, tokens,      |
-|                     |                                        | reason ("eos" or "length"), ttft_s, itl_s |
+|                     |                                        | reason ("eos" or "length"), ttft_s, itl_s,|
+|                     |                                        | token_s (turns above background)          |
 | turn.cancelled      | ended by its agent or the swarm        | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s                             |
+|                     |                                        | ttft_s, itl_s, token_s                    |
 | turn.failed         | ended by an error                      | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s                             |
+|                     |                                        | ttft_s, itl_s, token_s                    |
 | priority.inherited  | an agent runs at a waiter's priority   | agent, priority, base_priority, by_agent  |
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
@@ -38,7 +39,9 @@ means something:
 of the event. `slot` is absent while a turn holds none. On the terminal events,
 `ttft_s` is the time from the request to the first token and `itl_s` the mean
 time between the turn's later tokens (pauses included); each is absent where the
-turn produced too few tokens to have one.
+turn produced too few tokens to have one. A turn asked above background priority
+(what a person reads) also carries `token_s`, each token's time from the request,
+so a log replays the pace its reader saw, not just the mean.
 
 The bus that carries them to the log and the viewers is `runtime.bus`.
 """
@@ -124,6 +127,7 @@ class Ended(TurnEvent, kw_only=True):
     reason: str
     ttft_s: float | None = None  # request to first token
     itl_s: float | None = None  # mean gap between the later tokens, pauses included
+    token_s: list[float] | None = None  # each token's time from the request (turns above background)
 
 
 class Finished(Ended, tag="turn.finished"):

@@ -19,7 +19,7 @@ the victim is the lowest effective priority, latest admitted.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
@@ -30,6 +30,7 @@ from runtime.events import (
     SwappedOut,
 )
 from runtime.prefix import PrefixCache
+from runtime.priority import BACKGROUND
 from runtime.shaping import StepBudget, protected_level
 from runtime.turns import KV, Forget, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
 
@@ -348,6 +349,7 @@ class Scheduler:
                 if not turn.output:
                     turn.first_token_at = now
                 turn.output.append(token)
+                turn.token_times.append(now)
             self.prefix.commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if not sampled:
                 continue
@@ -463,12 +465,15 @@ class Scheduler:
         return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot)
 
 
-def _latencies(turn: Turn, now: float) -> dict[str, float]:
+def _latencies(turn: Turn, now: float) -> dict[str, Any]:
     """What the turn's reader felt: time to the first token (from the request) and
-    the mean gap between tokens after it, pauses included."""
+    the mean gap between tokens after it, pauses included; for a turn above
+    background priority, also every token's time, so the log can replay its pace."""
     if turn.first_token_at is None:
         return {}
-    felt = {"ttft_s": turn.first_token_at - turn.arrived}
+    felt: dict[str, Any] = {"ttft_s": turn.first_token_at - turn.arrived}
     if len(turn.output) > 1:
         felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
+    if turn.priority > BACKGROUND:
+        felt["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
     return felt

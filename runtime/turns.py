@@ -137,6 +137,7 @@ class Turn:
     boost: int = 0  # aging levels earned by waiting, kept while it runs
     waiting_since: float = 0.0
     first_token_at: float | None = None  # when its first output token was sampled
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
     paused_at: float | None = None
     paused_s: float = 0.0
     preemptions: int = 0

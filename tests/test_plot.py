@@ -175,4 +175,14 @@ def test_foreground_answers_are_their_tokens_over_time() -> None:
         Finished(t=3.0, step=9, turn=1, agent="pair", priority=FOREGROUND, tokens=3, reason="length", ttft_s=0.5, itl_s=0.25),
         Finished(t=3.0, step=9, turn=2, agent="docs", priority=0, tokens=3, reason="length", ttft_s=0.5, itl_s=0.25),
     ]
-    assert plot.foreground_answers(events) == [(1, "pair", [1.5, 1.75, 2.0])]
+    assert plot.foreground_answers(events) == [(1, "pair", [1.5, 1.75, 2.0])]  # an old log: the mean gap
+
+
+def test_foreground_answers_replay_each_token_time_when_the_log_has_them() -> None:
+    from runtime.events import Finished
+
+    events = [
+        Queued(t=1.0, step=0, turn=1, agent="pair", priority=FOREGROUND, tokens=3),
+        Finished(t=3.0, step=9, turn=1, agent="pair", priority=FOREGROUND, tokens=3, reason="length", ttft_s=0.5, itl_s=0.75, token_s=[0.5, 0.6, 2.0]),
+    ]
+    assert plot.foreground_answers(events) == [(1, "pair", [1.5, 1.6, 3.0])]

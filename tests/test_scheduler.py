@@ -273,3 +273,20 @@ def test_fast_forward_equals_single_steps():
         return [(type(e), e.turn, e.step, e.slot) for e in events], [len(t.output) for t in turns]
 
     assert run(1) == run(1000)
+
+
+def test_a_foreground_end_event_carries_every_token_time():
+    rig = Rig(slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=5)
+    rig.step()
+    rig.step()  # docs' first two tokens, at steps 1 and 2
+    high = rig.submit("pair", FOREGROUND, max_tokens=3)
+    while not high.done:
+        rig.step()
+    while not low.done:
+        rig.step()
+    ends = {e.turn: e for e in rig.named(Ended)}
+    # It preempted docs at once; its prompt took one step, then a token a step.
+    assert ends[high.id].token_s == pytest.approx([STEP, 2 * STEP, 3 * STEP])
+    assert ends[high.id].ttft_s == pytest.approx(ends[high.id].token_s[0])
+    assert ends[low.id].token_s is None  # background turns keep their end events small

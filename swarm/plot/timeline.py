@@ -216,23 +216,27 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
         for turn, agent, times in answers:
             below.step([times[0] - 1e-9, *times], range(len(times) + 1), where="post", color=colours.get(agent, "black"), label=f"{agent} turn {turn}")
         below.set_ylabel("tokens received")
-        below.set_title("foreground turns' tokens over time (first token, then the turn's mean gap)")
+        below.set_title("foreground turns' tokens over time")
         below.grid(alpha=0.3)
     return save(fig, out)
 
 
 def foreground_answers(events: list[Event]) -> list[tuple[int, str, list[float]]]:
-    """(turn, agent, token times) for each ended foreground turn whose end event
-    carries its time to first token and mean gap: what its reader saw arrive."""
+    """(turn, agent, token times) for each ended foreground turn: what its reader
+    saw arrive, token by token. A log written before end events carried
+    `token_s` gives only the first token and the mean gap; it is drawn from those."""
     asked: dict[int, float] = {}
     out = []
     for e in events:
         if isinstance(e, Queued) and e.priority >= FOREGROUND:
             asked[e.turn] = e.t
         elif isinstance(e, Ended) and e.turn in asked and e.ttft_s is not None and e.tokens:
-            first = asked.pop(e.turn) + e.ttft_s
-            gap = e.itl_s or 0.0
-            out.append((e.turn, e.agent, [first + k * gap for k in range(e.tokens)]))
+            start = asked.pop(e.turn)
+            if e.token_s:
+                times = [start + s for s in e.token_s]
+            else:
+                times = [start + e.ttft_s + k * (e.itl_s or 0.0) for k in range(e.tokens)]
+            out.append((e.turn, e.agent, times))
     return out
 
 
