@@ -16,6 +16,15 @@ error (a 10 ms step 1 ms off is as wrong as a 100 ms one 10 ms off) with every
 coefficient kept non-negative, over the calibration samples plus a window of
 recent steps, so a burst of identical steps cannot make the law forget what
 batch size costs.
+
+A straight line cannot follow a device that pads a batch to a kernel's tile (on
+the CPU family one decode runs a matrix-vector kernel and two run a 2-column
+tile, which costs far more than the line's per-token slope says). So small steps
+also get a learned factor per size on the law's per-step and per-token part (the
+matmuls a tile pads; attention's reads are not padded): the median, over the
+steps of that many tokens, of what that part measured over what the line says. Shaping asks exactly that question (does one
+more background decode fit beside the foreground one?), and a 20% error there
+is a 20% slower foreground token.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from runtime.engine import Work
+
+SHAPED_UP_TO = 32  # steps of at most this many tokens get a factor of their own
 
 
 def kv_reads(start: int, n: int) -> int:
@@ -49,9 +60,27 @@ class StepCost:
         self.recent: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=window)
         self.observed = 0
         self.refit_every = refit_every
+        self.shape: dict[int, float] = {}  # tokens -> measured / law, for small steps seen
+
+    def law(self, tokens: int, kv: int = 0) -> float:
+        return self.fixed_s + self.token_s * tokens + self.kv_s * kv
 
     def predict(self, tokens: int, kv: int = 0) -> float:
-        return self.fixed_s + self.token_s * tokens + self.kv_s * kv
+        # The factor scales the per-step and per-token part (the matmuls a tile
+        # pads), not attention's reads, which no tile pads.
+        return (self.fixed_s + self.token_s * tokens) * self.factor(tokens) + self.kv_s * kv
+
+    def factor(self, tokens: int) -> float:
+        """The learned correction for a step of `tokens`: its own where measured,
+        interpolated between measured sizes, 1 outside them."""
+        if tokens in self.shape or not self.shape:
+            return self.shape.get(tokens, 1.0)
+        below = max((n for n in self.shape if n < tokens), default=None)
+        above = min((n for n in self.shape if n > tokens), default=None)
+        if below is None or above is None:
+            return 1.0
+        w = (tokens - below) / (above - below)
+        return (1 - w) * self.shape[below] + w * self.shape[above]
 
     def predict_works(self, works: Sequence[Work]) -> float:
         return self.predict(*step_features(works))
@@ -91,16 +120,31 @@ class StepCost:
         fitted = fit([s for s, _ in rows], [w for _, w in rows])
         if fitted is not None:
             self.fixed_s, self.token_s, self.kv_s = fitted
+            self.shape = shape_factors([*self.anchors, *self.recent], self.fixed_s, self.token_s, self.kv_s)
 
     @property
     def coefficients(self) -> dict[str, float]:
         return {"fixed_s": self.fixed_s, "token_s": self.token_s, "kv_s": self.kv_s}
 
     def describe(self) -> str:
-        return f"{self.fixed_s * 1e3:.2f} ms + {self.token_s * 1e3:.3f} ms/token + {self.kv_s * 1e9:.2f} ns/KV position read"
+        law = f"{self.fixed_s * 1e3:.2f} ms + {self.token_s * 1e3:.3f} ms/token + {self.kv_s * 1e9:.2f} ns/KV position read"
+        if not self.shape:
+            return law
+        return law + "; steps of " + ", ".join(f"{n}: x{f:.2f}" for n, f in sorted(self.shape.items()))
 
     def __repr__(self) -> str:
         return f"<StepCost {self.describe()}>"
+
+
+def shape_factors(samples: Iterable[tuple[int, int, float]], fixed_s: float, token_s: float, kv_s: float) -> dict[int, float]:
+    """For each small step size measured, the median over its steps of what the
+    matmul part measured (the step less the law's attention) over what the law says."""
+    ratios: dict[int, list[float]] = collections.defaultdict(list)
+    for tokens, kv, seconds in samples:
+        predicted = fixed_s + token_s * tokens
+        if tokens <= SHAPED_UP_TO and predicted > 0:
+            ratios[tokens].append(max(seconds - kv_s * kv, 0.0) / predicted)
+    return {n: float(np.median(r)) for n, r in sorted(ratios.items())}
 
 
 def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | None = None) -> tuple[float, float, float] | None:

@@ -47,6 +47,25 @@ def test_the_online_fit_recovers_a_synthetic_law_within_ten_percent(coefficients
         assert cost.predict(t, k) == pytest.approx(truth(t, k), rel=0.10)
 
 
+def test_small_steps_learn_what_a_tiled_kernel_costs_them():
+    # A device that runs one decode with a matrix-vector kernel and pads 2..8 to a
+    # tile of 2, 4 or 8 columns: the straight line misprices a second decode.
+    def tiled(tokens, reads):
+        padded = tokens if tokens == 1 else 2 if tokens == 2 else 4 if tokens <= 4 else 8 if tokens <= 8 else tokens
+        return 0.008 + (0.004 if tokens > 1 else 0.0) + 0.0018 * padded + 1e-6 * reads
+
+    rng = np.random.default_rng(3)
+    cost = StepCost()
+    cost.calibrate([(t, k, tiled(t, k)) for t, k in random_steps(rng, 20)])
+    for t, k in random_steps(rng, 600):
+        cost.observe(t, k, tiled(t, k) * rng.uniform(0.97, 1.03))
+    for batch in range(1, 9):
+        reads = 300 * batch
+        assert cost.predict(batch, reads) == pytest.approx(tiled(batch, reads), rel=0.05), batch
+    # What shaping asks: a second decode beside one costs ~60% more, not the slope's ~15%.
+    assert cost.predict(2, 600) / cost.predict(1, 300) == pytest.approx(tiled(2, 600) / tiled(1, 300), rel=0.05)
+
+
 def test_the_fit_keeps_every_coefficient_non_negative():
     # Steps that get cheaper with more tokens (noise) must not make a token cost negative.
     samples = [(1, 10, 0.012), (8, 80, 0.011), (4, 40, 0.0115)]
