@@ -50,6 +50,13 @@ class Subscription:
         """Events not yet taken out: those buffered and those already lost."""
         return self._events + sum(item.count for item in self._buffer if isinstance(item, Dropped))
 
+    def take_ready(self) -> list[Event | Dropped]:
+        """Everything buffered now, without waiting (a viewer that sends in batches)."""
+        items = list(self._buffer)
+        self._buffer.clear()
+        self._events = 0
+        return items
+
     def close(self) -> None:
         self.closed = True
         self._bus._subscribers.discard(self)

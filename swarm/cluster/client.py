@@ -2,9 +2,10 @@
 
 `ClusterGPU` stands where a local `GPUOwner` stands for an agent: it hands out
 turn ids, takes turn requests and cancels, and keeps the clock. Each turn is
-routed to its agent's owner (`Router`) and pumped back over a Ray streaming call
-into the same per-turn channel a local owner would fill, so `TurnHandle`,
-`on_pause` and `on_resume` work unchanged.
+routed to its agent's owner (`Router`). Each owner streams back one batch of
+updates per wake-up for all its turns (`receive`), and each turn's pump moves
+its own into the same per-turn channel a local owner would fill, so
+`TurnHandle`, `on_pause` and `on_resume` work unchanged.
 
 When an owner dies mid-turn, the turn is moved: its agent hears `on_pause`, the
 turn is resubmitted elsewhere with its prompt plus the tokens generated so far
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 from typing import Any, Callable
 
 import anyio
@@ -31,6 +33,9 @@ from runtime.waits import lift_key
 from swarm.cluster.placement import Router
 
 log = logging.getLogger(__name__)
+
+LOST = "owner lost"  # told to a turn's pump when its owner's stream breaks
+GONE = "owner stopped"  # and when it ends (the owner stopped without ending it)
 
 
 def _owner_lost(exc: BaseException) -> bool:
@@ -56,6 +61,7 @@ class ClusterGPU:
         self._lifts: dict[str, int] = {}  # lift key -> lent priority (every owner hears each change)
         self._agents: dict[int, str] = {}  # live turn -> its agent
         self._cancelled: dict[int, str] = {}  # live turn -> why its agent cancelled it
+        self._inboxes: dict[int, tuple[str, Any]] = {}  # turn -> (its owner now, its pump's inbox)
         self.eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
 
     def new_turn_id(self) -> int:
@@ -114,30 +120,37 @@ class ClusterGPU:
         tokens: list[int] = []  # generated so far, on whichever owners
         moved_at: float | None = None  # when this turn lost its owner, until it resumes
         owner = None
+        inbox, updates = anyio.create_memory_object_stream[Any](math.inf)
         try:
             while (end := self._settled(request, tokens)) is None:
                 owner = self.router.owner_for(request.agent)
                 self.router.started(turn_id, owner, self._priority_of(request))
+                self._inboxes[turn_id] = (owner, inbox)
                 remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens))
                 try:
-                    async for ref in self.handles[owner].turn.remote(turn_id, remote):
-                        update = await ref
-                        if isinstance(update, Token):
-                            tokens.append(update.token)
-                            update = msgspec.structs.replace(update, t=update.t + self.offsets[owner])
-                        else:
-                            update = self._local(update, owner, moved_at, tokens)
-                            if update is None:
-                                continue
-                            moved_at = None if isinstance(update, Resumed) else moved_at
-                        out.send_nowait(update)
-                        if isinstance(update, Ended):
-                            return
-                    return  # the stream ended without an end: the owner stopped
+                    await self.handles[owner].start.remote(turn_id, remote)
                 except Exception as exc:
                     if not _owner_lost(exc):
                         raise
                     moved_at = self._lose(owner, turn_id, request, tokens, out)
+                    continue
+                async for update in updates:
+                    if update == GONE:
+                        return  # the stream ended without an end: the owner stopped
+                    if update == LOST:
+                        moved_at = self._lose(owner, turn_id, request, tokens, out)
+                        break
+                    if isinstance(update, Token):
+                        tokens.append(update.token)
+                        update = msgspec.structs.replace(update, t=update.t + self.offsets[owner])
+                    else:
+                        update = self._local(update, owner, moved_at, tokens)
+                        if update is None:
+                            continue
+                        moved_at = None if isinstance(update, Resumed) else moved_at
+                    out.send_nowait(update)
+                    if isinstance(update, Ended):
+                        return
             out.send_nowait(end)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             # The agent stopped listening before its cancel could reach an owner.
@@ -150,7 +163,27 @@ class ClusterGPU:
             self.router.ended(turn_id)
             self._agents.pop(turn_id, None)
             self._cancelled.pop(turn_id, None)
+            self._inboxes.pop(turn_id, None)
             out.close()
+
+    async def receive(self, owner: str) -> None:
+        """Hand each of an owner's batched updates to its turn's pump; when the
+        stream breaks or ends, tell every turn still on that owner."""
+        ending = GONE
+        try:
+            async for ref in self.handles[owner].updates.remote():
+                for turn_id, update in await ref:
+                    mine = self._inboxes.get(turn_id)
+                    if mine is not None and mine[0] == owner:
+                        mine[1].send_nowait(update)
+        except Exception as exc:
+            if not _owner_lost(exc):
+                log.exception("lost the turn stream of GPU owner %s", owner)
+            ending = LOST
+        finally:
+            for turn_id, (where, inbox) in list(self._inboxes.items()):
+                if where == owner:
+                    inbox.send_nowait(ending)
 
     def _settled(self, request: TurnRequest, tokens: list[int]) -> Ended | None:
         """How the turn ends without running (again), or None: cancelled before it
@@ -194,9 +227,10 @@ class ClusterGPU:
         """Merge one owner's events into the driver's stream, stamped with its name."""
         try:
             async for ref in self.handles[owner].events.remote():
-                event = decode(await ref)
-                if isinstance(event, Event):
-                    self.bus.emit(msgspec.structs.replace(event, t=event.t + self.offsets[owner], owner=owner))
+                for line in (await ref).splitlines():
+                    event = decode(line)
+                    if isinstance(event, Event):
+                        self.bus.emit(msgspec.structs.replace(event, t=event.t + self.offsets[owner], owner=owner))
         except Exception as exc:  # its turns' own streams say what became of them
             if not _owner_lost(exc):
                 log.exception("lost the event stream of GPU owner %s", owner)

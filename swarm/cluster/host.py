@@ -6,18 +6,26 @@ the swarm's task group open for the actor's life; every other call is a short
 coroutine (or an async generator, which Ray streams) on the same event loop.
 Turn ids come from the driver, so a turn keeps its id wherever it runs and the
 merged event stream never confuses two turns.
+
+What flows back is batched: one stream of every turn's updates and one of
+events, each item holding whatever arrived since the last. A step of 64 turns
+is then one Ray object to the driver, not 64; per-token objects were the first
+thing to give out as owners are added.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import anyio
 import msgspec
 
 from runtime.events import encode
-from runtime.messages import SetInherited, TurnRequest
+from runtime.messages import SetInherited, TurnChannel, TurnRequest
+
+T = TypeVar("T")
 
 
 class OwnerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +62,10 @@ class OwnerHost:
         self._ready = anyio.Event()
         self._stop = anyio.Event()
         self._failure: str | None = None
+        # (turn id, update) for every turn started here, in the order they happened.
+        self._outbox, self._updates = anyio.create_memory_object_stream[tuple[int, Any]](math.inf)
+        self._forwarding: set[int] = set()  # turns whose updates are still coming
+        self._tasks: Any = None
 
     async def serve(self) -> None:
         """Open the engine and run the owner until `stop`. Runs for the actor's life."""
@@ -70,10 +82,14 @@ class OwnerHost:
             self._failure = f"{type(exc).__name__}: {exc}"
             self._ready.set()
             raise
-        async with swarm:
-            self._swarm = swarm
-            self._ready.set()
-            await self._stop.wait()
+        # The forwarders outlive the swarm: its shutdown ends every turn, and
+        # those ends must still reach the driver before the stream closes.
+        async with anyio.create_task_group() as self._tasks:
+            async with swarm:
+                self._swarm = swarm
+                self._ready.set()
+                await self._stop.wait()
+        self._outbox.close()
 
     async def info(self) -> OwnerInfo:
         await self._ready.wait()
@@ -83,20 +99,35 @@ class OwnerHost:
         started = swarm.bus.last_started
         return OwnerInfo(self.spec.name, swarm.engine.device_name, swarm.engine.model_name or "", os.getpid(), started.unix_time - started.t)
 
-    async def turn(self, turn_id: int, request: TurnRequest) -> AsyncIterator[Any]:
-        """Run one turn here and stream its updates (tokens and its events)."""
+    async def start(self, turn_id: int, request: TurnRequest) -> None:
+        """Run one turn here; its updates come back through `updates`."""
         await self._ready.wait()
-        ended = False
+        channel = await self._swarm.client.submit(turn_id, request)
+        self._forwarding.add(turn_id)
+        self._tasks.start_soon(self._forward, turn_id, channel)
+
+    async def _forward(self, turn_id: int, channel: TurnChannel) -> None:
         try:
-            channel = await self._swarm.client.submit(turn_id, request)
             async with channel.receive:
                 async for update in channel.receive:
-                    yield update
-            ended = True
+                    self._outbox.send_nowait((turn_id, update))
         finally:
-            if not ended:  # the driver went away (or cancelled): end it here too
+            self._forwarding.discard(turn_id)
+
+    async def updates(self) -> AsyncIterator[list[tuple[int, Any]]]:
+        """Every turn's tokens and events, batched (one driver reads it). Ends
+        after the owner stops and every turn's end is in it."""
+        await self._ready.wait()
+        finished = False
+        try:
+            async for batch in _batches(self._updates, lambda: _ready(self._updates)):
+                yield batch
+            finished = True
+        finally:
+            if not finished:  # the driver went away: nobody is left to read its turns
                 with anyio.CancelScope(shield=True):
-                    await self.cancel(turn_id, "its driver stopped listening")
+                    for turn_id in list(self._forwarding):
+                        await self.cancel(turn_id, "its driver stopped listening")
 
     async def cancel(self, turn_id: int, reason: str) -> None:
         if self._swarm is not None:
@@ -108,13 +139,14 @@ class OwnerHost:
         await self._swarm.system.tell(self._swarm.owner.name, SetInherited(lift=key, priority=priority))
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The owner's event stream as JSON-lines chunks, from its start."""
+        """The owner's event stream as JSON-lines chunks (whatever has been
+        emitted since the last chunk), from its start."""
         await self._ready.wait()
         bus = self._swarm.bus
         sub = bus.subscribe()
-        yield encode(bus.last_started)
-        async for item in sub:
-            yield encode(item)
+        yield encode(bus.last_started) + b"\n"
+        async for batch in _batches(sub, sub.take_ready):
+            yield b"".join(encode(item) + b"\n" for item in batch)
 
     async def steps(self) -> tuple[int, list[float]]:
         """Steps run so far, and the wall time of the latest ones (for benches)."""
@@ -124,3 +156,20 @@ class OwnerHost:
 
     async def stop(self) -> None:
         self._stop.set()
+
+
+
+async def _batches(source: AsyncIterator[T], ready: Callable[[], list[T]]) -> AsyncIterator[list[T]]:
+    """At each wake-up, the item that woke it and whatever else is ready."""
+    async for first in source:
+        yield [first, *ready()]
+
+
+def _ready(stream: Any) -> list[Any]:
+    """What a memory object stream holds now, without waiting."""
+    items = []
+    while True:
+        try:
+            items.append(stream.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return items

@@ -7,8 +7,9 @@
 The agents and their actor system (and so the whole wait graph) live in this
 process; each owner runs today's owner loop and scheduler in its own Ray actor,
 placed one per GPU where the cluster has GPUs. What crosses between them is a
-turn (streamed back token by token), a cancel, a lent priority, and the owner's
-events, merged here into one stream with an `owner` field.
+turn (its tokens streamed back in one batch per owner wake-up with every other
+turn's), a cancel, a lent priority, and the owner's events, merged here into
+one stream with an `owner` field.
 
 Ray is an optional extra (`pip install -e '.[cluster]'`) and needs the asyncio
 backend of anyio.
@@ -90,7 +91,7 @@ class ClusterSwarm:
         self.handles: dict[str, Any] = {}
         self.infos: dict[str, OwnerInfo] = {}
         self.client: ClusterGPU | None = None  # what agents hold
-        self._followed: set[str] = set()  # owners whose event stream has ended
+        self._followed: set[str] = set()  # owners whose streams have ended
         self._followers_done = anyio.Event()
         self._stack = AsyncExitStack()
 
@@ -159,7 +160,11 @@ class ClusterSwarm:
                 await self.system.stop(name)
 
     async def _follow(self, name: str) -> None:
-        await self.client.follow(name)
+        # An owner's two streams, its turns' updates and its events, both end
+        # when it stops (after every turn's end) or dies.
+        async with anyio.create_task_group() as streams:
+            streams.start_soon(self.client.receive, name)
+            await self.client.follow(name)
         self._followed.add(name)
         self._followers_done.set()
 
