@@ -39,9 +39,10 @@ means something:
 of the event. `slot` is absent while a turn holds none. On the terminal events,
 `ttft_s` is the time from the request to the first token and `itl_s` the mean
 time between the turn's later tokens (pauses included); each is absent where the
-turn produced too few tokens to have one. A turn asked above background priority
-(what a person reads) also carries `token_s`, each token's time from the request,
-so a log replays the pace its reader saw, not just the mean.
+turn produced too few tokens to have one. A turn above background priority, asked
+so or lent it by a waiter (what a person reads), also carries `token_s`, each
+token's time from the request (to 0.1 ms), so a log replays the pace its reader
+saw, not just the mean.
 
 The bus that carries them to the log and the viewers is `runtime.bus`.
 """

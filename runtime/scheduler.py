@@ -448,7 +448,7 @@ class Scheduler:
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, **_latencies(turn, now))
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, **_latencies(turn, now, self._level(turn)))
         self.emit(turn.ended)
         if turn.slot is not None:
             del self.running[turn.slot]
@@ -465,15 +465,16 @@ class Scheduler:
         return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot)
 
 
-def _latencies(turn: Turn, now: float) -> dict[str, Any]:
+def _latencies(turn: Turn, now: float, level: int) -> dict[str, Any]:
     """What the turn's reader felt: time to the first token (from the request) and
     the mean gap between tokens after it, pauses included; for a turn above
-    background priority, also every token's time, so the log can replay its pace."""
+    background priority (`level`: its own, or lent by whoever waits on it), also
+    every token's time, so the log can replay its pace."""
     if turn.first_token_at is None:
         return {}
     felt: dict[str, Any] = {"ttft_s": turn.first_token_at - turn.arrived}
     if len(turn.output) > 1:
         felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
-    if turn.priority > BACKGROUND:
+    if level > BACKGROUND:
         felt["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
     return felt

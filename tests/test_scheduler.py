@@ -290,3 +290,13 @@ def test_a_foreground_end_event_carries_every_token_time():
     assert ends[high.id].token_s == pytest.approx([STEP, 2 * STEP, 3 * STEP])
     assert ends[high.id].ttft_s == pytest.approx(ends[high.id].token_s[0])
     assert ends[low.id].token_s is None  # background turns keep their end events small
+
+
+def test_a_turn_lent_foreground_priority_carries_every_token_time_too():
+    rig = Rig(slots=1)
+    helper = rig.submit("reviewer", BACKGROUND, max_tokens=3)  # serving a foreground agent that waits on it
+    rig.sched.set_inherited("reviewer", FOREGROUND, rig.now)
+    while not helper.done:
+        rig.step()
+    (end,) = rig.named(Ended)
+    assert end.priority == FOREGROUND and end.token_s == pytest.approx([STEP, 2 * STEP, 3 * STEP])

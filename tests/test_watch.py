@@ -314,7 +314,7 @@ def demo_run(browser, tiny_gguf, tmp_path_factory):
         seen["final"] = wait_for(browser, "window.swarmState.stopped && window.swarmState")
 
     anyio.run(run_with_a_page_open)
-    return {"events": runner.events_path, "slots": session.slots, **seen}
+    return {"events": runner.events_path, "slots": session.slots, "agents": runner.agents, **seen}
 
 
 def test_the_demo_on_the_tiny_model_with_a_page_open_has_one_lane_per_slot(demo_run):
@@ -331,7 +331,8 @@ def test_the_demo_on_the_tiny_model_with_a_page_open_has_one_lane_per_slot(demo_
     assert final["counts"]["preemptions"] == summary.preemptions
     assert final["counts"]["inheritances"] == summary.inheritances >= 1  # the review lends foreground priority
     assert {n: r["tokens"] for n, r in final["agents"].items()} == {n: a.tokens for n, a in summary.agents.items()}
-    assert final["latency"]["ttft"]["n"] >= 1 and final["latency"]["itl"]["n"] >= 1
+    assert final["latency"]["ttft"]["n"] >= 1
+    assert final["latency"]["itl"]["n"] == len(summarize(events, demo_run["agents"]).fg_itl_s) > 1
 
 
 # ----------------------------------------------- swarm watch: socket and replay
@@ -415,6 +416,13 @@ def test_replaying_a_recording_reaches_the_counts_of_swarm_plot_and_the_run_summ
     if waits:
         assert shown["latency"]["fg_wait"]["p50"] == pytest.approx(waits["p50"])
         assert shown["latency"]["fg_wait"]["p99"] == pytest.approx(waits["p99"])
+    if recording == "tiny-model":
+        # Inter-token latency token by token, as the run's summary has it from its
+        # agents' records (the log keeps token times to 0.1 ms).
+        itl = summarize(events, request.getfixturevalue("demo_run")["agents"]).fg_itl_s
+        assert shown["latency"]["itl"]["n"] == len(itl) > 1
+        shown_itl = {k: shown["latency"]["itl"][k] for k in ("p50", "p90", "p99", "max")}
+        assert shown_itl == pytest.approx(percentiles(itl), abs=1e-4)
 
 
 @pytest.mark.asyncio

@@ -136,7 +136,7 @@ function apply(m, e, receivedAt) {
       a.tokens += e.tokens || 0;
       if ((e.priority ?? 0) >= FOREGROUND) {
         if (typeof e.ttft_s === "number") m.latency.ttft.push(e.ttft_s);
-        if (typeof e.itl_s === "number") m.latency.itl.push(e.itl_s);
+        addGaps(m.latency.itl, e);
       }
       if (!tr) break;
       if (tr.run) a.running -= 1; else if (tr.paused) a.paused -= 1; else a.waiting -= 1;
@@ -169,6 +169,19 @@ function apply(m, e, receivedAt) {
       break;
     default:
       c.unknown += 1; // a kind newer than this page: counted, otherwise ignored
+  }
+}
+
+// Inter-token latency is per token, as in the run summary: each gap its reader
+// waited, from the turn's token times, so a pause is one long gap among short
+// ones. A log from before end events carried them has only the turn's mean gap:
+// then that, once per gap.
+function addGaps(itl, e) {
+  const times = e.token_s;
+  if (Array.isArray(times) && times.length === e.tokens) {
+    for (let i = 1; i < times.length; i++) itl.push(times[i] - times[i - 1]);
+  } else if (typeof e.itl_s === "number") {
+    for (let i = 1; i < e.tokens; i++) itl.push(e.itl_s);
   }
 }
 
@@ -497,7 +510,7 @@ function render() {
   });
   document.querySelector("#agents tbody").innerHTML = rows.join("");
 
-  const lat = [["wait (request to slot)", m.latency.fg_wait], ["time to first token", m.latency.ttft], ["inter-token (per turn)", m.latency.itl]];
+  const lat = [["wait (request to slot)", m.latency.fg_wait], ["time to first token", m.latency.ttft], ["inter-token", m.latency.itl]];
   document.querySelector("#latency tbody").innerHTML = lat.map(([label, samples]) => {
     const s = summary(samples);
     return `<tr><td>${label}</td><td>${s.n}</td><td>${ms(s.p50)}</td><td>${ms(s.p90)}</td><td>${ms(s.p99)}</td><td>${ms(s.max)}</td></tr>`;
