@@ -56,7 +56,7 @@ class PrefixCache:
         turn.committed = 0
         if not self.enabled:
             return 0
-        for key in self.chain(turn, (turn.length - 1) // self.pool.block_size):
+        for key in self.chain(turn, turn.reusable_blocks(self.pool.block_size)):
             block = self.pool.lookup(key)
             if block is None:
                 break
@@ -68,7 +68,7 @@ class PrefixCache:
 
     def commit(self, turn: Turn) -> None:
         """Register the turn's newly computed full blocks."""
-        full = min(turn.computed // self.pool.block_size, len(turn.blocks))
+        full = turn.full_blocks(self.pool.block_size)
         if not self.enabled or full <= turn.committed:
             return
         keys = self.chain(turn, full)

@@ -10,10 +10,13 @@ same way, once per token boundary:
 Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
-The effective priority of a turn is the highest of its agent's base priority (aged
-while it waits, see SchedulerConfig) and the priority lent to the requests it
-serves by agents waiting on them (`set_inherited`). Preemption happens only for a strictly higher effective priority, and
-the victim is the lowest effective priority, latest admitted.
+This module decides who holds a slot: admission, preemption and resumption, and
+how a turn ends. Its parts: `runtime.priorities` (the effective priority: aged,
+or lent through `set_inherited`), `runtime.batching` (the work of the step) and
+`runtime.kvmoves` (K/V memory: growing blocks, swapping and dropping others'). A
+turn's `status` (runtime.turns.Status) is the one record of where it is.
+Preemption happens only for a strictly higher effective priority, and the victim
+is the lowest effective priority, latest admitted.
 """
 
 from __future__ import annotations
@@ -21,21 +24,20 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Iterable, Sequence
 
+from runtime.batching import Batching
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
-from runtime.engine import GREEDY, Sampling, Work
+from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import (
-    Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn,
-    SwappedOut,
-)
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.kvmoves import KVMoves
 from runtime.prefix import PrefixCache
+from runtime.priorities import Priorities
 from runtime.priority import BACKGROUND
-from runtime.shaping import StepBudget, protected_level
-from runtime.turns import KV, Forget, Plan, Policy, SchedulerConfig, SwapIn, SwapOut, Turn
+from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
 
-class Scheduler:
+class Scheduler(Batching, KVMoves):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -58,13 +60,12 @@ class Scheduler:
         self.eos = frozenset(eos_token_ids)
         self.emit = emit
         self.step = 0
-        self.running: dict[int, Turn] = {}  # slot -> turn
-        self.waiting: list[Turn] = []  # queued and paused turns
-        self.turns: dict[int, Turn] = {}  # every live turn by id
-        self.inherited: dict[str, int] = {}
+        self.priorities = Priorities(config)
+        self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.swapped_blocks = 0
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
+        self._enqueues = itertools.count(1)
 
     # ------------------------------------------------------------------ inputs
 
@@ -86,14 +87,15 @@ class Scheduler:
         turn_id = next(self._ids) if turn_id is None else turn_id
         if turn_id in self.turns:
             raise UsageError(f"turn id {turn_id} is already live")
-        turn = Turn(turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos, arrived=now, waiting_since=now, lifts=(agent, *lifts))
+        turn = Turn(
+            turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos,
+            arrived=now, waiting_since=now, lifts=(agent, *lifts), enqueued=next(self._enqueues),
+        )
         self.turns[turn.id] = turn
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
         problem = self._unrunnable(turn)
         if problem:
             self._end(turn, Failed, problem, now)
-        else:
-            self.waiting.append(turn)
         return turn
 
     def cancel(self, turn_id: int, now: float, reason: str = "cancelled") -> bool:
@@ -110,85 +112,44 @@ class Scheduler:
         self._end(turn, Failed, reason, now)
         return True
 
-    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
-        """A KV move of this plan failed for the turn: whatever copy it had is gone.
-        It is re-prefilled from its tokens (nothing is lost but time), and its share
-        of this plan's step is dropped, since that assumed the cache."""
-        turn = self.turns.get(turn_id)
-        if turn is None:
-            return
-        if turn in plan.turns:
-            i = plan.turns.index(turn)
-            del plan.turns[i], plan.works[i]
-        turn.computed = 0
-        if turn.kv is KV.SWAPPED:
-            self.swapped_blocks -= self._host_blocks(turn)
-            turn.kv, turn.swapped_len, turn.swap_kept = KV.DROPPED, 0, []  # kv.recomputed when it resumes
-        else:
-            # Its blocks hold nothing it can trust: start over, from the cache.
-            self.pool.release(turn.blocks)
-            turn.cached_tokens = self.prefix.reuse(turn)
-            if turn.slot is not None:
-                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
-
     def set_inherited(self, lift: str, priority: int | None, now: float) -> None:
         """Turns submitted under `lift` run at least at `priority` (None: back to
         their own) until told otherwise: an agent's name lifts all its turns, a
-        lift key (runtime.waits.lift_key) only those serving one request. Takes
+        lift key (runtime.serving.lift_key) only those serving one request. Takes
         effect at the next `schedule`."""
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise UsageError(f"inherited priority of {lift!r} must be an int or None, got {priority!r}")
-        if priority is None:
-            self.inherited.pop(lift, None)
-        else:
-            self.inherited[lift] = priority
+        self.priorities.lend(lift, priority)
 
-    def _lent(self, turn: Turn, base: int) -> int:
-        return max([base, *(self.inherited[k] for k in turn.lifts if k in self.inherited)])
+    # ------------------------------------------------------------ the turns
 
-    # ------------------------------------------------------------ priorities
+    @property
+    def running(self) -> dict[int, Turn]:
+        """The turns in a slot, by slot."""
+        return {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
+
+    @property
+    def waiting(self) -> list[Turn]:
+        """The queued and paused turns, in the order they (re)joined the queue."""
+        # (a live turn that is not running waits: ended turns are forgotten)
+        return sorted((t for t in self.turns.values() if t.status is not Status.RUNNING), key=lambda t: t.enqueued)
 
     def effective(self, turn: Turn, now: float) -> int:
-        base = turn.priority
-        if base < self.config.aging_cap:
-            # A waiting turn ages; a running one keeps what it had aged to when
-            # admitted, so the turn it displaced cannot displace it straight back.
-            aged = turn.boost if turn.slot is not None else self._aged(turn, now)
-            base = min(base + aged, self.config.aging_cap)
-        return self._lent(turn, base)
-
-    def _aged(self, turn: Turn, now: float) -> int:
-        return int((now - turn.waiting_since) / self.config.aging_s)
+        return self.priorities.effective(turn, now)
 
     def next_aging(self, now: float) -> float | None:
         """When the next waiting turn gains an aging level (the simulator skips ahead
         no further than this)."""
-        times = [
-            turn.waiting_since + (int((now - turn.waiting_since) / self.config.aging_s) + 1) * self.config.aging_s
-            for turn in self.waiting
-            if self.effective(turn, now) < self.config.aging_cap
-        ]
-        return min(times, default=None)
-
-    def _queue_order(self, now: float) -> list[Turn]:
-        if self.policy is Policy.FCFS:
-            return sorted(self.waiting, key=lambda t: t.arrived)
-        return sorted(self.waiting, key=lambda t: (-self.effective(t, now), t.arrived))
-
-    def _victim(self, now: float, among: Iterable[Turn]) -> Turn | None:
-        """Lowest effective priority; among equals, the latest admitted."""
-        return min(among, key=lambda t: (self.effective(t, now), -t.last_admit), default=None)
+        return self.priorities.next_aging(self.waiting, now)
 
     # ------------------------------------------------------------- schedule
 
     def schedule(self, now: float) -> Plan:
         plan = Plan()
-        for turn in self._queue_order(now):
+        for turn in self.priorities.queue_order(self.waiting, now, self.policy):
             free = self._free_slot()
             if free is None:
                 if not self.policy.preempts:
                     break
-                victim = self._victim(now, self.running.values())
+                victim = self.priorities.victim(self.running.values(), now)
                 if victim is None or self.effective(turn, now) <= self.effective(victim, now):
                     break
                 free = victim.slot
@@ -214,125 +175,27 @@ class Scheduler:
             self._drop(victim)
 
     def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
-        swapped = turn.kv is KV.SWAPPED
+        swapped = turn.status is Status.SWAPPED
         if swapped and not self._swap_in(turn, now, plan):
             return False
-        recomputed = turn.kv is KV.DROPPED
-        if recomputed or (turn.kv is KV.RESIDENT and not turn.blocks and turn.computed == 0):
-            turn.kv = KV.RESIDENT
+        recomputed = turn.status is Status.DROPPED
+        if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
             turn.cached_tokens = self.prefix.reuse(turn)
-        self.waiting.remove(turn)
-        self.running[slot] = turn
-        turn.boost = self._aged(turn, now)
-        turn.slot = slot
+        turn.boost = self.priorities.aged(turn, now)
+        turn.status, turn.slot = Status.RUNNING, slot
         turn.last_admit = next(self._admissions)
         if turn.admitted_at is None:
             turn.admitted_at = now
             self.emit(Admitted(**self._about(turn, now), waited_s=now - turn.arrived, cached_tokens=turn.cached_tokens))
         else:
-            paused = now - turn.paused_at
+            paused = now - turn.waiting_since
             turn.paused_s += paused
-            turn.paused_at = None
             self.emit(Resumed(**self._about(turn, now), paused_s=paused))
             if recomputed:
                 self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
             elif swapped:
                 self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
-
-    def _swap_in(self, turn: Turn, now: float, plan: Plan) -> bool:
-        """Bring a swapped-out turn's KV back: the shared blocks it left on the device
-        by their keys, the rest from host memory into fresh blocks. False if the pool
-        cannot make room now. If a block it left behind has been evicted since, the
-        host copy is void and the turn is recomputed instead (KV.DROPPED)."""
-        kept = self.prefix.restore(turn, turn.swap_kept)
-        if kept is None:
-            self.swapped_blocks -= self._host_blocks(turn)
-            plan.moves.append(Forget(turn.id))
-            turn.computed, turn.swap_kept, turn.kv = 0, [], KV.DROPPED
-            return True
-        fresh: list[int] = []
-        if not self._reserve(fresh, self._host_blocks(turn) * self.pool.block_size, now, plan, keep=turn):
-            self.pool.release(kept)
-            return False
-        self.swapped_blocks -= len(fresh)
-        if fresh:
-            plan.moves.append(SwapIn(turn.id, list(fresh)))
-        kept_at = dict(zip(turn.swap_kept, kept))
-        fresh.reverse()
-        turn.blocks = [kept_at[i] if i in kept_at else fresh.pop() for i in range(len(kept) + len(fresh))]
-        turn.kv, turn.committed = KV.RESIDENT, 0
-        return True
-
-    def _host_blocks(self, turn: Turn) -> int:
-        """Blocks of a swapped-out turn that live in host memory."""
-        return self.pool.blocks_for(turn.swapped_len) - len(turn.swap_kept)
-
-    def _batch(self, now: float, plan: Plan) -> None:
-        """Pick this step's work: every decode first (one token each), then prefill
-        chunks in priority order from what is left of the token budget. While a
-        turn above background priority is live, the step is shaped for it instead."""
-        level = self._protected_level()
-        if level is not None and self._batch_shaped(level, now, plan):
-            return
-        budget = self.config.step_tokens
-        for turn in self._batch_order(self.running.values(), now):
-            if budget <= 0:
-                break
-            if self._take(turn, min(turn.pending, budget), now, plan):
-                budget -= len(plan.works[-1].tokens)
-
-    def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
-        """runtime.shaping: the protected turns' work, then the background work that
-        fits the cost budget. False (nothing added) if no protected work can run."""
-        protected = [t for t in self.running.values() if self._level(t) >= level]
-        budget = StepBudget(self.cost, self.config.slack)
-        chunk = max(self.config.prefill_chunk, self.config.step_tokens)
-        for turn in self._batch_order(protected, now):
-            start = turn.computed
-            if chunk > 0 and self._take(turn, min(turn.pending, chunk), now, plan):
-                n = len(plan.works[-1].tokens)
-                budget.add(start, n)
-                chunk -= n if n > 1 else 0
-        if not plan.works:
-            return False  # e.g. waiting for memory that only background progress frees
-        budget.close_base()
-        # Background work in what the slack leaves: decodes first (they keep running
-        # turns moving), then prefill chunks cut to fit; longest-unserved first.
-        others = [t for t in self.running.values() if self._level(t) < level]
-        room = self.config.step_tokens
-        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_stepped, t.last_admit)):
-            n = budget.largest(turn.computed, min(turn.pending, room))
-            if n and self._take(turn, n, now, plan):
-                budget.add(turn.computed, n)
-                room -= n if turn.pending > 1 else 0
-        return True
-
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
-        return sorted(turns, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
-
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> bool:
-        """Add `n` tokens of a running turn's work to the plan, growing its KV."""
-        if turn.slot is None:
-            return False  # preempted for memory while this batch was built
-        start = turn.computed
-        if len(turn.blocks) * self.pool.block_size < start + n and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
-            return False  # it was paused to free memory
-        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))
-        plan.turns.append(turn)
-        turn.last_stepped = self.step
-        return True
-
-    def _protected_level(self) -> int | None:
-        if not (self.config.shaping and self.policy.preempts):
-            return None
-        return protected_level([self._level(t) for t in self.turns.values()])
-
-    def _level(self, turn: Turn) -> int:
-        """Priority without aging: what step shaping protects (aging only reorders
-        background work among itself)."""
-        return self._lent(turn, turn.priority)
 
     # ---------------------------------------------------------- postprocess
 
@@ -341,7 +204,7 @@ class Scheduler:
         self.step += 1
         delivered = []
         for work, turn, token in zip(plan.works, plan.turns, tokens):
-            if turn.done or turn.slot is None:
+            if turn.status is not Status.RUNNING:
                 continue
             turn.computed += len(work.tokens)
             sampled = work.sample and token is not None
@@ -362,74 +225,22 @@ class Scheduler:
                 self._end(turn, Finished, "context", now)
         return delivered
 
-    # --------------------------------------------------------------- memory
-
-    def _reserve(self, table: list[int], positions: int, now: float, plan: Plan, keep: Turn) -> bool:
-        """Grow `table` to `positions`, evicting lower-priority KV when the pool is
-        short: paused turns first, then running ones not yet batched. If the turn
-        asking is itself the lowest, it is paused instead (and False returned)."""
-        while not self.pool.grow(table, positions):
-            paused = [t for t in self.waiting if t.blocks and t is not keep]
-            victim = self._victim(now, paused)
-            if victim is None or self.effective(victim, now) > self.effective(keep, now):
-                batched = set(plan.turns)
-                candidates = [t for t in self.running.values() if t not in batched and self.effective(t, now) <= self.effective(keep, now)]
-                victim = self._victim(now, candidates)
-                if victim is None:
-                    return False
-                if victim.slot is not None:
-                    self.preempt(victim, None if victim is keep else keep, now, plan)
-            self._evict(victim, now, plan)
-            if victim is keep:
-                return False
-        return True
-
-    def _evict(self, turn: Turn, now: float, plan: Plan) -> None:
-        """Free a turn's device blocks: swap them out while host room lasts, else drop."""
-        if not turn.blocks:
-            return
-        if turn.computed == 0:  # nothing in them yet: nothing to keep
-            self.pool.release(turn.blocks)
-            return
-        n = self.pool.blocks_for(turn.computed)
-        # Blocks other turns hold stay on the device anyway: leave them, take them
-        # back by their keys at swap-in.
-        kept = self.prefix.shared_blocks(turn, n)
-        copied = n - len(kept)
-        cap = self.config.swap_blocks
-        if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + copied <= cap):
-            if copied:
-                skip = set(kept)
-                blocks = [b for i, b in enumerate(turn.blocks[:n]) if i not in skip]
-                plan.moves.append(SwapOut(turn.id, blocks, turn.computed - len(kept) * self.pool.block_size))
-            turn.swapped_len, turn.swap_kept = turn.computed, kept
-            turn.kv = KV.SWAPPED
-            self.swapped_blocks += copied
-            self.pool.release(turn.blocks)
-            self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
-        else:
-            self._drop(turn)
-
-    def _drop(self, turn: Turn) -> None:
-        self.pool.release(turn.blocks)
-        turn.computed = 0
-        turn.kv = KV.DROPPED
-
     # ------------------------------------------------------------- helpers
 
     def _free_slot(self) -> int | None:
+        running = self.running
         for slot in range(self.config.slots):
-            if slot not in self.running:
+            if slot not in running:
                 return slot
         return None
 
     def _unslot(self, turn: Turn, now: float) -> None:
-        del self.running[turn.slot]
-        turn.slot = None
+        """Back to the queue, its K/V still on the device (evicting it is the
+        policy's next step)."""
+        turn.status, turn.slot = Status.PAUSED, None
         turn.boost = 0
-        turn.paused_at = now
         turn.waiting_since = now
-        self.waiting.append(turn)
+        turn.enqueued = next(self._enqueues)
 
     def _unrunnable(self, turn: Turn) -> str | None:
         if not turn.prompt:
@@ -438,11 +249,11 @@ class Scheduler:
             return f"token id {max(turn.prompt)} is outside the vocabulary of {self.vocab_size}"
         if turn.max_tokens < 1:
             return f"max_tokens must be at least 1, got {turn.max_tokens}"
-        most = turn.length + turn.max_tokens
         if self.config.max_context and len(turn.prompt) >= self.config.max_context:
             return f"prompt of {len(turn.prompt)} tokens does not fit the context of {self.config.max_context}"
-        if self.pool.blocks_for(min(most, self.config.max_context or most)) > self.pool.num_blocks:
-            return f"needs {self.pool.blocks_for(most)} KV blocks, the pool has {self.pool.num_blocks}"
+        size = self.pool.block_size
+        if turn.blocks_needed(size, self.config.max_context) > self.pool.num_blocks:
+            return f"needs {turn.blocks_needed(size)} KV blocks, the pool has {self.pool.num_blocks}"
         return None
 
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
@@ -450,13 +261,9 @@ class Scheduler:
             return
         turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, **_latencies(turn, now, self._level(turn)))
         self.emit(turn.ended)
-        if turn.slot is not None:
-            del self.running[turn.slot]
-            turn.slot = None
-        elif turn in self.waiting:
-            self.waiting.remove(turn)
-        if turn.kv is KV.SWAPPED:
-            self.swapped_blocks -= self._host_blocks(turn)
+        if turn.status is Status.SWAPPED:
+            self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
+        turn.status, turn.slot = Status.ENDED, None
         self.pool.release(turn.blocks)
         del self.turns[turn.id]
 

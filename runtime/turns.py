@@ -10,6 +10,7 @@ from runtime.engine import GREEDY, Sampling, Work
 from runtime.errors import ConfigError
 from runtime.events import Ended
 from runtime.priority import FOREGROUND
+from runtime.units import ceil_div
 
 
 class Policy(enum.StrEnum):
@@ -104,10 +105,25 @@ class SchedulerConfig:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
 
 
-class KV(enum.Enum):
-    RESIDENT = "resident"  # on the device (possibly still empty)
-    SWAPPED = "swapped"  # in host memory
-    DROPPED = "dropped"  # gone; re-prefill on resume
+class Status(enum.Enum):
+    """Where a turn is, and so where its K/V is: a turn is in exactly one."""
+
+    QUEUED = "queued"  # waiting for its first slot
+    RUNNING = "running"  # in a slot; its K/V on the device
+    PAUSED = "paused"  # preempted; its K/V stays on the device (possibly empty)
+    SWAPPED = "swapped"  # preempted; its K/V in host memory
+    DROPPED = "dropped"  # preempted; its K/V gone, re-prefilled when it resumes
+    ENDED = "ended"  # it has its terminal event
+
+    @property
+    def waiting(self) -> bool:
+        """In the queue for a slot (first, or again)."""
+        return self in (Status.QUEUED, Status.PAUSED, Status.SWAPPED, Status.DROPPED)
+
+    @property
+    def resident(self) -> bool:
+        """Whatever K/V it has is on the device."""
+        return self in (Status.QUEUED, Status.RUNNING, Status.PAUSED)
 
 
 @dataclass(eq=False)
@@ -124,28 +140,28 @@ class Turn:
     output: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V is in the cache
     blocks: list[int] = field(default_factory=list)
-    kv: KV = KV.RESIDENT
+    status: Status = Status.QUEUED
     swapped_len: int = 0
     swap_kept: list[int] = field(default_factory=list)  # block indices a swap-out left on the device (shared)
     hashes: list[bytes] = field(default_factory=list)  # chain hashes of its full blocks (runtime.prefix)
     committed: int = 0  # leading blocks registered in the prefix cache
     cached_tokens: int = 0  # positions reused from the prefix cache at the last (re)admission
-    slot: int | None = None
+    slot: int | None = None  # the slot it holds while RUNNING
+    enqueued: int = 0  # its place in the queue: order of (re)joining it
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
     last_stepped: int = 0  # the step it last had work in (shaping serves the longest-unserved first)
     boost: int = 0  # aging levels earned by waiting, kept while it runs
-    waiting_since: float = 0.0
+    waiting_since: float = 0.0  # since it (re)joined the queue: aging, and how long a pause was
     first_token_at: float | None = None  # when its first output token was sampled
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
-    paused_at: float | None = None
     paused_s: float = 0.0
     preemptions: int = 0
     ended: Ended | None = None  # its terminal event, once it has one
 
     @property
     def done(self) -> bool:
-        return self.ended is not None
+        return self.status is Status.ENDED
 
     @property
     def length(self) -> int:
@@ -165,6 +181,36 @@ class Turn:
     def pending(self) -> int:
         """Tokens to feed before the next sample: the unprefilled prompt, or 1."""
         return self.length - self.computed
+
+    # Block arithmetic, in blocks of `size` positions: what the turn needs and holds.
+
+    def blocks_needed(self, size: int, max_context: int | None = None) -> int:
+        """Blocks to run to its end: the prompt and every token it may add, within
+        the context."""
+        most = self.length + self.max_tokens
+        return ceil_div(min(most, max_context or most), size)
+
+    def blocks_missing(self, positions: int, size: int) -> int:
+        """Blocks its table lacks to cover `positions` (0 when it covers them)."""
+        return max(0, ceil_div(positions, size) - len(self.blocks))
+
+    def computed_blocks(self, size: int) -> int:
+        """Blocks its computed K/V fills, the last possibly in part."""
+        return ceil_div(self.computed, size)
+
+    def full_blocks(self, size: int) -> int:
+        """Leading blocks it holds whose every position is computed (cacheable)."""
+        return min(self.computed // size, len(self.blocks))
+
+    def reusable_blocks(self, size: int) -> int:
+        """Leading full blocks another turn's K/V may stand for: all but the block
+        of its last token, which it computes itself to sample."""
+        return (self.length - 1) // size
+
+    def host_blocks(self, size: int) -> int:
+        """Blocks of its swapped-out K/V that live in host memory (not the shared
+        ones a swap-out left on the device)."""
+        return ceil_div(self.swapped_len, size) - len(self.swap_kept)
 
 
 @dataclass(frozen=True)

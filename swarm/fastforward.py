@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from runtime.scheduler import Scheduler
-from runtime.turns import Plan, Turn
+from runtime.turns import Plan, Status, Turn
 
 
 def stretch(sched: Scheduler, plan: Plan, steps: int) -> int:
@@ -30,7 +30,7 @@ def stretch(sched: Scheduler, plan: Plan, steps: int) -> int:
     if steps <= 1:
         return 1
     ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-    need = sum(sched.pool.blocks_for(end) - len(turn.blocks) for end, turn in zip(ends, plan.turns))
+    need = sum(turn.blocks_missing(end, sched.pool.block_size) for end, turn in zip(ends, plan.turns))
     if need > sched.pool.num_free:
         return 1
     for end, turn in zip(ends, plan.turns):
@@ -44,7 +44,7 @@ def account(sched: Scheduler, plan: Plan, tokens: Sequence[int | None], steps: i
     which ends turns and returns the tokens to deliver."""
     sched.step += steps - 1
     for work, turn, token in zip(plan.works, plan.turns, tokens):
-        if turn.done or turn.slot is None or steps == 1:
+        if turn.status is not Status.RUNNING or steps == 1:
             continue
         turn.computed += steps - 1
         if work.sample and token is not None:

@@ -8,7 +8,7 @@ from runtime.events import Admitted, Event, Preempted, Recomputed, SwappedOut
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import KV, Forget, Plan, SchedulerConfig, Turn
+from runtime.turns import Forget, Plan, SchedulerConfig, Status, Turn
 
 B = 4  # positions per block
 
@@ -128,7 +128,7 @@ def test_a_recomputed_turn_hits_the_cache_again():
     length = low.length
     high = rig.submit("pair", [1, 2, 3], max_tokens=2, priority=FOREGROUND)
     rig.step()
-    assert low.kv is KV.DROPPED and low.blocks == []
+    assert low.status is Status.DROPPED and low.blocks == []
     rig.finish(high)
     rig.step()
     (event,) = rig.named(Recomputed)
@@ -146,13 +146,13 @@ def test_swap_out_leaves_blocks_other_turns_hold_and_takes_them_back():
     assert shared == keep.blocks[:5]
     high = rig.submit("pair", [1, 2, 3], max_tokens=3, priority=FOREGROUND)
     rig.step()
-    assert low.kv is KV.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
+    assert low.status is Status.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
     (out,) = [op for p in rig.plans for op in p.swap_out]
     assert out[0] == low.id and len(out[1]) == 1 and out[2] == low.swapped_len - 20  # only its own block
     assert rig.named(SwappedOut)[0].blocks == 1 and rig.sched.swapped_blocks == 1
     rig.finish(high)
     rig.step()
-    assert low.kv is KV.RESIDENT and low.blocks[:5] == shared
+    assert low.status.resident and low.blocks[:5] == shared
     (into,) = [op for p in rig.plans for op in p.swap_in]
     assert into[0] == low.id and len(into[1]) == 1 and rig.sched.swapped_blocks == 0
     rig.finish(keep, low)
@@ -167,11 +167,11 @@ def test_a_swapped_turn_whose_shared_blocks_were_evicted_is_recomputed():
     rig.step()
     big = rig.submit("pair", list(range(100, 130)), max_tokens=8, priority=FOREGROUND)
     rig.step()
-    assert low.kv is KV.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
+    assert low.status is Status.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
     rig.sched.cancel(keep.id, rig.now)  # the shared blocks are now only cached...
     other = rig.submit("pair", list(range(200, 230)), max_tokens=2, priority=FOREGROUND)
     rig.step()  # ...and the other foreground turn's 7 blocks evict 3 of them
-    assert low.kv is KV.SWAPPED and rig.sched.pool.num_cached < 5
+    assert low.status is Status.SWAPPED and rig.sched.pool.num_cached < 5
     rig.finish(other)  # a slot frees: the swapped turn comes back, but its shared blocks are gone
     rig.step()
     assert Forget(low.id) in [m for p in rig.plans for m in p.moves]  # so its host copy is void: the engine drops it
@@ -192,7 +192,7 @@ def test_memory_pressure_evicts_the_cache_before_any_paused_turn():
     rig.step()
     assert rig.named(Preempted) and high.blocks
     assert rig.sched.pool.num_cached == 2  # its 7 prompt blocks: the 4 free ones, then 3 of the 5 cached
-    assert low.kv is KV.RESIDENT and low.blocks and not rig.named(SwappedOut)
+    assert low.status.resident and low.blocks and not rig.named(SwappedOut)
 
 
 def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():

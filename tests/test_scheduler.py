@@ -10,7 +10,7 @@ from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted,
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
-from runtime.turns import KV, Policy, SchedulerConfig, Turn
+from runtime.turns import Policy, SchedulerConfig, Status, Turn
 from swarm.fastforward import account, stretch
 
 EOS = 2
@@ -85,7 +85,7 @@ def test_resident_preempts_at_the_next_boundary_and_keeps_kv():
     assert high.slot == 0 and low.slot is None
     (pre,) = rig.named(Preempted)
     assert (pre.turn, pre.by_turn, pre.by_agent, pre.by_priority) == (low.id, high.id, "pair", FOREGROUND)
-    assert low.blocks == blocks and low.computed == computed and low.kv is KV.RESIDENT
+    assert low.blocks == blocks and low.computed == computed and low.status.resident
     while not high.done:
         rig.step()
     rig.step()
@@ -109,7 +109,7 @@ def preempt_after_three_steps(rig: Rig) -> tuple[Turn, Turn, int, int]:
 def test_swap_moves_the_victims_kv_out_and_back():
     rig = Rig(policy="swap", slots=1)
     low, high, computed, _ = preempt_after_three_steps(rig)
-    assert low.blocks == [] and low.kv is KV.SWAPPED
+    assert low.blocks == [] and low.status is Status.SWAPPED
     while not high.done:
         rig.step()
     rig.step()

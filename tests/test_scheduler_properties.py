@@ -23,7 +23,7 @@ from runtime.cost import StepCost, step_features
 from runtime.events import Ended, Event, Preempted
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import KV, Policy, SchedulerConfig, SwapIn, SwapOut
+from runtime.turns import Policy, SchedulerConfig, Status, SwapIn, SwapOut
 
 EOS = 2
 AGENTS = {"pair": FOREGROUND, "tests": 3, "docs": 0, "review": 0}
@@ -179,7 +179,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert pool.refs(block) == held.get(block, 0) >= 0
         assert all(pool.is_cached(b) for b, n in held.items() if n > 1)
         assert len(held) + pool.num_free == self.blocks
-        host = sum(self.sched._host_blocks(t) for t in self.sched.turns.values() if t.kv is KV.SWAPPED)
+        host = sum(t.host_blocks(pool.block_size) for t in self.sched.turns.values() if t.status is Status.SWAPPED)
         assert host == self.sched.swapped_blocks
 
     @invariant()

@@ -1,0 +1,100 @@
+"""The scheduler's batch: which running turns' work goes into this step.
+
+Every decode first (one token each), then prefill chunks in priority order from
+what is left of `step_tokens`. While a turn above background priority is live,
+under the preempting policies, the step is shaped for it instead (runtime.shaping):
+its own work, then the background work that keeps the predicted step within the
+slack.
+
+Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
+admits or pauses a turn, except through `_reserve` when memory runs short.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from runtime.blocks import BlockPool
+from runtime.cost import StepCost
+from runtime.engine import Work
+from runtime.shaping import StepBudget, protected_level
+from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
+
+if TYPE_CHECKING:
+    from runtime.priorities import Priorities
+
+
+class Batching:
+    # The scheduler's state this part reads (besides `running`, `effective` and
+    # `_reserve`, the scheduler's and its KV memory's).
+    config: SchedulerConfig
+    policy: Policy
+    cost: StepCost
+    pool: BlockPool
+    priorities: Priorities
+    turns: dict[int, Turn]
+    step: int
+
+    def _batch(self, now: float, plan: Plan) -> None:
+        """Pick this step's work: every decode first (one token each), then prefill
+        chunks in priority order from what is left of the token budget. While a
+        turn above background priority is live, the step is shaped for it instead."""
+        level = self._protected_level()
+        if level is not None and self._batch_shaped(level, now, plan):
+            return
+        budget = self.config.step_tokens
+        for turn in self._batch_order(self.running.values(), now):
+            if budget <= 0:
+                break
+            if self._take(turn, min(turn.pending, budget), now, plan):
+                budget -= len(plan.works[-1].tokens)
+
+    def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
+        """runtime.shaping: the protected turns' work, then the background work that
+        fits the cost budget. False (nothing added) if no protected work can run."""
+        protected = [t for t in self.running.values() if self._level(t) >= level]
+        budget = StepBudget(self.cost, self.config.slack)
+        chunk = max(self.config.prefill_chunk, self.config.step_tokens)
+        for turn in self._batch_order(protected, now):
+            start = turn.computed
+            if chunk > 0 and self._take(turn, min(turn.pending, chunk), now, plan):
+                n = len(plan.works[-1].tokens)
+                budget.add(start, n)
+                chunk -= n if n > 1 else 0
+        if not plan.works:
+            return False  # e.g. waiting for memory that only background progress frees
+        budget.close_base()
+        # Background work in what the slack leaves: decodes first (they keep running
+        # turns moving), then prefill chunks cut to fit; longest-unserved first.
+        others = [t for t in self.running.values() if self._level(t) < level]
+        room = self.config.step_tokens
+        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_stepped, t.last_admit)):
+            n = budget.largest(turn.computed, min(turn.pending, room))
+            if n and self._take(turn, n, now, plan):
+                budget.add(turn.computed, n)
+                room -= n if turn.pending > 1 else 0
+        return True
+
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
+        return sorted(turns, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
+
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> bool:
+        """Add `n` tokens of a running turn's work to the plan, growing its KV."""
+        if turn.status is not Status.RUNNING:
+            return False  # preempted for memory while this batch was built
+        start = turn.computed
+        if turn.blocks_missing(start + n, self.pool.block_size) and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
+            return False  # it was paused to free memory
+        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))
+        plan.turns.append(turn)
+        turn.last_stepped = self.step
+        return True
+
+    def _protected_level(self) -> int | None:
+        if not (self.config.shaping and self.policy.preempts):
+            return None
+        return protected_level([self._level(t) for t in self.turns.values()])
+
+    def _level(self, turn: Turn) -> int:
+        return self.priorities.level(turn)

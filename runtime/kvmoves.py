@@ -1,0 +1,135 @@
+"""The scheduler's K/V memory: growing a turn's blocks, and freeing others' for it.
+
+When the pool is short, lower-priority K/V makes room: paused turns' first, then
+running turns' not yet in this step's batch (paused to free memory). Freed K/V is
+swapped out to host memory while the room there lasts (`swap_blocks`), else
+dropped and recomputed on resume. Every copy is a move in the plan, run before
+the step in the order decided.
+
+Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
+decides who runs, only whose K/V stays.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from runtime.blocks import BlockPool
+from runtime.events import Event, Recomputed, SwappedOut
+from runtime.prefix import PrefixCache
+from runtime.turns import Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
+
+if TYPE_CHECKING:
+    from runtime.priorities import Priorities
+
+
+class KVMoves:
+    # The scheduler's state this part reads and changes (besides `running`,
+    # `waiting`, `effective`, `preempt` and `_about`, the scheduler's own).
+    config: SchedulerConfig
+    policy: Policy
+    pool: BlockPool
+    prefix: PrefixCache
+    priorities: Priorities
+    emit: Callable[[Event], None]
+    turns: dict[int, Turn]
+    swapped_blocks: int  # host memory in use, in blocks
+
+    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
+        """A KV move of this plan failed for the turn: whatever copy it had is gone.
+        It is re-prefilled from its tokens (nothing is lost but time), and its share
+        of this plan's step is dropped, since that assumed the cache."""
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            return
+        if turn in plan.turns:
+            i = plan.turns.index(turn)
+            del plan.turns[i], plan.works[i]
+        turn.computed = 0
+        if turn.status is Status.SWAPPED:
+            self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
+            turn.status, turn.swapped_len, turn.swap_kept = Status.DROPPED, 0, []  # kv.recomputed when it resumes
+        else:
+            # Its blocks hold nothing it can trust: start over, from the cache.
+            self.pool.release(turn.blocks)
+            turn.cached_tokens = self.prefix.reuse(turn)
+            if turn.status is Status.RUNNING:
+                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
+
+    def _swap_in(self, turn: Turn, now: float, plan: Plan) -> bool:
+        """Bring a swapped-out turn's KV back: the shared blocks it left on the device
+        by their keys, the rest from host memory into fresh blocks. False if the pool
+        cannot make room now. If a block it left behind has been evicted since, the
+        host copy is void and the turn is recomputed instead (Status.DROPPED)."""
+        kept = self.prefix.restore(turn, turn.swap_kept)
+        size = self.pool.block_size
+        if kept is None:
+            self.swapped_blocks -= turn.host_blocks(size)
+            plan.moves.append(Forget(turn.id))
+            turn.computed, turn.swap_kept, turn.status = 0, [], Status.DROPPED
+            return True
+        fresh: list[int] = []
+        if not self._reserve(fresh, turn.host_blocks(size) * size, now, plan, keep=turn):
+            self.pool.release(kept)
+            return False
+        self.swapped_blocks -= len(fresh)
+        if fresh:
+            plan.moves.append(SwapIn(turn.id, list(fresh)))
+        kept_at = dict(zip(turn.swap_kept, kept))
+        fresh.reverse()
+        turn.blocks = [kept_at[i] if i in kept_at else fresh.pop() for i in range(len(kept) + len(fresh))]
+        turn.status, turn.committed = Status.PAUSED, 0
+        return True
+
+    def _reserve(self, table: list[int], positions: int, now: float, plan: Plan, keep: Turn) -> bool:
+        """Grow `table` to `positions`, evicting lower-priority KV when the pool is
+        short: paused turns first, then running ones not yet batched. If the turn
+        asking is itself the lowest, it is paused instead (and False returned)."""
+        victim_of = self.priorities.victim
+        while not self.pool.grow(table, positions):
+            paused = [t for t in self.waiting if t.blocks and t is not keep]
+            victim = victim_of(paused, now)
+            if victim is None or self.effective(victim, now) > self.effective(keep, now):
+                batched = set(plan.turns)
+                candidates = [t for t in self.running.values() if t not in batched and self.effective(t, now) <= self.effective(keep, now)]
+                victim = victim_of(candidates, now)
+                if victim is None:
+                    return False
+                if victim.status is Status.RUNNING:
+                    self.preempt(victim, None if victim is keep else keep, now, plan)
+            self._evict(victim, now, plan)
+            if victim is keep:
+                return False
+        return True
+
+    def _evict(self, turn: Turn, now: float, plan: Plan) -> None:
+        """Free a turn's device blocks: swap them out while host room lasts, else drop."""
+        if not turn.blocks:
+            return
+        if turn.computed == 0:  # nothing in them yet: nothing to keep
+            self.pool.release(turn.blocks)
+            return
+        size = self.pool.block_size
+        n = turn.computed_blocks(size)
+        # Blocks other turns hold stay on the device anyway: leave them, take them
+        # back by their keys at swap-in.
+        kept = self.prefix.shared_blocks(turn, n)
+        copied = n - len(kept)
+        cap = self.config.swap_blocks
+        if self.policy is not Policy.RECOMPUTE and (cap is None or self.swapped_blocks + copied <= cap):
+            if copied:
+                skip = set(kept)
+                blocks = [b for i, b in enumerate(turn.blocks[:n]) if i not in skip]
+                plan.moves.append(SwapOut(turn.id, blocks, turn.computed - len(kept) * size))
+            turn.swapped_len, turn.swap_kept = turn.computed, kept
+            turn.status = Status.SWAPPED
+            self.swapped_blocks += copied
+            self.pool.release(turn.blocks)
+            self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
+        else:
+            self._drop(turn)
+
+    def _drop(self, turn: Turn) -> None:
+        self.pool.release(turn.blocks)
+        turn.computed = 0
+        turn.status = Status.DROPPED
