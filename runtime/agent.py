@@ -30,7 +30,7 @@ from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
 from runtime.messages import Token, TurnChannel, TurnRequest
 from runtime.priority import BACKGROUND
-from runtime.waits import MAILBOX, lift_key, serving
+from runtime.serving import MAILBOX, lift_key, serving
 
 if TYPE_CHECKING:
     from runtime.client import GPUClient

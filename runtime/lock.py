@@ -37,7 +37,8 @@ import anyio
 
 from runtime.actors import Actor
 from runtime.errors import ActorError, UsageError, WaitCycle
-from runtime.waits import WaitGraph, WaitHandle, on_behalf
+from runtime.serving import on_behalf
+from runtime.waits import WaitGraph, WaitHandle
 
 Owner = Union[Actor, str]
 

@@ -27,7 +27,7 @@ class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
     max_tokens: int
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
-    # Lift keys (runtime.waits.lift_key) of the requests this turn serves: the
+    # Lift keys (runtime.serving.lift_key) of the requests this turn serves: the
     # priority lent to any of them is lent to the turn.
     lifts: list[str] = []
     t: float = 0.0  # when the agent asked, on the swarm's clock: the wait starts here

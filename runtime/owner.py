@@ -44,7 +44,7 @@ from runtime.messages import (
 )
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.waits import lift_key
+from runtime.serving import lift_key
 from runtime.turns import Plan, SchedulerConfig, SwapIn, SwapOut
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessag
 from runtime.bus import EventBus
 from runtime.events import AgentCrashed, Inherited, Restored
 from runtime.mailbox import Envelope, Reply, find_handler, handled_names
-from runtime.waits import MAILBOX, WaitGraph, on_behalf
+from runtime.serving import MAILBOX, on_behalf
+from runtime.waits import WaitGraph
 
 __all__ = ["ActorSystem"]
 

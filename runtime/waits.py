@@ -13,56 +13,35 @@ The graph never holds a cycle: a wait that would close one raises WaitCycle
 naming the whole chain, so two agents waiting on each other fail at once
 instead of hanging forever.
 
+The graph keeps the waits and each agent's base priority, nothing else: every
+lent priority is derived from them when asked, so there is no second copy to
+keep in step. What the scheduler needs of it travels as `on_lift` calls and is
+kept there (runtime.priorities), the one store of lent priority.
+
 This is a plain synchronous object; it emits nothing itself. Whoever owns it
 passes `on_change(agent, effective, inherited, from_agent)`, called exactly when
 `inherited(agent)` changes: `inherited` is the borrowed priority, or None when
 the agent is back at its base priority; `from_agent` is the agent whose base
 priority it borrowed (the origin of the chain, not the direct waiter), or None.
 
-What is lifted is the request, not the whole agent. Every wait names the part of
-the holder it waits on (`via`): its mailbox (the handler serving an ask, and any
-handler ahead of it) or a lock's critical section ("lock:NAME"). Code running in
-such a part carries it in the `serving` context variable (set by the actor system
-around each handler and by Lock around its critical section), and only the turns
-started there run at the waiters' priority: an agent's own background work keeps
-its own. `on_lift(agent, via, priority)` is called exactly when the priority lent
-to one part changes (None: no longer lifted); `lift_key(agent, via)` names it.
+What is lifted is the request, not the whole agent (runtime.serving): every wait
+names the part of the holder it waits on (`via`), and `on_lift(agent, via,
+priority)` is called exactly when the priority lent to one part changes (None:
+no longer lifted).
 """
 
 from __future__ import annotations
 
 import collections
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Callable, Iterator
 
 from runtime.errors import UsageError, WaitCycle
 from runtime.priority import BACKGROUND
+from runtime.serving import MAILBOX, lift_key
 
 OnChange = Callable[[str, int, "int | None", "str | None"], None]
 OnLift = Callable[[str, str, "int | None"], None]
-
-MAILBOX = "mailbox"  # the part of an actor an ask (or a blocked tell) waits on
-
-# The parts of its actor the running code serves (innermost last): MAILBOX inside
-# a handler, "lock:NAME" inside a critical section. Empty in an actor's own run().
-serving: ContextVar[tuple[str, ...]] = ContextVar("serving", default=())
-
-
-def lift_key(agent: str, via: str) -> str:
-    """The name under which the scheduler lifts turns started in `via` of `agent`."""
-    return f"{agent}/{via}"
-
-
-@contextmanager
-def on_behalf(via: str) -> Iterator[None]:
-    """Run the body as serving `via` of the current actor (see the module doc)."""
-    token = serving.set((*serving.get(), via))
-    try:
-        yield
-    finally:
-        serving.reset(token)
-
 
 class WaitHandle:
     """One wait, as returned by `WaitGraph.wait`; give it back to `release`."""
@@ -87,15 +66,11 @@ class WaitGraph:
         self._on_lift = on_lift
         # holder -> via -> the waits on that part of it: (waiter, request) counted
         self._parts: dict[str, dict[str, collections.Counter[tuple[str, str | None]]]] = collections.defaultdict(dict)
-        self._lifts: dict[str, dict[str, int]] = {}  # holder -> via -> lent priority, where above base
         self._base: dict[str, int] = {}
         # Edges are counted: two concurrent asks from A to B are two waits, and
         # the edge lives until both end.
         self._holders: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._waiters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        # Cached (effective, origin) for agents that currently inherit; any
-        # agent missing here runs at its base priority.
-        self._lent: dict[str, tuple[int, str]] = {}
 
     # ---- reading ----------------------------------------------------------
 
@@ -103,32 +78,38 @@ class WaitGraph:
         return self._base.get(agent, BACKGROUND)
 
     def effective(self, agent: str) -> int:
-        lent = self._lent.get(agent)
-        return lent[0] if lent else self.base(agent)
+        return self._resolve(agent, {})[0]
 
     def inherited(self, agent: str) -> int | None:
         """The priority borrowed from a waiter, or None when running at base."""
-        lent = self._lent.get(agent)
-        return lent[0] if lent else None
+        priority, origin = self._resolve(agent, {})
+        return None if origin is None else priority
 
     def inherited_from(self, agent: str) -> str | None:
         """The agent whose base priority `agent` currently runs at, if borrowed."""
-        lent = self._lent.get(agent)
-        return lent[1] if lent else None
+        return self._resolve(agent, {})[1]
 
     def lifts(self, agent: str) -> dict[str, int]:
         """The parts of `agent` that run above its base priority, and at what."""
-        return dict(self._lifts.get(agent, {}))
+        return self._lifts_of(agent, {})
+
+    def lent(self, key: str) -> int | None:
+        """The priority lent under a lift key (`lift_key`), or None."""
+        for agent, parts in self._parts.items():
+            for via in parts:
+                if lift_key(agent, via) == key:
+                    return self.lifts(agent).get(via)
+        return None
 
     def lifted(self, agent: str, vias: tuple[str, ...]) -> int:
         """The priority of code of `agent` serving `vias` (see `serving`)."""
-        lifts = self._lifts.get(agent, {})
+        lifts = self.lifts(agent)
         return max([self.base(agent), *(lifts[v] for v in vias if v in lifts)])
 
     def serves(self, agent: str) -> list[str]:
         """What each lift of `agent` serves: its waiters' requests, highest first."""
         out = []
-        for via, priority in sorted(self._lifts.get(agent, {}).items(), key=lambda item: -item[1]):
+        for via, priority in sorted(self.lifts(agent).items(), key=lambda item: -item[1]):
             for waiter, request in self._parts[agent][via]:
                 if self.effective(waiter) == priority:
                     out.append(f"{request or via} for {waiter}")
@@ -151,8 +132,8 @@ class WaitGraph:
     def set_base(self, agent: str, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise UsageError(f"priority of {agent!r} must be an int, got {priority!r}")
-        self._base[agent] = priority
-        self._update(agent)
+        with self._changing(agent):
+            self._base[agent] = priority
 
     def forget(self, agent: str) -> None:
         """Drop a stopped agent's base priority, unless someone still waits on its
@@ -169,10 +150,10 @@ class WaitGraph:
             chain = [waiter, *chain]
             err = WaitCycle(f"{waiter!r} waiting on {holder!r} would close a cycle: {' -> '.join(chain)}", chain=chain)
             raise err
-        self._holders[waiter][holder] += 1
-        self._waiters[holder][waiter] += 1
-        self._parts[holder].setdefault(via, collections.Counter())[(waiter, request)] += 1
-        self._update(holder)
+        with self._changing(holder):
+            self._holders[waiter][holder] += 1
+            self._waiters[holder][waiter] += 1
+            self._parts[holder].setdefault(via, collections.Counter())[(waiter, request)] += 1
         return WaitHandle(waiter, holder, via, request)
 
     def release(self, handle: WaitHandle) -> None:
@@ -181,13 +162,13 @@ class WaitGraph:
             return
         handle.released = True
         waiter, holder = handle.waiter, handle.holder
-        _decrement(self._holders, waiter, holder)
-        _decrement(self._waiters, holder, waiter)
-        parts = self._parts[holder]
-        _decrement(parts, handle.via, (waiter, handle.request))
-        if not parts:
-            del self._parts[holder]
-        self._update(holder)
+        with self._changing(holder):
+            _decrement(self._holders, waiter, holder)
+            _decrement(self._waiters, holder, waiter)
+            parts = self._parts[holder]
+            _decrement(parts, handle.via, (waiter, handle.request))
+            if not parts:
+                del self._parts[holder]
 
     @contextmanager
     def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> Iterator[WaitHandle]:
@@ -219,31 +200,28 @@ class WaitGraph:
                 frontier.append(nxt)
         return None
 
-    def _update(self, changed: str) -> None:
-        """Recompute `changed` and everyone downstream of it (the agents it
-        waits on, transitively) in topological order, then notify those whose
-        inherited priority moved. Nobody upstream can be affected."""
+    @contextmanager
+    def _changing(self, changed: str) -> Iterator[None]:
+        """Around a change to `changed` (its base, or a wait on it): notify those
+        whose lent priority the change moved. Only `changed` and the agents it
+        waits on, transitively, can be affected; the body does not change who
+        that is. The callbacks run once the graph is consistent, so they may read
+        it, in topological order (an agent after every affected agent waiting on it)."""
         affected = self._downstream(changed)
-        # Kahn's algorithm on the affected sub-graph: an agent is recomputed
-        # only after every affected agent waiting on it.
-        pending = {a: sum(1 for w in self._waiters.get(a, ()) if w in affected) for a in affected}
-        ready = collections.deque(a for a in affected if pending[a] == 0)
-        notices: list[tuple[str, int, int | None, str | None]] = []
-        order = []
-        while ready:
-            agent = ready.popleft()
-            order.append(agent)
-            before = self.inherited(agent)
-            self._recompute(agent)
-            after = self.inherited(agent)
-            if after != before:
-                notices.append((agent, self.effective(agent), after, self.inherited_from(agent)))
-            for nxt in self._holders.get(agent, ()):
-                pending[nxt] -= 1
-                if pending[nxt] == 0:
-                    ready.append(nxt)
-        lifted = [change for agent in order for change in self._relift(agent)]
-        # Callbacks run once the whole graph is consistent, so they may read it.
+        before_memo: dict[str, tuple[int, str | None]] = {}
+        before = {a: (self._resolve(a, before_memo), self._lifts_of(a, before_memo)) for a in affected}
+        yield
+        memo: dict[str, tuple[int, str | None]] = {}
+        notices = []
+        lifted = []
+        for agent in self._topological(affected):
+            (was, was_from), was_lifts = before[agent]
+            now, now_from = self._resolve(agent, memo)
+            inherited = None if now_from is None else now
+            if inherited != (None if was_from is None else was):
+                notices.append((agent, now, inherited, now_from))
+            lifts = self._lifts_of(agent, memo)
+            lifted += [(agent, via, lifts.get(via)) for via in sorted(was_lifts.keys() | lifts.keys()) if was_lifts.get(via) != lifts.get(via)]
         if self._on_change is not None:
             for notice in notices:
                 self._on_change(*notice)
@@ -251,17 +229,45 @@ class WaitGraph:
             for change in lifted:
                 self._on_lift(*change)
 
-    def _relift(self, agent: str) -> list[tuple[str, str, int | None]]:
-        """Recompute what each part of `agent` is lent; return the changes."""
-        before = self._lifts.pop(agent, {})
-        after = {}
+    def _topological(self, affected: set[str]) -> list[str]:
+        """Kahn's algorithm on the affected sub-graph: each agent after every
+        affected agent waiting on it."""
+        pending = {a: sum(1 for w in self._waiters.get(a, ()) if w in affected) for a in affected}
+        ready = collections.deque(a for a in affected if pending[a] == 0)
+        order = []
+        while ready:
+            agent = ready.popleft()
+            order.append(agent)
+            for nxt in self._holders.get(agent, ()):
+                pending[nxt] -= 1
+                if pending[nxt] == 0:
+                    ready.append(nxt)
+        return order
+
+    def _resolve(self, agent: str, memo: dict[str, tuple[int, str | None]]) -> tuple[int, str | None]:
+        """(effective priority, the agent whose base it is when borrowed, else
+        None): the highest of its base and its waiters' effective priorities, the
+        first waiter to reach it winning a tie. `memo` spares re-walking shared
+        waiters within one question."""
+        if agent not in memo:
+            best, origin = self.base(agent), None
+            for waiter in self._waiters.get(agent, ()):
+                priority, their_origin = self._resolve(waiter, memo)
+                if priority > best:
+                    best, origin = priority, their_origin or waiter
+            memo[agent] = (best, origin)
+        return memo[agent]
+
+    def _lifts_of(self, agent: str, memo: dict[str, tuple[int, str | None]]) -> dict[str, int]:
+        """What each part of `agent` is lent, where above its base: the highest
+        effective priority of those waiting on that part."""
+        base = self.base(agent)
+        lifts = {}
         for via, waits in self._parts.get(agent, {}).items():
-            top = max(self.effective(waiter) for waiter, _ in waits)
-            if top > self.base(agent):
-                after[via] = top
-        if after:
-            self._lifts[agent] = after
-        return [(agent, via, after.get(via)) for via in sorted(before.keys() | after.keys()) if before.get(via) != after.get(via)]
+            top = max(self._resolve(waiter, memo)[0] for waiter, _ in waits)
+            if top > base:
+                lifts[via] = top
+        return lifts
 
     def _downstream(self, start: str) -> set[str]:
         seen = {start}
@@ -272,17 +278,6 @@ class WaitGraph:
                     seen.add(nxt)
                     stack.append(nxt)
         return seen
-
-    def _recompute(self, agent: str) -> None:
-        best, origin = self.base(agent), None
-        for waiter in self._waiters.get(agent, ()):
-            priority = self.effective(waiter)
-            if priority > best:
-                best, origin = priority, self.inherited_from(waiter) or waiter
-        if origin is None:
-            self._lent.pop(agent, None)
-        else:
-            self._lent[agent] = (best, origin)
 
 
 def _decrement(table: dict, key: str, item: object) -> None:

@@ -32,8 +32,8 @@ def held(s: Swarm) -> dict[str, int]:
     return {
         "actor records": len(s.system._cells),
         "wait-graph bases": len(s.system.waits._base),
-        "wait-graph parts": len(s.system.waits._parts) + len(s.system.waits._lifts),
-        "priority loans": len(s.owner.scheduler.inherited),
+        "wait-graph parts": len(s.system.waits._parts),  # (lent priorities are derived from them)
+        "priority loans": len(s.owner.scheduler.priorities.lent),
         "reply channels": len(s.owner._replies),
         "live turns": len(s.owner.scheduler.turns),
     }

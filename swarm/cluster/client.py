@@ -29,7 +29,7 @@ from runtime.bus import EventBus
 from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
 from runtime.errors import ConfigError, TurnCancelled
 from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
-from runtime.waits import lift_key
+from runtime.serving import lift_key
 from swarm.cluster.placement import Router
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,10 @@ def _owner_lost(exc: BaseException) -> bool:
 class ClusterGPU:
     """Implements the GPU client (runtime.client.GPUClient's interface) over Ray."""
 
-    def __init__(self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,
+        lent: Callable[[str], int | None],
+    ) -> None:
         self.handles = handles  # owner name -> Ray actor handle
         self.offsets = offsets  # owner name -> its clock zero minus ours, in seconds
         self.router = router
@@ -58,7 +61,7 @@ class ClusterGPU:
         self.moves = 0  # turns moved off a lost owner
         self._tasks = tasks
         self._ids = itertools.count(1)
-        self._lifts: dict[str, int] = {}  # lift key -> lent priority (every owner hears each change)
+        self._lent = lent  # lift key -> the priority lent under it, if any: the wait graph's, asked, not copied
         self._agents: dict[int, str] = {}  # live turn -> its agent
         self._cancelled: dict[int, str] = {}  # live turn -> why its agent cancelled it
         self._inboxes: dict[int, tuple[str, Any]] = {}  # turn -> (its owner now, its pump's inbox)
@@ -97,10 +100,6 @@ class ClusterGPU:
         told to every owner, so it holds on whichever owner the holder's turns
         run, now or after a move."""
         key = lift_key(agent, via)
-        if priority is None:
-            self._lifts.pop(key, None)
-        else:
-            self._lifts[key] = priority
         for owner in self.router.live:
             self.handles[owner].lift.remote(key, priority)
 
@@ -113,7 +112,7 @@ class ClusterGPU:
 
     def _priority_of(self, request: TurnRequest) -> Callable[[], int]:
         keys = [*request.lifts, request.agent]
-        return lambda: max([request.priority, *(self._lifts.get(k, request.priority) for k in keys)])
+        return lambda: max([request.priority, *(p for p in map(self._lent, keys) if p is not None)])
 
     async def _pump(self, request: TurnRequest) -> None:
         turn_id, out = request.reply.turn_id, request.reply.send

@@ -118,6 +118,7 @@ class ClusterSwarm:
             self.client = ClusterGPU(
                 self.handles, {name: info.unix_start - zero for name, info in self.infos.items()},
                 Router({name: info.model for name, info in self.infos.items()}, self.placement), self.bus, tokenizer, tasks,
+                lent=self.system.waits.lent,
             )
             stack.push_async_callback(self._stop_owners, tasks)
             self.system.on_lift.append(self.client.lifted)

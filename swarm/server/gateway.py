@@ -25,7 +25,7 @@ import msgspec
 from runtime.agent import Agent, TurnHandle
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
 from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.waits import MAILBOX, on_behalf
+from runtime.serving import MAILBOX, on_behalf
 from swarm.api import Swarm
 from swarm.server.protocol import TurnSpec, check_agent_name, parse_priority
 from swarm.server.turn import ServedTurn
