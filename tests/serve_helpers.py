@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from runtime.events import Event, decode
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 300  # a cold PoCL cache compiles the kernels first
@@ -101,13 +103,13 @@ class ServerProcess:
         finally:
             conn.close()
 
-    def events(self) -> list[dict[str, Any]]:
-        """Every event the server has logged so far (its --events file)."""
+    def events(self) -> list[Event]:
+        """Every event the server has logged so far (its --events file), decoded."""
         if not self.events_path.exists():
             return []
-        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+        return [decode(line) for line in self.events_path.read_text().splitlines() if line.strip()]
 
-    def wait_for_event(self, predicate: Any, timeout: float = 60) -> dict[str, Any]:
+    def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float = 60) -> Event:
         """The first logged event matching `predicate`, polling the log (bounded)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -150,14 +152,14 @@ class EventWatcher:
 
     def __init__(self, server: ServerProcess, headers: dict[str, str] | None = None) -> None:
         self.stream = SSE(server, "/v1/events", method="GET", headers=headers)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         try:
             for data in self.stream:
-                self.events.append(json.loads(data))
+                self.events.append(decode(data))
         except (OSError, ValueError, http.client.HTTPException):
             pass  # hung up
 

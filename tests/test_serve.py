@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime.events import Cancelled, Ended, Finished, Queued
 from serve_helpers import SSE, ServerProcess
 
 MODEL = "tiny-serve"
@@ -104,7 +105,7 @@ def test_concurrent_callers_each_get_their_own_answer(client: openai.OpenAI, ser
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         together = dict(pool.map(call, prompts))
     assert together == alone  # batched with others (2 slots, 6 callers), each turn decodes as if alone
-    agents = {e["agent"] for e in server.events() if e["event"] == "turn.finished"}
+    agents = {e.agent for e in server.events() if isinstance(e, Finished)}
     assert {f"agent-{i}" for i in range(6)} <= agents
 
 
@@ -117,7 +118,7 @@ def test_callers_are_named_by_header_else_user_else_connection(server: ServerPro
     assert conn.getresponse().read()
     port = conn.sock.getsockname()[1]
     conn.close()
-    agents = [e["agent"] for e in server.events() if e["event"] == "turn.queued"][-3:]
+    agents = [e.agent for e in server.events() if isinstance(e, Queued)][-3:]
     assert agents == ["alice", "bob", f"conn-127.0.0.1:{port}"]
     # Prompts are not logged unless asked (--log-prompts).
     assert "6f2d" not in server.events_path.read_text() and "6f2d" not in server.stderr()
@@ -229,9 +230,9 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_turn(server: ServerProces
     for i, _ in zip(range(3), stream.chunks()):
         pass
     stream.hang_up()
-    ended = server.wait_for_event(lambda e: e.get("agent") == "quitter" and e["event"] in ("turn.finished", "turn.cancelled", "turn.failed"))
-    assert ended["event"] == "turn.cancelled" and ended["reason"] == "client disconnected"
-    assert ended["tokens"] < LONG
+    ended = server.wait_for_event(lambda e: isinstance(e, Ended) and e.agent == "quitter")
+    assert isinstance(ended, Cancelled) and ended.reason == "client disconnected"
+    assert ended.tokens < LONG
     # Nothing else runs on this server now: every KV block is back.
     for _ in range(200):
         if scrape(server)["slotswarm_kv_blocks_used"] == 0:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import openai
 import pytest
 
+from runtime.events import Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped
 from serve_helpers import SSE, EventWatcher, ServerProcess
 
 MODEL = "tiny-serve"
@@ -18,7 +19,6 @@ KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = 3_000  # a background turn that outlasts any test step (4096-token context)
 CHAT = [{"role": "user", "content": "hello"}]
-TERMINAL = ("turn.finished", "turn.cancelled", "turn.failed")
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def background_stream(server: ServerProcess, agent: str) -> SSE:
     return stream
 
 
-def ended(server: ServerProcess, agent: str) -> dict[str, Any]:
-    return server.wait_for_event(lambda e: e.get("agent") == agent and e["event"] in TERMINAL)
+def ended(server: ServerProcess, agent: str) -> Ended:
+    return server.wait_for_event(lambda e: isinstance(e, Ended) and e.agent == agent)
 
 
 def test_a_foreground_request_preempts_a_background_stream(server: ServerProcess, client: openai.OpenAI) -> None:
@@ -70,23 +70,23 @@ def test_a_foreground_request_preempts_a_background_stream(server: ServerProcess
         usage = resumed.usage.model_dump()
         assert usage["preemptions"] == 1 and usage["paused_s"] > 0
         stream.close()
-        assert ended(server, "bg")["reason"] == "client disconnected"
+        assert ended(server, "bg").reason == "client disconnected"
     finally:
         watcher.close()
     seen = watcher.events
-    assert seen[0]["event"] == "swarm.started"
-    preempted = [e for e in seen if e["event"] == "turn.preempted"]
-    assert [(e["agent"], e["by_agent"], e["by_priority"]) for e in preempted] == [("bg", "fg", 10)]
-    fg_admitted = next(e for e in seen if e["event"] == "turn.admitted" and e["agent"] == "fg")
-    assert fg_admitted["step"] == preempted[0]["step"] and fg_admitted["slot"] == 0
-    assert any(e["event"] == "turn.resumed" and e["agent"] == "bg" for e in seen)
+    assert isinstance(seen[0], SwarmStarted)
+    preempted = [e for e in seen if isinstance(e, Preempted)]
+    assert [(e.agent, e.by_agent, e.by_priority) for e in preempted] == [("bg", "fg", 10)]
+    fg_admitted = next(e for e in seen if isinstance(e, Admitted) and e.agent == "fg")
+    assert fg_admitted.step == preempted[0].step and fg_admitted.slot == 0
+    assert any(isinstance(e, Resumed) and e.agent == "bg" for e in seen)
 
 
 def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server: ServerProcess) -> None:
     first = background_stream(server, "hog1")
     next(c for c in first.chunks() if c["choices"][0]["delta"].get("content"))  # decoding: it holds the one slot
     second = background_stream(server, "hog2")  # waits: the queue (1) is now full
-    server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "hog2")
+    server.wait_for_event(lambda e: isinstance(e, Queued) and e.agent == "hog2")
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0}
     status, headers, data = server.request("POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "hog3"})
     assert status == 429 and int(headers["retry-after"]) >= 1
@@ -95,7 +95,7 @@ def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server:
     assert status == 200 and json.loads(data)["usage"]["completion_tokens"] >= 1
     first.hang_up()
     second.hang_up()
-    assert ended(server, "hog1")["event"] == ended(server, "hog2")["event"] == "turn.cancelled"
+    assert isinstance(ended(server, "hog1"), Cancelled) and isinstance(ended(server, "hog2"), Cancelled)
 
 
 def test_a_caller_waiting_on_another_outside_agent_lends_it_its_priority(server: ServerProcess) -> None:
@@ -105,16 +105,16 @@ def test_a_caller_waiting_on_another_outside_agent_lends_it_its_priority(server:
     headers = {**AUTH, "X-Swarm-Agent": "chief", "X-Swarm-Priority": "foreground", "X-Swarm-Waits-On": "worker"}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         chief = pool.submit(server.request, "POST", "/v1/chat/completions", body, headers)
-        lent = server.wait_for_event(lambda e: e["event"] == "priority.inherited" and e["agent"] == "worker")
-        assert (lent["priority"], lent["by_agent"]) == (10, "chief")
+        lent = server.wait_for_event(lambda e: isinstance(e, Inherited) and e.agent == "worker")
+        assert (lent.priority, lent.by_agent) == (10, "chief")
         # The worker now runs at the chief's priority: the chief, who waits on it, does not take its slot.
-        server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "chief")
+        server.wait_for_event(lambda e: isinstance(e, Queued) and e.agent == "chief")
         worker.hang_up()
         status, _, data = chief.result(timeout=120)
     assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 2
-    assert not [e for e in server.events() if e["event"] == "turn.preempted" and e["agent"] == "worker"]
-    restored = server.wait_for_event(lambda e: e["event"] == "priority.restored" and e["agent"] == "worker")
-    assert restored["priority"] == 0
+    assert not [e for e in server.events() if isinstance(e, Preempted) and e.agent == "worker"]
+    restored = server.wait_for_event(lambda e: isinstance(e, Restored) and e.agent == "worker")
+    assert restored.priority == 0
 
 
 def test_the_api_key_guards_v1_only(server: ServerProcess) -> None:
@@ -132,12 +132,12 @@ def test_the_api_key_guards_v1_only(server: ServerProcess) -> None:
 # ------------------------------------------------------------------- shutdown
 
 
-def one_terminal_each(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    queued = [e["turn"] for e in events if e["event"] == "turn.queued"]
-    terminal = [e for e in events if e["event"] in TERMINAL]
-    assert sorted(e["turn"] for e in terminal) == sorted(queued)  # exactly one each
-    assert events[-1]["event"] == "swarm.stopped"
-    return {e["turn"]: e for e in terminal}
+def one_terminal_each(events: list[Event]) -> dict[int, Ended]:
+    queued = [e.turn for e in events if isinstance(e, Queued)]
+    terminal = [e for e in events if isinstance(e, Ended)]
+    assert sorted(e.turn for e in terminal) == sorted(queued)  # exactly one each
+    assert isinstance(events[-1], SwarmStopped)
+    return {e.turn: e for e in terminal}
 
 
 def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_shutdown_lets_running_turns_finish_within_the_grace(serve_gguf: Path, t
         assert rest[-1]["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(60) == 0
     ends = one_terminal_each(server.events())
-    assert [e["event"] for e in ends.values()] == ["turn.finished"]
+    assert [type(e) for e in ends.values()] == [Finished]
     [logged] = [json.loads(line) for line in prompts.read_text().splitlines()]  # asked for: the prompt log has it
     assert logged["agent"] == "finisher" and logged["prompt"] == CHAT and logged["finish_reason"] == "length"
     assert logged["completion"] == "".join(c["choices"][0]["delta"].get("content", "") for c in rest)
@@ -164,7 +164,7 @@ def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tm
         running = background_stream_open(server, "runner")
         next(c for c in running.chunks() if c["choices"][0]["delta"].get("content"))
         queued = background_stream_open(server, "queued")
-        server.wait_for_event(lambda e: e["event"] == "turn.queued" and e["agent"] == "queued")
+        server.wait_for_event(lambda e: isinstance(e, Queued) and e.agent == "queued")
         watcher = EventWatcher(server)
         server.proc.send_signal(15)
         for stream in (running, queued):
@@ -176,10 +176,10 @@ def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tm
         assert server.proc.wait(60) == 0
         watcher.close()
     # A viewer watching the events sees the cancellations before its stream ends.
-    assert {(e["agent"], e["reason"]) for e in watcher.events if e["event"] == "turn.cancelled"} == {("queued", "server shutting down"), ("runner", "server shutting down")}
+    assert {(e.agent, e.reason) for e in watcher.events if isinstance(e, Cancelled)} == {("queued", "server shutting down"), ("runner", "server shutting down")}
     ends = one_terminal_each(server.events())
-    assert sorted((e["agent"], e["event"], e["reason"]) for e in ends.values()) == [
-        ("queued", "turn.cancelled", "server shutting down"), ("runner", "turn.cancelled", "server shutting down"),
+    assert sorted((e.agent, type(e), e.reason) for e in ends.values()) == [
+        ("queued", Cancelled, "server shutting down"), ("runner", Cancelled, "server shutting down"),
     ]
 
 

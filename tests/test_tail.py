@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from runtime.errors import ConfigError
 from runtime.bus import EventBus
 from runtime.events import (
-    Admitted, Dropped, Event, Finished, Preempted, Queued, Resumed, SwappedIn, SwarmStarted, SwarmStopped, TurnEvent, Unrecognized, encode, read_events,
+    Admitted, Dropped, Event, Finished, Preempted, Queued, Resumed, SwappedIn, SwarmStarted, SwarmStopped, TurnEvent, Unrecognized, decode, encode,
+    read_events,
 )
 from fake_session import Clock
 from swarm import tail
@@ -61,12 +62,12 @@ def test_json_keeps_fields_this_version_does_not_know(tmp_path: Path, capfdbinar
 
 def test_agent_filter_keeps_events_of_and_by_the_agent(events_file: Path, capfdbinary) -> None:
     assert main(["tail", str(events_file), "--json", "--agent", "pair"]) == 0
-    shown = [msgspec.json.decode(line) for line in capfdbinary.readouterr().out.splitlines()]
+    shown = [decode(line) for line in capfdbinary.readouterr().out.splitlines()]
     expected = [e for e in read_events(events_file) if "pair" in (getattr(e, "agent", None), getattr(e, "by_agent", None))]
     assert len(shown) == len(expected) > 0
-    assert all("pair" in (d.get("agent"), d.get("by_agent")) for d in shown)
+    assert all("pair" in (getattr(e, "agent", None), getattr(e, "by_agent", None)) for e in shown)
     # preemptions of other agents' turns caused by pair are included
-    assert any(d["event"] == "turn.preempted" and d["agent"] != "pair" for d in shown)
+    assert any(isinstance(e, Preempted) and e.agent != "pair" for e in shown)
 
 
 @pytest.mark.parametrize(
