@@ -301,10 +301,19 @@ class _Room:
 
 async def _hang_up_on_eof(stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
     # Viewers send nothing; reading only tells us promptly that one went away,
-    # so its subscription is released even while the swarm is quiet.
+    # so its subscription is released even while the swarm is quiet. (It waits
+    # with anyio.wait_readable, not stream.receive: on asyncio, a receive
+    # cancelled just as the viewer hangs up sets a cancelled future's result, an
+    # error in the event loop.)
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
         while True:
-            await stream.receive()
+            await anyio.wait_readable(sock)
+            try:
+                if not sock.recv(4096):
+                    break  # the viewer hung up
+            except BlockingIOError:
+                continue
     except (*_CLIENT_GONE, OSError):
         pass
     scope.cancel()

@@ -69,7 +69,7 @@ async def attach(bus: EventBus, path: Path) -> Viewer:
     return viewer
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_viewer_receives_the_session_exactly(sock_path: Path) -> None:
     clock = Clock()
     bus = EventBus(clock=clock)
@@ -89,7 +89,7 @@ async def test_a_viewer_receives_the_session_exactly(sock_path: Path) -> None:
     assert not sock_path.exists()  # removed when the bus closed
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_socket_is_private(sock_path: Path) -> None:
     bus = EventBus()
     async with anyio.create_task_group() as tg:
@@ -101,7 +101,7 @@ async def test_socket_is_private(sock_path: Path) -> None:
     assert not sock_path.exists()  # removed when cancelled, too
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> None:
     bus = EventBus()
     flood = 20_000  # a few MB of JSON: far past what the socket buffers hold
@@ -133,7 +133,7 @@ async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> N
     assert bus.counts[Queued] == flood
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_stuck_viewer_does_not_hold_up_the_swarm_stopping(sock_path: Path) -> None:
     bus = EventBus()
     # A hang guard, not a speed check: without the grace period the server would
@@ -152,7 +152,7 @@ async def test_a_stuck_viewer_does_not_hold_up_the_swarm_stopping(sock_path: Pat
     await stuck.stream.aclose()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_viewers_coming_and_going_do_not_disturb_the_others(sock_path: Path) -> None:
     bus = EventBus()
     async with anyio.create_task_group() as tg:
@@ -186,7 +186,7 @@ async def test_viewers_coming_and_going_do_not_disturb_the_others(sock_path: Pat
     assert not bus._subscribers
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_late_viewer_learns_how_the_swarm_started(sock_path: Path) -> None:
     bus = EventBus()
     bus.emit(STARTED)  # even before the server was up
@@ -202,7 +202,7 @@ async def test_a_late_viewer_learns_how_the_swarm_started(sock_path: Path) -> No
         tg.cancel_scope.cancel()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_tail_follows_the_newest_live_swarm(sock_path: Path, monkeypatch) -> None:
     runtime_dir = sock_path.parent.parent  # short, and private to this test
     runtime_dir.mkdir(mode=0o700)
@@ -258,7 +258,7 @@ def test_live_sockets_skips_stale_ones(tmp_path: Path) -> None:
         directory.rmdir()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_refuses_a_path_in_use_or_too_long(sock_path: Path) -> None:
     bus = EventBus()
     async with anyio.create_task_group() as tg:
@@ -275,7 +275,7 @@ async def test_refuses_a_path_in_use_or_too_long(sock_path: Path) -> None:
     assert sock_path.read_text() == "precious"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_viewer_misses_nothing_emitted_between_its_connect_and_the_accept(sock_path: Path) -> None:
     bus = EventBus()
     bus.emit(STARTED)
@@ -296,7 +296,7 @@ async def test_a_viewer_misses_nothing_emitted_between_its_connect_and_the_accep
     assert [type(i) for i in items] == [SwarmStarted, Queued, SwarmStopped]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_viewer_still_not_reading_at_shutdown_is_told_what_it_lost_before_the_stream_closes(sock_path: Path) -> None:
     bus = EventBus()
     flood = 20_000
