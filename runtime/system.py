@@ -5,7 +5,6 @@ What it promises is written down in `runtime.actors`."""
 from __future__ import annotations
 
 import collections
-import inspect
 import logging
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
@@ -16,17 +15,15 @@ import msgspec
 from runtime.actors import Actor, Ref, Target
 from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, UsageError
 from runtime.bus import EventBus
-from runtime.events import AgentCrashed, Inherited, Restored
+from runtime.events import Inherited, Restored
+from runtime.lifecycle import Cell, Lifecycles
 from runtime.mailbox import Envelope, Reply, find_handler, handled_names
-from runtime.serving import MAILBOX, on_behalf
+from runtime.serving import MAILBOX
 from runtime.waits import WaitGraph
 
 __all__ = ["ActorSystem"]
 
 log = logging.getLogger(__name__)
-
-FINISHED_KEPT = 1024  # finished actors remembered for late asks
-
 
 def check_timeout(timeout: object) -> None:
     if timeout is None:
@@ -35,24 +32,7 @@ def check_timeout(timeout: object) -> None:
         raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
-class _Cell:
-    """The system's bookkeeping for one spawned actor."""
-
-    def __init__(self, actor: Actor) -> None:
-        self.actor = actor
-        self.name = actor.name
-        self.send, self.recv = anyio.create_memory_object_stream[Envelope](actor.mailbox_size)
-        self.scope = anyio.CancelScope()
-        self.ready = anyio.Event()  # on_start has ended, one way or the other
-        self.finished = anyio.Event()  # on_stop and the hooks have run
-        self.ran = anyio.Event()  # run() has ended (or there is none, or the actor stopped)
-        self.pending: dict[Reply, str] = {}  # asks in flight -> message type name
-        self.alive = True  # still taking messages
-        self.handling = False
-        self.crash: str | None = None  # "Type: message", once crashed
-
-
-class ActorSystem:
+class ActorSystem(Lifecycles):
     """Owns the actors' tasks (one anyio task group), the wait graph and the
     hook lists. `step_source` gives the decode step stamped on events; the GPU
     owner sets it."""
@@ -71,10 +51,10 @@ class ActorSystem:
         # Called with (agent, via, priority or None) when what one part of an agent
         # (runtime.waits: its mailbox, a lock's critical section) is lent changes.
         self.on_lift: list[Callable[[str, str, int | None], None]] = []
-        self._cells: dict[str, _Cell] = {}  # every actor not yet finished
+        self._cells: dict[str, Cell] = {}  # every actor not yet finished
         # The last few finished actors, so a late ask still hears how they ended;
         # bounded, so a swarm that churns through agents does not grow.
-        self._finished: collections.OrderedDict[str, _Cell] = collections.OrderedDict()
+        self._finished: collections.OrderedDict[str, Cell] = collections.OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
         self._progress: anyio.Event | None = None
@@ -118,7 +98,7 @@ class ActorSystem:
             raise ActorError(f"actor {actor.name!r} is already spawned")
         if actor.name in self._cells:
             raise ActorError(f"an actor named {actor.name!r} is already running")
-        cell = _Cell(actor)
+        cell = Cell(actor)
         self._cells[actor.name] = cell
         self._finished.pop(actor.name, None)
         actor._system = self
@@ -212,7 +192,7 @@ class ActorSystem:
 
     # ---- internals --------------------------------------------------------
 
-    def _cell(self, target: Target) -> _Cell:
+    def _cell(self, target: Target) -> Cell:
         name = target if isinstance(target, str) else getattr(target, "name", None)
         if not isinstance(name, str) or not isinstance(target, (str, Actor, Ref)):
             raise UsageError(f"a message goes to an actor name, Actor or Ref, not {target!r}")
@@ -221,13 +201,13 @@ class ActorSystem:
             raise ActorError(f"no actor named {name!r} (known: {', '.join(self._cells) or 'none'})")
         return cell
 
-    def _check_message(self, cell: _Cell, msg: object) -> None:
+    def _check_message(self, cell: Cell, msg: object) -> None:
         if not isinstance(msg, msgspec.Struct):
             raise UsageError(f"messages must be msgspec.Struct instances, got {type(msg).__qualname__}")
         if not cell.alive:
             raise self._gone(cell, type(msg).__qualname__)
 
-    def _unhandled(self, cell: _Cell, msg: msgspec.Struct) -> UnhandledMessage:
+    def _unhandled(self, cell: Cell, msg: msgspec.Struct) -> UnhandledMessage:
         actor = cell.actor
         return UnhandledMessage(
             f"actor {cell.name!r} ({type(actor).__qualname__}) has no handler for {type(msg).__qualname__}; "
@@ -235,7 +215,7 @@ class ActorSystem:
             agent=cell.name,
         )
 
-    def _gone(self, cell: _Cell, what: str, *, before_reply: bool = False) -> ActorCrashed:
+    def _gone(self, cell: Cell, what: str, *, before_reply: bool = False) -> ActorCrashed:
         state = f"crashed ({cell.crash})" if cell.crash else "stopped"
         if before_reply:
             return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}", agent=cell.name, reason=cell.crash)
@@ -258,121 +238,6 @@ class ActorSystem:
         assert self._progress is not None
         self._progress.set()
         self._progress = anyio.Event()
-
-    async def _live(self, cell: _Cell) -> None:
-        actor = cell.actor
-        try:
-            with cell.scope:
-                try:
-                    await actor.on_start()
-                except Exception as exc:
-                    self._crashed(cell, "on_start", exc)
-                    return
-                finally:
-                    cell.ready.set()
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._serve, cell)
-                    run = getattr(actor, "run", None)
-                    if run is not None:
-                        tg.start_soon(self._run, cell, run)
-                    else:
-                        cell.ran.set()
-        finally:
-            cell.ran.set()
-            self._close(cell)
-            with anyio.CancelScope(shield=True):
-                await self._wind_down(cell)
-
-    async def _serve(self, cell: _Cell) -> None:
-        actor = cell.actor
-        async for envelope in cell.recv:
-            msg, reply = envelope.msg, envelope.reply
-            # The sender already checked that a handler exists.
-            method = getattr(actor, find_handler(actor._dispatch, type(msg)))  # type: ignore[arg-type]
-            cell.handling = True
-            try:
-                with on_behalf(MAILBOX):  # turns it starts are lifted while someone waits on this mailbox
-                    result = await method(msg)
-            except Exception as exc:
-                if reply is not None:
-                    reply.fail(exc)
-                else:
-                    log.error("actor %r: handler %s() failed on a told %s", cell.name, method.__name__,
-                              type(msg).__qualname__, exc_info=exc)
-            else:
-                if reply is not None:
-                    reply.succeed(result)
-            finally:
-                cell.handling = False
-                self._made_progress()
-
-    async def _run(self, cell: _Cell, run: Callable[[], Any]) -> None:
-        try:
-            await run()
-        except Exception as exc:
-            self._crashed(cell, "run", exc)
-            cell.scope.cancel()
-        finally:
-            cell.ran.set()
-
-    def _crashed(self, cell: _Cell, where: str, exc: Exception) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        log.error("actor %r crashed in %s(): %s", cell.name, where, reason, exc_info=exc)
-        if cell.crash is not None:
-            return  # one agent.crashed per actor
-        cell.crash = reason
-        cell.alive = False
-        self.bus.emit(AgentCrashed(t=self.bus.now(), step=self.step_source(), agent=cell.name, reason=reason))
-
-    def _close(self, cell: _Cell) -> None:
-        """Refuse new messages, fail asks in flight and drop what is left."""
-        cell.alive = False
-        dropped = 0
-        while True:
-            try:
-                envelope = cell.recv.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
-            if not cell.actor.on_undelivered(envelope.msg):
-                dropped += 1
-        if dropped:
-            log.warning("actor %r stopped with %d undelivered messages; dropped", cell.name, dropped)
-        cell.recv.close()  # a sender still blocked on the full mailbox gets ActorCrashed
-        cell.send.close()
-        for reply, what in list(cell.pending.items()):
-            reply.fail(self._gone(cell, what, before_reply=True))
-        cell.pending.clear()
-
-    async def _wind_down(self, cell: _Cell) -> None:
-        with anyio.move_on_after(self.stop_timeout) as deadline:
-            try:
-                await cell.actor.on_stop()
-            except Exception as exc:
-                self._crashed(cell, "on_stop", exc)
-        if deadline.cancelled_caught:
-            log.error("actor %r: on_stop() ran past %s s and was cancelled", cell.name, self.stop_timeout)
-        for hook in list(self.on_actor_stopped):
-            try:
-                result = hook(cell.name)
-                if inspect.isawaitable(result):
-                    with anyio.move_on_after(self.stop_timeout):
-                        await result
-            except Exception:
-                log.exception("on_actor_stopped hook %r failed for actor %r", hook, cell.name)
-        cell.finished.set()
-        self._bury(cell)
-        self._made_progress()
-
-    def _bury(self, cell: _Cell) -> None:
-        """Forget a finished actor but for how it ended (see `_finished`)."""
-        if self._cells.get(cell.name) is cell:
-            del self._cells[cell.name]
-            self.waits.forget(cell.name)
-        cell.actor = None  # type: ignore[assignment]  # its state is the user's, not ours to keep
-        self._finished[cell.name] = cell
-        self._finished.move_to_end(cell.name)
-        while len(self._finished) > FINISHED_KEPT:
-            self._finished.popitem(last=False)
 
     def _priority_changed(self, agent: str, effective: int, inherited: int | None, origin: str | None) -> None:
         base = self.waits.base(agent)
