@@ -15,7 +15,8 @@ The host work a step's tokens cause (waking agents, events) overlaps the next
 step on the device, as in vLLM's async scheduling and SGLang's overlap
 scheduler: only postprocess, schedule and the launch lie between two steps.
 Requests are only ever applied at a boundary, never while a step runs, so a
-cancelled turn's blocks are freed when no step can be using them.
+cancelled turn's blocks are freed when no step can be using them (taking them in
+is runtime.intake).
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ from runtime.blocks import BlockPool
 from runtime.cost import step_features
 from runtime.engine import Engine
 from runtime.bus import EventBus
-from runtime.errors import UsageError
-from runtime.events import Ended, Event, Failed, SwappedIn, SwappedOut, TurnEvent
-from runtime.messages import (
-    CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnChannel, TurnRequest, TurnUpdate, turn_request_problem,
-)
+from runtime.events import Ended, Event, SwappedIn, SwappedOut, TurnEvent
+from runtime.intake import STOPPED, Intake
+from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnChannel, TurnRequest, TurnUpdate
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.serving import lift_key
@@ -50,10 +49,9 @@ from runtime.turns import Plan, SchedulerConfig, SwapIn, SwapOut
 log = logging.getLogger(__name__)
 
 STEP_HISTORY = 10_000
-STOPPED = "swarm stopped"
 
 
-class GPUOwner(Actor):
+class GPUOwner(Intake, Actor):
     mailbox_size = math.inf  # a request is never refused for room: the handler only queues it
 
     def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
@@ -111,15 +109,6 @@ class GPUOwner(Actor):
         # rest, so its turn ends in a terminal event instead of hanging its agent.
         self._request(msg)  # type: ignore[arg-type]
         return True
-
-    def _request(self, request: OwnerRequest) -> None:
-        self._arrived.append(request)
-        self._wakeup.set()
-
-    async def _wait_for_request(self) -> None:
-        while not self._arrived:
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
 
     async def on_stop(self) -> None:
         # Every turn ends in exactly one terminal event, even at shutdown.
@@ -253,63 +242,6 @@ class GPUOwner(Actor):
             log.warning("turn %d: %s; its KV is recomputed", turn_id, why)
             self.engine.forget(turn_id)
             self.scheduler.lose_kv(plan, turn_id, now)
-
-    # ------------------------------------------------------------- requests
-
-    def _drain(self) -> None:
-        while self._arrived:
-            self._apply(self._arrived.popleft())
-
-    def _apply(self, request: OwnerRequest) -> None:
-        """Take one request. Nothing an agent sends may stop the owner: a request
-        that cannot be taken ends its own turn (if it has one) and nothing else."""
-        try:
-            self._take(request)
-        except Exception as exc:
-            log.exception("GPU owner: refused %r", request)
-            self._refuse(request, f"{type(exc).__name__}: {exc}")
-
-    def _refuse(self, request: object, reason: str) -> None:
-        reply = getattr(request, "reply", None)
-        if not isinstance(request, TurnRequest) or not isinstance(reply, TurnChannel) or reply.turn_id in self.scheduler.turns:
-            return  # no turn of its own to end
-        agent = request.agent if isinstance(request.agent, str) else repr(request.agent)
-        priority = request.priority if isinstance(request.priority, int) else 0
-        failed = Failed(t=self.bus.now(), step=self.scheduler.step, turn=reply.turn_id, agent=agent, priority=priority, tokens=0, reason=reason)
-        self.bus.emit(failed)
-        self._replies.pop(reply.turn_id, None)
-        try:
-            reply.send.send_nowait(failed)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        reply.send.close()
-
-    def _take(self, request: OwnerRequest) -> None:
-        now = self.bus.now()
-        sched = self.scheduler
-        if isinstance(request, TurnRequest):
-            if not isinstance(request.reply, TurnChannel):
-                raise UsageError(f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}")
-            problem = turn_request_problem(request)
-            if problem:
-                raise UsageError(problem)
-            turn_id = request.reply.turn_id
-            self._replies[turn_id] = request.reply.send
-            # Arrival is when the agent asked, not this boundary: the wait a person
-            # sees includes the rest of the step that was running.
-            sched.submit(
-                request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
-                sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
-            )
-        elif isinstance(request, CancelTurn):
-            sched.cancel(request.turn, now, STOPPED if self.closing else request.reason)
-        elif isinstance(request, CancelAgent):
-            for turn in [t for t in sched.turns.values() if t.agent == request.agent]:
-                sched.cancel(turn.id, now, STOPPED if self.closing else request.reason)
-        elif isinstance(request, SetInherited):
-            sched.set_inherited(request.lift, request.priority, now)
-        else:
-            raise UsageError(f"the GPU owner takes {', '.join(t.__name__ for t in OwnerRequest.__args__)}, not {request!r}")
 
     # -------------------------------------------------------------- updates
 
