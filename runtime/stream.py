@@ -23,8 +23,6 @@ import errno
 import logging
 import os
 import socket
-import stat
-import tempfile
 from pathlib import Path
 
 import anyio
@@ -33,6 +31,10 @@ import anyio.abc
 from runtime.errors import ConfigError
 from runtime.bus import EventBus, Subscription
 from runtime.events import Dropped, Event, encode
+from runtime.sockets import default_socket_dir, default_socket_path, live_sockets, prepare_socket_path
+
+# (where sockets live is runtime.sockets; its public names are served from here too)
+__all__ = ["CLIENT_BUFFER", "default_socket_dir", "default_socket_path", "encode_line", "live_sockets", "serve_events"]
 
 log = logging.getLogger("slotswarm.stream")
 
@@ -42,9 +44,6 @@ CLIENT_BUFFER = 2_000
 
 # How long viewers get to read what is still buffered for them once the bus closes.
 SHUTDOWN_GRACE_S = 1.0
-
-# sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
-_MAX_SOCKET_PATH = 107
 
 # A viewer that hung up, reset the connection or was closed under us: not an error.
 _CLIENT_GONE = (
@@ -58,88 +57,6 @@ _CLIENT_GONE = (
 def encode_line(item: Event | Dropped) -> bytes:
     """One item of a subscription as one line of the stream."""
     return encode(item) + b"\n"
-
-
-# ---------------------------------------------------------------- where sockets live
-
-
-def default_socket_dir() -> Path:
-    """Where running swarms put their sockets: `$XDG_RUNTIME_DIR/slotswarm` (a
-    per-user tmpfs on most Linux desktops), else `/tmp/slotswarm-<uid>`."""
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime_dir and Path(runtime_dir).is_dir():
-        return Path(runtime_dir) / "slotswarm"
-    return Path(tempfile.gettempdir()) / f"slotswarm-{os.getuid()}"
-
-
-def default_socket_path() -> Path:
-    """The socket this process would serve on: one per swarm, named by pid."""
-    return default_socket_dir() / f"swarm-{os.getpid()}.sock"
-
-
-def live_sockets(directory: Path | None = None) -> list[Path]:
-    """Sockets of running swarms in `directory` (default: `default_socket_dir()`),
-    newest first. Sockets left behind by a swarm that died are skipped."""
-    directory = directory or default_socket_dir()
-    try:
-        candidates = [p for p in directory.glob("*.sock") if _is_socket(p)]
-    except OSError:
-        return []
-    candidates.sort(key=_mtime, reverse=True)
-    return [p for p in candidates if _accepts_connections(p)]
-
-
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(path.stat().st_mode)
-    except OSError:
-        return False
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _accepts_connections(path: Path) -> bool:
-    # A socket file whose server died refuses connections: that is how we tell.
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(os.fsdecode(path))
-        except OSError:
-            return False
-    return True
-
-
-def _prepare_socket_path(path: Path) -> None:
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-        raise ConfigError(
-            f"socket path {path} is {len(os.fsencode(path))} bytes long; "
-            f"Unix sockets allow at most {_MAX_SOCKET_PATH}: choose a shorter path"
-        )
-    directory = path.parent
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the socket directory {directory}: {exc}") from exc
-    if directory == default_socket_dir():
-        _check_private(directory)
-    if _is_socket(path) and _accepts_connections(path):
-        raise ConfigError(f"another swarm is already serving events on {path}")
-    if path.exists() and not _is_socket(path):
-        raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
-
-
-def _check_private(directory: Path) -> None:
-    # /tmp is shared: someone else could have made our directory first, to watch.
-    info = directory.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise ConfigError(f"{directory} is not a directory owned by you; refusing to serve events there")
-    if info.st_mode & 0o077:
-        os.chmod(directory, 0o700)
 
 
 # ---------------------------------------------------------------- the server
@@ -156,7 +73,7 @@ async def serve_events(
     """Serve `bus` on a Unix socket at `path` until cancelled or until the bus is
     closed. `task_status.started` reports the path once clients can connect."""
     path = Path(path)
-    _prepare_socket_path(path)
+    prepare_socket_path(path)
     closing = _CloseWatch(bus)
     try:
         listener = await anyio.create_unix_listener(path, mode=0o600)
