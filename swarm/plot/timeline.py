@@ -1,4 +1,4 @@
-"""The slot timeline of a session, from its events.
+"""The slot timeline of a session, drawn from its events (the model: swarm.plot.spans).
 
 One row per slot; each stretch a turn ran in a slot is a bar in its agent's
 colour, pale for background turns and solid with a black edge for foreground ones
@@ -11,158 +11,24 @@ with the wait. Preemptions are small red triangles.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, fields_of
-from runtime.priority import FOREGROUND
+from runtime.events import Event
 from runtime.units import format_duration, percentiles
 from swarm.plot.common import save
+from swarm.plot.spans import Span, Timeline, build_timeline, foreground_answers
+
+__all__ = ["Timeline", "build_timeline", "foreground_answers", "plot_timeline"]
 
 MAX_WAIT_LABELS = 40  # label at most this many foreground waits (the longest)
 MAX_TURN_LABELS = 200  # and at most this many turns by number
 MAX_PAUSE_LEVELS = 6  # turns of one agent paused at once, stacked in its lane
-
-
-# ---------------------------------------------------------------- timeline model
-
-
-@dataclass
-class Span:
-    turn: int
-    agent: str
-    start: float
-    end: float
-    slot: int | None  # None: a pause (the turn held no slot)
-    foreground: bool
-    open: bool = False  # still going when the file ended
-
-
-@dataclass
-class Wait:
-    turn: int
-    agent: str
-    queued: float
-    admitted: float
-    slot: int
-    waited: float  # seconds; the owner's own measure (waited_s) where it gave one
-
-
-@dataclass
-class Timeline:
-    runs: list[Span]
-    pauses: list[Span]
-    waits: list[Wait]  # foreground turns only
-    preemptions: list[tuple[float, int]]  # (t, slot)
-    slots: int
-    agents: list[str]  # in order of first appearance
-    start: float
-    end: float
-    started: SwarmStarted | None
-    lane_names: list[str] | None = None  # a cluster's "gpu0 slot 0", ... (None: "slot N")
-
-
-@dataclass
-class _Turn:
-    agent: str
-    foreground: bool
-    queued: float | None = None
-    slot: int | None = None
-    since: float | None = None  # start of the current run or pause
-    paused: bool = False
-
-
-def owner_lanes(events: list[Event]) -> tuple[list[Event], list[str] | None]:
-    """A cluster's merged stream drawn as one lane group per owner: slot s of an
-    owner becomes lane (lanes of the owners before it) + s. Without owners, as is."""
-    def owner(e: Event) -> str | None:
-        return getattr(e, "owner", None)  # (an unrecognized kind has none)
-
-    owners = sorted({o for e in events if (o := owner(e))})
-    if not owners:
-        return events, None
-    sizes = {owner(e): e.slots or 0 for e in events if isinstance(e, SwarmStarted) and owner(e)}
-    for e in events:
-        if owner(e) and getattr(e, "slot", None) is not None:
-            sizes[owner(e)] = max(sizes.get(owner(e), 0), e.slot + 1)
-    base, names = {}, []
-    for o in owners:
-        base[o] = len(names)
-        names += [f"{o} slot {s}" for s in range(max(sizes.get(o, 0), 1))]
-    lanes = [
-        msgspec.structs.replace(e, slot=base[owner(e)] + e.slot) if owner(e) and getattr(e, "slot", None) is not None else e
-        for e in events
-        if not (isinstance(e, SwarmStarted) and owner(e))  # the driver's own start counts every slot
-    ]
-    return lanes, names
-
-
-def build_timeline(events: list[Event]) -> Timeline:
-    """Turn the event sequence into spans per slot and per paused turn."""
-    events, lane_names = owner_lanes(events)
-    runs: list[Span] = []
-    pauses: list[Span] = []
-    waits: list[Wait] = []
-    preemptions: list[tuple[float, int]] = []
-    turns: dict[int, _Turn] = {}
-    agents: dict[str, None] = {}
-    started = next((e for e in events if isinstance(e, SwarmStarted)), None)
-    max_slot = -1
-
-    def close(turn_id: int, state: _Turn, t: float, open_: bool = False) -> None:
-        if state.since is None:
-            return
-        span = Span(turn_id, state.agent, state.since, t, None if state.paused else state.slot, state.foreground, open_)
-        (pauses if state.paused else runs).append(span)
-        state.since = None
-
-    for e in events:
-        fields = fields_of(e)
-        if fields.get("agent") is not None:
-            agents.setdefault(fields["agent"], None)
-        if fields.get("slot") is not None:
-            max_slot = max(max_slot, fields["slot"])
-        if not isinstance(e, (Queued, Admitted, Preempted, Resumed, Ended)):
-            continue
-        state = turns.get(e.turn)
-        if state is None:
-            state = turns[e.turn] = _Turn(e.agent, e.priority >= FOREGROUND)
-        match e:
-            case Queued():
-                state.queued = e.t
-            case Admitted():
-                state.slot, state.since, state.paused = e.slot, e.t, False
-                if state.foreground and e.slot is not None:
-                    queued = state.queued if state.queued is not None else e.t - (e.waited_s or 0.0)
-                    waited = e.waited_s if e.waited_s is not None else e.t - queued
-                    waits.append(Wait(e.turn, state.agent, queued, e.t, e.slot, waited))
-            case Preempted():
-                state.slot = e.slot if e.slot is not None else state.slot
-                close(e.turn, state, e.t)
-                if state.slot is not None:
-                    preemptions.append((e.t, state.slot))
-                state.paused, state.since = True, e.t
-            case Resumed():
-                close(e.turn, state, e.t)
-                state.slot, state.since, state.paused = e.slot, e.t, False
-            case Ended():
-                close(e.turn, state, e.t)
-                del turns[e.turn]
-
-    end = max(e.t for e in events)
-    for turn_id, state in turns.items():
-        close(turn_id, state, end, open_=True)
-    slots = max(started.slots if started and started.slots else 0, max_slot + 1, 1)
-    return Timeline(
-        runs, pauses, waits, preemptions, max(slots, len(lane_names or ())), list(agents), min(e.t for e in events), end, started, lane_names
-    )
 
 
 # ---------------------------------------------------------------- drawing
@@ -219,25 +85,6 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
         below.set_title("foreground turns' tokens over time")
         below.grid(alpha=0.3)
     return save(fig, out)
-
-
-def foreground_answers(events: list[Event]) -> list[tuple[int, str, list[float]]]:
-    """(turn, agent, token times) for each ended foreground turn: what its reader
-    saw arrive, token by token. A log written before end events carried
-    `token_s` gives only the first token and the mean gap; it is drawn from those."""
-    asked: dict[int, float] = {}
-    out = []
-    for e in events:
-        if isinstance(e, Queued) and e.priority >= FOREGROUND:
-            asked[e.turn] = e.t
-        elif isinstance(e, Ended) and e.turn in asked and e.ttft_s is not None and e.tokens:
-            start = asked.pop(e.turn)
-            if e.token_s:
-                times = [start + s for s in e.token_s]
-            else:
-                times = [start + e.ttft_s + k * (e.itl_s or 0.0) for k in range(e.tokens)]
-            out.append((e.turn, e.agent, times))
-    return out
 
 
 def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
