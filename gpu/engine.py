@@ -48,10 +48,11 @@ from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
 from gpu.sampling import sample_batch
 from gpu.tokenizer import Tokenizer
+from gpu.validate import check_batch
 from gpu.weights import upload_weights
 from runtime.cost import StepCost
 from runtime.engine import Work
-from runtime.errors import ConfigError, EngineError, UnsupportedModelError
+from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.units import ceil_div
 
 i32 = np.int32
@@ -198,7 +199,7 @@ class OpenCLEngine:
         self.calibrated = True
 
     def step(self, batch: Sequence[Work]) -> list[int | None]:
-        self._check(batch)
+        check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
         hot = np.array([not w.sampling.greedy for w in sampled], dtype=bool)
         ids, logits = self._run(batch, hot)
@@ -223,7 +224,7 @@ class OpenCLEngine:
     def step_logits(self, batch: Sequence[Work]) -> np.ndarray:
         """Run a step; the logits (n_sampled, vocab) at the last position of each
         item with `sample` set, in batch order. Writes K/V like `step`."""
-        self._check(batch)
+        check_batch(batch, self.config, self.block_size, self.kv)
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
@@ -256,31 +257,6 @@ class OpenCLEngine:
             logits.append(got[1])
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
-
-    def _check(self, batch: Sequence[Work]) -> None:
-        if not batch:
-            raise EngineError("an engine step needs at least one Work item")
-        turns = [w.turn for w in batch]
-        if len(set(turns)) != len(turns):
-            raise EngineError(f"a step may hold at most one Work per turn, got turns {turns}")
-        vocab, ctx = self.config.vocab_size, self.config.context_length
-        for w in batch:
-            if not w.tokens:
-                raise EngineError(f"turn {w.turn}: Work with no tokens")
-            if w.start < 0:
-                raise EngineError(f"turn {w.turn}: negative start {w.start}")
-            end = w.start + len(w.tokens)
-            if end > ctx:
-                raise EngineError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")
-            if min(w.tokens) < 0 or max(w.tokens) >= vocab:
-                raise EngineError(f"turn {w.turn}: token ids must be in [0, {vocab})")
-            need = ceil_div(end, self.block_size)
-            if len(w.block_table) < need:
-                raise EngineError(
-                    f"turn {w.turn}: block table of {len(w.block_table)} blocks covers "
-                    f"{len(w.block_table) * self.block_size} positions, the work reaches position {end - 1}"
-                )
-            self.kv.check_blocks(w.block_table[:need], f"turn {w.turn}")
 
     def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits) -> tuple[np.ndarray, np.ndarray]:
         q, b, step = self.device.queue, self.buffers, self.launches
