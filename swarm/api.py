@@ -18,9 +18,8 @@ from typing import Any, Callable
 
 import anyio
 
-from runtime.agent import Agent
 from runtime.engine import Engine
-from runtime.errors import ConfigError, UsageError
+from runtime.errors import ConfigError
 from runtime.bus import EventBus
 from runtime.events import SwarmStarted, SwarmStopped
 from runtime.client import GPUClient
@@ -28,9 +27,10 @@ from runtime.owner import GPUOwner
 from runtime.stream import serve_events
 from runtime.system import ActorSystem
 from runtime.turns import Policy, SchedulerConfig
+from swarm.hosting import AgentHost
 
 
-class Swarm:
+class Swarm(AgentHost):
     def __new__(cls, engine: Engine | None = None, *, cluster: str | None = None, **options: Any) -> Any:
         # Swarm(cluster="ray", owners=2, model=...) spans several GPU owners: the
         # same agents and API, each owner a Ray actor (swarm.cluster).
@@ -111,14 +111,3 @@ class Swarm:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
         self.bus.close()
 
-    async def spawn(self, agent: Agent) -> Agent:
-        if not isinstance(agent, Agent):
-            raise UsageError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
-        agent.gpu = self.client
-        await self.system.spawn(agent)
-        return agent
-
-    async def join(self, agent: Agent | str) -> None:
-        """Wait until an agent's run() has ended: it returned, crashed or was
-        stopped. The agent still answers asks until the swarm stops."""
-        await self.system.wait_run(agent)

@@ -16,8 +16,9 @@ import msgspec
 import pytest
 
 from runtime.events import Admitted, Ended, Inherited, Preempted, Queued, read_events
-from swarm import BACKGROUND, FOREGROUND, Agent, PauseInfo, ResumeInfo, bench_swarm, handler
+from swarm import BACKGROUND, FOREGROUND, Agent, bench_swarm, handler
 from swarm.cluster import ClusterSwarm, Pinned
+from pausing import Pausable
 
 ray = pytest.importorskip("ray", reason="the cluster tests need Ray: pip install -e '.[cluster]'")
 
@@ -50,17 +51,13 @@ def ends_once(path: Path) -> Counter:
     return ended
 
 
-class Looper(Agent):
+class Looper(Pausable):
     """Background load: one long turn, noting its pauses."""
 
     def __init__(self, name: str, tokens: int = 200) -> None:
-        super().__init__(name, BACKGROUND)
+        super().__init__(name)
         self.tokens = tokens
         self.started = anyio.Event()
-        self.pauses: list[PauseInfo] = []
-
-    async def on_pause(self, info: PauseInfo) -> None:
-        self.pauses.append(info)
 
     async def run(self) -> None:
         async with self.generate([5, 6, 7], max_tokens=self.tokens, ignore_eos=True) as turn:
@@ -115,19 +112,11 @@ async def test_routing_affinity_inheritance_across_owners_and_preemption_on_each
         ends_once(tmp_path / "events.jsonl")
 
 
-class Mover(Agent):
+class Mover(Pausable):
     def __init__(self, name: str) -> None:
-        super().__init__(name, BACKGROUND)
+        super().__init__(name)
         self.halfway = anyio.Event()
         self.go_on = anyio.Event()
-        self.pauses: list[PauseInfo] = []
-        self.resumes: list[ResumeInfo] = []
-
-    async def on_pause(self, info: PauseInfo) -> None:
-        self.pauses.append(info)
-
-    async def on_resume(self, info: ResumeInfo) -> None:
-        self.resumes.append(info)
 
     @handler
     async def go(self, msg: Go) -> list[int]:

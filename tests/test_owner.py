@@ -14,7 +14,8 @@ import pytest
 from runtime.errors import TurnCancelled
 from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped, decode, read_events
 from runtime.timing import TimingEngine
-from swarm import BACKGROUND, FOREGROUND, Agent, Lock, PauseInfo, ResumeInfo, Swarm, handler
+from swarm import BACKGROUND, FOREGROUND, Agent, Lock, Swarm, handler
+from pausing import Pausable
 
 LONG = 1_000_000  # never ends within a test: every slot stays busy
 
@@ -40,18 +41,7 @@ async def busy(s: Swarm, name: str) -> Recorder:
     return rec
 
 
-class Background(Agent):
-    def __init__(self, name: str, priority: int = BACKGROUND) -> None:
-        super().__init__(name, priority)
-        self.pauses: list[PauseInfo] = []
-        self.resumes: list[ResumeInfo] = []
-
-    async def on_pause(self, info: PauseInfo) -> None:
-        self.pauses.append(info)
-
-    async def on_resume(self, info: ResumeInfo) -> None:
-        self.resumes.append(info)
-
+class Background(Pausable):
     async def run(self) -> None:
         async with self.generate([1, 2, 3], max_tokens=LONG, ignore_eos=True) as turn:
             async for _ in turn:

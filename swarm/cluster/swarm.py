@@ -24,15 +24,15 @@ from typing import Any, Sequence
 
 import anyio
 
-from runtime.agent import Agent
 from runtime.bus import EventBus
-from runtime.errors import ConfigError, UsageError
+from runtime.errors import ConfigError
 from runtime.events import SwarmStarted, SwarmStopped
 from runtime.stream import serve_events
 from runtime.system import ActorSystem
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
 from swarm.cluster.placement import Placement, Router
+from swarm.hosting import AgentHost
 
 STOP_GRACE_S = 30.0  # for the owners to end their turns at shutdown
 
@@ -45,7 +45,7 @@ def _ray() -> Any:
     return ray
 
 
-class ClusterSwarm:
+class ClusterSwarm(AgentHost):
     def __init__(
         self,
         owners: int | Sequence[OwnerSpec] = 2,
@@ -193,15 +193,6 @@ class ClusterSwarm:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=0, unix_time=time.time()))
         self.bus.close()
 
-    async def spawn(self, agent: Agent) -> Agent:
-        if not isinstance(agent, Agent):
-            raise UsageError(f"Swarm.spawn takes an Agent, got {type(agent).__qualname__}")
-        agent.gpu = self.client
-        await self.system.spawn(agent)
-        return agent
-
-    async def join(self, agent: Agent | str) -> None:
-        await self.system.wait_run(agent)
 
     def kill_owner(self, name: str) -> None:
         """Kill an owner's process, as a crash would (fault drills and tests)."""
