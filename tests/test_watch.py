@@ -22,7 +22,7 @@ import pytest
 
 from browser import chromium, close, state, wait_for
 from runtime.bus import EventBus
-from runtime.events import Dropped, Finished, kind_named, read_events
+from runtime.events import Admitted, Dropped, Finished, Queued, SwarmStarted, decode, kind_named, read_events
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.stream import encode_line
 from runtime.timing import TimingEngine
@@ -78,12 +78,12 @@ async def test_a_page_gets_the_whole_session_and_resumes_exactly_where_it_was():
     hub.publish(line("turn.queued", turn=1, agent="a", priority=0, tokens=3))
     first = await read_stream(hub)
     assert [f["event"] for f in first[:2]] == ["hello", "reset"]
-    events = [json.loads(f["data"]) for f in first if f["event"] == "message"]
-    assert [e["event"] for e in events] == ["swarm.started", "turn.queued"]
+    events = [decode(f["data"]) for f in first if f["event"] == "message"]
+    assert [type(e) for e in events] == [SwarmStarted, Queued]
     hub.publish(line("turn.admitted", turn=1, agent="a", priority=0, slot=0))
     again = await read_stream(hub, first[-1]["id"])
     assert "reset" not in [f["event"] for f in again]
-    assert [json.loads(f["data"])["event"] for f in again if f["event"] == "message"] == ["turn.admitted"]
+    assert [type(decode(f["data"])) for f in again if f["event"] == "message"] == [Admitted]
     # An id from another hub (a restarted server) starts over.
     other = await read_stream(WatchHub(), first[-1]["id"])
     assert [f["event"] for f in other[:2]] == ["hello", "reset"]
@@ -96,10 +96,10 @@ async def test_a_page_behind_the_bounded_history_is_told_how_many_events_it_lost
     seen = await read_stream(hub)
     for i in range(25):
         hub.publish(line("turn.queued", turn=i, agent="a", priority=0, tokens=3))
-    later = [json.loads(f["data"]) for f in await read_stream(hub, seen[-1]["id"]) if f["event"] == "message"]
+    later = [decode(f["data"]) for f in await read_stream(hub, seen[-1]["id"]) if f["event"] == "message"]
     # 26 events in all; the page had read the first; the history keeps the last few.
     assert hub.base + len(hub.history) == 26 and hub.base > 1
-    assert later[0] == {"event": "events.dropped", "count": hub.base - 1}
+    assert later[0] == Dropped(hub.base - 1)
     assert len(later) == 1 + len(hub.history)
 
 
