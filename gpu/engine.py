@@ -219,6 +219,9 @@ class OpenCLEngine:
     def forget(self, turn: int) -> None:
         self.kv.forget(turn)
 
+    def copy(self, source: int, target: int) -> None:
+        self.kv.copy(source, target)
+
     # ------------------------------------------------------------------ steps
 
     def step_logits(self, batch: Sequence[Work]) -> np.ndarray:

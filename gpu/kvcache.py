@@ -2,7 +2,8 @@
 
 K and V are one buffer each of half-precision floats (kernels/common.cl has
 the layout within a block): a block holds every layer's K (or V) for
-`block_size` positions of one turn, so moving a block is one contiguous copy.
+`block_size` positions of one turn, so moving a block is one contiguous copy,
+to host memory and back (a swap) or to another block (the prefix cache's copy).
 The scheduler decides which block ids a turn owns; this pool only stores them.
 """
 
@@ -99,6 +100,16 @@ class KVPool:
             cl.enqueue_copy(queue, self.v, v[i], dst_offset=offset, is_blocking=False)
         queue.finish()
         del self._swapped[turn]
+
+    def copy(self, source: int, target: int) -> None:
+        """Copy block `source`'s K and V into block `target`, device to device.
+        Not waited for: the queue is in order, so the next step sees it."""
+        self.check_blocks([source, target], "copy")
+        if source == target:
+            raise EngineError(f"copy of block {source} onto itself")
+        queue, n = self.device.queue, self.block_bytes
+        for buffer in (self.k, self.v):
+            cl.enqueue_copy(queue, buffer, buffer, src_offset=source * n, dst_offset=target * n, byte_count=n)
 
     def forget(self, turn: int) -> None:
         self._swapped.pop(turn, None)

@@ -6,6 +6,10 @@ under the preempting policies, the step is shaped for it instead (runtime.shapin
 its own work, then the background work that keeps the predicted step within the
 slack.
 
+A prompt first takes what the prefix cache has gained since it was admitted
+(`_catch_up`), and waits a step rather than compute a block a batch-mate is
+computing for the same tokens.
+
 Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
 admits or pauses a turn, except through `_reserve` when memory runs short.
 """
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Iterable
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import Work
+from runtime.prefix import PrefixCache
 from runtime.shaping import StepBudget, protected_level
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
@@ -31,6 +36,7 @@ class Batching:
     policy: Policy
     cost: StepCost
     pool: BlockPool
+    prefix: PrefixCache
     priorities: Priorities
     turns: dict[int, Turn]
     step: int
@@ -46,8 +52,8 @@ class Batching:
         for turn in self._batch_order(self.running.values(), now):
             if budget <= 0:
                 break
-            if self._take(turn, min(turn.pending, budget), now, plan):
-                budget -= len(plan.works[-1].tokens)
+            if self._catch_up(turn, plan):
+                budget -= self._take(turn, min(turn.pending, budget), now, plan)
 
     def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
         """runtime.shaping: the protected turns' work, then the background work that
@@ -56,10 +62,9 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         for turn in self._batch_order(protected, now):
-            start = turn.computed
-            if chunk > 0 and self._take(turn, min(turn.pending, chunk), now, plan):
-                n = len(plan.works[-1].tokens)
-                budget.add(start, n)
+            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
+            if n:
+                budget.add(plan.works[-1].start, n)
                 chunk -= n if n > 1 else 0
         if not plan.works:
             return False  # e.g. waiting for memory that only background progress frees
@@ -69,6 +74,8 @@ class Batching:
         others = [t for t in self.running.values() if self._level(t) < level]
         room = self.config.step_tokens
         for turn in sorted(others, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_stepped, t.last_admit)):
+            if not self._catch_up(turn, plan):
+                continue
             n = budget.largest(turn.computed, min(turn.pending, room))
             if n and self._take(turn, n, now, plan):
                 budget.add(turn.computed, n)
@@ -78,18 +85,48 @@ class Batching:
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
         return sorted(turns, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
 
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> bool:
-        """Add `n` tokens of a running turn's work to the plan, growing its KV."""
+    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
+        """Before a prompt's next chunk is planned: take what the prefix cache has
+        gained since (runtime.prefix). False if the turn should wait this step,
+        because a batch-mate computes its next block for the same tokens."""
+        if turn.status is not Status.RUNNING or turn.pending <= 1 or not self.prefix.enabled:
+            return True
+        self.prefix.extend(turn)
+        if self._computed_alongside(turn, plan):
+            plan.held.append(turn)
+            return False
+        self.prefix.copy_rows(turn, plan.moves)
+        return True
+
+    def _computed_alongside(self, turn: Turn, plan: Plan) -> bool:
+        """Whether a turn already in this step computes the full block the turn
+        would compute next, for the same tokens: then it is registered after the
+        step and the turn takes it by reference (turns that arrive together with
+        one system prompt compute it once)."""
+        size = self.pool.block_size
+        i, rest = divmod(turn.computed, size)
+        if rest or i >= len(turn.hashes):
+            return False
+        key = turn.hashes[i]
+        return any(
+            len(other.hashes) > i and other.hashes[i] == key and work.start < min((i + 1) * size, len(other.prompt))
+            and work.start + len(work.tokens) > i * size
+            for work, other in zip(plan.works, plan.turns)
+        )
+
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> int:
+        """Add `n` tokens of a running turn's work to the plan, growing its KV;
+        the tokens added (0: none, it could not run this step)."""
         if turn.status is not Status.RUNNING:
-            return False  # preempted for memory while this batch was built
+            return 0  # preempted for memory while this batch was built
         start = turn.computed
         if turn.blocks_missing(start + n, self.pool.block_size) and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
-            return False  # it was paused to free memory
+            return 0  # it was paused to free memory
         tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
         plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))
         plan.turns.append(turn)
         turn.last_stepped = self.step
-        return True
+        return n
 
     def _protected_level(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):

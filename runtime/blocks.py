@@ -6,11 +6,17 @@ holds the blocks covering every position whose K/V has been computed, in order
 hash of its tokens (runtime.prefix), so that a later turn whose prompt starts the
 same way takes it by reference instead of computing it again.
 
+Any block, full or not, may also be *noted*: filed under the chain hash of the
+blocks before it with the tokens its computed rows hold, so that a turn whose
+tokens agree with only the first rows (a finished turn's last block, the start of
+a full block) gets a copy of those rows in a block of its own (`best_rows`).
+
 Every block is in exactly one state:
 
-    free     refcount 0, no hash            handed out first
-    cached   refcount 0, hashed, in an LRU  handed out (and its hash forgotten) when
-                                            no free block is left, least recently used first
+    free     refcount 0, neither hashed     handed out first
+             nor noted
+    cached   refcount 0, hashed or noted,   handed out (and forgotten) when no free
+             in an LRU                      block is left, least recently used first
     owned    refcount >= 1                  held by that many turns' tables
 
 so free + cached + owned == num_blocks, and `num_free` (what `grow` can hand out
@@ -39,6 +45,8 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        self._rows_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}  # noted: block -> (parent key, row tokens)
+        self._under: dict[bytes, dict[int, None]] = {}  # parent key -> the blocks noted under it
 
     @property
     def num_free(self) -> int:
@@ -72,7 +80,7 @@ class BlockPool:
                 block = self._free.popleft()
             else:
                 block, _ = self._lru.popitem(last=False)
-                del self._block_of[self._hash_of.pop(block)]
+                self._forget(block)
             self._refs[block] = 1
             table.append(block)
         return True
@@ -86,7 +94,7 @@ class BlockPool:
                 raise ValueError(f"block {block} released more often than it was taken")
             self._refs[block] -= 1
             if self._refs[block] == 0:
-                if block in self._hash_of:
+                if block in self._hash_of or block in self._rows_of:
                     self._lru[block] = None
                 else:
                     self._free.append(block)
@@ -122,4 +130,44 @@ class BlockPool:
         return True
 
     def is_cached(self, block: int) -> bool:
+        """Hashed: a full block that turns take by reference (so never written)."""
         return block in self._hash_of
+
+    def note(self, block: int, parent: bytes, rows: tuple[int, ...]) -> None:
+        """Record that an owned block's first rows hold the K/V of `rows`, the
+        tokens that follow the blocks `parent` names. Noted again as its turn
+        computes more, so the rows only ever grow."""
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
+        old = self._rows_of.get(block)
+        if old is not None and old[0] != parent:
+            raise ValueError(f"block {block} is already noted under another parent")
+        self._rows_of[block] = (parent, rows)
+        self._under.setdefault(parent, {})[block] = None
+
+    def best_rows(self, parent: bytes, tokens: list[int]) -> tuple[int | None, int]:
+        """The noted block under `parent` whose rows agree longest with `tokens`
+        from its first row, and for how many rows (None, 0 if none does)."""
+        best, most = None, 0
+        for block in self._under.get(parent, ()):
+            rows = self._rows_of[block][1]
+            n = 0
+            for a, b in zip(rows, tokens):
+                if a != b:
+                    break
+                n += 1
+            if n > most:
+                best, most = block, n
+        return best, most
+
+    def _forget(self, block: int) -> None:
+        """An evicted block's K/V is about to be overwritten: unname it."""
+        key = self._hash_of.pop(block, None)
+        if key is not None:
+            del self._block_of[key]
+        noted = self._rows_of.pop(block, None)
+        if noted is not None:
+            under = self._under[noted[0]]
+            del under[block]
+            if not under:
+                del self._under[noted[0]]

@@ -134,3 +134,9 @@ class Engine(Protocol):
     def forget(self, turn: int) -> None:
         """Drop any host-side state kept for a turn (a swap copy). Idempotent."""
         ...
+
+    def copy(self, source: int, target: int) -> None:
+        """Copy one block's K/V (every layer, every position) into another, on the
+        device, ordered before the next step. The prefix cache gives a turn the
+        rows a cached block shares with its tokens this way (runtime.prefix)."""
+        ...

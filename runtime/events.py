@@ -22,11 +22,12 @@ means something:
 | turn.resumed        | back in a slot after a pause           | turn, agent, priority, slot, paused_s     |
 | turn.finished       | ended normally (eos or max tokens)     | turn, agent, priority, slot, tokens,      |
 |                     |                                        | reason ("eos" or "length"), ttft_s, itl_s,|
-|                     |                                        | token_s (turns above background)          |
+|                     |                                        | token_s (turns above background),         |
+|                     |                                        | cached_tokens (reused over its life)      |
 | turn.cancelled      | ended by its agent or the swarm        | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s, token_s                    |
+|                     |                                        | ttft_s, itl_s, token_s, cached_tokens     |
 | turn.failed         | ended by an error                      | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s, token_s                    |
+|                     |                                        | ttft_s, itl_s, token_s, cached_tokens     |
 | priority.inherited  | an agent runs at a waiter's priority   | agent, priority, base_priority, by_agent  |
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
@@ -129,6 +130,9 @@ class Ended(TurnEvent, kw_only=True):
     ttft_s: float | None = None  # request to first token
     itl_s: float | None = None  # mean gap between the later tokens, pauses included
     token_s: list[float] | None = None  # each token's time from the request (turns above background)
+    # Positions whose K/V came from the prefix cache over the turn's life: at
+    # admission, at a recompute, and blocks a batch-mate computed while it waited.
+    cached_tokens: int = 0
 
 
 class Finished(Ended, tag="turn.finished"):

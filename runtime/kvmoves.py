@@ -96,7 +96,7 @@ class KVMoves:
                 if victim is None:
                     return False
                 if victim.status is Status.RUNNING:
-                    self.preempt(victim, None if victim is keep else keep, now, plan)
+                    self.preempt(victim, None if victim is keep else keep, now, plan, memory=True)
             self._evict(victim, now, plan)
             if victim is keep:
                 return False

@@ -44,7 +44,7 @@ from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.serving import lift_key
-from runtime.turns import Plan, SchedulerConfig, SwapIn, SwapOut
+from runtime.turns import Plan, SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +221,7 @@ class GPUOwner(Intake, Actor):
             if move.turn in failed:
                 continue
             try:
-                if isinstance(move, SwapOut):
-                    self.engine.swap_out(move.turn, move.blocks, move.length)
-                elif isinstance(move, SwapIn):
-                    self.engine.swap_in(move.turn, move.blocks)
-                else:
-                    self.engine.forget(move.turn)
+                move.apply(self.engine)
             except Exception as exc:
                 failed[move.turn] = f"{type(move).__name__} failed: {type(exc).__name__}: {exc}"
         return failed

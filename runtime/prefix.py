@@ -12,7 +12,10 @@ without being told to.
 Only full blocks whose every position has been computed are registered, and a
 turn always computes at least its last prompt token itself, so the block it
 writes into is its own: shared blocks are never written, and no copy-on-write is
-needed.
+needed. Where a turn's tokens part from every cached full block, the rows they
+still share with some block (the last, partly filled block of a finished turn,
+or the start of a full one) are copied on the device into a fresh block of the
+turn's own (`copy_rows`): a repeated prompt computes only its last token.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import hashlib
 from array import array
 
 from runtime.blocks import BlockPool
-from runtime.turns import Turn
+from runtime.turns import Copy, Turn
 
 
 def _digest(data: bytes) -> bytes:
@@ -42,39 +45,86 @@ class PrefixCache:
         keys = turn.hashes
         if len(keys) < n:
             size = self.pool.block_size
-            tokens = turn.prompt if n * size <= len(turn.prompt) else turn.prompt + turn.output
             parent = keys[-1] if keys else self.root
             for i in range(len(keys), n):
-                parent = _digest(parent + array("q", tokens[i * size : (i + 1) * size]).tobytes())
+                parent = _digest(parent + array("q", turn.tokens(i * size, (i + 1) * size)).tobytes())
                 keys.append(parent)
         return keys[:n]
 
-    def reuse(self, turn: Turn) -> int:
-        """Give a turn that holds no K/V the longest cached run of blocks its tokens
-        start with (leaving it at least one token to compute); the positions reused."""
+    def parent(self, turn: Turn, i: int) -> bytes:
+        """The key block i of the turn is filed under: its predecessor's, or the root."""
+        return self.chain(turn, i)[i - 1] if i else self.root
+
+    def reuse(self, turn: Turn, moves: list | None = None) -> int:
+        """Give a turn that holds no K/V what the cache has of its tokens (leaving
+        it at least one token to compute); the positions reused. With `moves`, the
+        plan's KV moves, that includes rows copied into a block of its own."""
         assert not turn.blocks and turn.computed == 0, "reuse is for a turn without K/V"
         turn.committed = 0
-        if not self.enabled:
+        return self.extend(turn) + (self.copy_rows(turn, moves) if moves is not None else 0)
+
+    def extend(self, turn: Turn) -> int:
+        """Take by reference the cached full blocks that continue a turn's K/V, if
+        it ends on a block boundary: at admission, or while it prefills, blocks a
+        batch-mate with the same prefix has just computed. The positions gained."""
+        size = self.pool.block_size
+        start = turn.computed
+        if not self.enabled or start != len(turn.blocks) * size:
             return 0
-        for key in self.chain(turn, turn.reusable_blocks(self.pool.block_size)):
+        want = turn.reusable_blocks(size)
+        if want <= len(turn.blocks):
+            return 0
+        keys = self.chain(turn, want)
+        for key in keys[len(turn.blocks) :]:
             block = self.pool.lookup(key)
             if block is None:
                 break
             self.pool.acquire(block)
             turn.blocks.append(block)
         turn.committed = len(turn.blocks)
-        turn.computed = len(turn.blocks) * self.pool.block_size
-        return turn.computed
+        turn.computed = len(turn.blocks) * size
+        turn.cache_hits += turn.computed - start
+        return turn.computed - start
+
+    def copy_rows(self, turn: Turn, moves: list) -> int:
+        """Past the shared full blocks: if some block (a finished turn's last, the
+        start of a full one) holds rows that continue the turn's tokens, give the
+        turn a block of its own with a device copy of it (a `Copy` move), so only
+        the rest is computed. The positions gained."""
+        size = self.pool.block_size
+        start, last = turn.computed, turn.length - 1
+        if not self.enabled or start != len(turn.blocks) * size or start >= last:
+            return 0
+        i = len(turn.blocks)
+        source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)))
+        if source is None:
+            return 0
+        pin = [source]  # held while a block is found, so the search cannot evict it
+        self.pool.acquire(source)
+        grown = self.pool.grow(turn.blocks, start + size)
+        self.pool.release(pin)
+        if not grown:
+            return 0
+        moves.append(Copy(turn.id, source, turn.blocks[i]))
+        turn.computed += rows
+        turn.cache_hits += rows
+        return rows
 
     def commit(self, turn: Turn) -> None:
-        """Register the turn's newly computed full blocks."""
-        full = turn.full_blocks(self.pool.block_size)
-        if not self.enabled or full <= turn.committed:
+        """Register the turn's newly computed full blocks, and note its last,
+        partly computed one."""
+        if not self.enabled:
             return
-        keys = self.chain(turn, full)
-        for i in range(turn.committed, full):
-            self.pool.register(turn.blocks[i], keys[i])
-        turn.committed = full
+        size = self.pool.block_size
+        full = turn.full_blocks(size)
+        if full > turn.committed:
+            keys = self.chain(turn, full)
+            for i in range(turn.committed, full):
+                if self.pool.register(turn.blocks[i], keys[i]):
+                    self.pool.note(turn.blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
+            turn.committed = full
+        if full < len(turn.blocks) and turn.computed > full * size:
+            self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, turn.computed)))
 
     # ------------------------------------------------------------------ swap
 

@@ -159,13 +159,19 @@ class Scheduler(Batching, KVMoves):
         self._batch(now, plan)
         return plan
 
-    def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan) -> None:
+    def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan, *, memory: bool = False) -> None:
         """Pause a running turn at this token boundary. `by` is the turn taking its
-        slot, or None when it is paused to free KV memory."""
+        slot, or the one it frees KV memory for (`memory`), or None when it is
+        paused to free memory for itself."""
         if by is None or by is victim:
             self.emit(Preempted(**self._about(victim, now), tokens=len(victim.output), reason="memory"))
         else:
-            self.emit(Preempted(**self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now)))
+            # (For memory a running turn of equal priority may give way: that is
+            # no slot taken by a higher priority, and the reason says so.)
+            self.emit(Preempted(
+                **self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now),
+                reason="memory" if memory else None,
+            ))
         self._unslot(victim, now)
         victim.preemptions += 1
         plan.preemptions += 1
@@ -180,7 +186,7 @@ class Scheduler(Batching, KVMoves):
             return False
         recomputed = turn.status is Status.DROPPED
         if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
-            turn.cached_tokens = self.prefix.reuse(turn)
+            turn.cached_tokens = self.prefix.reuse(turn, plan.moves)
         turn.boost = self.priorities.aged(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
         turn.last_admit = next(self._admissions)
@@ -259,7 +265,7 @@ class Scheduler(Batching, KVMoves):
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, **_latencies(turn, now, self._level(turn)))
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, **_latencies(turn, now, self._level(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)

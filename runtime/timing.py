@@ -10,7 +10,8 @@ so one turn's decode costs `decode_step_s`, each further token in the step (a
 batch-mate's decode, a prefill token) costs compute time, and attention costs the
 KV positions it reads. The defaults are a GPU in its memory-bound regime, where a
 batch of eight costs a few percent more than one turn; a CPU profile is `cpu()`.
-KV moves cost bytes over the host link, and each preemption costs a flush.
+KV moves cost bytes over the host link, a block copy (the prefix cache's)
+bytes of device bandwidth, and each preemption costs a flush.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
     flush_s: float = 0.004  # per preemption: drain and re-launch the batch
     kv_bytes_per_token: int = 131_072  # an 8B-class model in f16
     swap_gb_s: float = 16.0  # host link bandwidth for KV swaps
+    copy_gb_s: float = 1500.0  # device memory bandwidth for a block copy (bytes read + written)
 
     def cost(self) -> StepCost:
         token_s = 1 / self.prefill_tok_per_s
@@ -41,7 +43,7 @@ class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
     def cpu(cls) -> TimingModel:
         """SmolLM2-135M on the 2-core CPU through PoCL: a step of eight decodes
         costs about three of one, so batching is far from free."""
-        return cls(decode_step_s=0.010, prefill_tok_per_s=400.0, kv_read_s=2e-8)
+        return cls(decode_step_s=0.010, prefill_tok_per_s=400.0, kv_read_s=2e-8, copy_gb_s=30.0)
 
 
 class TimingEngine:
@@ -79,6 +81,9 @@ class TimingEngine:
     def forget(self, turn: int) -> None:
         pass
 
+    def copy(self, source: int, target: int) -> None:
+        pass
+
     # ------------------------------------------------------------- pricing
 
     def step_s(self, plan: Plan, steps: int = 1) -> float:
@@ -102,4 +107,6 @@ class TimingEngine:
         """Seconds spent before the step can start: flushes and KV moves."""
         moved = sum(length for _, _, length in plan.swap_out)
         moved += sum(len(blocks) * self.block_size for _, blocks in plan.swap_in)
-        return plan.preemptions * self.model.flush_s + moved * self.model.kv_bytes_per_token / (self.model.swap_gb_s * 1e9)
+        copied = 2 * len(plan.copies) * self.block_size  # read and written once each
+        per_token = self.model.kv_bytes_per_token
+        return plan.preemptions * self.model.flush_s + moved * per_token / (self.model.swap_gb_s * 1e9) + copied * per_token / (self.model.copy_gb_s * 1e9)

@@ -6,7 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from runtime.engine import GREEDY, Sampling, Work
+from runtime.engine import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
 from runtime.events import Ended
 from runtime.priority import FOREGROUND
@@ -146,6 +146,7 @@ class Turn:
     hashes: list[bytes] = field(default_factory=list)  # chain hashes of its full blocks (runtime.prefix)
     committed: int = 0  # leading blocks registered in the prefix cache
     cached_tokens: int = 0  # positions reused from the prefix cache at the last (re)admission
+    cache_hits: int = 0  # positions reused from the prefix cache over its life (what turn.ended says)
     slot: int | None = None  # the slot it holds while RUNNING
     enqueued: int = 0  # its place in the queue: order of (re)joining it
     admitted_at: float | None = None  # first admission: the end of the wait
@@ -175,7 +176,9 @@ class Turn:
         n = len(self.prompt)
         if stop <= n:
             return self.prompt[start:stop]
-        return (self.prompt + self.output)[start:stop]
+        if start >= n:
+            return self.output[start - n : stop - n]
+        return self.prompt[start:] + self.output[: stop - n]
 
     @property
     def pending(self) -> int:
@@ -221,6 +224,9 @@ class SwapOut:
     blocks: list[int]
     length: int
 
+    def apply(self, engine: Engine) -> None:
+        engine.swap_out(self.turn, self.blocks, self.length)
+
 
 @dataclass(frozen=True)
 class SwapIn:
@@ -229,6 +235,9 @@ class SwapIn:
     turn: int
     blocks: list[int]
 
+    def apply(self, engine: Engine) -> None:
+        engine.swap_in(self.turn, self.blocks)
+
 
 @dataclass(frozen=True)
 class Forget:
@@ -236,6 +245,23 @@ class Forget:
     shared, has been evicted since), and the turn is recomputed instead."""
 
     turn: int
+
+    def apply(self, engine: Engine) -> None:
+        engine.forget(self.turn)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy block `source`'s K/V into block `target` (a turn's own, fresh): the
+    rows a cached block shares with the turn's tokens (runtime.prefix). The rows
+    past them are stale and are written before anything reads them."""
+
+    turn: int  # the turn the target belongs to
+    source: int
+    target: int
+
+    def apply(self, engine: Engine) -> None:
+        engine.copy(self.source, self.target)
 
 
 @dataclass
@@ -248,8 +274,9 @@ class Plan:
 
     works: list[Work] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    moves: list[SwapOut | SwapIn | Forget] = field(default_factory=list)
+    moves: list[SwapOut | SwapIn | Forget | Copy] = field(default_factory=list)
     preemptions: int = 0
+    held: list[Turn] = field(default_factory=list)  # prompts waiting a step for a batch-mate's blocks
 
     @property
     def swap_out(self) -> list[tuple[int, list[int], int]]:
@@ -258,6 +285,10 @@ class Plan:
     @property
     def swap_in(self) -> list[tuple[int, list[int]]]:
         return [(m.turn, m.blocks) for m in self.moves if isinstance(m, SwapIn)]
+
+    @property
+    def copies(self) -> list[Copy]:
+        return [m for m in self.moves if isinstance(m, Copy)]
 
     @property
     def prefill_tokens(self) -> int:

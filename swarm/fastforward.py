@@ -21,8 +21,8 @@ def stretch(sched: Scheduler, plan: Plan, steps: int) -> int:
     then decodes of every item until the first turn ends. Each item must sample
     (the last chunk of a prefill does) and ignore eos, and the blocks of every step
     must be reservable now; they are reserved."""
-    if steps <= 1 or not plan.works or plan.preemptions or plan.moves:
-        return 1  # (a KV move or flush makes the first step longer than the rest)
+    if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
+        return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
     for work, turn in zip(plan.works, plan.turns):
         if not work.sample or not turn.ignore_eos:
             return 1

@@ -23,7 +23,7 @@ import numpy as np
 
 from runtime.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Event, Preempted, Queued, Recomputed
+from runtime.events import Admitted, Ended, Event, Preempted, Queued, Recomputed
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
@@ -190,12 +190,14 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         match event:
             case Preempted():
                 result.preemptions += 1
-            case Recomputed(tokens=tokens):
+            case Recomputed(tokens=tokens, cached_tokens=cached):
                 result.recomputed_tokens += tokens
+                result.cached_tokens -= cached  # counted by the turn's end, but not a prompt's
             case Queued(turn=turn, tokens=tokens):
                 prompts[turn] = tokens
-            case Admitted(turn=turn, cached_tokens=cached):
+            case Admitted(turn=turn):
                 result.prompt_tokens += prompts.pop(turn)
+            case Ended(cached_tokens=cached):
                 result.cached_tokens += cached
 
     if not 0 <= workload.prefix_share <= 1:

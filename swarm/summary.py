@@ -51,12 +51,15 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
         match e:
             case Queued(turn=turn, tokens=tokens):
                 prompts[turn] = tokens
-            case Admitted(turn=turn, cached_tokens=cached):
-                reused += cached
-                computed += prompts.get(turn, 0) - cached
+            # Every position a turn was admitted (or recomputed) with was either
+            # computed or reused, and its end says how many were reused.
+            case Admitted(turn=turn):
+                computed += prompts.get(turn, 0)
             case Recomputed(tokens=tokens, cached_tokens=cached):
+                computed += tokens + cached
+            case Ended(cached_tokens=cached):
                 reused += cached
-                computed += tokens
+                computed -= cached
         agent = getattr(e, "agent", None)
         if agent is None or agent == "gpu":
             continue

@@ -1,6 +1,6 @@
 """The block pool with sharing: a hypothesis state machine against a plain model of
-it (tables of block ids, the keys of cached blocks, an LRU list), and a few
-scenarios."""
+it (tables of block ids, the keys of cached blocks, the rows noted in blocks, an
+LRU list), and a few scenarios."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ class PoolMachine(RuleBasedStateMachine):
         self.tables: list[list[int]] = []
         self.key_of: dict[int, bytes] = {}  # what the model expects cached
         self.lru: list[int] = []  # unreferenced cached blocks, oldest first
+        self.rows_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}  # noted blocks: (parent, rows)
+
+    def indexed(self, block) -> bool:
+        return block in self.key_of or block in self.rows_of
 
     def held(self) -> Counter:
         return Counter(b for t in self.tables for b in t)
@@ -48,20 +52,53 @@ class PoolMachine(RuleBasedStateMachine):
             assert table == before
             return
         new = table[len(before):]
-        evicted = [b for b in new if b in self.key_of]
+        evicted = [b for b in new if self.indexed(b)]
         # Free blocks go first, then the least recently used cached ones, in order.
         assert len(evicted) == max(0, n - free_first)
         assert evicted == self.lru[: len(evicted)]
         for b in evicted:
-            del self.key_of[b]
+            self.key_of.pop(b, None)
+            self.rows_of.pop(b, None)
         self.lru = self.lru[len(evicted):]
 
-    @precondition(lambda self: self.key_of)
+    @precondition(lambda self: any(self.tables))
+    @rule(data=st.data(), parent=st.sampled_from([b"p0", b"p1"]), rows=st.lists(st.integers(0, 2), min_size=1, max_size=4))
+    def note(self, data, parent, rows):
+        """A turn's block holds computed rows after `parent`'s blocks (a partial or full block)."""
+        table = data.draw(st.sampled_from([t for t in self.tables if t]))
+        block = data.draw(st.sampled_from(table))
+        if block in self.rows_of and self.rows_of[block][0] != parent:
+            with pytest.raises(ValueError, match="another parent"):
+                self.pool.note(block, parent, tuple(rows))
+            return
+        self.pool.note(block, parent, tuple(rows))
+        self.rows_of[block] = (parent, tuple(rows))
+
+    @rule(parent=st.sampled_from([b"p0", b"p1", b"p2"]), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=4))
+    def best_rows(self, parent, tokens):
+        """The longest agreement from the first row among the blocks noted under parent."""
+        def agree(rows):
+            n = 0
+            while n < min(len(rows), len(tokens)) and rows[n] == tokens[n]:
+                n += 1
+            return n
+
+        most = max((agree(rows) for p, rows in self.rows_of.values() if p == parent), default=0)
+        block, n = self.pool.best_rows(parent, tokens)
+        assert n == most
+        if most:
+            assert self.rows_of[block][0] == parent and agree(self.rows_of[block][1]) == most
+        else:
+            assert block is None
+
+    @precondition(lambda self: self.key_of or self.rows_of)
     @rule(data=st.data())
     def share(self, data):
-        """A new table takes a cached block by its key (the prefix cache's hit)."""
-        block = data.draw(st.sampled_from(sorted(self.key_of)))
-        assert self.pool.lookup(self.key_of[block]) == block
+        """A new table takes a cached block by its key (the prefix cache's hit), or
+        holds a noted one while it copies its rows."""
+        block = data.draw(st.sampled_from(sorted(set(self.key_of) | set(self.rows_of))))
+        if block in self.key_of:
+            assert self.pool.lookup(self.key_of[block]) == block
         self.pool.acquire(block)
         if block in self.lru:
             self.lru.remove(block)
@@ -88,7 +125,7 @@ class PoolMachine(RuleBasedStateMachine):
         table = self.tables.pop(data.draw(st.integers(0, len(self.tables) - 1)))
         held = self.held()
         for block in reversed(table):  # the table's end becomes the oldest
-            if held[block] == 0 and block in self.key_of and block not in self.lru:
+            if held[block] == 0 and self.indexed(block) and block not in self.lru:
                 self.lru.append(block)
         self.pool.release(table)
         assert table == []
@@ -103,7 +140,9 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.release([block])
         with pytest.raises(ValueError, match="not owned"):
             self.pool.register(block, b"x")
-        if block not in self.key_of:
+        with pytest.raises(ValueError, match="not owned"):
+            self.pool.note(block, b"p0", (1,))
+        if not self.indexed(block):
             with pytest.raises(ValueError, match="is free"):
                 self.pool.acquire(block)
 
@@ -116,7 +155,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert refs == held[b] >= 0
             if refs:
                 owned += 1
-            elif self.pool.is_cached(b):
+            elif self.indexed(b):
                 cached += 1
             else:
                 free += 1

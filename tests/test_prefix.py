@@ -60,20 +60,51 @@ def test_a_repeated_prompt_computes_only_its_last_partial_block():
     assert second.output == first.output
 
 
-def test_a_prompt_of_whole_blocks_still_computes_its_last_block():
+def test_a_prompt_of_whole_blocks_copies_the_rows_of_its_last_block_and_computes_its_last_token():
     rig = Rig()
     rig.finish(rig.submit("a", PROMPT[:20]))
     again = rig.submit("b", PROMPT[:20])
     rig.step()
-    assert again.cached_tokens == 16 and rig.plans[-1].works[0].tokens == PROMPT[16:20]
+    assert again.cached_tokens == 19 and rig.plans[-1].works[0].tokens == PROMPT[19:20]
+    # Blocks 0-3 by reference; block 4's first three rows copied into its own block.
+    assert all(rig.sched.pool.is_cached(b) for b in again.blocks[:4])
+    (copy,) = rig.plans[-1].moves
+    assert copy.turn == again.id and copy.target == again.blocks[4]
+    assert copy.source not in again.blocks and rig.sched.pool.refs(copy.source) == 0  # the first turn's, cached
 
 
-def test_only_the_common_full_blocks_are_shared():
+def test_a_repeated_prompt_copies_its_last_partial_block_and_computes_one_token():
+    rig = Rig()
+    prompt = PROMPT + [40, 41]  # 23 tokens: 5 full blocks and 3 positions of a sixth
+    first = rig.submit("a", prompt, max_tokens=1)
+    rig.finish(first)
+    again = rig.submit("b", prompt, max_tokens=1)
+    rig.finish(again)
+    assert again.cached_tokens == 22 and rig.computed(again.id) == 1
+    assert again.ended.cached_tokens == 22
+    assert rig.sched.pool.num_free == 64
+
+
+def test_a_fork_shares_its_full_blocks_and_copies_the_rows_it_shares_of_the_next():
     rig = Rig()
     rig.finish(rig.submit("a", PROMPT))
     fork = rig.submit("b", PROMPT[:9] + [99] * 12)  # differs from position 9 (inside block 2)
     rig.step()
-    assert fork.cached_tokens == 8
+    assert fork.cached_tokens == 9
+    assert rig.plans[-1].works[0].start == 9
+
+
+def test_turns_that_arrive_together_compute_their_common_prefix_once():
+    """Two agents send one system prompt at once: the second waits while the first
+    computes each block they share, and takes it by reference."""
+    rig = Rig(slots=2, step_tokens=8)
+    system = list(range(100, 124))  # 6 blocks
+    a = rig.submit("a", system + [1, 2, 3], max_tokens=2)
+    b = rig.submit("b", system + [4, 5, 6, 7, 8], max_tokens=2)
+    rig.finish(a, b)
+    assert a.blocks == [] and rig.computed(a.id) == 27 + 1
+    assert rig.computed(b.id) == 29 - 24 + 1 and b.ended.cached_tokens == 24
+    assert rig.sched.pool.num_free == 64
 
 
 def test_turns_running_side_by_side_share_blocks_by_reference():
@@ -132,7 +163,7 @@ def test_a_recomputed_turn_hits_the_cache_again():
     rig.finish(high)
     rig.step()
     (event,) = rig.named(Recomputed)
-    assert event.cached_tokens == (length - 1) // B * B and event.tokens == length - event.cached_tokens
+    assert event.cached_tokens == length - 1 and event.tokens == length - event.cached_tokens
 
 
 def test_swap_out_leaves_blocks_other_turns_hold_and_takes_them_back():

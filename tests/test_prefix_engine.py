@@ -16,7 +16,7 @@ from runtime.agent import Agent
 from runtime.events import Admitted, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import SchedulerConfig, SwapIn, SwapOut
+from runtime.turns import Copy, SchedulerConfig, SwapOut
 from swarm import Swarm
 
 BLOCKS = 20  # 320 positions: the host room (swap_blocks) runs out, so swap also drops and recomputes
@@ -51,6 +51,7 @@ def run(engine: OpenCLEngine, policy: str, cache: bool) -> tuple[dict[str, list[
     turns = {}
     extra = list(range(3, 13))
     kept = 0  # blocks swap-outs left on the device, shared
+    copies = 0  # blocks given the rows a cached block shares with a prompt
     while pending or any(not t.done for t in turns.values()):
         for item in list(pending):
             at, name, priority, prompt, max_tokens = item
@@ -62,19 +63,15 @@ def run(engine: OpenCLEngine, policy: str, cache: bool) -> tuple[dict[str, list[
             pending.remove(item)
         plan = sched.schedule(float(sched.step))
         for move in plan.moves:  # in order, as the GPU owner does
-            if isinstance(move, SwapOut):
-                engine.swap_out(move.turn, move.blocks, move.length)
-                kept += len(sched.turns[move.turn].swap_kept)
-            elif isinstance(move, SwapIn):
-                engine.swap_in(move.turn, move.blocks)
-            else:
-                engine.forget(move.turn)
+            move.apply(engine)
+            kept += len(sched.turns[move.turn].swap_kept) if isinstance(move, SwapOut) else 0
+            copies += isinstance(move, Copy)
         tokens = engine.step(plan.works) if plan.works else []
         sched.postprocess(plan, tokens, float(sched.step + 1))
     assert all(isinstance(t.ended, Finished) for t in turns.values())
     assert pool.num_free == BLOCKS and sched.swapped_blocks == 0
-    reused = sum(e.cached_tokens or 0 for e in events if isinstance(e, (Admitted, Recomputed)))
-    return {name: t.output for name, t in turns.items()}, Counter([type(e) for e in events], kept=kept), reused
+    reused = sum(e.cached_tokens for e in events if isinstance(e, Finished))
+    return {name: t.output for name, t in turns.items()}, Counter([type(e) for e in events], kept=kept, copies=copies), reused
 
 
 def check(engine: OpenCLEngine, policy: str) -> None:
@@ -82,7 +79,8 @@ def check(engine: OpenCLEngine, policy: str) -> None:
     got, events, reused = run(engine, policy, cache=True)
     assert none == 0
     assert got == want
-    assert reused >= 64 + 80  # the repeat's 4 blocks and the follow-up's 5 at least
+    assert reused >= 69 + 80  # the repeat's 69 of 70 prompt tokens and the follow-up's 5 blocks at least
+    assert events["copies"]  # the repeat's last block: its first rows copied, its last token computed
     assert events[Preempted]
     if policy == "swap":
         assert events[SwappedOut] and events[SwappedIn]

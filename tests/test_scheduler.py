@@ -155,7 +155,7 @@ def test_victim_is_lowest_priority_then_latest_admitted():
 
 
 def test_prefill_is_chunked_under_the_step_budget():
-    rig = Rig(slots=2, step_tokens=8, blocks=64, shaping=False)
+    rig = Rig(slots=2, step_tokens=8, blocks=64, shaping=False, prefix_cache=False)  # (both prompts are [5, 5, ...])
     bg = rig.submit("bg", BACKGROUND, max_tokens=100)
     rig.step()
     fg = rig.submit("fg", FOREGROUND, prompt=30)

@@ -23,7 +23,7 @@ from runtime.cost import StepCost, step_features
 from runtime.events import Ended, Event, Preempted
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import Policy, SchedulerConfig, Status, SwapIn, SwapOut
+from runtime.turns import Copy, Policy, SchedulerConfig, Status, SwapIn, SwapOut
 
 EOS = 2
 AGENTS = {"pair": FOREGROUND, "tests": 3, "docs": 0, "review": 0}
@@ -45,15 +45,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         law=st.sampled_from([(0.025, 0.0002, 4e-8), (0.009, 0.0018, 1e-6), (0.01, 0.01, 0.0)]),  # GPU, CPU, all-compute
         slack=st.sampled_from([0.0, 0.25, 1.0]),
         prefix_cache=st.booleans(),
+        step_tokens=st.sampled_from([6, 24]),  # 24: prompts that start alike are admitted into one step
     )
-    def setup(self, policy, slots, tight, swap_blocks, law, slack, prefix_cache):
+    def setup(self, policy, slots, tight, swap_blocks, law, slack, prefix_cache, step_tokens):
         # A tight pool forces memory-pressure paths; a roomy one lets the
         # preemption guarantee be checked strictly.
         self.tight = tight
         self.blocks = 12 if tight else 400
         self.events: list[Event] = []
         self.sched = Scheduler(
-            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, 6), aging_s=0.5, swap_blocks=swap_blocks, slack=slack, prefix_cache=prefix_cache),
+            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, step_tokens), aging_s=0.5, swap_blocks=swap_blocks, slack=slack, prefix_cache=prefix_cache),
             BlockPool(self.blocks, 4),
             eos_token_ids=[EOS],
             emit=self.events.append,
@@ -64,10 +65,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.lent: dict[str, int] = {}
         self.kv: dict[int, dict[int, tuple[int, int]]] = {}  # block -> offset -> (position, token): the shadow engine
         self.host: dict[int, list[dict[int, tuple[int, int]]]] = {}  # turn -> swapped-out blocks
+        self.copies = 0
 
     @rule(agent=st.sampled_from(sorted(AGENTS)), prompt=st.sampled_from(PROMPTS), cut=st.integers(1, 9), max_tokens=st.integers(0, 12))
     def submit(self, agent, prompt, cut, max_tokens):
         self.submitted.append(self.sched.submit(agent, AGENTS[agent], prompt[:cut], max_tokens, self.now))
+
+    @rule(agents=st.lists(st.sampled_from(sorted(AGENTS)), min_size=2, max_size=3), tails=st.lists(st.integers(0, 4), min_size=3, max_size=3))
+    def submit_together(self, agents, tails):
+        """Turns that arrive at once with a prefix nothing has computed yet (as
+        agents sharing a system prompt do): one computes it, the others wait a step
+        for its blocks."""
+        self.fresh = getattr(self, "fresh", 100) % 250 + 1
+        for agent, tail in zip(agents, tails):
+            prompt = [self.fresh] * 8 + [4] * tail
+            self.submitted.append(self.sched.submit(agent, AGENTS[agent], prompt, 3, self.now))
 
     @rule(eos=st.lists(st.booleans(), max_size=8), more=st.integers(0, 6))
     def step(self, eos, more):
@@ -97,6 +109,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert len(copies) == len(move.blocks)
                 for block, copy in zip(move.blocks, copies):
                     self.kv[block] = dict(copy)
+            elif isinstance(move, Copy):
+                assert self.sched.pool.refs(move.target) == 1 and not self.sched.pool.is_cached(move.target), "copied into a shared block"
+                self.kv[move.target] = dict(self.kv.get(move.source, {}))
+                self.copies += 1
             else:
                 self.host.pop(move.turn, None)
         for work, turn in zip(plan.works, plan.turns):
@@ -193,7 +209,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def equals_never_preempt(self):
         for e in self.events:
-            if isinstance(e, Preempted) and e.by_turn is not None:
+            if isinstance(e, Preempted) and e.by_turn is not None and e.reason != "memory":
                 assert e.by_priority > e.priority
 
     @invariant()
