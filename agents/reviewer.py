@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import msgspec
 
-from agents.base import clip
 from agents.workspace import WorkspaceAgent
 from swarm import handler
 
@@ -24,10 +23,11 @@ class Verdict(msgspec.Struct):
 
 
 class Reviewer(WorkspaceAgent):
-    system_prompt = "You are a strict code reviewer. You point out bugs and unclear code."
+    role = "You are a strict code reviewer. You point out bugs and unclear code."
     task = "Review this file: list its problems, most important first."
 
     @handler
     async def review(self, msg: Review) -> Verdict:
-        text = await self.answer(self.system_prompt, f"{self.task}\n\n```\n{clip(msg.code, self.max_file_chars)}\n```", max_tokens=self.max_tokens)
-        return Verdict(msg.path, text)
+        # Asked exactly as its own pass over the workspace asks: a file any agent
+        # has read is already computed.
+        return Verdict(msg.path, await self.ask_about(msg.path, msg.code))

@@ -2,6 +2,12 @@
 
 Each proposal goes to `<out>/<agent>/<file>.md`. The user's files are only ever
 read: writes go through `_write`, which refuses any path outside the out folder.
+
+The prompts put what the agents share first and what is each one's own last, as
+prompt caching wants: one system prompt for the whole team, then the file, then
+the agent's role and task. So every agent that reads a file reuses the K/V of
+whichever computed it first (the prefix cache), and only its own few last lines
+are computed.
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ from swarm import BACKGROUND, TurnCancelled, TurnFailed
 SOURCE_SUFFIXES = (".py", ".md", ".txt", ".toml")
 
 
-class WorkspaceAgent(RecordingAgent):
-    """Loops over the workspace's files, asking the model about each with
-    `system_prompt` and `task`, and writes each answer as a proposal. With
-    `parallel` > 1 it keeps that many turns in flight, so a few agents can keep
-    every slot busy. `rounds` bounds the passes over the files (None: forever)."""
+TEAM_PROMPT = "You are one of a team of coding assistants working on the same project. Answer briefly."
 
-    system_prompt: ClassVar[str] = "You are a helpful coding assistant."
+
+class WorkspaceAgent(RecordingAgent):
+    """Loops over the workspace's files, asking the model about each as `role`
+    with `task`, and writes each answer as a proposal. With `parallel` > 1 it
+    keeps that many turns in flight, so a few agents can keep every slot busy.
+    `rounds` bounds the passes over the files (None: forever)."""
+
+    role: ClassVar[str] = "You are a helpful coding assistant."
     task: ClassVar[str] = "Comment on this file."
 
     def __init__(
@@ -64,14 +73,18 @@ class WorkspaceAgent(RecordingAgent):
                 found.append(path)
         return found
 
-    def request(self, path: Path, text: str) -> str:
-        """The user message for one file; override to change what is asked."""
-        return f"{self.task}\n\nFile {path.name}:\n```\n{clip(text, self.max_file_chars)}\n```"
+    def request(self, name: str, text: str) -> str:
+        """The user message for one file: the file (shared by every agent that
+        reads it), then this agent's role and task; override to change what is asked."""
+        return f"File {name}:\n```\n{clip(text, self.max_file_chars)}\n```\n\n{self.role} {self.task}"
+
+    async def ask_about(self, name: str, text: str) -> str:
+        """The model's answer about one file, as this agent."""
+        return await self.answer(TEAM_PROMPT, self.request(name, text), max_tokens=self.max_tokens)
 
     async def propose(self, path: Path) -> Path:
         """Ask the model about one file and write its proposal."""
-        text = path.read_text(errors="replace")
-        reply = await self.answer(self.system_prompt, self.request(path, text), max_tokens=self.max_tokens)
+        reply = await self.ask_about(path.name, path.read_text(errors="replace"))
         rel = path.relative_to(self.workspace)
         body = f"# {self.name}: {rel}\n\n{reply.strip()}\n"
         return self._write(self.out / rel.with_name(rel.name + ".md"), body)
@@ -109,13 +122,13 @@ class WorkspaceAgent(RecordingAgent):
 
 
 class Refactorer(WorkspaceAgent):
-    system_prompt = "You are a careful Python engineer. You suggest small refactorings."
+    role = "You are a careful Python engineer. You suggest small refactorings."
     task = "Suggest one refactoring for this file and show the changed code."
 
 
 class TestWriter(WorkspaceAgent):
     __test__ = False  # not a pytest test class, whatever its name
-    system_prompt = "You write short pytest tests for Python code."
+    role = "You write short pytest tests for Python code."
     task = "Write two pytest tests for this file."
 
     def files(self) -> list[Path]:
@@ -123,5 +136,5 @@ class TestWriter(WorkspaceAgent):
 
 
 class DocWriter(WorkspaceAgent):
-    system_prompt = "You write clear, short docstrings and READMEs."
+    role = "You write clear, short docstrings and READMEs."
     task = "Write a short docstring for each function in this file."

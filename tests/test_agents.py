@@ -136,3 +136,29 @@ async def test_a_review_of_a_missing_file_is_answered_without_asking(tmp_path: P
             while pair.answered < 1:
                 await anyio.sleep(0.01)
     assert pair.review_asks == 0 and "no file 'nope.py'" in said[1]
+
+
+@pytest.mark.asyncio
+async def test_agents_reading_one_file_compute_it_once(workspace: Path, tmp_path: Path):
+    """The team prompt and the file come before each agent's role and task, so the
+    prefix cache shares a file's K/V among every agent that reads it, even those
+    that read it at the same time."""
+    classes = [Refactorer, TestWriter, DocWriter, Reviewer]
+    computed = {}
+    for cache in (True, False):
+        with anyio.fail_after(60):
+            async with Swarm(TimingEngine(), slots=4, prefix_cache=cache) as swarm:  # token ids: one a byte
+                log = swarm.bus.subscribe()
+                agents = [
+                    await swarm.spawn(cls(cls.__name__.lower(), workspace=workspace, out=tmp_path / str(cache), max_tokens=4, max_file_chars=250, rounds=1, parallel=2))
+                    for cls in classes
+                ]
+                for agent in agents:
+                    await swarm.join(agent)
+        events = [e async for e in log]
+        prompts = sum(e.tokens for e in events if isinstance(e, Queued))
+        computed[cache] = prompts - sum(e.cached_tokens for e in events if isinstance(e, Finished))
+        assert sum(len(a.records) for a in agents) == 15  # 4 files each, the test writer's 3
+    # Each file's team prompt and text (about 3/4 of a prompt) is computed once, not by
+    # every agent: 15 turns compute about 4 whole prompts and 11 role-and-task tails.
+    assert computed[True] < 0.5 * computed[False]
