@@ -145,6 +145,11 @@ class BlockPool:
         self._rows_of[block] = (parent, rows)
         self._under.setdefault(parent, {})[block] = None
 
+    def noted_rows(self, block: int) -> tuple[int, ...]:
+        """The tokens a noted block's rows hold (empty if it is not noted)."""
+        noted = self._rows_of.get(block)
+        return noted[1] if noted else ()
+
     def best_rows(self, parent: bytes, tokens: list[int]) -> tuple[int | None, int]:
         """The noted block under `parent` whose rows agree longest with `tokens`
         from its first row, and for how many rows (None, 0 if none does)."""

@@ -89,8 +89,9 @@ class PrefixCache:
     def copy_rows(self, turn: Turn, moves: list) -> int:
         """Past the shared full blocks: if some block (a finished turn's last, the
         start of a full one) holds rows that continue the turn's tokens, give the
-        turn a block of its own with a device copy of it (a `Copy` move), so only
-        the rest is computed. The positions gained."""
+        turn a block of its own with a device copy of it (a `Copy` move), or that
+        block itself where that loses nothing, so only the rest is computed. The
+        positions gained."""
         size = self.pool.block_size
         start, last = turn.computed, turn.length - 1
         if not self.enabled or start != len(turn.blocks) * size or start >= last:
@@ -99,16 +100,30 @@ class PrefixCache:
         source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)))
         if source is None:
             return 0
-        pin = [source]  # held while a block is found, so the search cannot evict it
-        self.pool.acquire(source)
-        grown = self.pool.grow(turn.blocks, start + size)
-        self.pool.release(pin)
-        if not grown:
-            return 0
-        moves.append(Copy(turn.id, source, turn.blocks[i]))
+        noted = self.pool.noted_rows(source)
+        if self.pool.refs(source) == 0 and not self.pool.is_cached(source) and list(noted) == turn.tokens(start, start + len(noted)):
+            # Nobody holds it and every row it holds is one of the turn's own (a
+            # finished turn's last block, for a repeated prompt): take the block
+            # itself; what the turn writes past the rows loses nothing cached.
+            self.pool.acquire(source)
+            turn.blocks.append(source)
+        else:
+            if not self._copy(turn, source, moves):
+                return 0
         turn.computed += rows
         turn.cache_hits += rows
         return rows
+
+    def _copy(self, turn: Turn, source: int, moves: list) -> bool:
+        """A fresh block for the turn, filled from `source` by a `Copy` move;
+        False if the pool has none to spare."""
+        pin = [source]  # held while a block is found, so the search cannot evict it
+        self.pool.acquire(source)
+        grown = self.pool.grow(turn.blocks, (len(turn.blocks) + 1) * self.pool.block_size)
+        self.pool.release(pin)
+        if grown:
+            moves.append(Copy(turn.id, source, turn.blocks[-1]))
+        return grown
 
     def commit(self, turn: Turn) -> None:
         """Register the turn's newly computed full blocks, and note its last,

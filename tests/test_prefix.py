@@ -73,16 +73,33 @@ def test_a_prompt_of_whole_blocks_copies_the_rows_of_its_last_block_and_computes
     assert copy.source not in again.blocks and rig.sched.pool.refs(copy.source) == 0  # the first turn's, cached
 
 
-def test_a_repeated_prompt_copies_its_last_partial_block_and_computes_one_token():
+def test_a_repeated_prompt_takes_the_last_partial_block_itself_and_computes_one_token():
     rig = Rig()
     prompt = PROMPT + [40, 41]  # 23 tokens: 5 full blocks and 3 positions of a sixth
     first = rig.submit("a", prompt, max_tokens=1)
     rig.finish(first)
-    again = rig.submit("b", prompt, max_tokens=1)
+    again = rig.submit("b", prompt, max_tokens=2)
+    plan = rig.step()
+    # Nobody holds the first turn's last block and it holds only the turn's own
+    # tokens: no copy, the block itself (its third row is rewritten, identically).
+    assert not plan.moves and plan.works[0].start == 22 and plan.works[0].tokens == [41]
+    assert rig.sched.pool.noted_rows(again.blocks[5]) == (30, 40, 41)
     rig.finish(again)
-    assert again.cached_tokens == 22 and rig.computed(again.id) == 1
-    assert again.ended.cached_tokens == 22
+    assert again.cached_tokens == 22 and rig.computed(again.id) == 1 + 1
+    assert again.ended.cached_tokens == 22 and again.output == first.output + [7]
     assert rig.sched.pool.num_free == 64
+
+
+def test_a_block_another_turn_holds_is_copied_not_taken():
+    rig = Rig(slots=2)
+    prompt = PROMPT + [40, 41]
+    first = rig.submit("a", prompt, max_tokens=8)
+    rig.step()  # its prompt computed, its sixth block private and noted
+    again = rig.submit("b", prompt, max_tokens=2)
+    plan = rig.step()
+    (copy,) = plan.moves
+    assert copy.source == first.blocks[5] and copy.target == again.blocks[5] != first.blocks[5]
+    assert again.cached_tokens == 22
 
 
 def test_a_fork_shares_its_full_blocks_and_copies_the_rows_it_shares_of_the_next():
