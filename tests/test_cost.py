@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -108,7 +110,9 @@ class Rig:
         self.now = 0.0
 
     def submit(self, agent, priority, prompt=4, max_tokens=1000):
-        return self.sched.submit(agent, priority, [5] * prompt, max_tokens, self.now, ignore_eos=True)
+        # (each agent's own token, so the prefix cache shares nothing between them)
+        token = 100 + zlib.crc32(agent.encode()) % 100_000
+        return self.sched.submit(agent, priority, [token] * prompt, max_tokens, self.now, ignore_eos=True)
 
     def step(self):
         plan = self.sched.schedule(self.now)
