@@ -126,14 +126,16 @@ class Lock:
             return
         graph = self._waits
         assert graph is not None  # someone queued, so someone resolved it
-        nxt = max(self._queue, key=lambda w: (graph.effective(w.name), -w.arrival))
+        # The most urgent waiting code goes first: what its wait lends, not its agent's
+        # whole priority (a foreground agent's background task queues as background).
+        nxt = max(self._queue, key=lambda w: (graph.priority_of(w.handle), -w.arrival))
         self._queue.remove(nxt)
         self._holder = nxt.name
         graph.release(nxt.handle)
         nxt.granted.set()
         for waiter in list(self._queue):
             try:
-                handle = graph.wait(waiter.name, nxt.name, self.via, f"lock {self.name}")
+                handle = graph.wait(waiter.name, nxt.name, self.via, f"lock {self.name}", serves=waiter.handle.serves)
             except WaitCycle as err:
                 # The new holder (another task of the same actor, or an actor
                 # now waiting on this waiter) would close a cycle: fail fast.

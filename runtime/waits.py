@@ -1,33 +1,34 @@
 """Who waits on whom, and the priority that follows from it.
 
 An agent that waits on another (an ask in flight, a Lock held by someone else)
-lends it its priority: the holder runs at the highest priority of everyone
-waiting on it, transitively. If A (foreground) waits on B and B waits on C, C
-runs at foreground until the waits end. Without this, a background agent holding
-something a foreground agent needs would be starved by unrelated middle-priority
-work: the priority inversion that hung Mars Pathfinder.
+lends it its priority, transitively: if A (foreground) waits on B's handler and
+that handler waits on C, C runs at foreground until the waits end. Without this,
+a background agent holding what a foreground one needs would be starved by
+unrelated middle-priority work: the inversion that hung Mars Pathfinder.
 
-    effective(x) = max(base(x), effective(w) for every w waiting on x)
+What is lifted is the request, not the whole agent (runtime.serving). Every wait
+names the part of the holder it waits on (`via`: its mailbox, or a lock's
+critical section) and the parts of the waiter it is made from (`serves`: the
+`serving` context where it was made), and passes on only the priority of the
+code that waits. With w a wait's waiter:
+
+    lent(wait)   = max(base(w), lent(v) for every wait v on a part of w it serves)
+    effective(x) = max(base(x), lent(wait) for every wait on x)
+
+So the pair's ask lifts the reviewer's handler and what that handler waits on,
+not what the reviewer's own background run() waits on meanwhile.
 
 The graph never holds a cycle: a wait that would close one raises WaitCycle
-naming the whole chain, so two agents waiting on each other fail at once
-instead of hanging forever.
+naming the whole chain, so two agents waiting on each other fail at once.
 
-The graph keeps the waits and each agent's base priority, nothing else: every
-lent priority is derived from them when asked, so there is no second copy to
-keep in step. What the scheduler needs of it travels as `on_lift` calls and is
-kept there (runtime.priorities), the one store of lent priority.
-
-This is a plain synchronous object; it emits nothing itself. Whoever owns it
-passes `on_change(agent, effective, inherited, from_agent)`, called exactly when
-`inherited(agent)` changes: `inherited` is the borrowed priority, or None when
-the agent is back at its base priority; `from_agent` is the agent whose base
-priority it borrowed (the origin of the chain, not the direct waiter), or None.
-
-What is lifted is the request, not the whole agent (runtime.serving): every wait
-names the part of the holder it waits on (`via`), and `on_lift(agent, via,
-priority)` is called exactly when the priority lent to one part changes (None:
-no longer lifted).
+It keeps the waits and each agent's base priority, nothing else: every lent
+priority is derived when asked, so there is no second copy to keep in step.
+What the scheduler needs travels as `on_lift(agent, via, priority)` calls
+(exactly when the priority lent to one part changes; None: no longer lifted)
+and is kept there (runtime.priorities), the one store of lent priority. It is
+a plain synchronous object that emits nothing itself; `on_change(agent,
+effective, inherited, from_agent)` is called exactly when `inherited(agent)`
+changes, `from_agent` being the origin of the chain, not the direct waiter.
 """
 
 from __future__ import annotations
@@ -38,21 +39,24 @@ from typing import Callable, Iterator
 
 from runtime.errors import UsageError, WaitCycle
 from runtime.priority import BACKGROUND
-from runtime.serving import MAILBOX, lift_key
+from runtime.serving import MAILBOX, lift_key, serving
 
 OnChange = Callable[[str, int, "int | None", "str | None"], None]
+_Wait = tuple[str, "str | None", tuple[str, ...]]  # (waiter, request, the parts of the waiter it is made from)
+_Memo = dict[str, dict[str, tuple[int, str]]]  # agent -> its lifts with their origins, for one question
 OnLift = Callable[[str, str, "int | None"], None]
 
 class WaitHandle:
     """One wait, as returned by `WaitGraph.wait`; give it back to `release`."""
 
-    __slots__ = ("waiter", "holder", "via", "request", "released")
+    __slots__ = ("waiter", "holder", "via", "request", "serves", "released")
 
-    def __init__(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> None:
+    def __init__(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] = ()) -> None:
         self.waiter = waiter
         self.holder = holder
         self.via = via
         self.request = request
+        self.serves = serves
         self.released = False
 
     def __repr__(self) -> str:
@@ -64,8 +68,8 @@ class WaitGraph:
     def __init__(self, on_change: OnChange | None = None, on_lift: OnLift | None = None) -> None:
         self._on_change = on_change
         self._on_lift = on_lift
-        # holder -> via -> the waits on that part of it: (waiter, request) counted
-        self._parts: dict[str, dict[str, collections.Counter[tuple[str, str | None]]]] = collections.defaultdict(dict)
+        # holder -> via -> the waits on that part of it: (waiter, request, serves) counted
+        self._parts: dict[str, dict[str, collections.Counter[_Wait]]] = collections.defaultdict(dict)
         self._base: dict[str, int] = {}
         # Edges are counted: two concurrent asks from A to B are two waits, and
         # the edge lives until both end.
@@ -91,7 +95,11 @@ class WaitGraph:
 
     def lifts(self, agent: str) -> dict[str, int]:
         """The parts of `agent` that run above its base priority, and at what."""
-        return self._lifts_of(agent, {})
+        return _priorities(self._lifts_of(agent, {}))
+
+    def priority_of(self, handle: WaitHandle) -> int:
+        """The priority a wait lends: that of the code that waits."""
+        return self._lent_by(handle.waiter, handle.serves, {})[0]
 
     def lent(self, key: str) -> int | None:
         """The priority lent under a lift key (`lift_key`), or None."""
@@ -110,18 +118,14 @@ class WaitGraph:
         """What each lift of `agent` serves: its waiters' requests, highest first."""
         out = []
         for via, priority in sorted(self.lifts(agent).items(), key=lambda item: -item[1]):
-            for waiter, request in self._parts[agent][via]:
-                if self.effective(waiter) == priority:
+            for waiter, request, serves in self._parts[agent][via]:
+                if self._lent_by(waiter, serves, {})[0] == priority:
                     out.append(f"{request or via} for {waiter}")
         return out
 
     def holders_of(self, waiter: str) -> frozenset[str]:
         """Everyone `waiter` is directly waiting on."""
         return frozenset(self._holders.get(waiter, ()))
-
-    def waiters_of(self, holder: str) -> frozenset[str]:
-        """Everyone directly waiting on `holder`."""
-        return frozenset(self._waiters.get(holder, ()))
 
     def edges(self) -> dict[tuple[str, str], int]:
         """Every (waiter, holder) pair with its count of active waits."""
@@ -141,10 +145,12 @@ class WaitGraph:
         if agent not in self._waiters and agent not in self._holders and agent not in self._parts:
             self._base.pop(agent, None)
 
-    def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> WaitHandle:
+    def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> WaitHandle:
         """Record that `waiter` waits on `holder` (on its part `via`, for
-        `request`, a label for events). Raises WaitCycle, recording nothing, if
-        `holder` already waits (transitively) on `waiter`."""
+        `request`, a label for events), from code serving `serves` (default: the
+        `serving` context of the caller, who is the waiter). Raises WaitCycle,
+        recording nothing, if `holder` already waits (transitively) on `waiter`."""
+        serves = serving.get() if serves is None else tuple(serves)
         chain = self._path(holder, waiter)
         if chain is not None:
             chain = [waiter, *chain]
@@ -153,8 +159,8 @@ class WaitGraph:
         with self._changing(holder):
             self._holders[waiter][holder] += 1
             self._waiters[holder][waiter] += 1
-            self._parts[holder].setdefault(via, collections.Counter())[(waiter, request)] += 1
-        return WaitHandle(waiter, holder, via, request)
+            self._parts[holder].setdefault(via, collections.Counter())[(waiter, request, serves)] += 1
+        return WaitHandle(waiter, holder, via, request, serves)
 
     def release(self, handle: WaitHandle) -> None:
         """End a wait. Releasing the same handle twice is harmless."""
@@ -166,13 +172,13 @@ class WaitGraph:
             _decrement(self._holders, waiter, holder)
             _decrement(self._waiters, holder, waiter)
             parts = self._parts[holder]
-            _decrement(parts, handle.via, (waiter, handle.request))
+            _decrement(parts, handle.via, (waiter, handle.request, handle.serves))
             if not parts:
                 del self._parts[holder]
 
     @contextmanager
-    def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None) -> Iterator[WaitHandle]:
-        handle = self.wait(waiter, holder, via, request)
+    def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> Iterator[WaitHandle]:
+        handle = self.wait(waiter, holder, via, request, serves)
         try:
             yield handle
         finally:
@@ -208,10 +214,10 @@ class WaitGraph:
         that is. The callbacks run once the graph is consistent, so they may read
         it, in topological order (an agent after every affected agent waiting on it)."""
         affected = self._downstream(changed)
-        before_memo: dict[str, tuple[int, str | None]] = {}
-        before = {a: (self._resolve(a, before_memo), self._lifts_of(a, before_memo)) for a in affected}
+        before_memo: _Memo = {}
+        before = {a: (self._resolve(a, before_memo), _priorities(self._lifts_of(a, before_memo))) for a in affected}
         yield
-        memo: dict[str, tuple[int, str | None]] = {}
+        memo: _Memo = {}
         notices = []
         lifted = []
         for agent in self._topological(affected):
@@ -220,7 +226,7 @@ class WaitGraph:
             inherited = None if now_from is None else now
             if inherited != (None if was_from is None else was):
                 notices.append((agent, now, inherited, now_from))
-            lifts = self._lifts_of(agent, memo)
+            lifts = _priorities(self._lifts_of(agent, memo))
             lifted += [(agent, via, lifts.get(via)) for via in sorted(was_lifts.keys() | lifts.keys()) if was_lifts.get(via) != lifts.get(via)]
         if self._on_change is not None:
             for notice in notices:
@@ -244,30 +250,40 @@ class WaitGraph:
                     ready.append(nxt)
         return order
 
-    def _resolve(self, agent: str, memo: dict[str, tuple[int, str | None]]) -> tuple[int, str | None]:
+    def _resolve(self, agent: str, memo: _Memo) -> tuple[int, str | None]:
         """(effective priority, the agent whose base it is when borrowed, else
-        None): the highest of its base and its waiters' effective priorities, the
-        first waiter to reach it winning a tie. `memo` spares re-walking shared
-        waiters within one question."""
+        None): the highest of its base and what any part of it is lent."""
+        best, origin = self.base(agent), None
+        for priority, their_origin in self._lifts_of(agent, memo).values():
+            if priority > best:
+                best, origin = priority, their_origin
+        return best, origin
+
+    def _lifts_of(self, agent: str, memo: _Memo) -> dict[str, tuple[int, str]]:
+        """What each part of `agent` is lent, where above its base, and whose base
+        priority that is: the most any wait on that part lends, the first to reach
+        it winning a tie. `memo` spares re-walking shared waiters within one question."""
         if agent not in memo:
-            best, origin = self.base(agent), None
-            for waiter in self._waiters.get(agent, ()):
-                priority, their_origin = self._resolve(waiter, memo)
-                if priority > best:
-                    best, origin = priority, their_origin or waiter
-            memo[agent] = (best, origin)
+            base = self.base(agent)
+            lifts: dict[str, tuple[int, str]] = {}
+            for via, waits in self._parts.get(agent, {}).items():
+                for waiter, _, serves in waits:
+                    priority, origin = self._lent_by(waiter, serves, memo)
+                    if priority > max(base, lifts[via][0] if via in lifts else base):
+                        lifts[via] = (priority, origin or waiter)
+            memo[agent] = lifts
         return memo[agent]
 
-    def _lifts_of(self, agent: str, memo: dict[str, tuple[int, str | None]]) -> dict[str, int]:
-        """What each part of `agent` is lent, where above its base: the highest
-        effective priority of those waiting on that part."""
-        base = self.base(agent)
-        lifts = {}
-        for via, waits in self._parts.get(agent, {}).items():
-            top = max(self._resolve(waiter, memo)[0] for waiter, _ in waits)
-            if top > base:
-                lifts[via] = top
-        return lifts
+    def _lent_by(self, waiter: str, serves: tuple[str, ...], memo: _Memo) -> tuple[int, str | None]:
+        """What a wait lends: the priority of the waiter's code serving `serves`
+        (its base, or what one of those parts is lent), and whose base that is
+        when borrowed."""
+        best, origin = self.base(waiter), None
+        lifts = self._lifts_of(waiter, memo)
+        for via in serves:
+            if via in lifts and lifts[via][0] > best:
+                best, origin = lifts[via]
+        return best, origin
 
     def _downstream(self, start: str) -> set[str]:
         seen = {start}
@@ -290,3 +306,6 @@ def _decrement(table: dict, key: str, item: object) -> None:
         if not counter:
             del table[key]
 
+
+def _priorities(lifts: dict[str, tuple[int, str]]) -> dict[str, int]:
+    return {via: priority for via, (priority, _) in lifts.items()}

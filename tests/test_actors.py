@@ -463,6 +463,37 @@ async def test_priority_inherited_along_an_ask_chain_and_restored(bus: EventBus)
             assert system.waits.edges() == {}
 
 
+class AsksFromRun(Relay):
+    """Its own run() asks `side` (a background chore) while its handlers serve others."""
+
+    def __init__(self, name: str, side: str) -> None:
+        super().__init__(name)
+        self.side = side
+
+    async def run(self) -> None:
+        await self.ask(self.side, Ping(1), timeout=GUARD)
+
+
+@pytest.mark.anyio
+async def test_a_chain_lifts_what_the_handler_waits_on_not_what_its_agents_own_run_waits_on(bus: EventBus) -> None:
+    with anyio.fail_after(GUARD):
+        async with ActorSystem(bus) as system:
+            await system.spawn(Relay("fg", FOREGROUND))
+            side, low = Relay("side"), Relay("low")
+            await system.spawn(side)
+            await system.spawn(low)
+            await system.spawn(AsksFromRun("mid", "side"))
+            await side.entered.wait()  # mid's run() is waiting on side
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(system.ask, "fg", Forward("mid", Forward("low", Ping(7))))
+                await low.entered.wait()  # fg waits on mid's handler, which waits on low
+                assert (system.waits.effective("mid"), low.effective_priority) == (FOREGROUND, FOREGROUND)
+                assert side.effective_priority == BACKGROUND  # mid's own chore is not the fg's business
+                low.release.set()
+            side.release.set()
+            assert not any(e.agent == "side" for e in events(bus, Inherited))
+
+
 @pytest.mark.anyio
 async def test_cancelled_ask_releases_its_wait(bus: EventBus) -> None:
     with anyio.fail_after(GUARD):

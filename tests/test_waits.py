@@ -9,7 +9,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from runtime.errors import WaitCycle
 from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.serving import MAILBOX, on_behalf
 from runtime.waits import WaitGraph
+
+HANDLER = (MAILBOX,)  # a wait made inside a handler: it is in the way of the asks queued behind it
 
 
 class Recorder:
@@ -26,10 +29,10 @@ def test_chain_inherits_and_restores() -> None:
     g.set_base("a", FOREGROUND)
     g.set_base("b", 3)
     g.set_base("c", BACKGROUND)
-    bc = g.wait("b", "c")
+    bc = g.wait("b", "c", serves=HANDLER)
     assert g.effective("c") == 3 and g.inherited_from("c") == "b"
     ab = g.wait("a", "b")
-    # A (foreground) waits on B which waits on C: C runs at A's priority, lent by A.
+    # A (foreground) waits on B's handler, which waits on C: C runs at A's priority, lent by A.
     assert (g.effective("b"), g.effective("c")) == (FOREGROUND, FOREGROUND)
     assert g.inherited_from("c") == "a"
     assert rec.calls[-2:] == [("b", FOREGROUND, FOREGROUND, "a"), ("c", FOREGROUND, FOREGROUND, "a")]
@@ -93,7 +96,7 @@ def test_base_change_flows_downstream() -> None:
     rec = Recorder()
     g = WaitGraph(rec)
     g.wait("a", "b")
-    g.wait("b", "c")
+    g.wait("b", "c", serves=HANDLER)
     g.set_base("a", 7)
     assert g.effective("c") == 7 and g.inherited_from("c") == "a"
     g.set_base("c", 7)  # its own base now matches: it no longer borrows
@@ -107,11 +110,13 @@ def test_bad_priority_is_named() -> None:
 
 
 AGENTS = ["a", "b", "c", "d", "e"]
+PARTS = [MAILBOX, "lock:x"]
 
 
 class WaitGraphMachine(RuleBasedStateMachine):
-    """Drives the graph with random waits, releases and base changes and checks
-    it against a brute-force model after every step."""
+    """Drives the graph with random waits (on random parts, made from random
+    parts of the waiter), releases and base changes, and checks it against a
+    brute-force model after every step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,6 +137,19 @@ class WaitGraphMachine(RuleBasedStateMachine):
     def model_edges(self) -> set[tuple[str, str]]:
         return {(h.waiter, h.holder) for h in self.handles if not h.released}
 
+    def model_lent(self, handle) -> int:
+        """What a wait lends: its waiter's base, or more where a wait on a part
+        of the waiter that the waiting code serves lends more."""
+        live = [h for h in self.handles if not h.released]
+        return max([self.model_base(handle.waiter)] + [self.model_lent(h) for h in live if h.holder == handle.waiter and h.via in handle.serves])
+
+    def model_lifts(self, agent: str) -> dict[str, int]:
+        lifts: dict[str, int] = {}
+        for h in self.handles:
+            if not h.released and h.holder == agent and self.model_lent(h) > self.model_base(agent):
+                lifts[h.via] = max(lifts.get(h.via, self.model_lent(h)), self.model_lent(h))
+        return lifts
+
     def transitive_waiters(self, agent: str) -> set[str]:
         edges = self.model_edges()
         seen: set[str] = set()
@@ -149,20 +167,20 @@ class WaitGraphMachine(RuleBasedStateMachine):
         self.base[agent] = priority
         self.graph.set_base(agent, priority)
 
-    @rule(waiter=st.sampled_from(AGENTS), holder=st.sampled_from(AGENTS))
-    def wait(self, waiter: str, holder: str) -> None:
+    @rule(waiter=st.sampled_from(AGENTS), holder=st.sampled_from(AGENTS), via=st.sampled_from(PARTS), serves=st.sets(st.sampled_from(PARTS)))
+    def wait(self, waiter: str, holder: str, via: str, serves: set[str]) -> None:
         would_cycle = waiter == holder or holder in self.transitive_waiters(waiter)
         if would_cycle:
             before = self.graph.edges()
             with pytest.raises(WaitCycle) as info:
-                self.graph.wait(waiter, holder)
+                self.graph.wait(waiter, holder, via, serves=tuple(sorted(serves)))
             chain = info.value.chain
             assert chain[0] == chain[-1] == waiter and chain[1] == holder
             edges = self.model_edges()
             assert all(pair in edges for pair in zip(chain[1:], chain[2:]))
             assert self.graph.edges() == before
         else:
-            self.handles.append(self.graph.wait(waiter, holder))
+            self.handles.append(self.graph.wait(waiter, holder, via, serves=tuple(sorted(serves))))
 
     @precondition(lambda self: self.handles)
     @rule(index=st.integers(0, 100), twice=st.booleans())
@@ -184,7 +202,9 @@ class WaitGraphMachine(RuleBasedStateMachine):
     @invariant()
     def matches_brute_force(self) -> None:
         for agent in AGENTS:
-            expected = max([self.model_base(agent)] + [self.model_base(w) for w in self.transitive_waiters(agent)])
+            lifts = self.model_lifts(agent)
+            assert self.graph.lifts(agent) == lifts
+            expected = max([self.model_base(agent), *lifts.values()])
             assert self.graph.effective(agent) == expected
             inherited = expected if expected > self.model_base(agent) else None
             assert self.graph.inherited(agent) == inherited
@@ -226,5 +246,20 @@ def test_a_lifted_handler_lends_on_down_a_chain() -> None:
     g = WaitGraph()
     g.set_base("pair", FOREGROUND)
     g.wait("pair", "reviewer")  # reviewer's handler serves pair...
-    g.wait("reviewer", "linter")  # ...and asks the linter
+    with on_behalf(MAILBOX):
+        g.wait("reviewer", "linter")  # ...and asks the linter (the serving context says so)
     assert g.lifts("linter") == {"mailbox": FOREGROUND}
+
+
+def test_a_chain_passes_on_the_priority_of_the_waiting_code_not_of_its_agent() -> None:
+    g = WaitGraph()
+    g.set_base("pair", FOREGROUND)
+    g.wait("pair", "reviewer")  # the pair waits on the reviewer's handler
+    served = g.wait("reviewer", "linter", serves=HANDLER)  # that handler needs the linter
+    own = g.wait("reviewer", "docs")  # the reviewer's own background run() needs docs
+    assert g.lifts("linter") == {MAILBOX: FOREGROUND} and g.inherited_from("linter") == "pair"
+    assert g.lifts("docs") == {} and g.effective("docs") == BACKGROUND
+    assert g.effective("reviewer") == FOREGROUND  # the agent as a whole shows it is lifted
+    assert (g.priority_of(served), g.priority_of(own)) == (FOREGROUND, BACKGROUND)
+    lock = g.wait("reviewer", "tools", "lock:tools", serves=("lock:tools",))
+    assert g.priority_of(lock) == BACKGROUND  # a lock section of its own, not the one the pair needs
