@@ -320,3 +320,18 @@ def test_gpu_attention_split_over_work_groups_matches_the_reference(tiny_model: 
         want = reference.forward([token], position, cache)[-1]
         got = split.step_logits([Work(turn=0, tokens=[token], start=position, block_table=table(0), sample=True)])[0]
         assert rel_error(got, want) < TOL
+
+
+def test_a_step_on_a_host_cpu_device_lets_go_of_the_gil_between_launches(engine: OpenCLEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PoCL's worker threads share the host's cores: the enqueuing thread must not
+    # sit on the GIL while they keep it off the CPU, or the event loop stalls.
+    import types
+
+    import gpu.engine
+
+    yields: list[float] = []
+    monkeypatch.setattr(gpu.engine, "time", types.SimpleNamespace(sleep=yields.append))
+    engine.step([Work(turn=0, tokens=[1, 2, 3], start=0, block_table=table(0), sample=True)])
+    assert engine.device.is_cpu  # PoCL, in CI
+    launches = 2 + len(engine.launches.layers)  # embed, the layers, the head
+    assert yields and set(yields) == {0} and len(yields) >= launches // gpu.engine.GIL_YIELD_EVERY
