@@ -97,11 +97,11 @@ class ClusterGPU:
 
     def lifted(self, agent: str, via: str, priority: int | None) -> None:
         """The actor system's on_lift hook. The wait graph is all here; a lift is
-        told to every owner, so it holds on whichever owner the holder's turns
-        run, now or after a move."""
-        key = lift_key(agent, via)
-        for owner in self.router.live:
-            self.handles[owner].lift.remote(key, priority)
+        told only to the owner the holder's turns run on (its home), and a turn
+        placed anywhere later carries the lifts it runs under (see `_pump`)."""
+        home = self.router.home.get(agent)
+        if home in self.router.live:
+            self.handles[home].lift.remote(lift_key(agent, via), priority)
 
     def agent_stopped(self, name: str) -> None:
         for turn, agent in list(self._agents.items()):
@@ -126,8 +126,9 @@ class ClusterGPU:
                 self.router.started(turn_id, owner, self._priority_of(request))
                 self._inboxes[turn_id] = (owner, inbox)
                 remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens))
+                lifts = {key: p for key in request.lifts if (p := self._lent(key)) is not None}
                 try:
-                    await self.handles[owner].start.remote(turn_id, remote)
+                    await self.handles[owner].start.remote(turn_id, remote, lifts)
                 except Exception as exc:
                     if not _owner_lost(exc):
                         raise

@@ -99,9 +99,13 @@ class OwnerHost:
         started = swarm.bus.last_started
         return OwnerInfo(self.spec.name, swarm.engine.device_name, swarm.engine.model_name or "", os.getpid(), started.unix_time - started.t)
 
-    async def start(self, turn_id: int, request: TurnRequest) -> None:
-        """Run one turn here; its updates come back through `updates`."""
+    async def start(self, turn_id: int, request: TurnRequest, lifts: dict[str, int]) -> None:
+        """Run one turn here, under the lifts in force for it (an owner hears only
+        its own agents' lifts, and this one may have just been placed here); its
+        updates come back through `updates`."""
         await self._ready.wait()
+        for key, priority in lifts.items():
+            await self.lift(key, priority)  # into the mailbox ahead of the turn
         channel = await self._swarm.client.submit(turn_id, request)
         self._forwarding.add(turn_id)
         self._tasks.start_soon(self._forward, turn_id, channel)
