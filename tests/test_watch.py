@@ -71,7 +71,7 @@ def line(name: str, **fields) -> bytes:
     return encode_line(kind_named(name)(t=fields.pop("t", 0.0), step=fields.pop("step", 0), **fields))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_page_gets_the_whole_session_and_resumes_exactly_where_it_was():
     hub = WatchHub()
     hub.publish(line("swarm.started", unix_time=1.0, slots=2))
@@ -89,7 +89,7 @@ async def test_a_page_gets_the_whole_session_and_resumes_exactly_where_it_was():
     assert [f["event"] for f in other[:2]] == ["hello", "reset"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_page_behind_the_bounded_history_is_told_how_many_events_it_lost():
     hub = WatchHub(max_history=10)
     hub.publish(line("swarm.started", unix_time=1.0, slots=2))
@@ -103,7 +103,7 @@ async def test_a_page_behind_the_bounded_history_is_told_how_many_events_it_lost
     assert len(later) == 1 + len(hub.history)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_new_swarm_starts_pages_over_and_the_same_swarm_again_is_a_gap():
     hub = WatchHub()
     hub.publish(line("swarm.started", unix_time=1.0, slots=2))
