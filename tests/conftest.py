@@ -7,6 +7,7 @@ Tests that use the real model are marked `@pytest.mark.model`; on a fresh machin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import gguf
 import pytest
@@ -15,6 +16,7 @@ from gpu.fetch import resolve_model
 from gpu.model import Model, load_model
 from gpu.synthetic import write_tiny_gguf
 from gpu.tokenizer import Tokenizer
+from runtime.bus import EventBus
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,16 @@ def serve_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with a 4096-token context, for `swarm serve`'s tests: a
     background turn of thousands of tokens outlasts every step of a test."""
     return write_tiny_gguf(tmp_path_factory.mktemp("serve") / "tiny-serve.gguf", context_length=4096)
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[EventBus]:
+    """A bus on a frozen clock that logs to a file (`bus.log_path`), for the
+    actor system's tests."""
+    bus = EventBus(clock=lambda: 0.0)
+    bus.log_path = bus.log_to_file(tmp_path / "events.jsonl")
+    yield bus
+    bus.close()
 
 
 @pytest.fixture(params=["asyncio", "trio"])
