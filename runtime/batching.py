@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 
 class Batching:
-    # The scheduler's state this part reads (besides `running`, `effective` and
-    # `_reserve`, the scheduler's and its KV memory's).
+    # The scheduler's state this part reads (besides `running` and `_reserve`,
+    # the scheduler's and its KV memory's).
     config: SchedulerConfig
     policy: Policy
     cost: StepCost
@@ -73,7 +73,7 @@ class Batching:
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         others = [t for t in self.running.values() if self._level(t) < level]
         room = self.config.step_tokens
-        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_stepped, t.last_admit)):
+        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
             if not self._catch_up(turn, plan):
                 continue
             n = budget.largest(turn.computed, min(turn.pending, room))
@@ -83,7 +83,7 @@ class Batching:
         return True
 
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
-        return sorted(turns, key=lambda t: (t.pending > 1, -self.effective(t, now), t.last_admit))
+        return sorted(turns, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_admit))
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
@@ -120,7 +120,7 @@ class Batching:
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
         start = turn.computed
-        if turn.blocks_missing(start + n, self.pool.block_size) and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
+        if not turn.covers(start + n, self.pool.block_size) and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
             return 0  # it was paused to free memory
         tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
         plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class KVMoves:
     # The scheduler's state this part reads and changes (besides `running`,
-    # `waiting`, `effective`, `preempt` and `_about`, the scheduler's own).
+    # `waiting`, `preempt` and `_about`, the scheduler's own).
     config: SchedulerConfig
     policy: Policy
     pool: BlockPool
@@ -89,9 +89,9 @@ class KVMoves:
         while not self.pool.grow(table, positions):
             paused = [t for t in self.waiting if t.blocks and t is not keep]
             victim = victim_of(paused, now)
-            if victim is None or self.effective(victim, now) > self.effective(keep, now):
+            if victim is None or self.priorities.effective(victim, now) > self.priorities.effective(keep, now):
                 batched = set(plan.turns)
-                candidates = [t for t in self.running.values() if t not in batched and self.effective(t, now) <= self.effective(keep, now)]
+                candidates = [t for t in self.running.values() if t not in batched and self.priorities.effective(t, now) <= self.priorities.effective(keep, now)]
                 victim = victim_of(candidates, now)
                 if victim is None:
                     return False

@@ -150,7 +150,7 @@ class Scheduler(Batching, KVMoves):
                 if not self.policy.preempts:
                     break
                 victim = self.priorities.victim(self.running.values(), now)
-                if victim is None or self.effective(turn, now) <= self.effective(victim, now):
+                if victim is None or self.priorities.effective(turn, now) <= self.priorities.effective(victim, now):
                     break
                 free = victim.slot
                 self.preempt(victim, turn, now, plan)
@@ -169,7 +169,7 @@ class Scheduler(Batching, KVMoves):
             # (For memory a running turn of equal priority may give way: that is
             # no slot taken by a higher priority, and the reason says so.)
             self.emit(Preempted(
-                **self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.effective(by, now),
+                **self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.priorities.effective(by, now),
                 reason="memory" if memory else None,
             ))
         self._unslot(victim, now)
@@ -275,7 +275,7 @@ class Scheduler(Batching, KVMoves):
 
     def _about(self, turn: Turn, now: float) -> dict:
         """The fields every event about a turn carries."""
-        return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.effective(turn, now), slot=turn.slot)
+        return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.priorities.effective(turn, now), slot=turn.slot)
 
 
 def _latencies(turn: Turn, now: float, level: int) -> dict[str, Any]:

@@ -193,6 +193,10 @@ class Turn:
         most = self.length + self.max_tokens
         return ceil_div(min(most, max_context or most), size)
 
+    def covers(self, positions: int, size: int) -> bool:
+        """Whether its block table holds `positions` positions already."""
+        return len(self.blocks) * size >= positions
+
     def blocks_missing(self, positions: int, size: int) -> int:
         """Blocks its table lacks to cover `positions` (0 when it covers them)."""
         return max(0, ceil_div(positions, size) - len(self.blocks))
