@@ -56,12 +56,9 @@ from runtime.engine import Work
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.units import ceil_div
 
-# On a device that computes on the host's own cores (PoCL), its worker threads
-# keep the thread that enqueues a step off the CPU for most of the step, while it
-# holds the GIL between launches: the owner's event loop (delivering tokens, every
-# agent, the HTTP server) then waited ~45 ms at the median for a 50 ms step. Letting
-# the GIL go every few launches keeps the loop live (lag p50 under 1 ms) at no cost
-# to the step; a GPU's launches do not contend, so it skips this.
+# On a device that computes on the host's own cores (PoCL), its workers keep the
+# enqueuing thread off the CPU while it holds the GIL, and the event loop waited
+# ~45 ms (median) per 50 ms step. Letting go every few launches keeps it live.
 GIL_YIELD_EVERY = 4
 
 i32 = np.int32

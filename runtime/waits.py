@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from runtime.errors import UsageError, WaitCycle
@@ -46,22 +47,16 @@ _Wait = tuple[str, "str | None", tuple[str, ...]]  # (waiter, request, the parts
 _Memo = dict[str, dict[str, tuple[int, str]]]  # agent -> its lifts with their origins, for one question
 OnLift = Callable[[str, str, "int | None"], None]
 
+@dataclass(eq=False, slots=True)
 class WaitHandle:
     """One wait, as returned by `WaitGraph.wait`; give it back to `release`."""
 
-    __slots__ = ("waiter", "holder", "via", "request", "serves", "released")
-
-    def __init__(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] = ()) -> None:
-        self.waiter = waiter
-        self.holder = holder
-        self.via = via
-        self.request = request
-        self.serves = serves
-        self.released = False
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else "active"
-        return f"<WaitHandle {self.waiter} -> {self.holder} {state}>"
+    waiter: str
+    holder: str
+    via: str = MAILBOX
+    request: str | None = None
+    serves: tuple[str, ...] = ()  # the parts of the waiter the waiting code serves
+    released: bool = False
 
 
 class WaitGraph:
