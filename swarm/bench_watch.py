@@ -9,12 +9,18 @@ interleaved A B B A ... so that drift on a shared machine falls on both sides.
 A browser opens at most six connections to one host and port, so the page is
 served on one port per six pages; every page is its own window, so every one of
 them draws.
+
+Each round measures the steady state: a browser that has just opened fifty
+windows keeps both cores busy for tens of seconds (its start-up, not the pages'
+drawing), so a round with pages starts only once the readers' CPU use has
+stopped falling, and every round reports what the readers used while it ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -33,6 +39,8 @@ from swarm.watch import bind_loopback
 from swarm.watch.browser import close_chromium, open_chromium
 
 PAGES_PER_PORT = 6  # Chromium's limit on connections to one host and port
+SETTLE_WINDOW_S = 3.0  # the readers' CPU use is compared over windows this long
+SETTLE_MAX_S = 90.0
 QUESTIONS = [
     "What does a Python dataclass give me over a plain class?",
     "How do I read a JSON file safely in Python?",
@@ -86,8 +94,8 @@ async def _bench(runner: SessionRunner, args: argparse.Namespace) -> dict[str, A
             try:
                 while runner.hub.readers < pages:
                     await anyio.sleep(0.1)
-                await anyio.sleep(2.0)  # let the pages settle (first layout, script compiled)
-                rounds.append(await _measure(runner, pages, args.seconds))
+                settled = await _settle(opened) if opened is not None else 0.0
+                rounds.append({**await _measure(runner, pages, args.seconds, opened), "settled_s": settled})
             finally:
                 if opened is not None:
                     await anyio.to_thread.run_sync(_close, opened)
@@ -105,12 +113,54 @@ async def _bench(runner: SessionRunner, args: argparse.Namespace) -> dict[str, A
     }
 
 
-async def _measure(runner: SessionRunner, pages: int, seconds: float) -> dict[str, Any]:
+async def _settle(opened: Any) -> float:
+    """Wait until the readers' CPU use stops falling (the browser's start-up is
+    over); returns how long that took."""
+    t0 = time.monotonic()
+    rates: list[float] = []
+    while time.monotonic() - t0 < SETTLE_MAX_S:
+        before = _cpu_s(opened)
+        await anyio.sleep(SETTLE_WINDOW_S)
+        rates.append((_cpu_s(opened) - before) / SETTLE_WINDOW_S)
+        if len(rates) >= 3 and rates[-1] >= 0.8 * min(rates[:-1]):
+            break
+    return time.monotonic() - t0
+
+
+def _cpu_s(opened: Any) -> float:
+    """CPU seconds used so far by the readers' processes (the browser's whole tree)."""
+    root = opened.pid if isinstance(opened, subprocess.Popen) else opened.service.process.pid
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total = 0.0
+    for pid, cpu in used.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p == root:
+            total += cpu
+    return total
+
+
+async def _measure(runner: SessionRunner, pages: int, seconds: float, opened: Any) -> dict[str, Any]:
     owner = runner.swarm.owner
-    before, events_before, t0 = owner.steps_run, runner.hub.base + len(runner.hub.history), time.monotonic()
+    before, events_before, t0 = owner.steps_run, runner.hub.published, time.monotonic()
+    readers_before = _cpu_s(opened) if opened is not None else 0.0
     await anyio.sleep(seconds)
     n = owner.steps_run - before
     steps = list(owner.step_seconds)[-n:] if n else []
+    elapsed = time.monotonic() - t0
     return {
         "pages": pages,
         "readers": runner.hub.readers,
@@ -119,7 +169,9 @@ async def _measure(runner: SessionRunner, pages: int, seconds: float) -> dict[st
         "step_s_median": statistics.median(steps) if steps else None,
         "step_s_p90": _p90(steps),
         "step_s_mean": statistics.fmean(steps) if steps else None,
-        "events_per_s": (runner.hub.base + len(runner.hub.history) - events_before) / (time.monotonic() - t0),
+        "events_per_s": (runner.hub.published - events_before) / elapsed,
+        # The readers' share of one core while the round ran (the browser's whole tree).
+        "readers_cpu": (_cpu_s(opened) - readers_before) / elapsed if opened is not None else 0.0,
         "steps_s": steps,
     }
 
@@ -176,7 +228,7 @@ def _print(result: dict[str, Any]) -> None:
         print(
             f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, {r['steps_per_s']:.1f}/s, "
             f"median {_ms(r['step_s_median'])}, p90 {_ms(r['step_s_p90'])}, mean {_ms(r['step_s_mean'])}, "
-            f"{r['events_per_s']:.0f} events/s"
+            f"{r['events_per_s']:.0f} events/s, readers {r['readers_cpu']:.0%} of a core (settled after {r['settled_s']:.0f} s)"
         )
     for n in result["step_s_median"]:
         print(

@@ -1,8 +1,8 @@
 // slotswarm watch: the live swarm, slot by slot. Plain JavaScript, no build step.
 //
 // Fed by server-sent events from /watch/events (swarm/watch/hub.py): unnamed
-// events are the stream's JSON lines (schema: runtime/events.py), named ones the
-// hub's news (hello, reset, status). Everything the page shows comes from one
+// events are batches of the stream's JSON lines, one a line (schema:
+// runtime/events.py), named ones the hub's news (hello, reset, status). Everything the page shows comes from one
 // model, built by apply(event) and published read-only as window.swarmState so
 // tools and tests read exactly what is drawn.
 "use strict";
@@ -27,9 +27,29 @@ function newModel() {
     drops: [],          // {t, count}: where the stream lost events (count null: unknown)
     counts: { events: 0, turns: 0, admitted: 0, preemptions: 0, resumes: 0, inheritances: 0, restores: 0,
               finished: 0, cancelled: 0, failed: 0, crashes: 0, dropped: 0, drop_notices: 0, unknown: 0 },
-    latency: { fg_wait: [], ttft: [], itl: [] },
+    latency: { fg_wait: new Samples(), ttft: new Samples(), itl: new Samples() },
     colours: new Map(),
   };
+}
+
+// Samples kept sorted for percentiles: new ones wait in `fresh` and are merged in
+// when a figure is asked for, so a draw costs one merge, not a sort of them all
+// (inter-token latency gets a sample a token).
+class Samples {
+  constructor() { this.sorted = []; this.fresh = []; }
+  push(x) { this.fresh.push(x); }
+  get length() { return this.sorted.length + this.fresh.length; }
+  all() {
+    if (this.fresh.length) {
+      const a = this.sorted, b = this.fresh.sort((x, y) => x - y), out = new Array(a.length + b.length);
+      let i = 0, j = 0, k = 0;
+      while (i < a.length && j < b.length) out[k++] = a[i] <= b[j] ? a[i++] : b[j++];
+      while (i < a.length) out[k++] = a[i++];
+      while (j < b.length) out[k++] = b[j++];
+      this.sorted = out; this.fresh = [];
+    }
+    return this.sorted;
+  }
 }
 
 function agentRow(m, name) {
@@ -69,7 +89,7 @@ function apply(m, e, receivedAt) {
   if (e.event === "events.dropped") {
     c.drop_notices += 1;
     if (typeof e.count === "number") c.dropped += e.count;
-    m.drops.push({ t: m.t, count: typeof e.count === "number" ? e.count : null });
+    m.drops.push({ t: m.t, count: typeof e.count === "number" ? e.count : null }); trim(m.drops);
     return;
   }
   c.events += 1;
@@ -216,7 +236,7 @@ function percentile(sorted, q) {
 }
 
 function summary(samples) {
-  const s = samples.slice().sort((x, y) => x - y);
+  const s = samples.all();
   return { n: s.length, p50: percentile(s, 50), p90: percentile(s, 90), p99: percentile(s, 99), max: s.length ? s[s.length - 1] : null };
 }
 
@@ -257,14 +277,14 @@ function connect() {
   es.addEventListener("status", (msg) => { page.status = JSON.parse(msg.data); changed(); });
   es.onmessage = (msg) => {
     page.lastId = msg.lastEventId || page.lastId;
-    let e;
-    try { e = JSON.parse(msg.data); } catch { return; } // not an event: ignored
-    if (page.mode === "replay") {
-      page.replay.events.push(e);
-    } else {
-      apply(page.model, e, Date.now());
-      page.lastEventAt = performance.now();
+    const receivedAt = Date.now();
+    for (const line of msg.data.split("\n")) { // a batch: one event a line
+      let e;
+      try { e = JSON.parse(line); } catch { continue; } // not an event: ignored
+      if (page.mode === "replay") page.replay.events.push(e);
+      else apply(page.model, e, receivedAt);
     }
+    if (page.mode !== "replay") page.lastEventAt = performance.now();
     changed();
   };
 }
@@ -319,8 +339,42 @@ function setupReplayControls() {
 
 // ------------------------------------------------------------------- drawing
 
-let dirty = true;
+// A page draws when there is news (a batch of events, which the hub sends about
+// once a second, sooner for a pause, an inheritance or a loss) or the reader does
+// something; otherwise every 1.5 s while the swarm runs (the lanes scroll: never
+// between two batches a second apart), ten times a second while a replay plays,
+// and not at all while nothing changes. Every frame costs the browser a few milliseconds of
+// CPU whatever it shows, and the swarm may share the machine with the browser:
+// fifty open pages drawing ten frames a second each slowed its decode steps.
+// Frames come only as animation frames, which a hidden page does not get.
+const SCROLL_MS = 1500, PLAY_MS = 100;
+let dirty = true, lastFrame = -Infinity, timer = null, timerAt = Infinity;
+
 function changed() { dirty = true; schedule(); }
+
+function schedule() {
+  const live = page.mode === "live" && page.status.live && !page.model.stopped;
+  const playing = page.mode === "replay" && page.replay.playing;
+  const every = playing ? PLAY_MS : dirty ? 0 : live ? SCROLL_MS : null;
+  if (every === null) return; // idle until the next event or click
+  const at = Math.max(lastFrame + every, performance.now());
+  if (timer !== null) {
+    if (timerAt <= at) return;
+    clearTimeout(timer);
+  }
+  timerAt = at;
+  timer = setTimeout(() => requestAnimationFrame(frame), at - performance.now());
+}
+
+function frame(now) {
+  timer = null; timerAt = Infinity;
+  lastFrame = now;
+  tickReplay(now);
+  draw();
+  if (dirty) render();
+  dirty = false;
+  schedule();
+}
 
 function viewEnd() {
   const m = page.model;
@@ -329,33 +383,6 @@ function viewEnd() {
     return m.t + (performance.now() - page.lastEventAt) / 1000; // keep scrolling between events
   }
   return m.t;
-}
-
-// Ten frames a second at most while events arrive (or a replay plays), two while
-// the lanes only scroll, none while nothing changes; and only in animation
-// frames, which a hidden page does not get. Many open pages then cost the
-// machine (and so the swarm on it) little.
-const FRAME_MS = 100, SCROLL_MS = 500;
-let lastFrame = -Infinity, pending = false;
-
-function schedule() {
-  if (pending) return;
-  const scrolling = page.mode === "live" && page.status.live && !page.model.stopped;
-  const playing = page.mode === "replay" && page.replay.playing;
-  const every = dirty || playing ? FRAME_MS : scrolling ? SCROLL_MS : null;
-  if (every === null) return; // idle until the next event or click
-  pending = true;
-  setTimeout(() => requestAnimationFrame(frame), Math.max(0, every - (performance.now() - lastFrame)));
-}
-
-function frame(now) {
-  pending = false;
-  lastFrame = now;
-  tickReplay(now);
-  draw();
-  if (dirty) render();
-  dirty = false;
-  schedule();
 }
 
 const LANE = 26, BAND = 18, GUTTER = 110;
@@ -481,52 +508,83 @@ function esc(s) {
 
 function ms(s) { return s === null ? "–" : s < 1 ? (s * 1000).toFixed(s < 0.01 ? 1 : 0) + " ms" : s.toFixed(2) + " s"; }
 
+// What render() last wrote to each element's property: one that did not change is
+// not written again, so the browser has nothing to lay out or paint there.
+const written = new Map();
+function put(id, prop, value) {
+  let props = written.get(id);
+  if (!props) { props = {}; written.set(id, props); }
+  if (props[prop] === value) return;
+  props[prop] = value;
+  document.getElementById(id)[prop] = value;
+}
+
+// Table rows updated in place, cell by cell, and only where the text changed:
+// rebuilding a table's HTML costs the browser a new layout and paint of it all,
+// every time. Each row is [class, cell text...]; `made(tr, i)` decorates a new row.
+function fillRows(id, rows, made) {
+  const body = document.getElementById(id);
+  rows.forEach((row, i) => {
+    let tr = body.rows[i];
+    if (!tr) {
+      tr = body.insertRow();
+      for (let k = 1; k < row.length; k++) tr.insertCell().append(document.createTextNode(""));
+      if (made) made(tr, i);
+    }
+    if (tr.className !== row[0]) tr.className = row[0];
+    for (let k = 1; k < row.length; k++) {
+      const text = tr.cells[k - 1].lastChild, value = String(row[k]);
+      if (text.data !== value) text.data = value;
+    }
+  });
+  while (body.rows.length > rows.length) body.deleteRow(-1);
+}
+
 function render() {
   const m = page.model;
   const st = m.started;
-  document.getElementById("swarm").textContent = st
+  put("swarm", "textContent", st
     ? `${st.slots} slots · ${st.policy}${st.model ? " · " + st.model : ""}${st.device ? " · " + st.device : ""}${m.stopped ? " · stopped" : ""}`
-    : (page.mode === "replay" ? "recording" : "no swarm yet");
-  const status = document.getElementById("status");
-  status.textContent = page.connected ? page.status.text : "disconnected, reconnecting…";
-  status.className = "status " + (page.connected && page.status.live ? "live" : page.connected ? "" : "off");
-  const drops = document.getElementById("drops");
+    : (page.mode === "replay" ? "recording" : "no swarm yet"));
+  put("status", "textContent", page.connected ? page.status.text : "disconnected, reconnecting…");
+  put("status", "className", "status " + (page.connected && page.status.live ? "live" : page.connected ? "" : "off"));
   const c = m.counts;
-  drops.hidden = c.drop_notices === 0;
-  drops.textContent = `⚠ events lost: ${c.dropped}${m.drops.some((d) => d.count === null) ? "+" : ""}`;
-  for (const k of ["turns", "finished", "preemptions", "inheritances"]) {
-    document.getElementById("n-" + k).textContent = c[k];
-  }
-  document.getElementById("n-step").textContent = m.step;
-  document.getElementById("n-t").textContent = m.t.toFixed(1) + " s";
+  put("drops", "hidden", c.drop_notices === 0);
+  put("drops", "textContent", `⚠ events lost: ${c.dropped}${m.drops.some((d) => d.count === null) ? "+" : ""}`);
+  for (const k of ["turns", "finished", "preemptions", "inheritances"]) put("n-" + k, "textContent", String(c[k]));
+  put("n-step", "textContent", String(m.step));
+  put("n-t", "textContent", m.t.toFixed(1) + " s");
 
-  const rows = [...m.agents.values()].map((a) => {
-    const cls = a.crashed ? "crashed" : a.inherited_by ? "lifted" : "";
+  const agents = [...m.agents.values()];
+  fillRows("agent-rows", agents.map((a) => {
     const eff = effectivePriority(m, a);
-    const lift = a.inherited_by ? ` (${esc(a.inherited_by)} waits)` : "";
-    return `<tr class="${cls}"><td><i style="display:inline-block;width:10px;height:10px;background:${m.colours.get(a.name)}"></i> ${esc(a.name)}</td>` +
-      `<td class="state">${esc(agentState(a))}</td><td>${a.base_priority ?? "–"}</td><td>${eff ?? "–"}${lift}</td>` +
-      `<td>${a.tokens}</td><td>${a.paused_s.toFixed(1)} s</td><td>${a.preemptions}</td><td>${a.turns}</td></tr>`;
+    return [a.crashed ? "crashed" : a.inherited_by ? "lifted" : "", a.name, agentState(a), a.base_priority ?? "–",
+            `${eff ?? "–"}${a.inherited_by ? ` (${a.inherited_by} waits)` : ""}`, a.tokens, a.paused_s.toFixed(1) + " s",
+            a.preemptions, a.turns];
+  }), (tr, i) => {
+    const swatch = document.createElement("i");
+    swatch.className = "swatch"; swatch.style.background = m.colours.get(agents[i].name);
+    tr.cells[0].prepend(swatch, " ");
   });
-  document.querySelector("#agents tbody").innerHTML = rows.join("");
 
   const lat = [["wait (request to slot)", m.latency.fg_wait], ["time to first token", m.latency.ttft], ["inter-token", m.latency.itl]];
-  document.querySelector("#latency tbody").innerHTML = lat.map(([label, samples]) => {
+  fillRows("latency-rows", lat.map(([label, samples]) => {
     const s = summary(samples);
-    return `<tr><td>${label}</td><td>${s.n}</td><td>${ms(s.p50)}</td><td>${ms(s.p90)}</td><td>${ms(s.p99)}</td><td>${ms(s.max)}</td></tr>`;
-  }).join("");
+    return ["", label, s.n, ms(s.p50), ms(s.p90), ms(s.p99), ms(s.max)];
+  }));
 
-  document.getElementById("legend").innerHTML = [...m.colours.entries()]
+  put("legend", "innerHTML", [...m.colours.entries()]
     .map(([name, colour]) => `<span><i style="background:${colour}"></i>${esc(name)}</span>`).join("") +
     '<span><i style="background:#777;outline:2px solid #000"></i>★ foreground turn</span>' +
     '<span style="color:#d00">▼ paused ⤳ <span style="color:#2a2">▲</span> resumed</span>' +
-    '<span><i style="background:rgba(200,60,200,.35)"></i>inherited priority</span>';
+    '<span><i style="background:rgba(200,60,200,.35)"></i>inherited priority</span>');
 
   if (page.mode === "replay") {
     const r = page.replay, s = replayStart(), e = replayEnd();
-    document.getElementById("play").textContent = r.playing ? "pause" : "play";
+    put("play", "textContent", r.playing ? "pause" : "play");
+    put("clock", "textContent", `${r.clock.toFixed(1)} / ${e.toFixed(1)} s · ${r.next}/${r.events.length} events`);
+    // (The slider is the reader's too: always set, or a drag would jump back.)
     document.getElementById("seek").value = String(e > s ? Math.round((r.clock - s) / (e - s) * 1000) : 0);
-    document.getElementById("clock").textContent = `${r.clock.toFixed(1)} / ${e.toFixed(1)} s · ${r.next}/${r.events.length} events`;
   }
 }
 
@@ -565,7 +623,7 @@ function snapshot() {
 Object.defineProperty(window, "swarmState", { get: snapshot, enumerable: true });
 
 setupReplayControls();
-document.getElementById("window").onchange = changed;
-window.addEventListener("resize", changed);
+document.getElementById("window").onchange = () => changed();
+window.addEventListener("resize", () => changed());
 connect();
 schedule();
