@@ -12,8 +12,10 @@ them draws.
 
 Each round measures the steady state: a browser that has just opened fifty
 windows keeps both cores busy for tens of seconds (its start-up, not the pages'
-drawing), so a round with pages starts only once the readers' CPU use has
-stopped falling, and every round reports what the readers used while it ran.
+drawing), so a round with pages starts only after SETTLE_MIN_S and once the
+readers' CPU use has stopped falling (on a loaded machine the start-up work is
+starved, so its rate plateaus before it ends: hence the minimum), and every
+round reports what the readers used while it ran.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from swarm.watch.browser import close_chromium, open_chromium
 
 PAGES_PER_PORT = 6  # Chromium's limit on connections to one host and port
 SETTLE_WINDOW_S = 3.0  # the readers' CPU use is compared over windows this long
-SETTLE_MAX_S = 90.0
+SETTLE_MIN_S = 30.0
+SETTLE_MAX_S = 120.0
 QUESTIONS = [
     "What does a Python dataclass give me over a plain class?",
     "How do I read a JSON file safely in Python?",
@@ -122,7 +125,8 @@ async def _settle(opened: Any) -> float:
         before = _cpu_s(opened)
         await anyio.sleep(SETTLE_WINDOW_S)
         rates.append((_cpu_s(opened) - before) / SETTLE_WINDOW_S)
-        if len(rates) >= 3 and rates[-1] >= 0.8 * min(rates[:-1]):
+        settled = len(rates) >= 3 and rates[-1] >= 0.8 * min(rates[:-1])
+        if settled and time.monotonic() - t0 >= SETTLE_MIN_S:
             break
     return time.monotonic() - t0
 
