@@ -23,11 +23,14 @@ means something:
 | turn.finished       | ended normally (eos or max tokens)     | turn, agent, priority, slot, tokens,      |
 |                     |                                        | reason ("eos" or "length"), ttft_s, itl_s,|
 |                     |                                        | token_s (turns above background),         |
-|                     |                                        | cached_tokens (reused over its life)      |
+|                     |                                        | cached_tokens (reused over its life),     |
+|                     |                                        | computed_tokens (prefilled, recomputed)   |
 | turn.cancelled      | ended by its agent or the swarm        | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s, token_s, cached_tokens     |
+|                     |                                        | ttft_s, itl_s, token_s, cached_tokens,    |
+|                     |                                        | computed_tokens                           |
 | turn.failed         | ended by an error                      | turn, agent, priority, slot, tokens, reason|
-|                     |                                        | ttft_s, itl_s, token_s, cached_tokens     |
+|                     |                                        | ttft_s, itl_s, token_s, cached_tokens,    |
+|                     |                                        | computed_tokens                           |
 | priority.inherited  | an agent runs at a waiter's priority   | agent, priority, base_priority, by_agent  |
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
@@ -133,6 +136,9 @@ class Ended(TurnEvent, kw_only=True):
     # Positions whose K/V came from the prefix cache over the turn's life: at
     # admission, at a recompute, and blocks a batch-mate computed while it waited.
     cached_tokens: int = 0
+    # Positions the engine computed for it other than its decodes (its prompt, and
+    # any recompute after its K/V was dropped): with cached_tokens, what the cache saved.
+    computed_tokens: int = 0
 
 
 class Finished(Ended, tag="turn.finished"):

@@ -213,6 +213,8 @@ class Scheduler(Batching, KVMoves):
             if turn.status is not Status.RUNNING:
                 continue
             turn.computed += len(work.tokens)
+            if len(work.tokens) > 1 or work.start < len(turn.prompt):
+                turn.prefilled += len(work.tokens)  # (not a decode: its prompt, or a recompute)
             sampled = work.sample and token is not None
             if sampled:
                 if not turn.output:
@@ -265,7 +267,7 @@ class Scheduler(Batching, KVMoves):
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, **_latencies(turn, now, self._level(turn)))
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self._level(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)

@@ -147,6 +147,7 @@ class Turn:
     committed: int = 0  # leading blocks registered in the prefix cache
     cached_tokens: int = 0  # positions reused from the prefix cache at the last (re)admission
     cache_hits: int = 0  # positions reused from the prefix cache over its life (what turn.ended says)
+    prefilled: int = 0  # positions the engine computed for it other than decodes: its prompt, recomputes
     slot: int | None = None  # the slot it holds while RUNNING
     enqueued: int = 0  # its place in the queue: order of (re)joining it
     admitted_at: float | None = None  # first admission: the end of the wait

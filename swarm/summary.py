@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Recomputed, Resumed
+from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Resumed
 from runtime.priority import FOREGROUND
 
 
@@ -45,21 +45,14 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
     `overhead_s`), what the same turns would take on the idle engine."""
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
-    prompts: dict[int, int] = {}
     computed = reused = 0
     for e in events:
         match e:
-            case Queued(turn=turn, tokens=tokens):
-                prompts[turn] = tokens
-            # Every position a turn was admitted (or recomputed) with was either
-            # computed or reused, and its end says how many were reused.
-            case Admitted(turn=turn):
-                computed += prompts.get(turn, 0)
-            case Recomputed(tokens=tokens, cached_tokens=cached):
-                computed += tokens + cached
-            case Ended(cached_tokens=cached):
+            case Ended(cached_tokens=cached, computed_tokens=prefilled):
+                # (what the engine really did: a turn cancelled mid-prompt
+                # computed only part of it)
                 reused += cached
-                computed -= cached
+                computed += prefilled
         agent = getattr(e, "agent", None)
         if agent is None or agent == "gpu":
             continue

@@ -256,3 +256,21 @@ def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():
     assert event.cached_tokens == 20 and event.tokens == turn.length - 20
     rig.finish(turn)
     assert rig.sched.pool.num_free == 64
+
+
+def test_a_turns_end_says_what_the_engine_computed_and_what_it_reused():
+    """The run summary's figures: a turn cancelled mid-prompt computed only part of
+    it, a repeat only its last token."""
+    from swarm.summary import summarize
+
+    rig = Rig(step_tokens=8)
+    first = rig.submit("a", PROMPT)
+    rig.step()
+    rig.step()
+    rig.sched.cancel(first.id, rig.now)
+    assert (first.ended.computed_tokens, first.ended.cached_tokens) == (16, 0)
+    again = rig.submit("b", PROMPT)
+    rig.finish(again)
+    assert (again.ended.computed_tokens, again.ended.cached_tokens) == (5, 16)  # 16-20, then 3 decodes
+    summary = summarize(rig.events)
+    assert (summary.prompt_computed, summary.prompt_reused) == (16 + 5, 16)
