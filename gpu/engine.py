@@ -18,9 +18,9 @@ for greedy items the argmax, on the device.
 The architecture's switches add to that: QKV biases and NEOX RoPE cost nothing
 (the bias is added where RoPE is; NEOX models' Q/K rows are permuted on upload
 so one RoPE serves all), per-head Q/K norms are one more launch, GELU and the
-embedding scale are compile-time constants. Post-norms (each residual add
-becomes a matmul plus a norm-and-add) and sliding windows are the CPU family's
-only; `kernels="auto"` picks it for such models.
+embedding scale are compile-time constants, a sliding window is each layer's
+attention argument, and post-norms make each residual add a launch of its own
+(a norm needs its whole input before it can add it).
 
 The kernels come in two families shaped for a CPU or a GPU (gpu/families.py),
 chosen per device or forced with `kernels=`; both fuse the norms, RoPE, the K/V
@@ -115,7 +115,7 @@ class OpenCLEngine:
         self.device_name = device.name
         self.model_name = Path(self.model.path).name
         self.max_context = cfg.context_length
-        self.family = make_family(kernels, device, cfg, attention_splits)
+        self.family = make_family(kernels, device, attention_splits)
         self.family.check(self)
         self.profile = profile
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
@@ -175,7 +175,7 @@ class OpenCLEngine:
             h=f(t * cfg.d_ff),
             tokens=f(t), pos=f(t), seq=f(t), sample_rows=f(t), ids=f(t),
             all_rows=const(np.arange(t, dtype=i32)),
-            tmp=f(t * cfg.d_model),  # a sublayer's output before its post-norm (cpu family)
+            tmp=f(t * cfg.d_model),  # a sublayer's output before its post-norm
             ones=const(ones),
             tables=f(t * self.max_blocks),
             logits=f(t * cfg.vocab_size),

@@ -9,10 +9,12 @@ kernels/quant.cl), store the same half-precision KV layout (kernels/common.cl)
 and sample greedily on the device with the same argmax.
 
 - cpu: a work-item walks whole rows with 16-wide vectors, tiny work-groups (PoCL
-  runs a work-group on one core). Five launches per layer.
+  runs a work-group on one core). Five launches per layer (plus a norm per
+  residual add for post-norm models, and the Q/K norm for QK-norm ones).
 - gpu: work-groups cooperate on rows with reductions, prefill tiles through
   local memory, attention parallel over positions with the output projection
-  fused in. Four launches per layer. Work-group sizes come from the device.
+  fused in. Four launches per layer (plus the same extras). Work-group sizes
+  come from the device.
 
 `--kernels cpu|gpu` forces either on any device: PoCL runs the GPU family
 correctly, only slower, so both are tested everywhere.
@@ -57,14 +59,13 @@ class StepLaunches:
     argmax: Argmax
 
 
-def make_family(kernels: str | None, device: Device, config=None, splits: int | None = None) -> CPUFamily | GPUFamily:
+def make_family(kernels: str | None, device: Device, splits: int | None = None) -> CPUFamily | GPUFamily:
     """`splits` forces the GPU family's attention splits (tests); None decides per step."""
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     if choice == "auto":
-        gpu_can = config is None or not GPUFamily.missing(config)
-        choice = "cpu" if device.is_cpu or not gpu_can else "gpu"
+        choice = "cpu" if device.is_cpu else "gpu"
     return CPUFamily(device) if choice == "cpu" else GPUFamily(device, splits)
 
 
@@ -151,20 +152,12 @@ class GPUFamily:
         fill = max(1, 2 * self.compute_units // (tokens * kv_heads))
         return max(1, min(self.MAX_SPLITS, fill, ceil_div(positions, self.SPLIT_POSITIONS)))
 
-    @staticmethod
-    def missing(cfg) -> list[str]:
-        """The architecture's parts these kernels lack (the attention launch fuses Wo and
-        hands its output to the next matmul, leaving no place for a post-norm)."""
-        return [part for part, needed in (("post-norms", cfg.arch.post_norms), ("sliding-window attention",
-                cfg.sliding_window > 0)) if needed]  # fmt: skip
+    def split_count(self, e: OpenCLEngine, window: int):
+        """A layer's attention splits for a step of t tokens: a sliding window caps the positions."""
+        return lambda t: self.splits(t, min(e.step_positions, window or e.step_positions), e.config.n_kv_heads)
 
     def check(self, engine: OpenCLEngine) -> None:
         cfg = engine.config
-        if self.missing(cfg):
-            raise UnsupportedModelError(
-                f"{engine.model.path}: the GPU kernels do not run {cfg.arch.name!r}'s "
-                f"{' and '.join(self.missing(cfg))}; use kernels='cpu' (or 'auto', which does)"
-            )
         if (cfg.n_heads // cfg.n_kv_heads * cfg.head_dim) % 32:
             raise UnsupportedModelError(
                 f"{engine.model.path}: the GPU kernels need (n_heads / n_kv_heads) * head_dim to be a multiple of 32"
@@ -186,20 +179,36 @@ class GPUFamily:
             head = (w.qs, w.dm, g, x, xrows, b.parts, i32(nparts), stride, eps, y)
             return GPUMatmul(name, program, op, self.wg, w, head + tail)
 
+        def post_norm(y, nparts, w):
+            """x += rmsnorm(sum of y's nparts slices) * w: the residual add of post-norm models."""
+            return Grid("post_norm", program, "add_rmsnorm_parts", self.wg, (self.wg, 1), b.x, y, i32(nparts),
+                        stride, w, i32(cfg.d_model))  # fmt: skip
+
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
             kv = (i32(1), i32(0), b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
             residual = (i32(0), i32(1)) + none[2:]
+            window = cfg.window(layer)
             layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
             layers += qk_norm(program, e, L, layer)
-            layers += [
+            layers.append(
                 GPUAttention(program, f"attention_{L.out.kind}", self.wg, cfg.n_kv_heads,
-                             (b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer),
+                             (b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer), i32(window),
                               L.out.qs, L.out.dm, b.parts, stride, b.split_scratch, b.split_counters),
-                             L.out.nbytes, lambda t: self.splits(t, e.step_positions, cfg.n_kv_heads)),  # fmt: skip
-                matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, cfg.n_kv_heads, (i32(1),) + none[1:]),
-                matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, cfg.n_kv_heads, residual),
-            ]
+                             L.out.nbytes, self.split_count(e, window))  # fmt: skip
+            )
+            if L.post_attn_norm is None:  # the parts go into x through the next two matmuls
+                layers += [
+                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, cfg.n_kv_heads, (i32(1),) + none[1:]),
+                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, cfg.n_kv_heads, residual),
+                ]
+            else:  # a norm needs the whole sum first: one launch adds it, and one the MLP's
+                layers += [
+                    post_norm(b.parts, cfg.n_kv_heads, L.post_attn_norm),
+                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, 0, (i32(1),) + none[1:]),
+                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.tmp, 0, none),
+                    post_norm(b.tmp, 1, L.post_ffw_norm),
+                ]
         return StepLaunches(
             embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None,
                        W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip

@@ -1,6 +1,7 @@
-"""The fetched catalogue models: Qwen2.5-Coder-0.5B's greedy tokens on the engine against the
-NumPy reference, and every real tokenizer's ids for a few chat prompts, derived by hand from
-the published pre-tokenizer rules (each expected piece is looked up as one vocabulary entry).
+"""The fetched catalogue models: Qwen2.5-Coder-0.5B's and Gemma 3 270M's greedy tokens on the
+engine against the NumPy reference, and every real tokenizer's ids for a few chat prompts,
+derived by hand from the published pre-tokenizer rules (each expected piece is looked up as
+one vocabulary entry).
 
 These need the model in the cache; without it they skip and say how to fetch it. CI fetches
 SmolLM2 and Qwen2.5-Coder-0.5B before the suite (the README's test command).
@@ -51,15 +52,9 @@ PROMPTS = [
 ]
 
 
-def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tokenizer) -> None:
-    """32 greedy tokens for each of 3 prompts, decoded together on the engine. The reference
-    then reads each prompt plus the engine's tokens in one forward pass: its argmax at every
-    position equal to the engine's next token is the same as its own greedy run producing them
-    (each step would see exactly the prefix the engine saw), at one pass's cost."""
-    n_new = 32
-    engine = OpenCLEngine(qwen, num_blocks=3 * 8)
-    prompts = [qwen_tokenizer.chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+def greedy_tokens(engine: OpenCLEngine, prompts: list[list[int]], n_new: int = 32) -> list[list[int]]:
+    """n_new greedy tokens for each prompt, decoded together on the engine (8 blocks each)."""
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
     outs = [[t] for t in engine.step([Work(turn=i, tokens=p, start=0, block_table=tables[i], sample=True)
                                       for i, p in enumerate(prompts)])]  # fmt: skip
     while len(outs[0]) < n_new:
@@ -67,12 +62,40 @@ def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tok
                  for i, (p, o) in enumerate(zip(prompts, outs))]  # fmt: skip
         for o, t in zip(outs, engine.step(batch)):
             o.append(t)
-    reference = ReferenceModel(qwen)
+    return outs
+
+
+def assert_reference_agrees(model: Model, tokenizer: Tokenizer, prompts: list[list[int]], outs: list[list[int]]) -> None:
+    """The reference reads each prompt plus the engine's tokens in one forward pass: its argmax
+    at every position equal to the engine's next token is the same as its own greedy run
+    producing them (each step would see exactly the prefix the engine saw), at one pass's cost."""
+    reference = ReferenceModel(model)
     for prompt, out in zip(prompts, outs):
         logits = reference.forward(prompt + out[:-1], 0, reference.new_cache())
         want = np.argmax(logits[len(prompt) - 1 :], axis=-1).tolist()
-        assert out == want, qwen_tokenizer.decode(out)
+        assert out == want, tokenizer.decode(out)
+
+
+def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tokenizer) -> None:
+    """32 greedy tokens for each of 3 prompts."""
+    prompts = [qwen_tokenizer.chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    outs = greedy_tokens(OpenCLEngine(qwen, num_blocks=3 * 8), prompts)
+    assert_reference_agrees(qwen, qwen_tokenizer, prompts, outs)
     assert "def " in qwen_tokenizer.decode(outs[0])  # a coder writes code
+
+
+def test_gemma3_greedy_tokens_equal_the_reference() -> None:
+    """Gemma 3's post-norms, GELU, QK-norms and embedding scale on both kernel families, 32
+    greedy tokens for each of 3 prompts (no chat template: the plain prompt format); one
+    reference pass checks the GPU family's, and the CPU family's must be the same. The
+    sliding window (512 positions) is past these prompts; the synthetic models test it."""
+    gemma = load_model(fetched("gemma3-270m"))
+    tokenizer = Tokenizer.from_model(gemma)
+    prompts = [tokenizer.chat([{"role": "user", "content": p}]) for p in ["def fibonacci(n):", *PROMPTS[1:]]]
+    outs = {k: greedy_tokens(OpenCLEngine(gemma, num_blocks=3 * 8, kernels=k), prompts) for k in ("cpu", "gpu")}
+    assert_reference_agrees(gemma, tokenizer, prompts, outs["gpu"])
+    assert outs["cpu"] == outs["gpu"]
+    assert "return" in tokenizer.decode(outs["gpu"][0])
 
 
 # ---------------------------------------------------------------- tokenizers

@@ -3,9 +3,10 @@
  * MAX_SPLITS.
  *
  * Work-group (KV head, token, split). The query heads of the KV head's group
- * (grouped-query attention) share every K and V load. The positions 0..pos[t]
- * are cut into `splits` equal ranges (flash-decoding: a long context keeps many
- * work-groups busy even for one token); a split processes its range WG
+ * (grouped-query attention) share every K and V load. The positions token t
+ * sees, first..pos[t] (first = 0, or pos[t] - window + 1 on a sliding-window
+ * layer, window > 0), are cut into `splits` equal ranges (flash-decoding: a
+ * long context keeps many work-groups busy even for one token); a split processes its range WG
  * positions at a time, flash-attention style:
  *   scores   work-item i takes position p0 + i: its K column (K is stored
  *            transposed, so neighbouring work-items read neighbouring halves)
@@ -23,7 +24,9 @@
  * matching column slice of Wo gives this KV head's share of the attention
  * block's output, parts[kv head][t][:]. The next launch (the SwiGLU matmul)
  * reads x + sum(parts) and the down projection adds them into x, so the
- * per-head results are combined without a launch of their own.
+ * per-head results are combined without a launch of their own. Post-norm
+ * models (Gemma 3) need the whole sum before they can normalise it, so there
+ * a reduce.cl launch adds rmsnorm(sum(parts)) into x instead.
  */
 
 #define GH (GROUP * HEAD_DIM)      /* outputs of one KV head's query group */
@@ -35,7 +38,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        
 void attention_##NAME(__global const float *qkv, __global const int *pos,       \
                       __global const int *seq, __global const int *tables,      \
                       int max_blocks, __global const half *kcache,              \
-                      __global const half *vcache, int layer,                   \
+                      __global const half *vcache, int layer, int window,       \
                       __global const uchar *wo_qs, __global const float *wo_dm, \
                       __global float *parts, int part_stride,                   \
                       __global float *partial, __global int *counters)          \
@@ -50,8 +53,9 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
     const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1); \
     const int split = get_group_id(2), splits = get_num_groups(2);              \
     __global const int *table = tables + seq[t] * max_blocks;                   \
-    const int n = pos[t] + 1, span = (n + splits - 1) / splits;                 \
-    const int begin = split * span, end = min(n, begin + span);                 \
+    const int n = pos[t] + 1, first = window > 0 ? max(0, n - window) : 0;     \
+    const int span = (n - first + splits - 1) / splits;                         \
+    const int begin = first + split * span, end = min(n, begin + span);         \
     const float scale = rsqrt((float)HEAD_DIM);                                 \
     for (int j = lid; j < GH; j += WG)                                          \
         q[j] = qkv[(size_t)t * QKV_DIM + kvh * GH + j] * scale;                 \
