@@ -133,17 +133,22 @@ def subblocks_q2_k(b: np.ndarray):
     return _twobit(b[:, 16:80]), d * (scales & 0x0F), -dmin * (scales >> 4)
 
 
-def subblocks_q3_k(b: np.ndarray):
+def q3_k_fields(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q3_K's integers: quants + 4 (n, 256) in 0..7, and 16 six-bit scales + 32 (n, 16)."""
     n = len(b)
     hmask, s = b[:, 0:32], b[:, 96:108]
     i = np.arange(16)
     low = np.where(i < 8, s[:, i % 8] & 0x0F, s[:, i % 8] >> 4)
     high = (s[:, 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 3
-    scales = _f16(b, 108) * ((low | (high << 4)).astype(np.float32) - 32)
-    # weight l of the group with shift index j (0..7) takes bit j of hmask[l]
+    # weight l of the group with shift index j (0..7) takes bit j of hmask[l]; a clear bit subtracts 4
     hbit = _bits(hmask).reshape(n, 32, 8).transpose(0, 2, 1).reshape(n, 256)
-    q = _twobit(b[:, 32:96]).astype(np.float32) - 4 * (1 - hbit)
-    return q, scales, np.zeros_like(scales)
+    return _twobit(b[:, 32:96]) | (hbit << 2), low | (high << 4)
+
+
+def subblocks_q3_k(b: np.ndarray):
+    q, scales = q3_k_fields(b)
+    scales = _f16(b, 108) * (scales.astype(np.float32) - 32)
+    return q.astype(np.float32) - 4, scales, np.zeros_like(scales)
 
 
 SUBBLOCKS = {

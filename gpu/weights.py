@@ -6,10 +6,13 @@ aligned, so the upload repacks every type into blocks of 32 in one of a few
 device kinds (kernels/quant.cl lists them): the quants (`qs`, nibbles or int8)
 in one array and the scales (`dm`, widened to float32) in another, so kernels
 use aligned vector loads. The repacking is exact: every K-quant sub-block
-becomes its own (scale, offset). F16 and BF16 are widened to float32.
+becomes its own (scale, offset), except in Q2_K and Q3_K, whose integer
+sub-block scales and super-block f16 bits stay beside the quants in one 16-byte
+word quad per block (their scales would outweigh their quants as floats). F16
+and BF16 are widened to float32.
 
 Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
-Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K/Q3_K 1.0 (0.33-0.43);
+Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K/Q3_K 0.5 (0.33-0.43);
 a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
@@ -33,7 +36,7 @@ Q = gguf.GGMLQuantizationType
 class DeviceMatrix:
     """A [rows, cols] weight matrix on the device: kind is the kernel suffix."""
 
-    kind: str  # "q4_1" | "q5" | "q6" | "q4x2" | "q8_0" | "q8x2" | "f32"
+    kind: str  # "q4_1" | "q5" | "q6" | "q2" | "q3" | "q8_0" | "q8x2" | "f32"
     rows: int
     cols: int
     qs: cl.Buffer
@@ -104,16 +107,47 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
     if t.qtype == Q.Q5_K:
         q32 = q32.astype(np.uint8)
         return "q5", _nibbles(q32 & 15), _dm(scale.reshape(-1), offset.reshape(-1), words=[_bitword(q32 >> 4, 1)])
-    halves = scale.reshape(-1, 2), offset.reshape(-1, 2)  # sub-blocks of 16: two per block of 32
     if t.qtype == Q.Q6_K:
+        scale = scale.reshape(-1, 2)  # sub-blocks of 16: two per block of 32
         q6 = (q32 + 32).astype(np.uint8)
         high = q6 >> 4
-        return "q6", _nibbles(q6 & 15), _dm(halves[0][:, 0], halves[0][:, 1],
+        return "q6", _nibbles(q6 & 15), _dm(scale[:, 0], scale[:, 1],
                                             words=[_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)])  # fmt: skip
-    if t.qtype == Q.Q3_K:  # q in -4..3, stored + 4
-        q32, halves = q32 + 4, (halves[0], -4 * halves[0])
-    s, m = halves
-    return "q4x2", _nibbles(q32), _dm(s[:, 0], m[:, 0], s[:, 1], m[:, 1])
+    return _low_bit(t, b)
+
+
+def _f16_bits(b: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte `at` of each super-block as its 16 bits, once per block of 32 (8 each)."""
+    return np.repeat(np.ascontiguousarray(b[:, at : at + 2]).view(np.uint16)[:, 0].astype(np.uint32), 8)
+
+
+def _odd_f16(bits: np.ndarray) -> bool:
+    """Whether any of these f16s is subnormal, infinite or nan."""
+    exponent, mantissa = (bits >> 10) & 31, bits & 1023
+    return bool(np.any(((exponent == 0) & (mantissa != 0)) | (exponent == 31)))
+
+
+def _low_bit(t: WeightTensor, b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """Q2_K and Q3_K as q2 and q3: a block of 32 is one aligned 16-byte quad of 2-bit quants,
+    the super-block's f16 scale(s) as bits and the sub-blocks' integer scales (0.5 B/weight,
+    where float scales per sub-block of 16 took 1.0). The kernels widen f16 bits exactly for
+    normal values and zero only; a tensor with any other scale is packed as q8x2."""
+    if t.qtype == Q.Q2_K:  # w = d sc q - dmin m, sc and m the 4-bit halves of a scale byte
+        halves = [_f16_bits(b, 80), _f16_bits(b, 82)]
+        q = quants._twobit(b[:, 16:80]).reshape(-1, 32)
+        sc = b[:, 0:16].astype(np.uint32).reshape(-1, 2)
+        third, fourth = halves[0] | (halves[1] << 16), sc[:, 0] | (sc[:, 1] << 8)
+    else:  # w = d (sc - 32)(q - 4), q in 0..7 and sc in 0..63 as quants.q3_k_fields gives them
+        halves = [_f16_bits(b, 108)]
+        q, sc = quants.q3_k_fields(b)
+        q, sc = q.reshape(-1, 32), sc.astype(np.uint32).reshape(-1, 2)
+        third, fourth = _bitword(q >> 2, 1), halves[0] | (sc[:, 0] << 16) | (sc[:, 1] << 22)
+    if any(_odd_f16(h) for h in halves):
+        q8, scale, offset = levels(t)
+        return "q8x2", q8, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
+    quad = np.stack([_bitword(q[:, :16] & 3, 2), _bitword(q[:, 16:] & 3, 2), third, fourth], axis=1)
+    kind = "q2" if t.qtype == Q.Q2_K else "q3"
+    return kind, quad.astype(np.uint32).view(np.uint8), np.zeros((len(quad), 0), np.float32)
 
 
 def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,8 +11,13 @@
  *   Q6    qs = 16 B nibbles   dm = float4 (d0, d1, qh0, qh1)
  *         q = nibble + 16 * (2-bit pair j of qh0|qh1), w = d0|d1 (q - 32)
  *         from Q6_K (d0 scales weights 0..15, d1 16..31: its sub-blocks of 16)
- *   Q4X2  qs = 16 B nibbles   dm = float4 (d0, m0, d1, m1)   w = d q + m per half
- *         from Q2_K and Q3_K (sub-blocks of 16; Q3_K's q stored + 4)
+ *   Q2    qs = uint4 (q0, q1, d | dmin << 16, sc0 | sc1 << 8)   dm unused
+ *         from Q2_K: q0, q1 the 2-bit quants of weights 0..15, 16..31; d, dmin the
+ *         super-block's f16 bits; sc the sub-blocks' scale bytes (scale | min << 4):
+ *         w = d scale q - dmin min in each half
+ *   Q3    qs = uint4 (q0, q1, hq, d | sc0 << 16 | sc1 << 22)          dm unused
+ *         from Q3_K: q = the 2-bit quant | bit j of hq << 2, sc six bits:
+ *         w = d (sc - 32)(q - 4) in each half
  *   Q8_0  qs = 32 int8        dm = float d                   w = d q
  *   Q8X2  qs = 32 int8        dm = float4 (d0, m0, d1, m1)   w = d q + m per half
  *         the common kind when one matrix stacks tensors of different kinds
@@ -36,17 +41,29 @@
 #define WT_F32 2
 #define WT_Q5 3
 #define WT_Q6 4
-#define WT_Q4X2 5
+#define WT_Q2 5
 #define WT_Q8X2 6
+#define WT_Q3 7
 
 /* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
  * kernel family instantiates its weight-reading kernels once per entry, so a new
  * type is: a WT_ constant, its branch in load_block, its entry here, and its
  * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. */
 #define FOR_EACH_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
-    X(q5, WT_Q5) X(q6, WT_Q6) X(q4x2, WT_Q4X2) X(q8x2, WT_Q8X2)
+    X(q5, WT_Q5) X(q6, WT_Q6) X(q2, WT_Q2) X(q3, WT_Q3) X(q8x2, WT_Q8X2)
 
 #define LANES (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+/* The value of an f16's bits, without cl_khr_fp16: exponent and mantissa moved to a
+ * float's places read 2^112 too small, and the multiply is exact. Right for normal
+ * values and zero; gpu/weights.py packs tensors with other scales another way. */
+inline float f16_bits(uint h)
+{
+    return as_float(as_uint(as_float((h & 0x7fffu) << 13) * 0x1p112f) | ((h & 0x8000u) << 16));
+}
+
+/* Sixteen 2-bit fields of w, field j at bits 2j */
+#define TWO_BITS(w) convert_float16(((uint16)(w) >> (2u * LANES)) & 3u)
 
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const float *dm, size_t blk,
@@ -69,11 +86,18 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const uint16 h0 = (uint16)(as_uint(s.z)), h1 = (uint16)(as_uint(s.w));
         *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.x;
         *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.y;
-    } else if (wtype == WT_Q4X2) {
-        const uchar16 q = ((__global const uchar16 *)qs)[blk];
-        const float4 s = ((__global const float4 *)dm)[blk];
-        *lo = convert_float16(q & (uchar)15) * s.x + s.y;
-        *hi = convert_float16(q >> (uchar)4) * s.z + s.w;
+    } else if (wtype == WT_Q2) {
+        const uint4 w = ((__global const uint4 *)qs)[blk];
+        const float d = f16_bits(w.z & 0xffffu), dmin = f16_bits(w.z >> 16);
+        *lo = TWO_BITS(w.x) * (d * (float)(w.w & 15u)) - dmin * (float)((w.w >> 4) & 15u);
+        *hi = TWO_BITS(w.y) * (d * (float)((w.w >> 8) & 15u)) - dmin * (float)((w.w >> 12) & 15u);
+    } else if (wtype == WT_Q3) {
+        const uint4 w = ((__global const uint4 *)qs)[blk];
+        const float d = f16_bits(w.w & 0xffffu);
+        const uint16 h = (uint16)(w.z);
+        const float s0 = d * (float)((int)((w.w >> 16) & 63u) - 32), s1 = d * (float)((int)(w.w >> 22) - 32);
+        *lo = convert_float16((((uint16)(w.x) >> (2u * LANES)) & 3u) | (((h >> LANES) << 2) & 4u)) * s0 - 4.0f * s0;
+        *hi = convert_float16((((uint16)(w.y) >> (2u * LANES)) & 3u) | (((h >> (LANES + 16u)) << 2) & 4u)) * s1 - 4.0f * s1;
     } else if (wtype == WT_Q8X2) {
         __global const char16 *q = (__global const char16 *)qs;
         const float4 s = ((__global const float4 *)dm)[blk];

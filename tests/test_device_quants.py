@@ -1,0 +1,61 @@
+"""The device kinds against the gguf package: random blocks of every quantized type, packed
+as gpu/weights.py uploads them and read back through kernels/quant.cl's load_block (the
+embedding kernel, which dequantizes whole rows), equal gguf's own dequantize."""
+
+import gguf
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from gpu.device import select_device
+from gpu.model import WeightTensor
+from gpu.weights import repack, upload_matrix
+from kernels import source
+from test_quants import random_blocks
+
+Q = gguf.GGMLQuantizationType
+TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+SHAPE = ["-DEMBED_SCALE=1.0f", "-DQK_NORM=0", "-DACT_GELU=0", "-DNORM_EPS=1e-6f", "-DHEAD_DIM=16",
+         "-DN_HEADS=1", "-DN_KV_HEADS=1", "-DN_LAYERS=1", "-DBLOCK_SIZE=16", "-DARGMAX_WG=16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def program():
+    device = select_device()
+    return device, device.build(source("quant") + source("common"), SHAPE)
+
+
+def device_rows(program, tensor: WeightTensor) -> tuple[str, np.ndarray]:
+    device, prog = program
+    m = upload_matrix(device.context, [tensor])
+    out = np.empty((tensor.rows, tensor.cols), np.float32)
+    x = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, out.nbytes)
+    rows = cl.Buffer(device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                     hostbuf=np.arange(tensor.rows, dtype=np.int32))  # fmt: skip
+    kernel = cl.Kernel(prog, f"embed_{m.kind}")
+    kernel.set_args(m.qs, m.dm, rows, x, np.int32(tensor.cols))
+    cl.enqueue_nd_range_kernel(device.queue, kernel, (tensor.cols // 32, tensor.rows), None)
+    cl.enqueue_copy(device.queue, out, x)
+    return m.kind, out
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_device_dequantize_matches_gguf(program, qtype) -> None:
+    raw = random_blocks(qtype, 64).reshape(4, -1)  # 4 rows of 16 blocks
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    tensor = WeightTensor("w", qtype, 4, raw.shape[1] // gguf.GGML_QUANT_SIZES[qtype][1] * block, raw)
+    _, got = device_rows(program, tensor)
+    np.testing.assert_allclose(got, gguf.quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("qtype, at", [(Q.Q2_K, 82), (Q.Q3_K, 108)], ids=["Q2_K", "Q3_K"])
+def test_low_bit_kinds_take_q8x2_for_scales_they_cannot_widen(program, qtype, at: int) -> None:
+    """q2 and q3 widen f16 scale bits exactly for normal values and zero only: a subnormal
+    scale sends the tensor to q8x2, which holds it exactly."""
+    raw = random_blocks(qtype, 16).reshape(2, -1)
+    tensor = WeightTensor("w", qtype, 2, 8 * 256, raw)
+    assert repack(tensor)[0] == ("q2" if qtype == Q.Q2_K else "q3")
+    raw[1, at : at + 2] = np.array([1], np.uint16).view(np.uint8)  # the smallest subnormal
+    kind, got = device_rows(program, tensor)
+    assert kind == "q8x2"
+    np.testing.assert_allclose(got, gguf.quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-6)
