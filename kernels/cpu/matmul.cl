@@ -25,10 +25,11 @@
 /* ======================================================================== */
 /* n(x) = x * g / rms(x),  rms(x) = sqrt(mean(x^2) + eps). Since
  *     W . (x * g / rms(x)) = (W . (x * g)) / rms(x)
- * g scales the dequantized weights (once per block, for every column) and
- * 1/rms(x) the finished dot product. The work-group computes 1/rms(x) for each
- * column once, into local memory. Matmuls without a norm pass g = ones and
- * normalize = 0. */
+ * g scales the dequantized weights once per block for every column of a wide
+ * tile, or each column's inputs where a tile has one or two (fewer multiplies:
+ * a pair of rows takes four per block, a column two), and 1/rms(x) the finished
+ * dot product. The work-group computes 1/rms(x) for each column once, into
+ * local memory. Matmuls without a norm (normalize = 0) skip g altogether. */
 inline void column_scales(__global const float *x, __global const int *xrows,
                           int ncols, int k, float eps, int normalize,
                           __local float *inv)
@@ -52,11 +53,12 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 /* ======================================================================== */
 /* A pair of rows times a tile of columns                                    */
 /* ======================================================================== */
-/* out0[c] = W[r] . (g * x[c0+c]),  out1[c] = W[r+1] . (g * x[c0+c]),  c < tile.
- * `wtype` and `tile` are literals at every call site: after inlining the
- * accumulators live in registers. Columns past ncols repeat the last one
- * (their results are dropped) so the inner loop stays branch-free. */
-__attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const int tile,
+/* out0[c] = W[r] . (g * x[c0+c]),  out1[c] = W[r+1] . (g * x[c0+c]),  c < tile,
+ * or without g when `scaled` is 0. `wtype`, `tile` and `scaled` are literals at
+ * every call site: after inlining the accumulators live in registers. Columns
+ * past ncols repeat the last one (their results are dropped) so the inner loop
+ * stays branch-free. */
+__attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const int tile, const int scaled,
                           __global const uchar *qs, __global const float *dm,
                           __global const float *g, __global const float *x,
                           __global const int *xrows, int r0, int r1, int k,
@@ -73,10 +75,15 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
         float16 lo0, hi0, lo1, hi1;
         load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
         load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
-        const float16 glo = F16(2 * b, g), ghi = F16(2 * b + 1, g);
-        lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;
+        const float16 glo = scaled ? F16(2 * b, g) : 1.0f, ghi = scaled ? F16(2 * b + 1, g) : 1.0f;
+        if (scaled && tile > 2) {
+            lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;
+        }
         for (int c = 0; c < tile; c++) {
-            const float16 xlo = F16(2 * b, xc[c]), xhi = F16(2 * b + 1, xc[c]);
+            float16 xlo = F16(2 * b, xc[c]), xhi = F16(2 * b + 1, xc[c]);
+            if (scaled && tile <= 2) {
+                xlo *= glo; xhi *= ghi;
+            }
             a0[c] += lo0 * xlo + hi0 * xhi;
             a1[c] += lo1 * xlo + hi1 * xhi;
         }
@@ -111,7 +118,10 @@ void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        
     const int r1 = min(r + 1, rows - 1); /* an odd last row pairs with itself */ \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float o0[TILE], o1[TILE];                                               \
-        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
+        if (normalize)                                                          \
+            pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
+        else                                                                    \
+            pair_dot_tile(WTYPE, TILE, 0, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             __global float *yc = y + (size_t)(c0 + c) * rows;                   \
             const float s = inv[c0 + c];                                        \
@@ -128,8 +138,8 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       
     MATMUL_PROLOGUE(1)                                                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
-        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, g0, g1); \
-        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, rows + r, rows + r + 1, k, c0, ncols, u0, u1); \
+        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, g0, g1); \
+        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, rows + r, rows + r + 1, k, c0, ncols, u0, u1); \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const float s = inv[c0 + c];                                        \
             float2 gate = (float2)(g0[c], g1[c]) * s, up = (float2)(u0[c], u1[c]) * s; \
@@ -148,7 +158,7 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
     MATMUL_PROLOGUE(1)                                                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         float o0[TILE], o1[TILE];                                               \
-        pair_dot_tile(WTYPE, TILE, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, o0, o1); \
+        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, o0, o1); \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const int t = c0 + c, p = pos[t];                                   \
             const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
