@@ -44,6 +44,7 @@
 #define WT_Q2 5
 #define WT_Q8X2 6
 #define WT_Q3 7
+#define WT_Q8_LEVELS 8  /* Q8_0 without its scale: w / d, for a dot product to scale once */
 
 /* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
  * kernel family instantiates its weight-reading kernels once per entry, so a new
@@ -103,9 +104,9 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const float4 s = ((__global const float4 *)dm)[blk];
         *lo = convert_float16(q[2 * blk]) * s.x + s.y;
         *hi = convert_float16(q[2 * blk + 1]) * s.z + s.w;
-    } else if (wtype == WT_Q8_0) {
+    } else if (wtype == WT_Q8_0 || wtype == WT_Q8_LEVELS) {
         __global const char16 *q = (__global const char16 *)qs;
-        const float d = dm[blk];
+        const float d = wtype == WT_Q8_0 ? dm[blk] : 1.0f;
         *lo = convert_float16(q[2 * blk]) * d;
         *hi = convert_float16(q[2 * blk + 1]) * d;
     } else {
