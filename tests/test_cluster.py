@@ -52,9 +52,11 @@ def ends_once(path: Path) -> Counter:
 
 
 class Looper(Pausable):
-    """Background load: one long turn, noting its pauses."""
+    """Background load: one turn that runs until the swarm stops, noting its
+    pauses (a turn that could end would, on a loaded machine, sometimes end before
+    the next agent is placed or the foreground arrives to preempt it)."""
 
-    def __init__(self, name: str, tokens: int = 200) -> None:
+    def __init__(self, name: str, tokens: int = 10**6) -> None:
         super().__init__(name)
         self.tokens = tokens
         self.started = anyio.Event()
