@@ -58,6 +58,7 @@ class OwnerMachine(RuleBasedStateMachine):
         self._swarm_cm.__enter__()
         self.sub = self.swarm.bus.subscribe(max_buffer=10**9)
         self.turns: list[tuple] = []  # (future, prompt, max_tokens)
+        self.crashers: list[str] = []  # agents that run a turn and crash
         self.n = 0
 
     def teardown(self) -> None:
@@ -90,6 +91,7 @@ class OwnerMachine(RuleBasedStateMachine):
     def crash_an_agent(self, prompt, after) -> None:
         self.n += 1
         self.portal.call(self.swarm.spawn, Crashing(f"crash{self.n}", prompt, after))
+        self.crashers.append(f"crash{self.n}")
 
     @rule(kind=st.sampled_from(["swap_out", "swap_in", "step"]), times=st.sampled_from([1, 1000]))
     def engine_fault(self, kind, times) -> None:
@@ -122,7 +124,13 @@ class OwnerMachine(RuleBasedStateMachine):
     async def _check(self) -> None:
         self.engine.faults.clear()  # let what is left finish
         with anyio.fail_after(60):
-            while any(not f.done() for f, *_ in self.turns) or self.swarm.owner.scheduler.turns:
+            # A crashing agent's turn may not even have been asked for yet: wait
+            # for each to be gone, or its turn's end could come after the check.
+            while (
+                any(not f.done() for f, *_ in self.turns)
+                or any(self.swarm.system.is_alive(name) for name in self.crashers)
+                or self.swarm.owner.scheduler.turns
+            ):
                 await anyio.sleep(0.001)
         owner, sched = self.swarm.owner, self.swarm.owner.scheduler
         assert self.swarm.system.is_alive(owner.name)
