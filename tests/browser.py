@@ -6,7 +6,12 @@ it holds, with a generous bound, and says what the page held if it never did."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from swarm.watch.browser import close_chromium as close  # noqa: F401 (re-exported for the tests)
@@ -35,3 +40,27 @@ def wait_for(driver, expression: str, timeout: float = 60.0, poll: float = 0.02)
 
 def state(driver) -> dict:
     return driver.execute_script("return JSON.parse(JSON.stringify(window.swarmState))")
+
+
+ROOT = Path(__file__).parent.parent
+
+
+def start_watch(*args: str, port: str = "0") -> tuple[subprocess.Popen, str]:
+    """`swarm watch ARGS --port PORT` as its own process; returns it and its page's URL."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "watch", *args, "--port", port],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    first = proc.stderr.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/", first)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"swarm watch did not start: {first}{proc.stderr.read()}")
+    return proc, found.group(0)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+    proc.stderr.close()

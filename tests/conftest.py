@@ -6,6 +6,7 @@ Tests that use the real model are marked `@pytest.mark.model`; on a fresh machin
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -88,3 +89,37 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     """The runtime's own tests (marked `anyio`) run on both backends: a user on
     trio gets a runtime that works there. The rest use pytest-asyncio (strict)."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless chromium for one test module (tests/browser.py)."""
+    from browser import chromium, close
+
+    driver = chromium()
+    yield driver
+    close(driver)
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def kernels(request: pytest.FixtureRequest) -> str:
+    """Each kernel family in turn (PoCL runs both)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, kernels: str):
+    """The tiny model on the OpenCL engine: 64 blocks of 16 positions."""
+    from gpu.engine import OpenCLEngine
+
+    return OpenCLEngine(tiny_model, num_blocks=64, block_size=16, kernels=kernels)
+
+
+@pytest.fixture
+def sock_path(tmp_path: Path) -> Path:
+    # sun_path is short (108 bytes) and pytest's tmp paths are long: stay near the root.
+    directory = Path("/tmp") / f"ssw-{os.getpid()}-{tmp_path.name[-20:]}"
+    yield directory / "private" / "swarm.sock"
+    for p in sorted(directory.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    directory.rmdir()

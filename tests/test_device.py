@@ -54,3 +54,23 @@ def test_build_succeeds_and_the_program_runs() -> None:
     program.twice(device.queue, (8,), None, buf)
     cl.enqueue_copy(device.queue, host, buf)
     assert host.tolist() == [2.0 * i for i in range(8)]
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_a_step_on_a_host_cpu_device_lets_go_of_the_gil_between_launches(tiny_model, kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PoCL's worker threads share the host's cores: the enqueuing thread must not
+    # sit on the GIL while they keep it off the CPU, or the event loop stalls.
+    import types
+
+    import gpu.engine
+    from gpu.engine import OpenCLEngine
+    from runtime.engine import Work
+
+    engine = OpenCLEngine(tiny_model, num_blocks=16, block_size=16, kernels=kernels)
+
+    yields: list[float] = []
+    monkeypatch.setattr(gpu.engine, "time", types.SimpleNamespace(sleep=yields.append))
+    engine.step([Work(turn=0, tokens=[1, 2, 3], start=0, block_table=[0], sample=True)])
+    assert engine.device.is_cpu  # PoCL, in CI
+    launches = 2 + len(engine.launches.layers)  # embed, the layers, the head
+    assert yields and set(yields) == {0} and len(yields) >= launches // gpu.engine.GIL_YIELD_EVERY

@@ -21,11 +21,8 @@ from gpu.engine import OpenCLEngine
 from gpu.model import Model
 from gpu.reference import ReferenceModel
 from runtime.engine import GREEDY, Sampling, Work
-from runtime.errors import ConfigError
 
-BLOCK = 16
 TOL = 2e-3  # see the module docstring
-FAMILIES = ["cpu", "gpu"]
 BLOCKS_PER_TURN = 8  # 128 positions
 
 
@@ -36,16 +33,6 @@ def rel_error(a: np.ndarray, b: np.ndarray) -> float:
 def table(turn: int) -> list[int]:
     """Turn i owns a fixed, deliberately non-contiguous set of blocks."""
     return [(turn + 7 * j) % 64 for j in range(BLOCKS_PER_TURN)]
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def kernels(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model: Model, kernels: str) -> OpenCLEngine:
-    return OpenCLEngine(tiny_model, num_blocks=64, block_size=BLOCK, kernels=kernels)
 
 
 @pytest.fixture(scope="module")
@@ -241,53 +228,6 @@ def test_forget_drops_the_host_copy(engine: OpenCLEngine) -> None:
         engine.swap_in(9, table(9))
 
 
-# ------------------------------------------------------------- bad input
-
-
-def test_block_table_too_short_is_a_clear_error(engine: OpenCLEngine) -> None:
-    with pytest.raises(ValueError, match=r"block table of 1 blocks covers 16 positions, the work reaches position 16"):
-        engine.step([Work(turn=0, tokens=[1, 2], start=15, block_table=[0], sample=True)])
-
-
-def test_block_id_outside_the_pool_is_a_clear_error(engine: OpenCLEngine) -> None:
-    with pytest.raises(ValueError, match="outside the pool of 64 blocks"):
-        engine.step([Work(turn=0, tokens=[1], start=0, block_table=[64], sample=True)])
-
-
-def test_two_items_for_one_turn_are_rejected(engine: OpenCLEngine) -> None:
-    with pytest.raises(ValueError, match="at most one Work per turn"):
-        engine.step([Work(turn=0, tokens=[1], start=0, block_table=[0], sample=True)] * 2)
-
-
-def test_token_outside_the_vocabulary_is_rejected(engine: OpenCLEngine) -> None:
-    with pytest.raises(ValueError, match="token ids must be in"):
-        engine.step([Work(turn=0, tokens=[engine.config.vocab_size], start=0, block_table=[0], sample=True)])
-
-
-def test_pool_and_block_size_are_checked(tiny_model: Model) -> None:
-    with pytest.raises(ConfigError, match="multiple of 16"):
-        OpenCLEngine(tiny_model, block_size=8, num_blocks=4)
-    with pytest.raises(ConfigError, match="largest allocation"):
-        OpenCLEngine(tiny_model, num_blocks=10**9)
-    with pytest.raises(ConfigError, match="kv_fraction"):
-        OpenCLEngine(tiny_model, kv_fraction=1.5)
-
-
-def test_default_pool_follows_the_kv_fraction(tiny_model: Model) -> None:
-    small = OpenCLEngine(tiny_model, kv_fraction=0.01)
-    large = OpenCLEngine(tiny_model, kv_fraction=0.02)
-    assert 0 < small.num_blocks < large.num_blocks
-    assert 2 * large.num_blocks * large.kv.block_bytes <= 0.02 * large.device.global_mem
-
-
-def test_kernel_family_follows_the_device_unless_forced(tiny_model: Model) -> None:
-    auto = OpenCLEngine(tiny_model, num_blocks=4)
-    assert auto.kernels == ("cpu" if auto.device.is_cpu else "gpu")
-    assert OpenCLEngine(tiny_model, num_blocks=4, kernels="gpu").kernels == "gpu"
-    with pytest.raises(ConfigError, match="kernels must be one of auto, cpu, gpu"):
-        OpenCLEngine(tiny_model, num_blocks=4, kernels="tpu")
-
-
 def test_device_argmax_takes_the_lowest_index_among_equal_maxima(engine: OpenCLEngine) -> None:
     """The greedy token comes from the device; it must be numpy's argmax of the logits."""
     rows = np.zeros((3, engine.config.vocab_size), np.float32)
@@ -320,18 +260,3 @@ def test_gpu_attention_split_over_work_groups_matches_the_reference(tiny_model: 
         want = reference.forward([token], position, cache)[-1]
         got = split.step_logits([Work(turn=0, tokens=[token], start=position, block_table=table(0), sample=True)])[0]
         assert rel_error(got, want) < TOL
-
-
-def test_a_step_on_a_host_cpu_device_lets_go_of_the_gil_between_launches(engine: OpenCLEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    # PoCL's worker threads share the host's cores: the enqueuing thread must not
-    # sit on the GIL while they keep it off the CPU, or the event loop stalls.
-    import types
-
-    import gpu.engine
-
-    yields: list[float] = []
-    monkeypatch.setattr(gpu.engine, "time", types.SimpleNamespace(sleep=yields.append))
-    engine.step([Work(turn=0, tokens=[1, 2, 3], start=0, block_table=table(0), sample=True)])
-    assert engine.device.is_cpu  # PoCL, in CI
-    launches = 2 + len(engine.launches.layers)  # embed, the layers, the head
-    assert yields and set(yields) == {0} and len(yields) >= launches // gpu.engine.GIL_YIELD_EVERY
