@@ -49,7 +49,6 @@ class Cell:
         self.crash: str | None = None  # "Type: message", once crashed
 
 
-
 class Lifecycles:
     # The system's state this part uses (besides `_made_progress` and `_gone`).
     bus: EventBus

@@ -56,7 +56,6 @@ class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
 OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
 
 
-
 def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

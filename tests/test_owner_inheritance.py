@@ -64,8 +64,6 @@ class Waiter(Agent):
             self.got_it = True
 
 
-
-
 @pytest.mark.anyio
 async def test_waiting_on_a_lock_lends_priority_to_its_holders_turn():
     with anyio.fail_after(30):

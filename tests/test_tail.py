@@ -30,7 +30,6 @@ from swarm import tail
 from swarm.cli import main
 
 
-
 def test_session_is_coherent(events_file: Path) -> None:
     # The generator itself: every kind the plot and tail care about occurs.
     kinds = {type(e) for e in read_events(events_file)}

@@ -162,7 +162,6 @@ class OwnerHost:
         self._stop.set()
 
 
-
 async def _batches(source: AsyncIterator[T], ready: Callable[[], list[T]]) -> AsyncIterator[list[T]]:
     """At each wake-up, the item that woke it and whatever else is ready."""
     async for first in source:
