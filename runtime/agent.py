@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 import anyio
 
 from runtime.actors import Actor
+from runtime.channel import EMPTY
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
@@ -217,18 +218,14 @@ class TurnHandle:
         turn raises TurnCancelled / TurnFailed with the reason."""
         if self._channel is None:
             raise UsageError(f"agent {self.agent.name!r}: start the turn first: `async with agent.generate(...) as turn`")
+        receive = self._channel.receive
         while self.ended is None:
             try:  # what is already there needs no trip through the event loop
-                update = self._channel.receive.receive_nowait()
-            except anyio.WouldBlock:
-                update = None
+                update = receive.take()
+                if update is EMPTY:
+                    update = await receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 update = _STOPPED
-            if update is None:
-                try:
-                    update = await self._channel.receive.receive()
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    update = _STOPPED
             if update is _STOPPED:
                 if self.ended is None:  # the owner went away without a word
                     self.ended = Failed(t=0.0, step=0, turn=self.id, agent=self.agent.name, priority=self.agent.priority, tokens=len(self.tokens), reason="the GPU owner stopped")

@@ -14,9 +14,9 @@ import collections
 import logging
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 
 from runtime.bus import EventBus
+from runtime.channel import UpdateSender
 from runtime.errors import UsageError
 from runtime.events import Failed
 from runtime.messages import (
@@ -36,7 +36,7 @@ class Intake:
     closing: bool
     _arrived: collections.deque[OwnerRequest]
     _wakeup: anyio.Event
-    _replies: dict[int, MemoryObjectSendStream[TurnUpdate]]
+    _replies: dict[int, UpdateSender[TurnUpdate]]
 
     def _request(self, request: OwnerRequest) -> None:
         self._arrived.append(request)

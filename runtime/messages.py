@@ -7,13 +7,11 @@ events.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Union
 
-import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from runtime.channel import UpdateReceiver, UpdateSender, open_channel
 from runtime.engine import GREEDY, Sampling
 from runtime.events import TurnEvent
 
@@ -31,8 +29,8 @@ class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
     # priority lent to any of them is lent to the turn.
     lifts: list[str] = []
     t: float = 0.0  # when the agent asked, on the swarm's clock: the wait starts here
-    # Where the owner answers: the send end of an anyio memory stream of
-    # TurnUpdate, made by the agent for this turn. (A reply address, not data.)
+    # Where the owner answers: a TurnChannel, made by the agent's GPU client for
+    # this turn. (A reply address, not data.)
     reply: Any = None
 
 
@@ -103,9 +101,9 @@ class TurnChannel:
 
     def __init__(self, turn_id: int) -> None:
         self.turn_id = turn_id
-        self.send: MemoryObjectSendStream[TurnUpdate]
-        self.receive: MemoryObjectReceiveStream[TurnUpdate]
-        self.send, self.receive = anyio.create_memory_object_stream[TurnUpdate](math.inf)
+        self.send: UpdateSender[TurnUpdate]
+        self.receive: UpdateReceiver[TurnUpdate]
+        self.send, self.receive = open_channel()
 
     def close(self) -> None:
         self.send.close()

@@ -31,13 +31,13 @@ from typing import Any
 
 import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectSendStream
 
 from runtime.actors import Actor, handler
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
 from runtime.engine import Engine
 from runtime.bus import EventBus
+from runtime.channel import UpdateSender
 from runtime.events import Ended, Event, SwappedIn, SwappedOut, TurnEvent
 from runtime.intake import STOPPED, Intake
 from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnChannel, TurnRequest, TurnUpdate
@@ -65,7 +65,7 @@ class GPUOwner(Intake, Actor):
         )
         self._arrived: collections.deque[OwnerRequest] = collections.deque()  # taken at the next boundary
         self._wakeup = anyio.Event()
-        self._replies: dict[int, MemoryObjectSendStream[TurnUpdate]] = {}
+        self._replies: dict[int, UpdateSender[TurnUpdate]] = {}
         # Set when the swarm shuts down: the turns its stopping agents leave were
         # ended by the shutdown, and say so.
         self.closing = False

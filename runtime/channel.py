@@ -1,0 +1,123 @@
+"""A turn's update channel: one sender (the GPU owner), one receiver (the turn's
+handle), unbounded, in order.
+
+It is the anyio memory object stream's interface cut down to what a turn needs,
+because that stream's price is paid once per token per agent: every `receive`
+takes a trip through the event loop before it looks, then makes an Event, looks
+up the current task and registers a waiter, and every `send_nowait` asks that
+task whether it is being cancelled. At 64 slots that was most of the owner's
+host work per step. Here a send appends to a deque and wakes the receiver only if
+it is waiting, so what a step sends a turn (its token, its events) costs the
+receiving task one wake-up, and the receiver takes what is there without one.
+
+Errors are anyio's, as the memory stream raises them: a send after the receiver
+closed is BrokenResourceError, a receive after the sender closed and the
+buffer drained is EndOfStream, and either side's use after its own close is
+ClosedResourceError. A receiver waiting when the sender closes wakes up.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+T = TypeVar("T")
+
+EMPTY: Any = object()  # what `take` returns when nothing is there
+
+
+class _State(Generic[T]):
+    __slots__ = ("items", "waiter", "send_closed", "receive_closed", "event")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[T] = collections.deque()
+        self.waiter: anyio.Event | None = None  # set by the receiver while it waits
+        self.send_closed = False
+        self.receive_closed = False
+        # The running backend's Event class, found once: anyio.Event() asks which
+        # async library runs on every call, and the receiver makes one per wait.
+        self.event: type[anyio.Event] | None = None
+
+    def wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.set()
+
+
+class UpdateSender(ObjectSendStream[T]):
+    def __init__(self, state: _State[T]) -> None:
+        self._state = state
+
+    def send_nowait(self, item: T) -> None:
+        state = self._state
+        if state.send_closed:
+            raise anyio.ClosedResourceError
+        if state.receive_closed:
+            raise anyio.BrokenResourceError
+        state.items.append(item)
+        if state.waiter is not None:
+            state.wake()
+
+    async def send(self, item: T) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.send_nowait(item)
+
+    def close(self) -> None:
+        self._state.send_closed = True
+        self._state.wake()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class UpdateReceiver(ObjectReceiveStream[T]):
+    def __init__(self, state: _State[T]) -> None:
+        self._state = state
+
+    def take(self) -> T:
+        """The next item, or EMPTY if none has come yet: receive_nowait without
+        an exception for the common case of a turn between two tokens."""
+        state = self._state
+        if state.items and not state.receive_closed:
+            return state.items.popleft()
+        if state.receive_closed:
+            raise anyio.ClosedResourceError
+        if state.send_closed:
+            raise anyio.EndOfStream
+        return EMPTY
+
+    def receive_nowait(self) -> T:
+        item = self.take()
+        if item is EMPTY:
+            raise anyio.WouldBlock
+        return item
+
+    async def receive(self) -> T:
+        """The next item, waiting for it if none is there. (What is already there
+        is taken without a checkpoint, as receive_nowait would.)"""
+        state = self._state
+        while (item := self.take()) is EMPTY:
+            if state.event is None:
+                state.event = type(anyio.Event())
+            state.waiter = waiter = state.event()
+            try:
+                await waiter.wait()
+            finally:
+                if state.waiter is waiter:  # cancelled while waiting
+                    state.waiter = None
+        return item
+
+    def close(self) -> None:
+        self._state.receive_closed = True
+        self._state.items.clear()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def open_channel() -> tuple[UpdateSender[Any], UpdateReceiver[Any]]:
+    state: _State[Any] = _State()
+    return UpdateSender(state), UpdateReceiver(state)
