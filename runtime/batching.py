@@ -120,10 +120,13 @@ class Batching:
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
         start = turn.computed
-        if not turn.covers(start + n, self.pool.block_size) and not self._reserve(turn.blocks, start + n, now, plan, keep=turn):
+        end = start + n
+        if len(turn.blocks) * self.pool.block_size < end and not self._reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
-        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, start + n)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks, n == turn.pending, turn.sampling))
+        # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
+        sample = end == len(turn.prompt) + len(turn.output)
+        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks, sample, turn.sampling))
         plan.turns.append(turn)
         turn.last_stepped = self.step
         return n
@@ -131,7 +134,8 @@ class Batching:
     def _protected_level(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):
             return None
-        return protected_level([self._level(t) for t in self.turns.values()])
+        top = self.priorities.top_level(self.turns.values())
+        return protected_level([] if top is None else [top])
 
     def _level(self, turn: Turn) -> int:
         return self.priorities.level(turn)

@@ -53,7 +53,10 @@ class PrefixCache:
 
     def parent(self, turn: Turn, i: int) -> bytes:
         """The key block i of the turn is filed under: its predecessor's, or the root."""
-        return self.chain(turn, i)[i - 1] if i else self.root
+        if not i:
+            return self.root
+        keys = turn.hashes  # (asked after every step: no copy of the chain when it is there)
+        return keys[i - 1] if len(keys) >= i else self.chain(turn, i)[i - 1]
 
     def reuse(self, turn: Turn, moves: list | None = None) -> int:
         """Give a turn that holds no K/V what the cache has of its tokens (leaving
@@ -131,7 +134,7 @@ class PrefixCache:
         if not self.enabled:
             return
         size = self.pool.block_size
-        full = turn.full_blocks(size)
+        full = min(turn.computed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
             keys = self.chain(turn, full)
             for i in range(turn.committed, full):

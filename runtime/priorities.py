@@ -51,7 +51,15 @@ class Priorities:
 
     def _raise(self, turn: Turn, base: int) -> int:
         lent = self.lent
+        if not lent:  # (the common case, asked for every turn at every step)
+            return base
         return max([base, *(lent[k] for k in turn.lifts if k in lent)])
+
+    def top_level(self, turns: Iterable[Turn]) -> int | None:
+        """The highest `level` among the turns (None if there are none)."""
+        if not self.lent:
+            return max((turn.priority for turn in turns), default=None)
+        return max((self.level(turn) for turn in turns), default=None)
 
     def aged(self, turn: Turn, now: float) -> int:
         """Aging levels the turn has earned by waiting until `now`."""

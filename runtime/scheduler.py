@@ -209,6 +209,7 @@ class Scheduler(Batching, KVMoves):
         """Account one step; return the sampled tokens to deliver, in batch order."""
         self.step += 1
         delivered = []
+        commit, eos, max_context = self.prefix.commit, self.eos, self.config.max_context  # (once per step, not per turn)
         for work, turn, token in zip(plan.works, plan.turns, tokens):
             if turn.status is not Status.RUNNING:
                 continue
@@ -221,15 +222,15 @@ class Scheduler(Batching, KVMoves):
                     turn.first_token_at = now
                 turn.output.append(token)
                 turn.token_times.append(now)
-            self.prefix.commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
+            commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if not sampled:
                 continue
             delivered.append((turn, token))
-            if token in self.eos and not turn.ignore_eos:
+            if token in eos and not turn.ignore_eos:
                 self._end(turn, Finished, "eos", now)
             elif len(turn.output) >= turn.max_tokens:
                 self._end(turn, Finished, "length", now)
-            elif self.config.max_context and turn.length >= self.config.max_context:
+            elif max_context and turn.length >= max_context:
                 self._end(turn, Finished, "context", now)
         return delivered
 
