@@ -9,6 +9,8 @@ task whether it is being cancelled. At 64 slots that was most of the owner's
 host work per step. Here a send appends to a deque and wakes the receiver only if
 it is waiting, so what a step sends a turn (its token, its events) costs the
 receiving task one wake-up, and the receiver takes what is there without one.
+(The owner sends each turn one token a step, so a batch per step would be a
+message per token still: the wake-up is what costs.)
 
 Errors are anyio's, as the memory stream raises them: a send after the receiver
 closed is BrokenResourceError, a receive after the sender closed and the
@@ -18,8 +20,9 @@ ClosedResourceError. A receiver waiting when the sender closes wakes up.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -30,21 +33,41 @@ EMPTY: Any = object()  # what `take` returns when nothing is there
 
 
 class _State(Generic[T]):
-    __slots__ = ("items", "waiter", "send_closed", "receive_closed", "event")
+    __slots__ = ("items", "waiter", "send_closed", "receive_closed", "new_waiter", "futures")
 
     def __init__(self) -> None:
         self.items: collections.deque[T] = collections.deque()
-        self.waiter: anyio.Event | None = None  # set by the receiver while it waits
+        self.waiter: Any = None  # what the receiver waits on, while it waits
         self.send_closed = False
         self.receive_closed = False
-        # The running backend's Event class, found once: anyio.Event() asks which
-        # async library runs on every call, and the receiver makes one per wait.
-        self.event: type[anyio.Event] | None = None
+        # How the receiver waits, found at its first wait (the receiver makes a
+        # waiter per wait, and anyio.Event() asks which async library runs every
+        # time): on asyncio a bare future of the running loop, as asyncio.Event
+        # would make, without the Event around it; elsewhere anyio's Event.
+        self.new_waiter: Any = None
+        self.futures = False
 
     def wake(self) -> None:
         waiter, self.waiter = self.waiter, None
-        if waiter is not None:
+        if waiter is None:
+            return
+        if not self.futures:
             waiter.set()
+        elif not waiter.done():  # (done: cancelled, its receiver gone)
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        if self.new_waiter is None:
+            try:
+                self.new_waiter, self.futures = asyncio.get_running_loop().create_future, True
+            except RuntimeError:  # another anyio backend
+                self.new_waiter = type(anyio.Event())
+        self.waiter = waiter = self.new_waiter()
+        try:
+            await (waiter if self.futures else waiter.wait())
+        finally:
+            if self.waiter is waiter:  # cancelled while waiting
+                self.waiter = None
 
 
 class UpdateSender(ObjectSendStream[T]):
@@ -70,6 +93,12 @@ class UpdateSender(ObjectSendStream[T]):
         self._state.wake()
 
     async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> Self:  # (`with` closes it, as it does a memory stream)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -98,16 +127,8 @@ class UpdateReceiver(ObjectReceiveStream[T]):
     async def receive(self) -> T:
         """The next item, waiting for it if none is there. (What is already there
         is taken without a checkpoint, as receive_nowait would.)"""
-        state = self._state
         while (item := self.take()) is EMPTY:
-            if state.event is None:
-                state.event = type(anyio.Event())
-            state.waiter = waiter = state.event()
-            try:
-                await waiter.wait()
-            finally:
-                if state.waiter is waiter:  # cancelled while waiting
-                    state.waiter = None
+            await self._state.wait()
         return item
 
     def close(self) -> None:
@@ -115,6 +136,12 @@ class UpdateReceiver(ObjectReceiveStream[T]):
         self._state.items.clear()
 
     async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> Self:  # (`with` closes it, as it does a memory stream)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -80,3 +80,16 @@ async def test_a_turn_channel_closes_both_ends() -> None:
         channel.send.send_nowait("x")
     with pytest.raises(anyio.ClosedResourceError):
         await channel.receive.receive()
+
+
+@pytest.mark.anyio
+async def test_with_closes_either_end() -> None:
+    send, receive = open_channel()
+    with send:
+        send.send_nowait(1)
+    with receive:
+        assert receive.take() == 1
+        with pytest.raises(anyio.EndOfStream):
+            receive.take()
+    with pytest.raises(anyio.ClosedResourceError):
+        receive.take()
