@@ -21,13 +21,10 @@ is runtime.intake).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import anyio
 import msgspec
@@ -44,6 +41,7 @@ from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.serving import lift_key
+from runtime.stepthread import StepThread
 from runtime.turns import Plan, SchedulerConfig
 
 log = logging.getLogger(__name__)
@@ -134,11 +132,11 @@ class GPUOwner(Intake, Actor):
     # ----------------------------------------------------------------- loop
 
     async def run(self) -> None:
-        with ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-step") as device:
+        with StepThread(f"{self.name}-step") as device:
             while True:
                 await self._boundary(device)
 
-    async def _boundary(self, device: ThreadPoolExecutor) -> None:
+    async def _boundary(self, device: StepThread) -> None:
         """One token boundary: plan, launch the step, deliver the last one's tokens."""
         if not self.scheduler.turns:
             self._deliver()
@@ -169,7 +167,7 @@ class GPUOwner(Intake, Actor):
         self._publish()
         try:
             with anyio.CancelScope(shield=True):  # never leave a step running unowned
-                tokens = await _result(step)
+                tokens = await step.result()
         except Exception as exc:
             log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
             tokens = await anyio.to_thread.run_sync(self._isolate, plan)
@@ -184,7 +182,10 @@ class GPUOwner(Intake, Actor):
         self._pending = [Token(turn=turn.id, token=token, t=now) for turn, token in self.scheduler.postprocess(plan, tokens, now)]
         # Host time of this boundary not hidden behind the step (the delivery is).
         self.overhead_seconds.append(max(0.0, time.perf_counter() - started - spent))
-        await anyio.lowlevel.checkpoint()  # a cancellation lands here, between steps
+        # A cancellation lands here, between steps. (Only if there is one: the
+        # boundary has yielded already, waiting for its step, and a plain
+        # checkpoint would cost every step another trip through the event loop.)
+        await anyio.lowlevel.checkpoint_if_cancelled()
 
     def _deliver(self) -> None:
         pending, self._pending = self._pending, []
@@ -265,12 +266,3 @@ class GPUOwner(Intake, Actor):
             # The agent stopped listening: end the turn at the next boundary.
             self._replies.pop(turn_id).close()
             self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))
-
-
-async def _result(step: Future) -> Any:
-    """Wait for the step thread without blocking the event loop."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # another anyio backend: wait in a worker thread
-        return await anyio.to_thread.run_sync(step.result)
-    return await asyncio.wrap_future(step, loop=loop)

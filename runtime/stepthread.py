@@ -1,0 +1,94 @@
+"""The GPU owner's step thread: the one thread engine steps run in, handed a
+step at a time.
+
+A step's device work blocks, so it runs off the event loop, while the loop
+delivers the previous step's tokens. A ThreadPoolExecutor awaited through
+asyncio.wrap_future costs two futures, a lock and a chain of done-callbacks per
+step, some 10 us of the owner's host time; here, on asyncio, the thread sets the
+awaiting future itself with one call_soon_threadsafe. On another event loop
+(trio) the owner waits for a plain Future in a worker thread, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+class Job(Generic[T]):
+    """One call handed to the step thread; `await job.result()` for its return."""
+
+    def __init__(self, fn: Callable[[Any], T], arg: Any) -> None:
+        self._fn, self._arg = fn, arg
+        self._loop: asyncio.AbstractEventLoop | None
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # another anyio backend
+            self._loop = None
+            self._done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        else:
+            self._future: asyncio.Future[T] = self._loop.create_future()
+
+    def run(self) -> None:
+        """In the step thread."""
+        try:
+            result, error = self._fn(self._arg), None
+        except BaseException as exc:  # (handed to whoever awaits the step, as a Future would)
+            result, error = None, exc
+        if self._loop is None:
+            if error is None:
+                self._done.set_result(result)  # type: ignore[arg-type]
+            else:
+                self._done.set_exception(error)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._settle, result, error)
+        except RuntimeError:
+            pass  # the event loop has closed: nobody waits for this step any more
+
+    def _settle(self, result: Any, error: BaseException | None) -> None:
+        if self._future.done():  # the waiter was cancelled
+            return
+        if error is None:
+            self._future.set_result(result)
+        else:
+            self._future.set_exception(error)
+
+    async def result(self) -> T:
+        if self._loop is None:
+            return await anyio.to_thread.run_sync(self._done.result)
+        return await self._future
+
+
+class StepThread:
+    """`with StepThread(name) as device: job = device.submit(fn, arg)`. Leaving
+    the block waits for the job in hand, as ThreadPoolExecutor's does."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+
+    def __enter__(self) -> StepThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+    def submit(self, fn: Callable[[A], T], arg: A) -> Job[T]:
+        job = Job(fn, arg)
+        self._jobs.put(job)
+        return job
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job.run()

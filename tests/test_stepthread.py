@@ -1,0 +1,35 @@
+"""The owner's step thread (runtime.stepthread): a step's result or error comes
+back to the awaiting task, on asyncio and trio, and every step runs in the one
+thread, in order."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from runtime.stepthread import StepThread
+
+GUARD = 10  # seconds: a hang guard, never a threshold
+
+
+@pytest.mark.anyio
+async def test_steps_run_in_one_thread_in_order_and_return_or_raise() -> None:
+    ran: list[tuple[int, str]] = []
+
+    def step(i: int) -> int:
+        ran.append((i, threading.current_thread().name))
+        if i == 2:
+            raise ValueError("bad step")
+        return i * 10
+
+    with anyio.fail_after(GUARD), StepThread("gpu-step") as device:
+        jobs = [device.submit(step, i) for i in range(4)]  # handed on before any is awaited
+        assert await jobs[0].result() == 0
+        assert await jobs[1].result() == 10
+        with pytest.raises(ValueError, match="bad step"):
+            await jobs[2].result()
+        assert await jobs[3].result() == 30
+    assert ran == [(i, "gpu-step") for i in range(4)]
+
