@@ -11,7 +11,9 @@ Two figures per configuration:
   the next step runs, so only postprocess, schedule and the launch count here.
 
 Each configuration keeps every slot busy: `agents` background agents, each
-asking for one long turn after another.
+asking for one long turn after another and reading every token of it. The
+tokens they read in the measured window are counted too: a figure is only the
+owner's if its agents kept up (tokens read per step = the slots in use).
 """
 
 from __future__ import annotations
@@ -40,39 +42,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class Busy(Agent):
-    """One long turn after another, reading every token."""
+    """One long turn after another, reading every token (counted in `read[0]`)."""
 
-    def __init__(self, name: str, tokens: int) -> None:
+    def __init__(self, name: str, tokens: int, read: list[int]) -> None:
         super().__init__(name, BACKGROUND)
         self.tokens = tokens
+        self.read = read  # shared by all the agents of a run
 
     async def run(self) -> None:
         while True:
             async with self.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=self.tokens, ignore_eos=True) as turn:
                 async for _ in turn:
-                    pass
+                    self.read[0] += 1
 
 
 async def measure(slots: int, agents: int, steps: int, turn_tokens: int) -> dict[str, Any]:
     from swarm.api import Swarm
 
     engine = TimingEngine(realtime=False)
+    read = [0]
     async with Swarm(engine, slots=slots) as swarm:
         for i in range(agents):
-            await swarm.spawn(Busy(f"a{i}", turn_tokens))
+            await swarm.spawn(Busy(f"a{i}", turn_tokens, read))
         while swarm.bus.counts[Admitted] < min(slots, agents):
             await anyio.sleep(0.01)
         owner, sched = swarm.owner, swarm.owner.scheduler
         owner.gap_seconds.clear()
-        first, started = sched.step, time.perf_counter()
+        first, started, read_before = sched.step, time.perf_counter(), read[0]
         while sched.step < first + steps:
             await anyio.sleep(0.01)
         elapsed = time.perf_counter() - started
-        done = sched.step - first
+        done, tokens_read = sched.step - first, read[0] - read_before
         gap = statistics.median(owner.gap_seconds)
     return {
         "slots": slots, "agents": agents, "steps": done, "steps_per_s": done / elapsed,
         "host_ms_per_step": 1e3 * elapsed / done, "gap_ms_per_step": 1e3 * gap,
+        "tokens_read_per_step": tokens_read / done,
     }  # fmt: skip
 
 
@@ -90,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"  {r['slots']:3d} slots, {r['agents']:3d} agents: {r['host_ms_per_step']:6.3f} ms/step "
                 f"({r['steps_per_s']:6.0f} steps/s, {per_token:5.1f} us per token), "
-                f"between steps {r['gap_ms_per_step']:6.3f} ms (median)"
+                f"between steps {r['gap_ms_per_step']:6.3f} ms (median), agents read {r['tokens_read_per_step']:5.1f} tokens/step"
             )
     return 0

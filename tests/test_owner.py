@@ -222,3 +222,7 @@ def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFi
     for c in out["configs"]:
         assert c["steps"] >= 40 and c["steps_per_s"] > 0
         assert 0 < c["gap_ms_per_step"] <= c["host_ms_per_step"] * 10
+        # The agents read every token as it comes: about one per slot per step
+        # (a step's tokens reach them during the next one, hence the margin).
+        busy = min(c["slots"], c["agents"])
+        assert 0.8 * busy <= c["tokens_read_per_step"] <= 1.2 * busy
