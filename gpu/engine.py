@@ -43,7 +43,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
-from gpu.families import GPUFamily, make_family
+from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
@@ -53,7 +53,7 @@ from gpu.validate import check_batch
 from gpu.weights import upload_weights
 from runtime.cost import StepCost
 from runtime.engine import Work
-from runtime.errors import ConfigError, UnsupportedModelError
+from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.units import ceil_div
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
@@ -80,8 +80,7 @@ class OpenCLEngine:
 
     kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
     profile: time every launch with OpenCL profiling events (`last_profile`).
-    attention_splits: force the GPU kernels' attention splits per (token, KV
-    head) (tests); None decides per step from the positions and the device.
+    gpu_tuning: the GPU kernels' attention span and lane sums (tests force them).
     """
 
     def __init__(
@@ -95,7 +94,7 @@ class OpenCLEngine:
         kv_fraction: float = 0.25,
         max_batch_tokens: int = 256,
         profile: bool = False,
-        attention_splits: int | None = None,
+        gpu_tuning: GPUTuning | None = None,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         self.model_id = f"{self.model.path.name}:{self.model.path.stat().st_size}"
@@ -115,7 +114,7 @@ class OpenCLEngine:
         self.device_name = device.name
         self.model_name = Path(self.model.path).name
         self.max_context = cfg.context_length
-        self.family = make_family(kernels, device, attention_splits)
+        self.family = make_family(kernels, device, gpu_tuning)
         self.family.check(self)
         self.profile = profile
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
@@ -151,11 +150,15 @@ class OpenCLEngine:
             f"-DN_LAYERS={cfg.n_layers}",
             f"-DBLOCK_SIZE={self.block_size}",
         ]
-        while True:
-            program = self.device.build(self.family.source(), options + self.family.options(self))
-            if self.family.name == "cpu" or self.family.fit(program, self.device) or self.family.wg <= 16:
+        while True:  # the GPU family may halve its work-groups, or give up subgroups, and build again
+            try:
+                program = self.device.build(self.family.source(), options + self.family.options(self))
+            except DeviceError:
+                if self.family.name == "gpu" and self.family.fall_back():
+                    continue
+                raise
+            if self.family.name == "cpu" or self.family.fit(program, self.device):
                 return program
-            self.family.wg //= 2  # some kernel needs more registers than a full work-group has
 
     def _allocate(self, t: int) -> None:
         """Buffers for a step of up to `t` tokens, made once."""

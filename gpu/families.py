@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyopencl as cl
 
+from gpu import subgroups
 from gpu.device import Device
 from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
@@ -59,14 +60,23 @@ class StepLaunches:
     argmax: Argmax
 
 
-def make_family(kernels: str | None, device: Device, splits: int | None = None) -> CPUFamily | GPUFamily:
-    """`splits` forces the GPU family's attention splits (tests); None decides per step."""
+@dataclass(frozen=True)
+class GPUTuning:
+    """The GPU family's choices a test can force: positions per attention split
+    (small spans split short contexts), and how a matmul row's lanes are added
+    (gpu/subgroups.py: auto, khr, local or emulated)."""
+
+    span: int = 256
+    subgroups: str = "auto"
+
+
+def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = None) -> CPUFamily | GPUFamily:
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     if choice == "auto":
         choice = "cpu" if device.is_cpu else "gpu"
-    return CPUFamily(device) if choice == "cpu" else GPUFamily(device, splits)
+    return CPUFamily(device) if choice == "cpu" else GPUFamily(device, tuning or GPUTuning())
 
 
 class CPUFamily:
@@ -126,11 +136,14 @@ class GPUFamily:
     SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
     MAX_WG = 256
     MAX_SPLITS = 16
-    SPLIT_POSITIONS = 256  # fewest positions worth a work-group of their own
 
-    def __init__(self, device: Device, splits: int | None = None):
-        self.compute_units = int(device.device.max_compute_units)
-        self.forced_splits = splits
+    def __init__(self, device: Device, tuning: GPUTuning):
+        if tuning.span < 1:
+            raise ConfigError(f"attention splits need a span of at least one position, got {tuning.span}")
+        self.span = tuning.span
+        self.c_version = device.device.opencl_c_version
+        self.subgroups = subgroups.choose(device.device.extensions, self.c_version, tuning.subgroups)
+        self.lanes = subgroups.MAX_LANES  # the most lanes a matmul unit has (set by fit)
         # The largest power of two the device allows, up to 256: a multiple of
         # every GPU's warp/wavefront (32 or 64) and of its preferred multiple.
         limit = min(self.MAX_WG, int(device.device.max_work_group_size))
@@ -142,19 +155,19 @@ class GPUFamily:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
-        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}", f"-DMAX_SPLITS={self.MAX_SPLITS}"]
+        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}",
+                f"-DMAX_SPLITS={self.MAX_SPLITS}", f"-DSPLIT_SPAN={self.span}"] + subgroups.build_options(self.subgroups, self.c_version)  # fmt: skip
 
-    def splits(self, tokens: int, positions: int, kv_heads: int) -> int:
-        """Work-groups per (token, KV head) in attention: enough to fill the device
-        about twice over, none with fewer than SPLIT_POSITIONS positions."""
-        if self.forced_splits:
-            return min(self.forced_splits, self.MAX_SPLITS)
-        fill = max(1, 2 * self.compute_units // (tokens * kv_heads))
-        return max(1, min(self.MAX_SPLITS, fill, ceil_div(positions, self.SPLIT_POSITIONS)))
+    def splits(self, positions: int) -> int:
+        """Work-groups per (token, KV head) in attention for a step whose longest
+        token sees `positions`: one per span of them, at most MAX_SPLITS (attention.cl
+        widens the span past that). Each token uses only the splits its own
+        positions need, so its sums never depend on the rest of the step."""
+        return max(1, min(self.MAX_SPLITS, ceil_div(positions, self.span)))
 
     def split_count(self, e: OpenCLEngine, window: int):
-        """A layer's attention splits for a step of t tokens: a sliding window caps the positions."""
-        return lambda t: self.splits(t, min(e.step_positions, window or e.step_positions), e.config.n_kv_heads)
+        """A layer's attention splits for the step: a sliding window caps the positions."""
+        return lambda: self.splits(min(e.step_positions, window or e.step_positions))
 
     def check(self, engine: OpenCLEngine) -> None:
         cfg = engine.config
@@ -165,9 +178,28 @@ class GPUFamily:
 
     def fit(self, program: cl.Program, device: Device) -> bool:
         """Whether every kernel can run work-groups of self.wg on this device (a
-        kernel's register use can lower its limit below the device's)."""
+        kernel's register use can lower its limit below the device's); if not, the
+        work-groups halve and the engine builds again. With subgroups, this also
+        reads their size; where the device will not say, the matmuls fall back to
+        local memory and the engine builds again."""
         info = cl.kernel_work_group_info.WORK_GROUP_SIZE
-        return all(k.get_work_group_info(info, device.device) >= self.wg for k in program.all_kernels())
+        if self.wg > 16 and not all(k.get_work_group_info(info, device.device) >= self.wg for k in program.all_kernels()):
+            self.wg //= 2
+            return False
+        mv = [k for k in program.all_kernels() if k.function_name.startswith("mv_")]
+        lanes = subgroups.lane_cap(self.subgroups, mv, device.device, self.wg)
+        if lanes is None:
+            return self.fall_back()
+        self.lanes = lanes
+        return True
+
+    def fall_back(self) -> bool:
+        """After a failed build or an unknown subgroup size: matmuls through local
+        memory instead of subgroups. False where there is nothing to fall back to."""
+        if self.subgroups != "khr":
+            return False
+        self.subgroups = "local"
+        return True
 
     def bind(self, e: OpenCLEngine, program: cl.Program) -> StepLaunches:
         cfg, W, b = e.config, e.weights, e.buffers
@@ -177,7 +209,7 @@ class GPUFamily:
 
         def matmul(name, op, w, g, x, xrows, y, nparts, tail):
             head = (w.qs, w.dm, g, x, xrows, b.parts, i32(nparts), stride, eps, y)
-            return GPUMatmul(name, program, op, self.wg, w, head + tail)
+            return GPUMatmul(name, program, op, self.wg, self.lanes, w, head + tail)
 
         def post_norm(y, nparts, w):
             """x += rmsnorm(sum of y's nparts slices) * w: the residual add of post-norm models."""

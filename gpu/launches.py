@@ -65,17 +65,20 @@ MM_ROWS, MM_COLS = 32, 32
 
 class GPUMatmul:
     """A GPU-family fused matmul (kernels/gpu/matmul.cl): `mv` for a few columns,
-    `mm` (tiled through local memory) for many."""
+    `mm` (tiled through local memory) for many; both add in the same order, so
+    which one a step takes never changes a row's result."""
 
     NCOLS = 12  # index of the ncols argument
 
-    def __init__(self, name: str, program: cl.Program, op: int, wg: int, w: DeviceMatrix, args: tuple):
+    def __init__(self, name: str, program: cl.Program, op: int, wg: int, lanes: int, w: DeviceMatrix, args: tuple):
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if op == OP_SWIGLU else w.rows
         units = rows if op == OP_SWIGLU else ceil_div(rows, 2)
         blocks = w.cols // 32
-        # lanes per unit: a power of two, at most a warp, no more than the row has blocks
-        self.lpu = min(1 << (blocks.bit_length() - 1), 32, wg)
+        # lanes per unit: a power of two, at most a warp (or the subgroup: `lanes`),
+        # no more than the row has blocks. It fixes the order a row's sum is
+        # added in (reduce.cl), so it depends on the matrix and device only.
+        self.lpu = min(1 << (blocks.bit_length() - 1), lanes, wg)
         self.mv_size = (ceil_div(units, wg // self.lpu) * wg,)
         self.mm_groups = ceil_div(units, MM_ROWS // 2)
         self.kernels = {}
@@ -95,7 +98,7 @@ class GPUMatmul:
 
 class GPUAttention:
     """The GPU family's attention (kernels/gpu/attention.cl) over a (KV heads,
-    tokens, splits) grid; `splits` is decided per step by `split_count`."""
+    tokens, splits) grid; `split_count()` gives the splits the step's longest token needs."""
 
     name = "attention"
 
@@ -105,7 +108,7 @@ class GPUAttention:
         self.wg, self.kv_heads, self.weight_bytes, self.split_count = wg, kv_heads, weight_bytes, split_count
 
     def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
-        size = (self.kv_heads * self.wg, t, self.split_count(t))
+        size = (self.kv_heads * self.wg, t, self.split_count())
         return cl.enqueue_nd_range_kernel(queue, self.kernel, size, (self.wg, 1, 1))
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpu.engine import OpenCLEngine
+from gpu.families import GPUTuning
 from gpu.model import load_model
 from gpu.reference import ReferenceModel
 from gpu.synthetic import write_tiny_gguf
@@ -25,9 +26,9 @@ SHAPE = dict(d_model=256, d_ff=512, n_heads=8, n_kv_heads=4, n_layers=6, sliding
 FAMILIES = pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 
 
-def compare(path: Path, steps: int = 6, kernels: str = "cpu", splits: int | None = None) -> None:
+def compare(path: Path, steps: int = 6, kernels: str = "cpu", span: int | None = None) -> None:
     model = load_model(path)
-    engine = OpenCLEngine(model, num_blocks=8, block_size=16, kernels=kernels, attention_splits=splits)
+    engine = OpenCLEngine(model, num_blocks=8, block_size=16, kernels=kernels, gpu_tuning=None if span is None else GPUTuning(span=span))
     reference = ReferenceModel(model)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, model.config.vocab_size, 13).tolist()
@@ -71,8 +72,9 @@ def test_mixed_qkv_types_match_reference(tmp_path: Path, v_type, kind: str, kern
 
 
 def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
-    """Gemma 3 on the GPU family with attention cut into 3 splits per (token, KV head): each
-    split takes a share of the window only, and the last to finish combines them."""
+    """Gemma 3 on the GPU family with attention cut into splits of 3 positions: the sliding
+    window of 8 is 3 splits per (token, KV head), each a share of the window only, and the
+    last to finish combines them."""
     path = write_tiny_gguf(tmp_path / "m.gguf", arch="gemma3", weight_type=Q.Q8_0, embed_type=Q.Q8_0,
                            tied=True, **SHAPE)
-    compare(path, steps=6, kernels="gpu", splits=3)
+    compare(path, steps=6, kernels="gpu", span=3)

@@ -1,13 +1,18 @@
 /* GPU family: paged attention with the output projection fused in. Built after
- * quant.cl, common.cl and gpu/reduce.cl; the host passes WG, D_MODEL and
- * MAX_SPLITS.
+ * quant.cl, common.cl and gpu/reduce.cl; the host passes WG, D_MODEL,
+ * MAX_SPLITS and SPLIT_SPAN.
  *
  * Work-group (KV head, token, split). The query heads of the KV head's group
  * (grouped-query attention) share every K and V load. The positions token t
  * sees, first..pos[t] (first = 0, or pos[t] - window + 1 on a sliding-window
- * layer, window > 0), are cut into `splits` equal ranges (flash-decoding: a
- * long context keeps many work-groups busy even for one token); a split processes its range WG
- * positions at a time, flash-attention style:
+ * layer, window > 0), are cut into splits of SPLIT_SPAN positions each
+ * (flash-decoding: a long context keeps many work-groups busy even for one
+ * token), the span doubling, tripling... past MAX_SPLITS * SPLIT_SPAN
+ * positions. A fixed span, not a count chosen per step, because a token's sums
+ * must not depend on its batch-mates (reduce.cl): the launch has as many
+ * splits as its longest token needs, and a token's surplus work-groups return
+ * at once. A split processes its range WG positions at a time, flash-attention
+ * style:
  *   scores   work-item i takes position p0 + i: its K column (K is stored
  *            transposed, so neighbouring work-items read neighbouring halves)
  *            against each query head of the group;
@@ -49,12 +54,15 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
     __local float scratch[GROUP * WG];                                          \
     __local float chunk[GROUP];                                                 \
     __local float *o = (__local float *)o16;                                    \
-    __local int last;                                                           \
+    __local int last[1];  /* an array: clang took a scalar for a private one */ \
     const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1); \
-    const int split = get_group_id(2), splits = get_num_groups(2);              \
+    const int split = get_group_id(2);                                          \
     __global const int *table = tables + seq[t] * max_blocks;                   \
     const int n = pos[t] + 1, first = window > 0 ? max(0, n - window) : 0;     \
-    const int span = (n - first + splits - 1) / splits;                         \
+    /* a fixed span per split, so the splits depend on this token alone */      \
+    const int seen = n - first, spans = (seen + SPLIT_SPAN - 1) / SPLIT_SPAN;   \
+    const int span = SPLIT_SPAN * ((spans + MAX_SPLITS - 1) / MAX_SPLITS);      \
+    const int splits = (seen + span - 1) / span;                                \
     const int begin = first + split * span, end = min(n, begin + span);         \
     const float scale = rsqrt((float)HEAD_DIM);                                 \
     for (int j = lid; j < GH; j += WG)                                          \
@@ -67,6 +75,9 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         l[h] = 0.0f;                                                            \
     }                                                                           \
     barrier(CLK_LOCAL_MEM_FENCE);                                               \
+    if (split >= splits)                                                        \
+        return;  /* a longer token needs more splits than this one */           \
+    /* after a barrier: before the first, PoCL 3.1's results varied run to run */ \
     for (int p0 = begin; p0 < end; p0 += WG) {                                  \
         const int at = p0 + lid;                                                \
         for (int h = 0; h < GROUP; h++)                                         \
@@ -129,9 +140,9 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         mem_fence(CLK_GLOBAL_MEM_FENCE);                                        \
         barrier(CLK_GLOBAL_MEM_FENCE);                                          \
         if (lid == 0)                                                           \
-            last = atomic_inc(counters + pair) == splits - 1;                   \
+            last[0] = atomic_inc(counters + pair) == splits - 1;                \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
-        if (!last)                                                              \
+        if (!last[0])                                                           \
             return;  /* the whole work-group: `last` is shared */               \
         if (lid == 0)                                                           \
             counters[pair] = 0;  /* ready for the next launch */                \

@@ -11,10 +11,14 @@
  *               two rows, work-item i reading blocks i, i+LPU, ... of both rows
  *               (LPU neighbours read LPU neighbouring blocks: coalesced), each
  *               block dequantized once and multiplied into every column; then a
- *               reduction through local memory.
+ *               reduction across the LPU work-items: a subgroup butterfly where
+ *               the device has shuffles, else a tree through local memory.
  *   mm_<type>   prefill (many columns): a work-group computes 32 rows x 32
- *               columns, staging 64-wide slices of the dequantized weights and
- *               of the inputs in local memory.
+ *               columns, staging two blocks at a time of the dequantized weights
+ *               and of the inputs in local memory.
+ * Which one a step takes depends on its batch, so both add every dot product in
+ * the one order reduce.cl fixes: a row's result is the same bits whatever else
+ * shares the step (tests/test_engine_invariance.py).
  *
  * Both compute, for unit u and column c, the pair of dot products an epilogue
  * needs together, and both run every op (a uniform branch, `op`):
@@ -33,7 +37,7 @@
 #define MV_TILE 8   /* columns one pass of mv serves */
 #define MM_ROWS 32  /* rows (16 units) x columns of one mm work-group */
 #define MM_COLS 32
-#define MM_K 64     /* k per staged slice: two blocks */
+#define MM_Q4 17    /* float4s per staged row: two blocks, and one against bank conflicts */
 #define MM_CPL (MM_COLS * 16 / WG)  /* columns per work-item in mm */
 
 #define GPU_MATMUL_ARGS                                                          \
@@ -44,6 +48,21 @@
     int accumulate, __global const int *pos, __global const int *seq,           \
     __global const int *tables, int max_blocks, __global const float *rope, \
     __global half *kcache, __global half *vcache, int layer, int lpu
+
+/* A staged block half (16 floats) in local memory, as float4s: a float16 there
+ * would need 64-byte alignment the padded rows do not have. */
+inline void stage16(__local float4 *p, float16 v)
+{
+    p[0] = v.s0123;
+    p[1] = v.s4567;
+    p[2] = v.s89ab;
+    p[3] = v.scdef;
+}
+
+inline float16 unstage16(__local const float4 *p)
+{
+    return (float16)(p[0], p[1], p[2], p[3]);
+}
 
 /* The two weight rows of unit u. */
 inline int2 unit_rows(int op, int u, int rows)
@@ -99,9 +118,54 @@ inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows
     }
 }
 
+/* 1/rms of columns c0 .. c0 + n - 1 (n <= MV_TILE) into inv: each work-item sums
+ * a strided share of the squares, then the work-group tree. mv and mm both call
+ * it, so a column's scale never depends on which kernel its step took. */
+inline void column_norms(__global const float *x, __global const float *parts, int nparts,
+                         int part_stride, int k, __global const int *xrows, int c0, int n,
+                         float eps, __local float *scratch, __local float *inv)
+{
+    float a[MV_TILE];
+    for (int c = 0; c < MV_TILE; c++) {
+        a[c] = 0.0f;
+        if (c < n)
+            for (int j = get_local_id(0); j < k; j += WG) {
+                const float v = input_at(x, parts, nparts, part_stride, k, xrows[c0 + c], j);
+                a[c] += v * v;
+            }
+    }
+    wg_sum(a, MV_TILE, scratch, inv);
+    if (get_local_id(0) < MV_TILE)
+        inv[get_local_id(0)] = rsqrt(inv[get_local_id(0)] / k + eps);
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
 /* ======================================================================== */
-/* Decode: work-items cooperate on a unit, reduce through local memory       */
+/* Decode: work-items cooperate on a unit, reduce across the unit's lanes    */
 /* ======================================================================== */
+/* Lane l of a unit sums its blocks l, l + lpu, ... (reduce.cl's order); the
+ * lanes' partials meet in the pairwise tree: a subgroup butterfly where the
+ * device has shuffles (SUBGROUPS), else through local memory. */
+#if SUBGROUPS
+#define MV_COMBINE(a, tile, scratch, lid, lane, lpu)                           \
+    for (int i = 0; i < 2 * MV_TILE; i++)                                       \
+        if (i < 2 * (tile))                                                     \
+            a[i] = tree_lanes(a[i], lpu, scratch);
+#define MV_RESULT(a, c, scratch, lid, lane) (float2)(a[2 * (c)], a[2 * (c) + 1])
+#else
+#define MV_COMBINE(a, tile, scratch, lid, lane, lpu)                           \
+    for (int i = 0; i < 2 * MV_TILE; i++)                                       \
+        scratch[i * WG + lid] = a[i];                                           \
+    barrier(CLK_LOCAL_MEM_FENCE);                                               \
+    for (int c = 0; c < MV_TILE; c++)                                           \
+        if (c < tile && c % lpu == lane) {                                      \
+            tree_local(scratch + 2 * c * WG + (lid - lane), lpu);               \
+            tree_local(scratch + (2 * c + 1) * WG + (lid - lane), lpu);         \
+        }
+#define MV_RESULT(a, c, scratch, lid, lane)                                     \
+    (float2)(scratch[2 * (c) * WG + (lid - lane)], scratch[(2 * (c) + 1) * WG + (lid - lane)])
+#endif
+
 #define DEFINE_MV(NAME, WTYPE)                                                  \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void mv_##NAME(GPU_MATMUL_ARGS)                                                 \
@@ -111,26 +175,13 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
     const int lid = get_local_id(0), lane = lid % lpu;                          \
     const int u = get_group_id(0) * (WG / lpu) + lid / lpu;                     \
     const int units = unit_count(op, rows), nb = k / 32;                        \
+    const int in_parts = op == OP_SWIGLU ? nparts : 0;                          \
     const int2 rr = unit_rows(op, min(u, units - 1), rows);                     \
     for (int c0 = 0; c0 < ncols; c0 += MV_TILE) {                               \
         const int tile = min(MV_TILE, ncols - c0);                              \
+        if (normalize)                                                          \
+            column_norms(x, parts, in_parts, part_stride, k, xrows, c0, tile, eps, scratch, inv); \
         float a[2 * MV_TILE];                                                   \
-        /* 1/rms of each column, every work-item summing a strided share */     \
-        for (int c = 0; c < MV_TILE; c++) {                                     \
-            a[c] = 0.0f;                                                        \
-            if (normalize && c < tile)                                          \
-                for (int j = lid; j < k; j += WG) {                             \
-                    const float v = input_at(x, parts, op == OP_SWIGLU ? nparts : 0, \
-                                             part_stride, k, xrows[c0 + c], j); \
-                    a[c] += v * v;                                              \
-                }                                                               \
-        }                                                                       \
-        if (normalize) {                                                        \
-            wg_sum(a, MV_TILE, scratch, inv);                                   \
-            if (lid < MV_TILE)                                                  \
-                inv[lid] = rsqrt(inv[lid] / k + eps);                           \
-            barrier(CLK_LOCAL_MEM_FENCE);                                       \
-        }                                                                       \
         for (int i = 0; i < 2 * MV_TILE; i++)                                   \
             a[i] = 0.0f;                                                        \
         for (int b = lane; b < nb; b += lpu) {                                  \
@@ -139,104 +190,122 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
             load_block(WTYPE, qs, dm, (size_t)rr.y * nb + b, &lo1, &hi1);       \
             const float16 glo = F16(2 * b, g), ghi = F16(2 * b + 1, g);         \
             lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;                     \
-            for (int c = 0; c < tile; c++) {                                    \
+            for (int c = 0; c < MV_TILE; c++) {                                 \
+                if (c >= tile)                                                  \
+                    break;                                                      \
                 const int xr = xrows[c0 + c];                                   \
                 float16 xlo = F16(2 * b, x + (size_t)xr * k);                   \
                 float16 xhi = F16(2 * b + 1, x + (size_t)xr * k);               \
-                if (op == OP_SWIGLU)                                            \
-                    for (int p = 0; p < nparts; p++) {                          \
-                        __global const float *pp = parts + (size_t)p * part_stride + (size_t)xr * k; \
-                        xlo += F16(2 * b, pp);                                  \
-                        xhi += F16(2 * b + 1, pp);                              \
-                    }                                                           \
-                a[2 * c] += hsum16(lo0 * xlo + hi0 * xhi);                      \
-                a[2 * c + 1] += hsum16(lo1 * xlo + hi1 * xhi);                  \
+                for (int p = 0; p < in_parts; p++) {                            \
+                    __global const float *pp = parts + (size_t)p * part_stride + (size_t)xr * k; \
+                    xlo += F16(2 * b, pp);                                      \
+                    xhi += F16(2 * b + 1, pp);                                  \
+                }                                                               \
+                a[2 * c] += block_dot(lo0, hi0, xlo, xhi);                      \
+                a[2 * c + 1] += block_dot(lo1, hi1, xlo, xhi);                  \
             }                                                                   \
         }                                                                       \
-        /* reduce over the lpu work-items of each unit */                       \
-        for (int i = 0; i < 2 * MV_TILE; i++)                                   \
-            scratch[i * WG + lid] = a[i];                                       \
-        barrier(CLK_LOCAL_MEM_FENCE);                                           \
-        for (int c = lane; c < tile; c += lpu) {                                \
-            float2 v = (float2)(0.0f);                                          \
-            const int first = lid - lane;                                       \
-            for (int i = 0; i < lpu; i++)                                       \
-                v += (float2)(scratch[2 * c * WG + first + i], scratch[(2 * c + 1) * WG + first + i]); \
-            if (normalize)                                                      \
-                v *= inv[c];                                                    \
-            if (u < units)                                                      \
-                epilogue(op, u, c0 + c, v, y, rows, accumulate, parts, nparts, part_stride, \
-                         pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
-        }                                                                       \
+        MV_COMBINE(a, tile, scratch, lid, lane, lpu)                            \
+        for (int c = 0; c < MV_TILE; c++)                                       \
+            if (c < tile && c % lpu == lane) {                                  \
+                float2 v = MV_RESULT(a, c, scratch, lid, lane);                 \
+                if (normalize)                                                  \
+                    v *= inv[c];                                                \
+                if (u < units)                                                  \
+                    epilogue(op, u, c0 + c, v, y, rows, accumulate, parts, nparts, part_stride, \
+                             pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
+            }                                                                   \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
     }                                                                           \
 }
 FOR_EACH_WTYPE(DEFINE_MV)
 
 /* ======================================================================== */
-/* Prefill: a 32 x 32 output tile, 64-wide slices through local memory       */
+/* Prefill: a 32 x 32 output tile, two blocks at a time through local memory */
 /* ======================================================================== */
 /* Work-item (iu, ic): unit iu of the tile's 16, columns ic, ic + WG/16, ...
- * Local rows 2*iu and 2*iu+1 hold that unit's two weight rows. */
+ * Local rows 2*iu and 2*iu+1 hold that unit's two weight rows. The blocks are
+ * staged in reduce.cl's lane order (lane_block), so each work-item adds a
+ * lane's blocks into one partial and pushes it into the lane tree when the
+ * lane's last block is in: the same sums, in the same order, as mv. */
 #define DEFINE_MM(NAME, WTYPE)                                                  \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void mm_##NAME(GPU_MATMUL_ARGS)                                                 \
 {                                                                               \
-    __local float ws[MM_ROWS][MM_K + 1];                                        \
-    __local float xs[MM_COLS][MM_K + 1];                                        \
+    __local float4 ws[MM_ROWS][MM_Q4];                                          \
+    __local float4 xs[MM_COLS][MM_Q4];                                          \
+    __local float scratch[MV_TILE * WG];                                        \
     __local float ss[MM_COLS];                                                  \
     const int lid = get_local_id(0), iu = lid % 16, ic = lid / 16;              \
     const int units = unit_count(op, rows), nb = k / 32;                        \
     const int u0 = get_group_id(0) * 16, c0 = get_group_id(1) * MM_COLS;       \
     const int in_parts = op == OP_SWIGLU ? nparts : 0;                          \
-    float acc[2 * MM_CPL], sq[MM_CPL];                                          \
-    for (int i = 0; i < MM_CPL; i++)                                            \
-        acc[2 * i] = acc[2 * i + 1] = sq[i] = 0.0f;                             \
-    for (int k0 = 0; k0 < k; k0 += MM_K) {                                      \
-        /* stage: 32 rows x 2 blocks of weights, 32 columns x 64 inputs */      \
-        for (int i = lid; i < MM_ROWS * (MM_K / 32); i += WG) {                 \
-            const int lr = i / (MM_K / 32), b = k0 / 32 + i % (MM_K / 32);      \
+    if (normalize)                                                              \
+        for (int i = 0; i < MM_COLS; i += MV_TILE)                              \
+            column_norms(x, parts, in_parts, part_stride, k, xrows, c0 + i,     \
+                         min(MV_TILE, ncols - c0 - i), eps, scratch, ss + i);   \
+    float acc[2 * MM_CPL], tree[2 * MM_CPL][TREE_LEVELS];                       \
+    for (int i = 0; i < 2 * MM_CPL; i++)                                        \
+        acc[i] = 0.0f;                                                          \
+    for (int q0 = 0; q0 < nb; q0 += 2) {                                        \
+        /* stage: 32 rows x 2 blocks of weights, 32 columns x 2 blocks of inputs */ \
+        for (int i = lid; i < MM_ROWS * 2; i += WG) {                           \
+            const int lr = i / 2, sb = i % 2;                                   \
             const int2 rr = unit_rows(op, min(u0 + lr / 2, units - 1), rows);   \
             float16 lo = (float16)0.0f, hi = (float16)0.0f;                     \
-            if (b < nb) {                                                       \
+            if (q0 + sb < nb) {                                                 \
+                const int b = lane_block(q0 + sb, nb, lpu);                     \
                 load_block(WTYPE, qs, dm, (size_t)(lr % 2 ? rr.y : rr.x) * nb + b, &lo, &hi); \
                 lo *= F16(2 * b, g);                                            \
                 hi *= F16(2 * b + 1, g);                                        \
             }                                                                   \
-            __local float *w = &ws[lr][(i % (MM_K / 32)) * 32];                 \
-            for (int j = 0; j < 16; j++) {                                      \
-                w[j] = ((float *)&lo)[j];                                       \
-                w[16 + j] = ((float *)&hi)[j];                                  \
-            }                                                                   \
+            stage16(&ws[lr][8 * sb], lo);                                       \
+            stage16(&ws[lr][8 * sb + 4], hi);                                   \
         }                                                                       \
-        for (int i = lid; i < MM_COLS * MM_K; i += WG) {                        \
-            const int lc = i / MM_K, j = i % MM_K, c = min(c0 + lc, ncols - 1); \
-            xs[lc][j] = k0 + j < k ? input_at(x, parts, in_parts, part_stride, k, xrows[c], k0 + j) : 0.0f; \
+        for (int i = lid; i < MM_COLS * 16; i += WG) {                          \
+            const int lc = i / 16, f = i % 16, c = min(c0 + lc, ncols - 1);     \
+            float4 v = (float4)0.0f;                                            \
+            if (q0 + f / 8 < nb) {                                              \
+                const int j = 32 * lane_block(q0 + f / 8, nb, lpu) + 4 * (f % 8); \
+                __global const int *r = xrows + c;                              \
+                v = (float4)(input_at(x, parts, in_parts, part_stride, k, *r, j),  \
+                             input_at(x, parts, in_parts, part_stride, k, *r, j + 1), \
+                             input_at(x, parts, in_parts, part_stride, k, *r, j + 2), \
+                             input_at(x, parts, in_parts, part_stride, k, *r, j + 3)); \
+            }                                                                   \
+            xs[lc][f] = v;                                                      \
         }                                                                       \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
-        for (int j = 0; j < MM_K; j++) {                                        \
-            const float w0 = ws[2 * iu][j], w1 = ws[2 * iu + 1][j];             \
+        for (int sb = 0; sb < 2 && q0 + sb < nb; sb++) {                        \
+            const float16 w0lo = unstage16(&ws[2 * iu][8 * sb]);                \
+            const float16 w0hi = unstage16(&ws[2 * iu][8 * sb + 4]);            \
+            const float16 w1lo = unstage16(&ws[2 * iu + 1][8 * sb]);            \
+            const float16 w1hi = unstage16(&ws[2 * iu + 1][8 * sb + 4]);        \
             for (int i = 0; i < MM_CPL; i++) {                                  \
-                const float xv = xs[ic + i * (WG / 16)][j];                     \
-                acc[2 * i] += w0 * xv;                                          \
-                acc[2 * i + 1] += w1 * xv;                                      \
-                if (iu == 0)                                                    \
-                    sq[i] += xv * xv;                                           \
+                const int lc = ic + i * (WG / 16);                              \
+                const float16 xlo = unstage16(&xs[lc][8 * sb]);                 \
+                const float16 xhi = unstage16(&xs[lc][8 * sb + 4]);             \
+                acc[2 * i] += block_dot(w0lo, w0hi, xlo, xhi);                  \
+                acc[2 * i + 1] += block_dot(w1lo, w1hi, xlo, xhi);              \
             }                                                                   \
+            const int b = lane_block(q0 + sb, nb, lpu);                         \
+            if (b + lpu >= nb)  /* the lane's last block: its partial is whole */ \
+                for (int i = 0; i < 2 * MM_CPL; i++) {                          \
+                    tree_push(tree[i], acc[i], b % lpu);                        \
+                    acc[i] = 0.0f;                                              \
+                }                                                               \
         }                                                                       \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
     }                                                                           \
-    if (iu == 0)                                                                \
-        for (int i = 0; i < MM_CPL; i++)                                        \
-            ss[ic + i * (WG / 16)] = normalize ? rsqrt(sq[i] / k + eps) : 1.0f; \
-    barrier(CLK_LOCAL_MEM_FENCE);                                               \
     const int u = u0 + iu;                                                      \
     for (int i = 0; i < MM_CPL; i++) {                                          \
         const int lc = ic + i * (WG / 16), c = c0 + lc;                         \
+        float2 v = (float2)(tree_root(tree[2 * i], lpu), tree_root(tree[2 * i + 1], lpu)); \
+        if (normalize)                                                          \
+            v *= ss[lc];                                                        \
         if (u < units && c < ncols)                                             \
-            epilogue(op, u, c, (float2)(acc[2 * i], acc[2 * i + 1]) * ss[lc], y, rows, \
-                     accumulate, parts, nparts, part_stride, pos, seq, tables,  \
-                     max_blocks, rope, kcache, vcache, layer);              \
+            epilogue(op, u, c, v, y, rows, accumulate, parts, nparts, part_stride, \
+                     pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
     }                                                                           \
 }
 FOR_EACH_WTYPE(DEFINE_MM)
