@@ -221,16 +221,16 @@ class TurnHandle:
         receive = self._channel.receive
         while self.ended is None:
             try:  # what is already there needs no trip through the event loop
-                update = receive.take()
-                if update is EMPTY:
-                    update = await receive.receive()
+                while (update := receive.take()) is EMPTY:
+                    await receive.wait()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 update = _STOPPED
             if update is _STOPPED:
                 if self.ended is None:  # the owner went away without a word
                     self.ended = Failed(t=0.0, step=0, turn=self.id, agent=self.agent.name, priority=self.agent.priority, tokens=len(self.tokens), reason="the GPU owner stopped")
                 break
-            piece = await self._take(update)
+            # (a token, nearly every time: taken without making a coroutine)
+            piece = self._push(update) if type(update) is Token else await self._take(update)
             if piece:
                 return piece
         if self._text is not None and (rest := self._text.flush()):
@@ -242,17 +242,21 @@ class TurnHandle:
             raise error(f"turn {self.id} of agent {self.agent.name!r}: {reason}", turn=self.id, agent=self.agent.name, reason=reason)
         raise StopAsyncIteration
 
+    def _push(self, update: Token) -> str:
+        token, t = update.token, update.t
+        self.tokens.append(token)
+        self.token_times.append(t)
+        if self.first_token_t is None:
+            self.first_token_t = t
+        piece = self._text.push(token) if self._text is not None else f"[{token}]"
+        if piece:
+            self.pieces.append(piece)
+        return piece
+
     async def _take(self, update: Any) -> str:
         match update:
-            case Token(token=token, t=t):
-                self.tokens.append(token)
-                self.token_times.append(t)
-                if self.first_token_t is None:
-                    self.first_token_t = t
-                piece = self._text.push(token) if self._text is not None else f"[{token}]"
-                if piece:
-                    self.pieces.append(piece)
-                return piece
+            case Token():
+                return self._push(update)
             case Queued(t=t):
                 self.queued_t = t
             case Admitted(t=t):

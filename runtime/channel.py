@@ -124,6 +124,12 @@ class UpdateReceiver(ObjectReceiveStream[T]):
             raise anyio.WouldBlock
         return item
 
+    async def wait(self) -> None:
+        """Until an item is there or either end is closed (take() says which)."""
+        state = self._state
+        if not (state.items or state.send_closed or state.receive_closed):
+            await state.wait()
+
     async def receive(self) -> T:
         """The next item, waiting for it if none is there. (What is already there
         is taken without a checkpoint, as receive_nowait would.)"""

@@ -189,8 +189,15 @@ class GPUOwner(Intake, Actor):
 
     def _deliver(self) -> None:
         pending, self._pending = self._pending, []
-        for token in pending:
-            self._send(token.turn, token)
+        replies = self._replies
+        for token in pending:  # (_send, inlined: this runs for every token)
+            reply = replies.get(token.turn)
+            if reply is None:
+                continue
+            try:
+                reply.send_nowait(token)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._hang_up(token.turn)
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""
@@ -263,6 +270,9 @@ class GPUOwner(Intake, Actor):
         try:
             reply.send_nowait(update)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            # The agent stopped listening: end the turn at the next boundary.
-            self._replies.pop(turn_id).close()
-            self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))
+            self._hang_up(turn_id)
+
+    def _hang_up(self, turn_id: int) -> None:
+        """The agent stopped listening: end the turn at the next boundary."""
+        self._replies.pop(turn_id).close()
+        self._request(CancelTurn(turn=turn_id, reason="agent stopped listening"))

@@ -93,3 +93,16 @@ async def test_with_closes_either_end() -> None:
             receive.take()
     with pytest.raises(anyio.ClosedResourceError):
         receive.take()
+
+
+@pytest.mark.anyio
+async def test_wait_returns_at_once_when_take_has_an_answer() -> None:
+    send, receive = open_channel()
+    send.send_nowait(1)
+    with anyio.fail_after(GUARD):
+        await receive.wait()  # an item is there
+        assert receive.take() == 1
+        send.close()
+        await receive.wait()  # the sender closed: take() says so
+    with pytest.raises(anyio.EndOfStream):
+        receive.take()
