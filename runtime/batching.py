@@ -52,7 +52,10 @@ class Batching:
         for turn in self._batch_order(self.running.values(), now):
             if budget <= 0:
                 break
-            if self._catch_up(turn, plan):
+            pending = turn.pending
+            if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
+                budget -= self._take(turn, 1, now, plan)
+            elif self._catch_up(turn, plan):
                 budget -= self._take(turn, min(turn.pending, budget), now, plan)
 
     def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
@@ -83,7 +86,8 @@ class Batching:
         return True
 
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
-        return sorted(turns, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_admit))
+        effective = self.priorities.effective  # (the key runs for every turn at every step)
+        return sorted(turns, key=lambda t: (len(t.prompt) + len(t.output) - t.computed > 1, -effective(t, now), t.last_admit))
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has

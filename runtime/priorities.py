@@ -46,8 +46,9 @@ class Priorities:
             # A waiting turn ages; a running one keeps what it had aged to when
             # admitted, so the turn it displaced cannot displace it straight back.
             aged = turn.boost if turn.slot is not None else self.aged(turn, now)
-            base = min(base + aged, self.aging_cap)
-        return self._raise(turn, base)
+            if aged:
+                base = min(base + aged, self.aging_cap)
+        return self._raise(turn, base) if self.lent else base
 
     def _raise(self, turn: Turn, base: int) -> int:
         lent = self.lent
