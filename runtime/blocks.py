@@ -140,10 +140,11 @@ class BlockPool:
         if self._refs[block] < 1:
             raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
         old = self._rows_of.get(block)
-        if old is not None and old[0] != parent:
+        if old is None:
+            self._under.setdefault(parent, {})[block] = None
+        elif old[0] != parent:
             raise ValueError(f"block {block} is already noted under another parent")
         self._rows_of[block] = (parent, rows)
-        self._under.setdefault(parent, {})[block] = None
 
     def noted_rows(self, block: int) -> tuple[int, ...]:
         """The tokens a noted block's rows hold (empty if it is not noted)."""
