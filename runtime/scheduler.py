@@ -22,6 +22,7 @@ is the lowest effective priority, latest admitted.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Iterable, Sequence
 
 from runtime.batching import Batching
@@ -66,6 +67,10 @@ class Scheduler(Batching, KVMoves):
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
         self._enqueues = itertools.count(1)
+        # Bumped by whatever changes who runs, who waits or what is lent; with
+        # `_stuck`, the queue is walked only when a turn might take a slot.
+        self._changes = 0
+        self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
 
     # ------------------------------------------------------------------ inputs
 
@@ -92,6 +97,7 @@ class Scheduler(Batching, KVMoves):
             arrived=now, waiting_since=now, lifts=(agent, *lifts), enqueued=next(self._enqueues),
         )
         self.turns[turn.id] = turn
+        self._changes += 1
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
         problem = self._unrunnable(turn)
         if problem:
@@ -118,6 +124,7 @@ class Scheduler(Batching, KVMoves):
         lift key (runtime.serving.lift_key) only those serving one request. Takes
         effect at the next `schedule`."""
         self.priorities.lend(lift, priority)
+        self._changes += 1
 
     # ------------------------------------------------------------ the turns
 
@@ -144,7 +151,8 @@ class Scheduler(Batching, KVMoves):
 
     def schedule(self, now: float) -> Plan:
         plan = Plan()
-        for turn in self.priorities.queue_order(self.waiting, now, self.policy):
+        waiting = [] if self._queue_stuck(now) else self.waiting
+        for turn in self.priorities.queue_order(waiting, now, self.policy):
             free = self._free_slot()
             if free is None:
                 if not self.policy.preempts:
@@ -158,6 +166,27 @@ class Scheduler(Batching, KVMoves):
                 break
         self._batch(now, plan)
         return plan
+
+    def _queue_stuck(self, now: float) -> bool:
+        """Whether no waiting turn can take a slot: none is free and none outranks
+        the victim (the queue's walk would stop at its first turn). It stays so
+        until who runs, who waits or what is lent changes, or a waiting turn ages
+        (a running turn's priority does not change with time); it is remembered
+        till then, since with every slot busy it is the question of every step."""
+        if self._stuck is not None and self._stuck[0] == self._changes and now < self._stuck[1]:
+            return True
+        running = self.running
+        if len(running) < self.config.slots:
+            return False
+        waiting = [t for t in self.turns.values() if t.status is not Status.RUNNING]
+        if self.policy.preempts and waiting:
+            victim = self.priorities.victim(running.values(), now)
+            bar = self.priorities.effective(victim, now) if victim is not None else None
+            if bar is not None and any(self.priorities.effective(t, now) > bar for t in waiting):
+                return False
+        until = self.priorities.next_aging(waiting, now) if self.policy.preempts else None
+        self._stuck = (self._changes, math.inf if until is None else until)
+        return True
 
     def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan, *, memory: bool = False) -> None:
         """Pause a running turn at this token boundary. `by` is the turn taking its
@@ -190,6 +219,7 @@ class Scheduler(Batching, KVMoves):
         turn.boost = self.priorities.aged(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
         turn.last_admit = next(self._admissions)
+        self._changes += 1
         if turn.admitted_at is None:
             turn.admitted_at = now
             self.emit(Admitted(**self._about(turn, now), waited_s=now - turn.arrived, cached_tokens=turn.cached_tokens))
@@ -247,6 +277,7 @@ class Scheduler(Batching, KVMoves):
         """Back to the queue, its K/V still on the device (evicting it is the
         policy's next step)."""
         turn.status, turn.slot = Status.PAUSED, None
+        self._changes += 1
         turn.boost = 0
         turn.waiting_since = now
         turn.enqueued = next(self._enqueues)
@@ -273,6 +304,7 @@ class Scheduler(Batching, KVMoves):
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
         turn.status, turn.slot = Status.ENDED, None
+        self._changes += 1
         self.pool.release(turn.blocks)
         del self.turns[turn.id]
 
