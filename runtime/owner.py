@@ -42,7 +42,7 @@ from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.serving import lift_key
 from runtime.stepthread import StepThread
-from runtime.turns import Plan, SchedulerConfig
+from runtime.turns import Plan, SchedulerConfig, Turn
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,10 @@ class GPUOwner(Intake, Actor):
         self._faults: dict[int, str] = {}  # turn -> the engine error it alone caused this step
         # host time from a step's end to the next step's start (the device idles)
         self.gap_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
-        self._pending: list[Token] = []  # the last step's tokens, not yet delivered
+        # The last step's tokens, not yet delivered, and when they were sampled (made
+        # into Token messages as they are sent, while the next step runs).
+        self._pending: list[tuple[Turn, int]] = []
+        self._pending_t = 0.0
         self._step_ended: float | None = None
 
     # ---------------------------------------------------------------- hooks
@@ -179,7 +182,7 @@ class GPUOwner(Intake, Actor):
         for turn_id, reason in self._faults.items():
             self.scheduler.fail(turn_id, now, reason)
         self._faults.clear()
-        self._pending = [Token(turn=turn.id, token=token, t=now) for turn, token in self.scheduler.postprocess(plan, tokens, now)]
+        self._pending, self._pending_t = self.scheduler.postprocess(plan, tokens, now), now
         # Host time of this boundary not hidden behind the step (the delivery is).
         self.overhead_seconds.append(max(0.0, time.perf_counter() - started - spent))
         # A cancellation lands here, between steps. (Only if there is one: the
@@ -189,15 +192,15 @@ class GPUOwner(Intake, Actor):
 
     def _deliver(self) -> None:
         pending, self._pending = self._pending, []
-        replies = self._replies
-        for token in pending:  # (_send, inlined: this runs for every token)
-            reply = replies.get(token.turn)
+        replies, t = self._replies, self._pending_t
+        for turn, token in pending:  # (_send, inlined: this runs for every token)
+            reply = replies.get(turn.id)
             if reply is None:
                 continue
             try:
-                reply.send_nowait(token)
+                reply.send_nowait(Token(turn=turn.id, token=token, t=t))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._hang_up(token.turn)
+                self._hang_up(turn.id)
 
     def _execute(self, plan: Plan) -> list[int | None]:
         """Runs in a worker thread: the blocking device work of one step."""
