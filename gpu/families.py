@@ -30,7 +30,7 @@ import pyopencl as cl
 
 from gpu import subgroups
 from gpu.device import Device
-from gpu.launches import OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
+from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.units import ceil_div
@@ -81,8 +81,9 @@ def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = 
 
 class CPUFamily:
     name = "cpu"
-    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul")
+    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit")
     WG = 16  # matmul work-group: each work-item owns two rows
+    LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
 
     def __init__(self, device: Device):
         self.wg = self.argmax_wg = self.WG
@@ -91,7 +92,8 @@ class CPUFamily:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
-        return [f"-DWG={self.wg}", f"-DMAX_COLS={engine.max_batch_tokens}", f"-DARGMAX_WG={self.argmax_wg}"]
+        return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
+                f"-DARGMAX_WG={self.argmax_wg}"]  # fmt: skip
 
     def check(self, engine: OpenCLEngine) -> None:
         pass
@@ -101,7 +103,8 @@ class CPUFamily:
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
 
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
-            return CPUMatmul(name, program, kernel, self.wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
+            wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
+            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
 
         def residual(name, w, x, post_norm):
             """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""

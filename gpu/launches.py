@@ -35,6 +35,17 @@ def _tile(ncols: int) -> int:
     return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8
 
 
+LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
+
+
+def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
+    """The local buffer cpu/lowbit.cl's kernels quantize a tile's inputs into: per column
+    2 bytes an input, and an int16 of sums and a float scale per super-block of 256."""
+    if w.kind not in LOWBIT_KINDS:
+        return ()
+    return (cl.LocalMemory(tile * (2 * w.cols + (64 + 4) * (w.cols // 256))),)
+
+
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
     qkv) in every tile variant; a work-item owns a pair of rows."""
@@ -49,7 +60,7 @@ class CPUMatmul:
         self.tiles = {}
         for tile in (1, 2, 4, 8):
             k = cl.Kernel(program, f"{kernel}_{w.kind}_t{tile}")
-            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra)
+            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
             self.tiles[tile] = k
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:

@@ -6,13 +6,13 @@ aligned, so the upload repacks every type into blocks of 32 in one of a few
 device kinds (kernels/quant.cl lists them): the quants (`qs`, nibbles or int8)
 in one array and the scales (`dm`, widened to float32) in another, so kernels
 use aligned vector loads. The repacking is exact: every K-quant sub-block
-becomes its own (scale, offset), except in Q2_K and Q3_K, whose integer
-sub-block scales and super-block f16 bits stay beside the quants in one 16-byte
-word quad per block (their scales would outweigh their quants as floats). F16
+becomes its own (scale, offset), except in Q2_K and Q3_K, which stay whole
+super-blocks of 256 with their integer sub-block scales (as floats those would
+outweigh their quants), laid out for the CPU matmuls' integer arithmetic. F16
 and BF16 are widened to float32.
 
 Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
-Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K/Q3_K 0.5 (0.33-0.43);
+Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K 0.375 (0.33), Q3_K 0.5 (0.43);
 a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
@@ -116,38 +116,31 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
     return _low_bit(t, b)
 
 
-def _f16_bits(b: np.ndarray, at: int) -> np.ndarray:
-    """The f16 at byte `at` of each super-block as its 16 bits, once per block of 32 (8 each)."""
-    return np.repeat(np.ascontiguousarray(b[:, at : at + 2]).view(np.uint16)[:, 0].astype(np.uint32), 8)
-
-
-def _odd_f16(bits: np.ndarray) -> bool:
-    """Whether any of these f16s is subnormal, infinite or nan."""
-    exponent, mantissa = (bits >> 10) & 31, bits & 1023
-    return bool(np.any(((exponent == 0) & (mantissa != 0)) | (exponent == 31)))
+def _lanes(values: np.ndarray, bits: int) -> np.ndarray:
+    """(n, 256) fields of `bits` bits -> (n, 32) uint16 lanes, lane 2u + e holding weights
+    16 u + 2 f + e at bits `bits` * f, f = 0..7: sub-block u's even then odd weights."""
+    v = values.astype(np.uint16).reshape(len(values), 16, 8, 2).transpose(0, 1, 3, 2)
+    return (v << (bits * np.arange(8, dtype=np.uint16))).sum(axis=-1, dtype=np.uint16).reshape(len(values), 32)
 
 
 def _low_bit(t: WeightTensor, b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """Q2_K and Q3_K as q2 and q3: a block of 32 is one aligned 16-byte quad of 2-bit quants,
-    the super-block's f16 scale(s) as bits and the sub-blocks' integer scales (0.5 B/weight,
-    where float scales per sub-block of 16 took 1.0). The kernels widen f16 bits exactly for
-    normal values and zero only; a tensor with any other scale is packed as q8x2."""
-    if t.qtype == Q.Q2_K:  # w = d sc q - dmin m, sc and m the 4-bit halves of a scale byte
-        halves = [_f16_bits(b, 80), _f16_bits(b, 82)]
-        q = quants._twobit(b[:, 16:80]).reshape(-1, 32)
-        sc = b[:, 0:16].astype(np.uint32).reshape(-1, 2)
-        third, fourth = halves[0] | (halves[1] << 16), sc[:, 0] | (sc[:, 1] << 8)
-    else:  # w = d (sc - 32)(q - 4), q in 0..7 and sc in 0..63 as quants.q3_k_fields gives them
-        halves = [_f16_bits(b, 108)]
-        q, sc = quants.q3_k_fields(b)
-        q, sc = q.reshape(-1, 32), sc.astype(np.uint32).reshape(-1, 2)
-        third, fourth = _bitword(q >> 2, 1), halves[0] | (sc[:, 0] << 16) | (sc[:, 1] << 22)
-    if any(_odd_f16(h) for h in halves):
-        q8, scale, offset = levels(t)
-        return "q8x2", q8, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
-    quad = np.stack([_bitword(q[:, :16] & 3, 2), _bitword(q[:, 16:] & 3, 2), third, fourth], axis=1)
-    kind = "q2" if t.qtype == Q.Q2_K else "q3"
-    return kind, quad.astype(np.uint32).view(np.uint8), np.zeros((len(quad), 0), np.float32)
+    """Q2_K and Q3_K as q2 and q3, whole super-blocks of 256: 64 bytes of 2-bit quants as 32
+    16-bit lanes (lane 2u + e: sub-block u's even (e = 0) or odd weights), beside a record of
+    the integer sub-block scales and the super-block's scale(s) as float32. 0.375 B/weight for
+    q2, 0.5 for q3, whose third bits (1/8 B/weight) ride in its record, a byte a lane."""
+    rec = np.zeros((len(b), 8 if t.qtype == Q.Q2_K else 16), np.float32)
+    raw = rec.view(np.uint8)
+    if t.qtype == Q.Q2_K:  # record: 16 scale bytes (scale | min << 4), d, dmin
+        raw[:, 0:16] = b[:, 0:16]
+        rec[:, 4], rec[:, 5] = _f16(b, 80), _f16(b, 82)
+        return "q2", _lanes(quants._twobit(b[:, 16:80]), 2).view(np.uint8), rec
+    # record: the third bits (bit f of byte 2u + e: weight 16 u + 2 f + e), the 16 six-bit
+    # scales less 32 as int8, d
+    q, sc = quants.q3_k_fields(b)
+    raw[:, 0:32] = _lanes(q >> 2, 1).astype(np.uint8)
+    raw[:, 32:48] = (sc.astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    rec[:, 12] = _f16(b, 108)
+    return "q3", _lanes(q & 3, 2).view(np.uint8), rec
 
 
 def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,22 +11,25 @@
  *   Q6    qs = 16 B nibbles   dm = float4 (d0, d1, qh0, qh1)
  *         q = nibble + 16 * (2-bit pair j of qh0|qh1), w = d0|d1 (q - 32)
  *         from Q6_K (d0 scales weights 0..15, d1 16..31: its sub-blocks of 16)
- *   Q2    qs = uint4 (q0, q1, d | dmin << 16, sc0 | sc1 << 8)   dm unused
- *         from Q2_K: q0, q1 the 2-bit quants of weights 0..15, 16..31; d, dmin the
- *         super-block's f16 bits; sc the sub-blocks' scale bytes (scale | min << 4):
- *         w = d scale q - dmin min in each half
- *   Q3    qs = uint4 (q0, q1, hq, d | sc0 << 16 | sc1 << 22)          dm unused
- *         from Q3_K: q = the 2-bit quant | bit j of hq << 2, sc six bits:
- *         w = d (sc - 32)(q - 4) in each half
+ *   Q2    whole super-blocks of 256 (8 blocks of 32), from Q2_K:
+ *         qs = 64 B of 2-bit quants as 32 16-bit lanes: lane 2u + e holds weights
+ *         16 u + 2 f + e at bits 2 f, f = 0..7 (sub-block u's even, then odd weights)
+ *         dm = 8 floats: 16 scale bytes (scale | min << 4, one per 16 weights), d, dmin
+ *         w = d scale q - dmin min
+ *   Q3    from Q3_K, the same 64 B of low quant bits, and dm = 16 floats: 32 B of
+ *         third bits (bit f of byte 2u + e, as the lanes above), 16 scales less 32
+ *         as int8, d:   w = d scale (q - 4)
  *   Q8_0  qs = 32 int8        dm = float d                   w = d q
  *   Q8X2  qs = 32 int8        dm = float4 (d0, m0, d1, m1)   w = d q + m per half
  *         the common kind when one matrix stacks tensors of different kinds
  *   F32   qs = the float row itself, dm unused (from F32, F16, BF16)
  * qh words are bit patterns carried in float slots (as_uint reads them back).
  * `load_block` returns the 32 weights of block `blk` as lo (0..15), hi (16..31).
- * The scales are widened from f16 to f32 on upload (4 more bytes per Q4_1 block,
- * 20%): without cl_khr_fp16 each half took ~20 scalar instructions to convert
- * and the Q4_1 matmul was compute-bound at a quarter of the memory bandwidth.
+ * (q2 and q3 too, here; the CPU matmuls read them a super-block at a time, in
+ * cpu/lowbit.cl.) The scales are widened from f16 to f32 on upload (4 more bytes
+ * per Q4_1 block, 20%): without cl_khr_fp16 each half took ~20 scalar
+ * instructions to convert and the Q4_1 matmul was compute-bound at a quarter of
+ * the memory bandwidth.
  * `wtype` is a literal at every call site, so the branches fold away.
  *
  * Vector loads are plain dereferences of aligned vector pointers (every offset
@@ -49,22 +52,15 @@
 /* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
  * kernel family instantiates its weight-reading kernels once per entry, so a new
  * type is: a WT_ constant, its branch in load_block, its entry here, and its
- * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. */
-#define FOR_EACH_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
-    X(q5, WT_Q5) X(q6, WT_Q6) X(q2, WT_Q2) X(q3, WT_Q3) X(q8x2, WT_Q8X2)
+ * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. The CPU family's
+ * matmuls read the super-block kinds (q2, q3) in integer arithmetic
+ * (cpu/lowbit.cl) and decode the others to floats, a block at a time. */
+#define FOR_EACH_BLOCK_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
+    X(q5, WT_Q5) X(q6, WT_Q6) X(q8x2, WT_Q8X2)
+#define FOR_EACH_SUPER_WTYPE(X) X(q2, WT_Q2) X(q3, WT_Q3)
+#define FOR_EACH_WTYPE(X) FOR_EACH_BLOCK_WTYPE(X) FOR_EACH_SUPER_WTYPE(X)
 
 #define LANES (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-
-/* The value of an f16's bits, without cl_khr_fp16: exponent and mantissa moved to a
- * float's places read 2^112 too small, and the multiply is exact. Right for normal
- * values and zero; gpu/weights.py packs tensors with other scales another way. */
-inline float f16_bits(uint h)
-{
-    return as_float(as_uint(as_float((h & 0x7fffu) << 13) * 0x1p112f) | ((h & 0x8000u) << 16));
-}
-
-/* Sixteen 2-bit fields of w, field j at bits 2j */
-#define TWO_BITS(w) convert_float16(((uint16)(w) >> (2u * LANES)) & 3u)
 
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const float *dm, size_t blk,
@@ -87,18 +83,27 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const uint16 h0 = (uint16)(as_uint(s.z)), h1 = (uint16)(as_uint(s.w));
         *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.x;
         *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.y;
-    } else if (wtype == WT_Q2) {
-        const uint4 w = ((__global const uint4 *)qs)[blk];
-        const float d = f16_bits(w.z & 0xffffu), dmin = f16_bits(w.z >> 16);
-        *lo = TWO_BITS(w.x) * (d * (float)(w.w & 15u)) - dmin * (float)((w.w >> 4) & 15u);
-        *hi = TWO_BITS(w.y) * (d * (float)((w.w >> 8) & 15u)) - dmin * (float)((w.w >> 12) & 15u);
-    } else if (wtype == WT_Q3) {
-        const uint4 w = ((__global const uint4 *)qs)[blk];
-        const float d = f16_bits(w.w & 0xffffu);
-        const uint16 h = (uint16)(w.z);
-        const float s0 = d * (float)((int)((w.w >> 16) & 63u) - 32), s1 = d * (float)((int)(w.w >> 22) - 32);
-        *lo = convert_float16((((uint16)(w.x) >> (2u * LANES)) & 3u) | (((h >> LANES) << 2) & 4u)) * s0 - 4.0f * s0;
-        *hi = convert_float16((((uint16)(w.y) >> (2u * LANES)) & 3u) | (((h >> (LANES + 16u)) << 2) & 4u)) * s1 - 4.0f * s1;
+    } else if (wtype == WT_Q2 || wtype == WT_Q3) {
+        /* block b of its super-block is sub-blocks 2b, 2b + 1: lanes 4b..4b + 3, 8 bytes */
+        const size_t sb = blk / 8;
+        const uint b = blk % 8;
+        const uint2 w = ((__global const uint2 *)qs)[blk];
+        const uint16 odd = LANES & 1u, f = LANES >> 1;
+        uint16 q0 = ((uint16)(w.x) >> (16u * odd + 2u * f)) & 3u, q1 = ((uint16)(w.y) >> (16u * odd + 2u * f)) & 3u;
+        if (wtype == WT_Q2) {
+            __global const float *rec = dm + 8 * sb;
+            const uint s0 = ((__global const uchar *)rec)[2 * b], s1 = ((__global const uchar *)rec)[2 * b + 1];
+            *lo = convert_float16(q0) * (rec[4] * (float)(s0 & 15u)) - rec[5] * (float)(s0 >> 4);
+            *hi = convert_float16(q1) * (rec[4] * (float)(s1 & 15u)) - rec[5] * (float)(s1 >> 4);
+        } else {
+            __global const float *rec = dm + 16 * sb;
+            const uint h = ((__global const uint *)rec)[b];
+            __global const char *sc = (__global const char *)rec + 32;
+            q0 |= (((uint16)(h) >> (8u * odd + f)) & 1u) << 2;
+            q1 |= (((uint16)(h) >> (16u + 8u * odd + f)) & 1u) << 2;
+            *lo = (convert_float16(q0) - 4.0f) * (rec[12] * sc[2 * b]);
+            *hi = (convert_float16(q1) - 4.0f) * (rec[12] * sc[2 * b + 1]);
+        }
     } else if (wtype == WT_Q8X2) {
         __global const char16 *q = (__global const char16 *)qs;
         const float4 s = ((__global const float4 *)dm)[blk];

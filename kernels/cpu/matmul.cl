@@ -120,18 +120,22 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     const int r = 2 * get_global_id(0);                                         \
     if (r >= rows) return;
 
-#define DEFINE_MATMUL(NAME, WTYPE, TILE)                                        \
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
-void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        \
+/* The three fused kernels of one weight type and tile, as hooks fill them in:
+ *   BEGIN(normalize)        starts the kernel (the RMS scales, then r, the row pair)
+ *   TILE_BEGIN(TILE, norm.) starts each tile of columns c0..
+ *   DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)   rows r0, r1 times the tile
+ * WGSIZE is the work-group size, EXTRA more kernel arguments (from a comma). Here the
+ * hooks decode blocks to floats; cpu/lowbit.cl's quantize the inputs per tile. */
+#define DEFINE_FUSED(NAME, WTYPE, TILE, WGSIZE, EXTRA, BEGIN, TILE_BEGIN, DOT)  \
+__kernel __attribute__((reqd_work_group_size(WGSIZE, 1, 1)))                    \
+void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate EXTRA)  \
 {                                                                               \
-    MATMUL_PROLOGUE(normalize)                                                  \
+    BEGIN(normalize)                                                            \
     const int r1 = min(r + 1, rows - 1); /* an odd last row pairs with itself */ \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
+        TILE_BEGIN(TILE, normalize)                                             \
         float o0[TILE], o1[TILE];                                               \
-        if (normalize)                                                          \
-            pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
-        else                                                                    \
-            pair_dot_tile(WTYPE, TILE, 0, qs, dm, g, x, xrows, r, r1, k, c0, ncols, o0, o1); \
+        DOT(WTYPE, TILE, normalize, r, r1, o0, o1);                             \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             __global float *yc = y + (size_t)(c0 + c) * rows;                   \
             const float s = inv[c0 + c];                                        \
@@ -142,14 +146,15 @@ void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate)        
     }                                                                           \
 }                                                                               \
                                                                                 \
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
-void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       \
+__kernel __attribute__((reqd_work_group_size(WGSIZE, 1, 1)))                    \
+void swiglu_##NAME##_t##TILE(MATMUL_ARGS EXTRA)                                 \
 {                                                                               \
-    MATMUL_PROLOGUE(1)                                                          \
+    BEGIN(1)                                                                    \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
+        TILE_BEGIN(TILE, 1)                                                     \
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
-        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, g0, g1); \
-        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, rows + r, rows + r + 1, k, c0, ncols, u0, u1); \
+        DOT(WTYPE, TILE, 1, r, r + 1, g0, g1);                                  \
+        DOT(WTYPE, TILE, 1, rows + r, rows + r + 1, u0, u1);                    \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const float s = inv[c0 + c];                                        \
             float2 gate = (float2)(g0[c], g1[c]) * s, up = (float2)(u0[c], u1[c]) * s; \
@@ -158,25 +163,38 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS)                                       
     }                                                                           \
 }                                                                               \
                                                                                 \
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+__kernel __attribute__((reqd_work_group_size(WGSIZE, 1, 1)))                    \
 void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           __global const int *seq, __global const int *tables,  \
-                          int max_blocks, __global const float *rope,       \
+                          int max_blocks, __global const float *rope,           \
                           __global half *kcache, __global half *vcache,         \
-                          int layer)                                            \
+                          int layer EXTRA)                                      \
 {                                                                               \
-    MATMUL_PROLOGUE(1)                                                          \
+    BEGIN(1)                                                                    \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
+        TILE_BEGIN(TILE, 1)                                                     \
         float o0[TILE], o1[TILE];                                               \
-        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r, r + 1, k, c0, ncols, o0, o1); \
+        DOT(WTYPE, TILE, 1, r, r + 1, o0, o1);                                  \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const int t = c0 + c, p = pos[t];                                   \
             const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
-            rope_store(r, (float2)(o0[c], o1[c]) * inv[t], t, p, block,        \
-                       rope, y, kcache, vcache, layer);                     \
+            rope_store(r, (float2)(o0[c], o1[c]) * inv[t], t, p, block,         \
+                       rope, y, kcache, vcache, layer);                         \
         }                                                                       \
     }                                                                           \
 }
+
+#define NO_ARGS
+#define NO_TILE_BEGIN(TILE, normalize)
+/* `scaled` a literal in each branch: a matmul without a norm skips g altogether */
+#define BLOCK_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                   \
+    if (normalize)                                                              \
+        pair_dot_tile(WTYPE, TILE, 1, qs, dm, g, x, xrows, r0, r1, k, c0, ncols, out0, out1); \
+    else                                                                        \
+        pair_dot_tile(WTYPE, TILE, 0, qs, dm, g, x, xrows, r0, r1, k, c0, ncols, out0, out1)
+
+#define DEFINE_MATMUL(NAME, WTYPE, TILE) \
+    DEFINE_FUSED(NAME, WTYPE, TILE, WG, NO_ARGS, MATMUL_PROLOGUE, NO_TILE_BEGIN, BLOCK_DOT)
 
 #define DEFINE_MATMULS(NAME, WTYPE) \
     DEFINE_MATMUL(NAME, WTYPE, 1)   \
@@ -184,4 +202,4 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
     DEFINE_MATMUL(NAME, WTYPE, 4)   \
     DEFINE_MATMUL(NAME, WTYPE, 8)
 
-FOR_EACH_WTYPE(DEFINE_MATMULS)
+FOR_EACH_BLOCK_WTYPE(DEFINE_MATMULS)  /* q2, q3: cpu/lowbit.cl */
