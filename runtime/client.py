@@ -34,12 +34,14 @@ class GPUClient:
     def new_turn_id(self) -> int:
         return next(self._ids)
 
-    async def submit(self, turn: int, request: TurnRequest) -> TurnChannel:
+    async def submit(self, turn: int, request: TurnRequest, *, asked: float | None = None) -> TurnChannel:
         """Hand a turn to the GPU owner; returns the channel its tokens and events
         come back on, once the request is in the owner's mailbox (it is taken at
-        the next token boundary). Raises TurnCancelled if the owner has stopped."""
+        the next token boundary). Raises TurnCancelled if the owner has stopped.
+        `asked` is when the agent asked, on this swarm's clock, for a request
+        relayed from another process; by default, now."""
         channel = request.reply = TurnChannel(turn)
-        request.t = self.now()  # the wait a person sees starts here
+        request.t = self.now() if asked is None else min(asked, self.now())  # the wait a person sees starts here
         try:
             # The owner's mailbox is unbounded, so this tell never waits: there is
             # no checkpoint at which a cancel could leave the request sent with

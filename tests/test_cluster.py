@@ -141,10 +141,14 @@ async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(loca
     with anyio.fail_after(LIMIT_S):
         async with cluster(tiny_gguf, tmp_path) as swarm, anyio.create_task_group() as tg:
             expected = await swarm.spawn(Agent("ref"))
+            asked = swarm.bus.now()
             async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True) as turn:
+                entered = swarm.bus.now()  # before the request can have crossed to an owner
                 async for _ in turn:
                     pass
             reference = turn.tokens
+            # The wait starts when the agent asked, not when its owner heard of it.
+            assert asked <= turn.queued_t <= entered
             mover = await swarm.spawn(Mover("mover"))
             result: list[list[int]] = []
 

@@ -125,7 +125,9 @@ class ClusterGPU:
                 owner = self.router.owner_for(request.agent)
                 self.router.started(turn_id, owner, self._priority_of(request))
                 self._inboxes[turn_id] = (owner, inbox)
-                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens))
+                # On the owner's clock: its wait starts when the agent asked, crossing included.
+                asked = (request.t if moved_at is None else moved_at) - self.offsets[owner]
+                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), t=asked)
                 lifts = {key: p for key in request.lifts if (p := self._lent(key)) is not None}
                 try:
                     await self.handles[owner].start.remote(turn_id, remote, lifts)

@@ -106,7 +106,7 @@ class OwnerHost:
         await self._ready.wait()
         for key, priority in lifts.items():
             await self.lift(key, priority)  # into the mailbox ahead of the turn
-        channel = await self._swarm.client.submit(turn_id, request)
+        channel = await self._swarm.client.submit(turn_id, request, asked=request.t)  # the driver's ask, on our clock
         self._forwarding.add(turn_id)
         self._tasks.start_soon(self._forward, turn_id, channel)
 
