@@ -59,6 +59,9 @@ from runtime.units import ceil_div
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL, and the event loop waited
 # ~45 ms (median) per 50 ms step. Letting go every few launches keeps it live.
+# (The readback waits for the step in `finish`, which lets go of the GIL: PoCL's
+# "non-blocking" read blocks until the queue drains, and pyopencl holds the GIL
+# through it, which froze the event loop for the rest of every step.)
 GIL_YIELD_EVERY = 4
 
 i32 = np.int32
@@ -289,6 +292,8 @@ class OpenCLEngine:
             event = launch.enqueue(q, size)
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))
+        if self.device.is_cpu:
+            q.finish()  # see GIL_YIELD_EVERY
         ids = np.zeros(n, i32)
         logits = np.empty((int(want_logits.sum()), vocab), np.float32)
         if want_logits.all():
