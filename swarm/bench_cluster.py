@@ -37,7 +37,7 @@ def _pooled(parts: list[Stats]) -> Stats:
         total.bg_tokens += s.bg_tokens
         total.bg_tokens_idle += s.bg_tokens_idle
         total.bg_paused_s += s.bg_paused_s
-        for key in ("fg_wait_s", "fg_ttft_s", "fg_itl_s", "fg_turn_s", "fg_tokens_s"):
+        for key in ("fg_wait_s", "fg_late_s", "fg_ttft_s", "fg_itl_s", "fg_turn_s", "fg_tokens_s"):
             getattr(total, key).extend(getattr(s, key))
     return total
 

@@ -39,6 +39,7 @@ class Stats:
     fg_itl_s: list[float] = field(default_factory=list)
     fg_turn_s: list[float] = field(default_factory=list)
     fg_tokens_s: list[list[float]] = field(default_factory=list)  # each turn's token times from its request
+    fg_late_s: list[float] = field(default_factory=list)  # how late the person's timer woke to ask: the event loop's lag
 
     def decoded(self, n: int) -> None:
         if self.measuring:
@@ -82,9 +83,10 @@ class Foreground(Agent):
     async def run(self) -> None:
         done = 0
         while self.turns is None or done < self.turns:
-            await anyio.sleep(next(self.gaps))
-            prompt = next(self.prompts)
+            gap, slept = next(self.gaps), time.monotonic()
+            await anyio.sleep(gap)
             started = time.monotonic()
+            prompt = next(self.prompts)
             self.stats.fg_live = True
             try:
                 async with self.generate(prompt, max_tokens=self.tokens, ignore_eos=True) as turn:
@@ -97,6 +99,7 @@ class Foreground(Agent):
             done += 1
             if turn.waited_s is not None and turn.ttft_s is not None:
                 s = self.stats
+                s.fg_late_s.append(max(0.0, started - slept - gap))
                 s.fg_wait_s.append(turn.waited_s)
                 s.fg_ttft_s.append(turn.ttft_s)
                 s.fg_itl_s += turn.itl_s
@@ -122,6 +125,7 @@ def row(stats: Stats, elapsed: float, preemptions: int, steps: list[float]) -> d
     return {
         **feel(stats),
         "fg_wait_s": percentiles(stats.fg_wait_s),
+        "fg_late_s": percentiles(stats.fg_late_s),
         "fg_turns": len(stats.fg_wait_s),
         "bg_tok_per_s": stats.bg_tokens / elapsed,
         "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,

@@ -5,7 +5,8 @@ N slots are kept busy by the load of `swarm.bench_load`. Each policy
 gets a fresh Swarm over the same engine object (built and calibrated once); the
 i-th foreground turn has the same prompt and length under every policy.
 
-Per policy: the foreground's wait (request to slot), time to first token, time
+Per policy: how late the foreground's timer woke to ask (the event loop's lag
+while steps run), the foreground's wait (request to slot), time to first token, time
 between tokens and turn time (request to last token), each p50/p90/p99/max;
 background tokens decoded per second, overall and while no foreground turn was
 live; preemptions; the median engine step. `solo` runs the same foreground turns
@@ -198,9 +199,10 @@ def print_table(out: dict[str, Any]) -> None:
         feel.add_row(name, str(r["fg_turns"]), *cells)
     console.print(feel)
     load = Table(title="the background")
-    for col in ("policy", "bg tok/s", "with no fg live", "preemptions", "bg paused", "step median"):
+    for col in ("policy", "bg tok/s", "with no fg live", "preemptions", "bg paused", "step median", "fg woke late p99"):
         load.add_column(col, justify="right")
     for name, r in out["policies"].items():
-        idle = r["bg_tok_per_s_idle"]
-        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), format_duration(r["paused_s"], 0), format_duration(r["step_s_median"], 0))
+        idle, late = r["bg_tok_per_s_idle"], r.get("fg_late_s") or {}
+        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), format_duration(r["paused_s"], 0),
+                     format_duration(r["step_s_median"], 0), format_duration(late.get("p99"), 0))
     console.print(load)
