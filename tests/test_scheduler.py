@@ -221,6 +221,22 @@ def test_aging_bounds_a_starved_turns_wait():
     assert rig.sched.effective(starved, 1000.0) <= FOREGROUND - 1
 
 
+def test_a_waiting_turn_ages_past_the_running_one_with_nothing_else_changing():
+    """With every slot busy the queue is only looked at again when something
+    changes (Scheduler._queue_stuck); a waiting turn gaining an aging level is
+    such a change, though no turn arrives, ends or is lent anything."""
+    rig = Rig(slots=1, aging_s=1.0, blocks=256)
+    running = rig.submit("tests", 1, max_tokens=400)
+    rig.step()
+    waiting = rig.submit("docs", 0, max_tokens=5)
+    while waiting.slot is None and rig.now < 10:
+        rig.step()
+    # Two levels (at 2 s) put it above the running turn's 1: it takes the slot at
+    # the first boundary after, and not before.
+    assert waiting.slot == 0 and running.slot is None
+    assert 2.0 <= waiting.admitted_at - waiting.arrived <= 2.0 + 2 * STEP
+
+
 def test_aging_never_preempts_the_foreground():
     rig = Rig(slots=1, aging_s=0.1, blocks=256)
     fg = rig.submit("pair", FOREGROUND, max_tokens=400)
