@@ -118,25 +118,28 @@ inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows
     }
 }
 
-/* 1/rms of columns c0 .. c0 + n - 1 (n <= MV_TILE) into inv: each work-item sums
- * a strided share of the squares, then the work-group tree. mv and mm both call
- * it, so a column's scale never depends on which kernel its step took. */
+/* 1/rms of columns c0 .. c0 + n - 1 into inv, n <= MM_COLS (scratch holds
+ * n * NORM_STRANDS floats): strand r of a column adds the squares of elements
+ * r, r + 32, ... in turn, and the strands meet in reduce.cl's pairwise tree.
+ * mv and mm both call it, so a column's scale never depends on which kernel
+ * its step took, nor on WG; and it costs two barriers, not a tree's worth. */
+#define NORM_STRANDS 32
 inline void column_norms(__global const float *x, __global const float *parts, int nparts,
                          int part_stride, int k, __global const int *xrows, int c0, int n,
                          float eps, __local float *scratch, __local float *inv)
 {
-    float a[MV_TILE];
-    for (int c = 0; c < MV_TILE; c++) {
-        a[c] = 0.0f;
-        if (c < n)
-            for (int j = get_local_id(0); j < k; j += WG) {
-                const float v = input_at(x, parts, nparts, part_stride, k, xrows[c0 + c], j);
-                a[c] += v * v;
-            }
+    for (int i = get_local_id(0); i < n * NORM_STRANDS; i += WG) {
+        const int xr = xrows[c0 + i / NORM_STRANDS];
+        float a = 0.0f;
+        for (int j = i % NORM_STRANDS; j < k; j += NORM_STRANDS) {
+            const float v = input_at(x, parts, nparts, part_stride, k, xr, j);
+            a += v * v;
+        }
+        scratch[i] = a;
     }
-    wg_sum(a, MV_TILE, scratch, inv);
-    if (get_local_id(0) < MV_TILE)
-        inv[get_local_id(0)] = rsqrt(inv[get_local_id(0)] / k + eps);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int c = get_local_id(0); c < n; c += WG)
+        inv[c] = rsqrt(tree_local(scratch + c * NORM_STRANDS, NORM_STRANDS) / k + eps);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
@@ -151,19 +154,15 @@ inline void column_norms(__global const float *x, __global const float *parts, i
     for (int i = 0; i < 2 * MV_TILE; i++)                                       \
         if (i < 2 * (tile))                                                     \
             a[i] = tree_lanes(a[i], lpu, scratch);
-#define MV_RESULT(a, c, scratch, lid, lane) (float2)(a[2 * (c)], a[2 * (c) + 1])
+#define MV_RESULT(a, c, scratch, lid, lane, lpu) (float2)(a[2 * (c)], a[2 * (c) + 1])
 #else
 #define MV_COMBINE(a, tile, scratch, lid, lane, lpu)                           \
     for (int i = 0; i < 2 * MV_TILE; i++)                                       \
         scratch[i * WG + lid] = a[i];                                           \
-    barrier(CLK_LOCAL_MEM_FENCE);                                               \
-    for (int c = 0; c < MV_TILE; c++)                                           \
-        if (c < tile && c % lpu == lane) {                                      \
-            tree_local(scratch + 2 * c * WG + (lid - lane), lpu);               \
-            tree_local(scratch + (2 * c + 1) * WG + (lid - lane), lpu);         \
-        }
-#define MV_RESULT(a, c, scratch, lid, lane)                                     \
-    (float2)(scratch[2 * (c) * WG + (lid - lane)], scratch[(2 * (c) + 1) * WG + (lid - lane)])
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define MV_RESULT(a, c, scratch, lid, lane, lpu)                                \
+    (float2)(tree_local(scratch + 2 * (c) * WG + (lid - lane), lpu),            \
+             tree_local(scratch + (2 * (c) + 1) * WG + (lid - lane), lpu))
 #endif
 
 #define DEFINE_MV(NAME, WTYPE)                                                  \
@@ -208,7 +207,7 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
         MV_COMBINE(a, tile, scratch, lid, lane, lpu)                            \
         for (int c = 0; c < MV_TILE; c++)                                       \
             if (c < tile && c % lpu == lane) {                                  \
-                float2 v = MV_RESULT(a, c, scratch, lid, lane);                 \
+                float2 v = MV_RESULT(a, c, scratch, lid, lane, lpu);            \
                 if (normalize)                                                  \
                     v *= inv[c];                                                \
                 if (u < units)                                                  \
@@ -234,16 +233,15 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
 {                                                                               \
     __local float4 ws[MM_ROWS][MM_Q4];                                          \
     __local float4 xs[MM_COLS][MM_Q4];                                          \
-    __local float scratch[MV_TILE * WG];                                        \
+    __local float scratch[MM_COLS * NORM_STRANDS];                              \
     __local float ss[MM_COLS];                                                  \
     const int lid = get_local_id(0), iu = lid % 16, ic = lid / 16;              \
     const int units = unit_count(op, rows), nb = k / 32;                        \
     const int u0 = get_group_id(0) * 16, c0 = get_group_id(1) * MM_COLS;       \
     const int in_parts = op == OP_SWIGLU ? nparts : 0;                          \
     if (normalize)                                                              \
-        for (int i = 0; i < MM_COLS; i += MV_TILE)                              \
-            column_norms(x, parts, in_parts, part_stride, k, xrows, c0 + i,     \
-                         min(MV_TILE, ncols - c0 - i), eps, scratch, ss + i);   \
+        column_norms(x, parts, in_parts, part_stride, k, xrows, c0,             \
+                     min(MM_COLS, ncols - c0), eps, scratch, ss);               \
     float acc[2 * MM_CPL], tree[2 * MM_CPL][TREE_LEVELS];                       \
     for (int i = 0; i < 2 * MM_CPL; i++)                                        \
         acc[i] = 0.0f;                                                          \

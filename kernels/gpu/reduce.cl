@@ -88,13 +88,14 @@ inline float tree_root(const float *t, int lpu)
     return root;
 }
 
-/* The same tree over lpu partials in local memory, in place, by one work-item. */
-inline float tree_local(__local float *v, int lpu)
+/* The same tree over lpu partials in local memory, by one work-item: read once,
+ * in order, through the stack (no writes back). */
+inline float tree_local(__local const float *v, int lpu)
 {
-    for (int s = 1; s < lpu; s <<= 1)
-        for (int i = 0; i < lpu; i += 2 * s)
-            v[i] = v[i] + v[i + s];
-    return v[0];
+    float t[TREE_LEVELS];
+    for (int i = 0; i < lpu; i++)
+        tree_push(t, v[i], i);
+    return tree_root(t, lpu);
 }
 
 /* The same tree across the lanes of a subgroup (lanes lpu-aligned within it): the
