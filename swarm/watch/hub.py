@@ -17,9 +17,10 @@ new mark for the lanes (a pause, an inheritance, a loss), which the page then
 draws at once. Every
 page wakes at the same instants of the clock, so pages that are up to date take
 the same batch, which is built once and shared by all of them. However fast the
-swarm emits, a page then wakes, parses and draws about once a second, which is
-what lets a browser with fifty pages open share a small machine with the swarm:
-every message and every frame costs its renderer a millisecond or more.
+swarm emits, a page then wakes and parses about once a second (and draws at most
+that often), which is what lets a browser with fifty pages open share a small
+machine with the swarm: every message and every frame costs its renderer a
+millisecond or more.
 
 Each swarm is one generation. A `swarm.started` from a different swarm (another
 `unix_time`) starts a new one: the history is cleared and every page is told to

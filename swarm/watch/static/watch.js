@@ -29,6 +29,7 @@ function newModel() {
               finished: 0, cancelled: 0, failed: 0, crashes: 0, dropped: 0, drop_notices: 0, unknown: 0 },
     latency: { fg_wait: new Samples(), ttft: new Samples(), itl: new Samples() },
     colours: new Map(),
+    redrawFrom: -Infinity, // the oldest time news touched since the lanes were last drawn (lanes.js)
   };
 }
 
@@ -83,6 +84,8 @@ function closeRun(m, turn, t) {
   turn.run = null; turn.slot = null;
 }
 
+// Applies one event to the model; true for a mark the lanes show at once (a
+// pause, an inheritance, lost events).
 function apply(m, e, receivedAt) {
   if (!e || typeof e !== "object" || typeof e.event !== "string") return;
   const c = m.counts;
@@ -90,10 +93,14 @@ function apply(m, e, receivedAt) {
     c.drop_notices += 1;
     if (typeof e.count === "number") c.dropped += e.count;
     m.drops.push({ t: m.t, count: typeof e.count === "number" ? e.count : null }); trim(m.drops);
-    return;
+    if (m.t < m.redrawFrom) m.redrawFrom = m.t;
+    return true;
   }
   c.events += 1;
-  if (typeof e.t === "number" && e.t > m.t) m.t = e.t;
+  if (typeof e.t === "number") {
+    if (e.t > m.t) m.t = e.t;
+    if (e.t < m.redrawFrom) m.redrawFrom = e.t;
+  }
   if (typeof e.step === "number" && e.step > m.step) m.step = e.step;
   const a = typeof e.agent === "string" && e.agent !== "gpu" ? agentRow(m, e.agent) : null;
   const turn = e.turn != null ? m.turns.get(e.turn) : undefined;
@@ -146,7 +153,11 @@ function apply(m, e, receivedAt) {
       if (typeof e.paused_s === "number") a.paused_s += e.paused_s;
       if (!tr || e.slot == null) break;
       if (tr.paused) { a.paused -= 1; a.running += 1; } else if (!tr.run) { a.waiting -= 1; a.running += 1; }
-      if (tr.pause) { tr.pause.resumed_slot = e.slot; tr.pause.resumed_t = e.t; tr.pause = null; }
+      if (tr.pause) { // (the link to the resume starts back at the pause)
+        tr.pause.resumed_slot = e.slot; tr.pause.resumed_t = e.t;
+        if (tr.pause.t < m.redrawFrom) m.redrawFrom = tr.pause.t;
+        tr.pause = null;
+      }
       tr.paused = false;
       openRun(m, tr, e);
       break;
@@ -190,6 +201,7 @@ function apply(m, e, receivedAt) {
     default:
       c.unknown += 1; // a kind newer than this page: counted, otherwise ignored
   }
+  return e.event === "turn.preempted" || e.event === "priority.inherited"; // a mark: drawn at once
 }
 
 // Inter-token latency is per token, as in the run summary: each gap its reader
@@ -278,14 +290,16 @@ function connect() {
   es.onmessage = (msg) => {
     page.lastId = msg.lastEventId || page.lastId;
     const receivedAt = Date.now();
+    let mark = false; // a batch with a mark in it is drawn at once
     for (const line of msg.data.split("\n")) { // a batch: one event a line
       let e;
       try { e = JSON.parse(line); } catch { continue; } // not an event: ignored
       if (page.mode === "replay") page.replay.events.push(e);
-      else apply(page.model, e, receivedAt);
+      else mark = apply(page.model, e, receivedAt) || mark;
     }
-    if (page.mode !== "replay") page.lastEventAt = performance.now();
-    changed();
+    if (page.mode === "replay") return changed();
+    page.lastEventAt = performance.now();
+    news(mark);
   };
 }
 
@@ -317,7 +331,7 @@ function tickReplay(now) {
     if (r.next === 0 && r.clock < replayStart()) r.clock = replayStart();
     replayTo(Math.min(r.clock + dt * r.speed, replayEnd()));
     if (r.next >= r.events.length) r.playing = false;
-    dirty = true;
+    drawing.dirty = true;
   }
   r.lastTick = r.playing ? now : null;
 }
@@ -339,41 +353,64 @@ function setupReplayControls() {
 
 // ------------------------------------------------------------------- drawing
 
-// A page draws when there is news (a batch of events, which the hub sends about
-// once a second, sooner for a pause, an inheritance or a loss) or the reader does
-// something; otherwise every 1.5 s while the swarm runs (the lanes scroll: never
-// between two batches a second apart), ten times a second while a replay plays,
-// and not at all while nothing changes. Every frame costs the browser a few milliseconds of
-// CPU whatever it shows, and the swarm may share the machine with the browser:
-// fifty open pages drawing ten frames a second each slowed its decode steps.
-// Frames come only as animation frames, which a hidden page does not get.
-const SCROLL_MS = 1500, PLAY_MS = 100;
-let dirty = true, lastFrame = -Infinity, timer = null, timerAt = Infinity;
+// When a page draws. Every frame costs the browser CPU whatever it shows, most
+// of it outside the page's script (style, layout, paint, raster, compositing),
+// and the swarm may share the machine with the browser. Measured with ten
+// settled headless pages on the 2-core machine: a page that only takes its
+// batch of events each second costs 0.65 ms of CPU a second; an animation frame
+// a second adds 0.9 ms, changing a canvas in it 0.7 ms more, changing text in it
+// 1.6 ms more. So frames are rationed by what they cost:
+// - a mark (pause, inheritance, lost events; the hub sends it within 0.25 s) or
+//   something the reader did is drawn at once;
+// - otherwise news waits for the next ordinary frame, which comes FRAME_SHARE⁻¹
+//   times the last frames' cost after the one before, between 1 and 10 s.
+//   A frame's cost is what its main thread took, from its animation frame to a
+//   task queued behind the rendering that follows; on a busy machine the
+//   renderer waits for a core meanwhile, so pages draw less often just when
+//   the swarm needs the CPU;
+// - a replay that plays draws ten frames a second;
+// - nothing changes: no frames. (A hidden page gets no animation frames.)
+const FRAME_SHARE = 0.003, MIN_MS = 1000, MAX_MS = 10000, PLAY_MS = 100;
+const drawing = { urgent: true, dirty: true, lastFrame: -Infinity, timer: null, timerAt: Infinity,
+                  frameMs: null, intervalMs: MIN_MS, frames: 0 };
 
-function changed() { dirty = true; schedule(); }
+function changed() { drawing.urgent = drawing.dirty = true; schedule(); }
+function news(mark) { drawing.dirty = true; if (mark) drawing.urgent = true; schedule(); }
 
 function schedule() {
+  const d = drawing;
   const live = page.mode === "live" && page.status.live && !page.model.stopped;
   const playing = page.mode === "replay" && page.replay.playing;
-  const every = playing ? PLAY_MS : dirty ? 0 : live ? SCROLL_MS : null;
+  const every = d.urgent ? 0 : playing ? PLAY_MS : d.dirty || live ? d.intervalMs : null;
   if (every === null) return; // idle until the next event or click
-  const at = Math.max(lastFrame + every, performance.now());
-  if (timer !== null) {
-    if (timerAt <= at) return;
-    clearTimeout(timer);
+  const at = Math.max(d.lastFrame + every, performance.now());
+  if (d.timer !== null) {
+    if (d.timerAt <= at) return;
+    clearTimeout(d.timer);
   }
-  timerAt = at;
-  timer = setTimeout(() => requestAnimationFrame(frame), at - performance.now());
+  d.timerAt = at;
+  d.timer = setTimeout(() => requestAnimationFrame(frame), at - performance.now());
 }
 
+const behindFrame = new MessageChannel();
+behindFrame.port1.onmessage = (msg) => measured(performance.now() - msg.data);
+
 function frame(now) {
-  timer = null; timerAt = Infinity;
-  lastFrame = now;
+  const d = drawing, began = performance.now();
+  d.timer = null; d.timerAt = Infinity;
+  d.lastFrame = now; d.frames += 1;
   tickReplay(now);
   draw();
-  if (dirty) render();
-  dirty = false;
+  if (d.dirty) render();
+  d.dirty = d.urgent = false;
+  behindFrame.port2.postMessage(began);
   schedule();
+}
+
+function measured(ms) {
+  const d = drawing;
+  d.frameMs = d.frameMs === null ? ms : 0.7 * d.frameMs + 0.3 * ms;
+  d.intervalMs = Math.min(Math.max(d.frameMs / FRAME_SHARE, MIN_MS), MAX_MS);
 }
 
 function viewEnd() {
@@ -385,121 +422,10 @@ function viewEnd() {
   return m.t;
 }
 
-const LANE = 26, BAND = 18, GUTTER = 110;
-
 function draw() {
   const m = page.model;
-  const canvas = document.getElementById("lanes");
-  const lifted = [...new Set(m.bands.map((b) => b.agent))];
-  const rows = Math.max(m.slots.length, 1);
   page.drawnLanes = m.slots.length;
-  const height = 24 + rows * LANE + (lifted.length ? 8 + lifted.length * BAND : 0) + 8;
-  const width = canvas.clientWidth || 800;
-  const dpr = window.devicePixelRatio || 1;
-  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-    canvas.width = Math.round(width * dpr); canvas.height = Math.round(height * dpr);
-    canvas.style.height = height + "px";
-  }
-  const g = canvas.getContext("2d");
-  g.setTransform(dpr, 0, 0, dpr, 0, 0);
-  g.clearRect(0, 0, width, height);
-  g.font = "11px system-ui, sans-serif";
-  g.textBaseline = "middle";
-
-  const end = viewEnd();
-  const win = Number(document.getElementById("window").value);
-  const start = win > 0 ? end - win : Math.min(0, end);
-  const span = Math.max(end - start, 1e-6);
-  const x = (t) => GUTTER + (t - start) / span * (width - GUTTER - 10);
-  const laneY = (slot) => 20 + slot * LANE;
-  const drawnAt = Date.now();
-
-  // time axis
-  g.fillStyle = "#888"; g.strokeStyle = "#eee";
-  const stepS = niceStep(span / 8);
-  for (let t = Math.ceil(start / stepS) * stepS; t <= end; t += stepS) {
-    g.beginPath(); g.moveTo(x(t), 14); g.lineTo(x(t), height); g.stroke();
-    g.fillText(t.toFixed(Math.max(0, -Math.floor(Math.log10(stepS) + 1e-9))) + " s", x(t) + 2, 7);
-  }
-  for (let s = 0; s < rows; s++) {
-    g.fillStyle = "#444"; g.fillText(`slot ${s}`, 6, laneY(s) + LANE / 2);
-    g.strokeStyle = "#ddd"; g.strokeRect(GUTTER, laneY(s) + 2, width - GUTTER - 10, LANE - 4);
-  }
-
-  // turns in slots
-  for (const r of m.runs) {
-    const rEnd = r.end ?? end;
-    if (rEnd < start) continue;
-    const x0 = Math.max(x(r.start), GUTTER), x1 = Math.max(x(rEnd), x0 + 1);
-    const y = laneY(r.slot) + 4, h = LANE - 8;
-    g.globalAlpha = r.foreground ? 1 : 0.5;
-    g.fillStyle = m.colours.get(r.agent) || "#999";
-    g.fillRect(x0, y, Math.max(x1 - x0 - 1, 1), h); // a pixel apart: turns back to back stay two
-    g.globalAlpha = 1;
-    if (r.foreground) { g.lineWidth = 2; g.strokeStyle = "#000"; g.strokeRect(x0, y, x1 - x0, h); g.lineWidth = 1; }
-    if (x1 - x0 > 34) {
-      g.fillStyle = r.foreground ? "#fff" : "#000";
-      g.fillText((r.foreground ? "★ " : "") + `t${r.turn}`, x0 + 3, y + h / 2);
-    }
-  }
-
-  // pauses: a red mark where the turn lost its slot, linked to where it resumed
-  for (const p of m.pauses) {
-    const until = p.resumed_t ?? p.ended_t ?? end;
-    if (until < start && p.t < start) continue;
-    const px = x(p.t), py = laneY(p.slot) + 3;
-    g.strokeStyle = "#d00"; g.setLineDash([4, 3]);
-    g.beginPath(); g.moveTo(px, py);
-    if (p.resumed_t !== null) {
-      const qx = x(p.resumed_t), qy = laneY(p.resumed_slot) + 3;
-      g.bezierCurveTo(px + (qx - px) / 2, py - 10, px + (qx - px) / 2, qy - 10, qx, qy);
-      g.stroke(); g.setLineDash([]);
-      triangle(g, qx, qy, "#2a2", true);
-    } else {
-      g.lineTo(x(until), py); g.stroke(); g.setLineDash([]);
-    }
-    triangle(g, px, py, "#d00", false);
-    if (p.shown_at === null) p.shown_at = drawnAt;
-  }
-
-  // inheritance: a band on the lifted agent, naming who waits on it
-  if (lifted.length) {
-    const top = 20 + rows * LANE + 8;
-    lifted.forEach((agent, i) => {
-      g.fillStyle = "#444"; g.fillText(`${agent} lifted`, 6, top + i * BAND + BAND / 2);
-    });
-    for (const b of m.bands) {
-      const bEnd = b.end ?? end;
-      if (bEnd < start) continue;
-      const i = lifted.indexOf(b.agent), y = top + i * BAND + 2;
-      const x0 = Math.max(x(b.start), GUTTER), x1 = Math.max(x(bEnd), x0 + 2);
-      g.fillStyle = "rgba(200, 60, 200, 0.25)"; g.fillRect(x0, y, x1 - x0, BAND - 4);
-      g.strokeStyle = "#a3a"; g.strokeRect(x0, y, x1 - x0, BAND - 4);
-      g.fillStyle = "#606";
-      g.fillText(`p${b.priority}: ${b.by_agent} waits on it`, x0 + 3, y + (BAND - 4) / 2);
-      if (b.shown_at === null) b.shown_at = drawnAt;
-    }
-  }
-
-  // lost events: a red line where the stream had a gap
-  for (const d of m.drops) {
-    if (d.t < start) continue;
-    g.strokeStyle = "#d00"; g.lineWidth = 2;
-    g.beginPath(); g.moveTo(x(d.t), 14); g.lineTo(x(d.t), height); g.stroke(); g.lineWidth = 1;
-  }
-}
-
-function triangle(g, x, y, colour, up) {
-  g.fillStyle = colour; g.beginPath();
-  if (up) { g.moveTo(x - 5, y + 6); g.lineTo(x + 5, y + 6); g.lineTo(x, y - 2); }
-  else { g.moveTo(x - 5, y - 3); g.lineTo(x + 5, y - 3); g.lineTo(x, y + 5); }
-  g.fill();
-}
-
-function niceStep(raw) {
-  const p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-3))));
-  for (const k of [1, 2, 5, 10]) if (raw <= k * p) return k * p;
-  return 10 * p;
+  drawLanes(m, viewEnd(), Number(document.getElementById("window").value));
 }
 
 function esc(s) {
@@ -609,6 +535,8 @@ function snapshot() {
     started: m.started && copy(m.started), stopped: m.stopped, t: m.t, step: m.step,
     slots: m.slots.map((r) => r && { turn: r.turn, agent: r.agent, foreground: r.foreground, since: r.start }),
     drawn_lanes: page.drawnLanes,
+    drawing: { frames: drawing.frames, frame_ms: drawing.frameMs, interval_ms: drawing.intervalMs,
+               lanes_frames: sweep.frames, lanes_full: sweep.full, lanes_pixels: sweep.pixels },
     agents,
     counts: copy(m.counts),
     pauses: m.pauses.map((p) => mark(p, p.t)),
