@@ -15,7 +15,10 @@ windows keeps both cores busy for tens of seconds (its start-up, not the pages'
 drawing), so a round with pages starts only after SETTLE_MIN_S and once the
 readers' CPU use has stopped falling (on a loaded machine the start-up work is
 starved, so its rate plateaus before it ends: hence the minimum), and every
-round reports what the readers used while it ran.
+round reports what the readers used while it ran, and how often the pages drew
+and what a frame cost them (from their own `swarmState.drawing`). The summary
+is what matters: decode steps a second and the median step with pages open over
+without, and the readers' share of a core.
 """
 
 from __future__ import annotations
@@ -98,18 +101,28 @@ async def _bench(runner: SessionRunner, args: argparse.Namespace) -> dict[str, A
                 while runner.hub.readers < pages:
                     await anyio.sleep(0.1)
                 settled = await _settle(opened) if opened is not None else 0.0
-                rounds.append({**await _measure(runner, pages, args.seconds, opened), "settled_s": settled})
+                measured = await _measure(runner, pages, args.seconds, opened)
+                if args.readers == "chromium" and opened is not None:
+                    measured["drawing"] = await anyio.to_thread.run_sync(_drawing, opened)
+                rounds.append({**measured, "settled_s": settled})
             finally:
                 if opened is not None:
                     await anyio.to_thread.run_sync(_close, opened)
         tg.cancel_scope.cancel()
     by = {n: [s for r in rounds if r["pages"] == n for s in r["steps_s"]] for n in (0, args.pages)}
+    rate = {n: statistics.fmean(r["steps_per_s"] for r in rounds if r["pages"] == n) for n in (0, args.pages)}
+    median = {n: statistics.median(v) if v else None for n, v in by.items()}
     return {
         "pages": args.pages,
         "readers": args.readers,
         "seconds_per_round": args.seconds,
         "rounds": [{k: v for k, v in r.items() if k != "steps_s"} for r in rounds],
-        "step_s_median": {str(n): statistics.median(v) if v else None for n, v in by.items()},
+        "steps_per_s": {str(n): v for n, v in rate.items()},
+        # What matters, with pages open over without: decode steps a second and the median step.
+        "steps_per_s_ratio": rate[args.pages] / rate[0] if rate[0] else None,
+        "step_s_median_ratio": median[args.pages] / median[0] if median[0] and median[args.pages] else None,
+        "readers_cpu": statistics.fmean(r["readers_cpu"] for r in rounds if r["pages"] == args.pages),
+        "step_s_median": {str(n): v for n, v in median.items()},
         "step_s_p90": {str(n): _p90(v) for n, v in by.items()},
         "step_s_mean": {str(n): statistics.fmean(v) if v else None for n, v in by.items()},
         "steps": {str(n): len(v) for n, v in by.items()},
@@ -180,6 +193,22 @@ async def _measure(runner: SessionRunner, pages: int, seconds: float, opened: An
     }
 
 
+def _drawing(chromium: Any) -> dict[str, Any]:
+    """How the pages drew, as each says in `swarmState.drawing`: means over the
+    pages of their frames' cost (ms of their main thread) and of the interval
+    they drew at."""
+    seen = []
+    for handle in chromium.window_handles:
+        chromium.switch_to.window(handle)
+        seen.append(chromium.execute_script("return window.swarmState.drawing"))
+    seen = [d for d in seen if d and d["frame_ms"] is not None]
+    return {
+        "pages": len(seen),
+        "frame_ms": statistics.fmean(d["frame_ms"] for d in seen) if seen else None,
+        "interval_ms": statistics.fmean(d["interval_ms"] for d in seen) if seen else None,
+    }
+
+
 def _p90(samples: list[float]) -> float | None:
     return statistics.quantiles(samples, n=10)[-1] if len(samples) >= 2 else None
 
@@ -229,16 +258,27 @@ def _close(opened: Any) -> None:
 def _print(result: dict[str, Any]) -> None:
     print(f"decode step time with 0 and {result['pages']} pages open ({result['readers']}), rounds of {result['seconds_per_round']:.0f} s")
     for r in result["rounds"]:
+        drew = r.get("drawing")
         print(
             f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, {r['steps_per_s']:.1f}/s, "
             f"median {_ms(r['step_s_median'])}, p90 {_ms(r['step_s_p90'])}, mean {_ms(r['step_s_mean'])}, "
             f"{r['events_per_s']:.0f} events/s, readers {r['readers_cpu']:.0%} of a core (settled after {r['settled_s']:.0f} s)"
+            + (f"; pages drew every {drew['interval_ms'] / 1000:.1f} s, {drew['frame_ms']:.1f} ms a frame"
+               if drew and drew["frame_ms"] is not None else "")
         )
     for n in result["step_s_median"]:
         print(
-            f"all rounds with {n:>3} pages: {result['steps'][n]} steps, median {_ms(result['step_s_median'][n])}, "
-            f"p90 {_ms(result['step_s_p90'][n])}, mean {_ms(result['step_s_mean'][n])}"
+            f"all rounds with {n:>3} pages: {result['steps'][n]} steps, {result['steps_per_s'][n]:.1f}/s, "
+            f"median {_ms(result['step_s_median'][n])}, p90 {_ms(result['step_s_p90'][n])}, mean {_ms(result['step_s_mean'][n])}"
         )
+    print(
+        f"with {result['pages']} pages over without: steps/s x{_ratio(result['steps_per_s_ratio'])}, "
+        f"median step x{_ratio(result['step_s_median_ratio'])}; the readers took {result['readers_cpu']:.0%} of a core"
+    )
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _ms(seconds: float | None) -> str:
