@@ -12,7 +12,7 @@ outweigh their quants), laid out for the CPU matmuls' integer arithmetic. F16
 and BF16 are widened to float32.
 
 Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
-Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K 0.375 (0.33), Q3_K 0.5 (0.43);
+Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K 0.34 (0.33), Q3_K 0.5 (0.43);
 a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
@@ -126,9 +126,9 @@ def _lanes(values: np.ndarray, bits: int) -> np.ndarray:
 def _low_bit(t: WeightTensor, b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
     """Q2_K and Q3_K as q2 and q3, whole super-blocks of 256: 64 bytes of 2-bit quants as 32
     16-bit lanes (lane 2u + e: sub-block u's even (e = 0) or odd weights), beside a record of
-    the integer sub-block scales and the super-block's scale(s) as float32. 0.375 B/weight for
+    the integer sub-block scales and the super-block's scale(s) as float32. 0.34 B/weight for
     q2, 0.5 for q3, whose third bits (1/8 B/weight) ride in its record, a byte a lane."""
-    rec = np.zeros((len(b), 8 if t.qtype == Q.Q2_K else 16), np.float32)
+    rec = np.zeros((len(b), 6 if t.qtype == Q.Q2_K else 16), np.float32)
     raw = rec.view(np.uint8)
     if t.qtype == Q.Q2_K:  # record: 16 scale bytes (scale | min << 4), d, dmin
         raw[:, 0:16] = b[:, 0:16]

@@ -14,7 +14,7 @@
  *   Q2    whole super-blocks of 256 (8 blocks of 32), from Q2_K:
  *         qs = 64 B of 2-bit quants as 32 16-bit lanes: lane 2u + e holds weights
  *         16 u + 2 f + e at bits 2 f, f = 0..7 (sub-block u's even, then odd weights)
- *         dm = 8 floats: 16 scale bytes (scale | min << 4, one per 16 weights), d, dmin
+ *         dm = 6 floats: 16 scale bytes (scale | min << 4, one per 16 weights), d, dmin
  *         w = d scale q - dmin min
  *   Q3    from Q3_K, the same 64 B of low quant bits, and dm = 16 floats: 32 B of
  *         third bits (bit f of byte 2u + e, as the lanes above), 16 scales less 32
@@ -91,7 +91,7 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const uint16 odd = LANES & 1u, f = LANES >> 1;
         uint16 q0 = ((uint16)(w.x) >> (16u * odd + 2u * f)) & 3u, q1 = ((uint16)(w.y) >> (16u * odd + 2u * f)) & 3u;
         if (wtype == WT_Q2) {
-            __global const float *rec = dm + 8 * sb;
+            __global const float *rec = dm + 6 * sb;
             const uint s0 = ((__global const uchar *)rec)[2 * b], s1 = ((__global const uchar *)rec)[2 * b + 1];
             *lo = convert_float16(q0) * (rec[4] * (float)(s0 & 15u)) - rec[5] * (float)(s0 >> 4);
             *hi = convert_float16(q1) * (rec[4] * (float)(s1 & 15u)) - rec[5] * (float)(s1 >> 4);

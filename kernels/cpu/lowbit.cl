@@ -141,13 +141,14 @@ __attribute__((always_inline)) inline void read_super(const int wtype, __global 
 {
     *w = ((__global const short32 *)qs)[sb];
     if (wtype == WT_Q2) {
-        const float8 rec = ((__global const float8 *)dm)[sb];
-        const int16 sc = convert_int16(as_uchar16(rec.lo));
+        __global const float *rec = dm + 6 * sb;  /* 24 bytes: 8-byte aligned */
+        __global const uint2 *scb = (__global const uint2 *)rec;
+        const int16 sc = convert_int16(as_uchar16((uint4)(scb[0], scb[1])));
         *scale = sc & 15;
         *offset = -(sc >> 4);
         *h = (short32)0;
-        *d = rec.s4;
-        *d_offset = rec.s5;
+        *d = rec[4];
+        *d_offset = rec[5];
     } else {
         const float16 rec = ((__global const float16 *)dm)[sb];
         *h = __builtin_convertvector(__builtin_astype(rec.lo, uchar32), short32) << (short)2;
