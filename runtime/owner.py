@@ -80,6 +80,7 @@ class GPUOwner(Intake, Actor):
         # into Token messages as they are sent, while the next step runs).
         self._pending: list[tuple[Turn, int]] = []
         self._pending_t = 0.0
+        self._measured: tuple[int, int, float] | None = None  # the last step's (tokens, kv reads, seconds), not yet learned
         self._step_ended: float | None = None
 
     # ---------------------------------------------------------------- hooks
@@ -142,8 +143,7 @@ class GPUOwner(Intake, Actor):
     async def _boundary(self, device: StepThread) -> None:
         """One token boundary: plan, launch the step, deliver the last one's tokens."""
         if not self.scheduler.turns:
-            self._deliver()
-            self._publish()
+            self._pass_on()
             self._step_ended = None
             await self._wait_for_request()  # idle: sleep until asked
         started = time.perf_counter()
@@ -153,8 +153,7 @@ class GPUOwner(Intake, Actor):
             # Before the decisions are told: a move that fails is not reported as made.
             self._settle(plan, await anyio.to_thread.run_sync(self._move, plan))
         if not plan.works:
-            self._deliver()
-            self._publish()
+            self._pass_on()
             self._step_ended = None
             if self.scheduler.turns:
                 # Nothing could run this boundary (memory was being freed):
@@ -165,9 +164,9 @@ class GPUOwner(Intake, Actor):
         step = device.submit(self._execute, plan)
         if self._step_ended is not None:
             self.gap_seconds.append(time.perf_counter() - self._step_ended)
-        # While the device works: what the last step produced, then this boundary's decisions.
-        self._deliver()
-        self._publish()
+        # While the device works: what the last step produced, this boundary's
+        # decisions, and what the last step's time teaches the cost law.
+        self._pass_on()
         try:
             with anyio.CancelScope(shield=True):  # never leave a step running unowned
                 tokens = await step.result()
@@ -177,7 +176,7 @@ class GPUOwner(Intake, Actor):
             self._step_ended, spent = None, 0.0
         else:
             self._step_ended, spent = time.perf_counter(), self.step_seconds[-1]
-            self.engine.cost.observe(*step_features(plan.works), spent)
+            self._measured = (*step_features(plan.works), spent)
         now = self.bus.now()
         for turn_id, reason in self._faults.items():
             self.scheduler.fail(turn_id, now, reason)
@@ -189,6 +188,20 @@ class GPUOwner(Intake, Actor):
         # boundary has yielded already, waiting for its step, and a plain
         # checkpoint would cost every step another trip through the event loop.)
         await anyio.lowlevel.checkpoint_if_cancelled()
+
+    def _pass_on(self) -> None:
+        """What the last boundary left to do, done while the next step runs."""
+        self._deliver()
+        self._publish()
+        self._learn()
+
+    def _learn(self) -> None:
+        # The law refits every few steps (about 0.3 ms, runtime.cost): while a
+        # step runs rather than between two, where the device would wait for it.
+        # (So a step's time shapes the step after next, not the next.)
+        if self._measured is not None:
+            self.engine.cost.observe(*self._measured)
+            self._measured = None
 
     def _deliver(self) -> None:
         pending, self._pending = self._pending, []

@@ -10,6 +10,7 @@ from collections import Counter
 import anyio
 import pytest
 
+from runtime.cost import StepCost
 from runtime.errors import TurnCancelled
 from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, SwarmStopped
 from runtime.timing import TimingEngine
@@ -167,6 +168,27 @@ async def test_join_returns_when_run_ends_and_the_agent_still_answers():
             agent = await s.spawn(OneTurn("one"))
             await s.join(agent)
             assert agent.text == "[1][1]" and s.system.is_alive("one")
+
+
+class Talker(Agent):
+    async def run(self) -> None:
+        await self.complete([3], max_tokens=20, ignore_eos=True)
+
+
+@pytest.mark.anyio
+async def test_the_cost_law_learns_every_step_while_the_next_one_runs():
+    """Each step's time reaches the cost law (it refits every 16), taken in
+    while the next step runs: every step is learned but the one in hand."""
+    engine = TimingEngine()
+    engine.cost = StepCost(0.001, 0.0001, 0.0)  # one that learns, as a real engine's
+    with anyio.fail_after(30):
+        async with Swarm(engine, slots=2) as s:
+            for name in ("a", "b"):
+                await s.spawn(Talker(name))
+            for name in ("a", "b"):
+                await s.join(name)
+            assert s.owner.steps_run >= 20
+            assert s.owner.steps_run - 1 <= engine.cost.observed <= s.owner.steps_run
 
 
 class GatedEngine(TimingEngine):
