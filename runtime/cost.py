@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import statistics
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -144,7 +145,8 @@ def shape_factors(samples: Iterable[tuple[int, int, float]], fixed_s: float, tok
         predicted = fixed_s + token_s * tokens
         if tokens <= SHAPED_UP_TO and predicted > 0:
             ratios[tokens].append(max(seconds - kv_s * kv, 0.0) / predicted)
-    return {n: float(np.median(r)) for n, r in sorted(ratios.items())}
+    # (statistics.median: the same middle as np.median, without its overhead on short lists)
+    return {n: float(statistics.median(r)) for n, r in sorted(ratios.items())}
 
 
 def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | None = None) -> tuple[float, float, float] | None:
@@ -161,14 +163,17 @@ def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | No
     for k in (3, 2, 1):
         for cols in itertools.combinations(range(3), k):
             sub = xw[:, cols]
-            if np.linalg.matrix_rank(sub) < k:
-                continue
-            coef, *_ = np.linalg.lstsq(sub, yw, rcond=None)
-            if (coef < 0).any():
+            # (lstsq's rank is matrix_rank's, same tolerance: one SVD, not two)
+            coef, _, rank, _ = np.linalg.lstsq(sub, yw, rcond=None)
+            if rank < k or (coef < 0).any():
                 continue
             err = float(np.sum((sub @ coef - yw) ** 2))
             if err < best_err - 1e-15:
                 full = np.zeros(3)
                 full[list(cols)] = coef
                 best, best_err = full, err
+        if k == 3 and best is not None:
+            # The unconstrained optimum is admissible: a subset (its coefficients
+            # held at zero) cannot fit better, and the six fits would be wasted.
+            break
     return None if best is None else (float(best[0]), float(best[1]), float(best[2]))
