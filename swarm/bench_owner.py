@@ -14,6 +14,10 @@ and the process's CPU time per step over the same window (all its threads): on
 a machine shared with other work the wall time also counts waiting for a core,
 and this does not, so two runs compare better by it.
 
+The owner learns its step cost law from every step, as it does on a real engine
+(the timing model's own law is exact and learns nothing, so the bench gives it
+one that learns, anchored on the model's prices): that work is the owner's too.
+
 Each configuration keeps every slot busy: `agents` background agents, each
 asking for one long turn after another and reading every token of it. The
 tokens they read in the measured window are counted too: a figure is only the
@@ -31,6 +35,7 @@ from typing import Any
 import anyio
 
 from runtime.agent import Agent
+from runtime.cost import StepCost, kv_reads
 from runtime.events import Admitted
 from runtime.priority import BACKGROUND
 from runtime.timing import TimingEngine
@@ -60,10 +65,21 @@ class Busy(Agent):
                     self.read[0] += 1
 
 
+def learning_law(engine: TimingEngine) -> StepCost:
+    """A cost law that refits from measured steps, as a real engine's does,
+    anchored like its calibration on decodes and prefills priced by the model."""
+    law = engine.model.cost()
+    shapes = [(b, b * (p + 1)) for p in (16, 400) for b in (1, 2, 4, 8, 16)] + [(n, kv_reads(0, n)) for n in (32, 128, 512)]
+    cost = StepCost(law.fixed_s, law.token_s, law.kv_s)
+    cost.calibrate([(tokens, kv, law.predict(tokens, kv)) for tokens, kv in shapes])
+    return cost
+
+
 async def measure(slots: int, agents: int, steps: int, turn_tokens: int) -> dict[str, Any]:
     from swarm.api import Swarm
 
     engine = TimingEngine(realtime=False)
+    engine.cost = learning_law(engine)
     read = [0]
     async with Swarm(engine, slots=slots) as swarm:
         for i in range(agents):
