@@ -70,7 +70,23 @@ class _State(Generic[T]):
                 self.waiter = None
 
 
-class UpdateSender(ObjectSendStream[T]):
+class _Closes:
+    """`with` and `aclose` close an end, as they do a memory stream's."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class UpdateSender(_Closes, ObjectSendStream[T]):
     def __init__(self, state: _State[T]) -> None:
         self._state = state
 
@@ -92,17 +108,8 @@ class UpdateSender(ObjectSendStream[T]):
         self._state.send_closed = True
         self._state.wake()
 
-    async def aclose(self) -> None:
-        self.close()
 
-    def __enter__(self) -> Self:  # (`with` closes it, as it does a memory stream)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-class UpdateReceiver(ObjectReceiveStream[T]):
+class UpdateReceiver(_Closes, ObjectReceiveStream[T]):
     def __init__(self, state: _State[T]) -> None:
         self._state = state
 
@@ -140,15 +147,6 @@ class UpdateReceiver(ObjectReceiveStream[T]):
     def close(self) -> None:
         self._state.receive_closed = True
         self._state.items.clear()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def __enter__(self) -> Self:  # (`with` closes it, as it does a memory stream)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def open_channel() -> tuple[UpdateSender[Any], UpdateReceiver[Any]]:
