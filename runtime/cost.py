@@ -29,9 +29,7 @@ is a 20% slower foreground token.
 
 from __future__ import annotations
 
-import collections
 import itertools
-import statistics
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -58,7 +56,12 @@ class StepCost:
         self.fixed_s, self.token_s, self.kv_s = float(fixed_s), float(token_s), float(kv_s)
         self.learns = learns  # False: an exact law (the simulator's), never refitted
         self.anchors: list[tuple[int, int, float]] = []  # calibration samples, kept for good
-        self.recent: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=window)
+        # The recent steps, rows of (tokens, kv_reads, seconds) in a ring: kept as
+        # an array, not converted from tuples at each refit (a third of its cost).
+        self._ring = np.empty((window, 3))
+        self._held = 0  # rows of the ring in use
+        self._next = 0  # the row the next step goes to: the oldest once it is full
+        self._anchor_rows = np.empty((0, 3))
         self.observed = 0
         self.refit_every = refit_every
         self.shape: dict[int, float] = {}  # tokens -> measured / law, for small steps seen
@@ -100,28 +103,39 @@ class StepCost:
     def calibrate(self, samples: Iterable[tuple[int, int, float]]) -> None:
         """Seed the law from deliberately varied steps (tokens, kv_reads, seconds)."""
         self.anchors = [s for s in samples if s[2] > 0]
-        self.recent.clear()
+        self._anchor_rows = np.asarray(self.anchors, dtype=float).reshape(-1, 3)
+        self._held = self._next = 0
         self.refit()
 
     def observe(self, tokens: int, kv: int, seconds: float) -> None:
         """One measured step. The law is refitted every `refit_every` steps."""
         if not self.learns or seconds <= 0 or tokens <= 0:
             return
-        self.recent.append((tokens, kv, seconds))
+        ring = self._ring
+        ring[self._next] = (tokens, kv, seconds)
+        self._next = (self._next + 1) % len(ring)
+        self._held = min(self._held + 1, len(ring))
         self.observed += 1
         if self.observed % self.refit_every == 0:
             self.refit()
 
     def refit(self) -> None:
         # Anchors weigh as much as a quarter of a full window, whatever their number.
-        rows = [(s, 1.0) for s in self.recent]
+        recent = self._window()
+        weights = np.ones(len(recent) + len(self._anchor_rows))
         if self.anchors:
-            w = max(1.0, 0.25 * (self.recent.maxlen or 1) / len(self.anchors))
-            rows += [(s, w) for s in self.anchors]
-        fitted = fit([s for s, _ in rows], [w for _, w in rows])
+            weights[len(recent):] = max(1.0, 0.25 * len(self._ring) / len(self.anchors))
+        data = np.concatenate((recent, self._anchor_rows))
+        fitted = fit_rows(data, weights)
         if fitted is not None:
             self.fixed_s, self.token_s, self.kv_s = fitted
-            self.shape = shape_factors([*self.anchors, *self.recent], self.fixed_s, self.token_s, self.kv_s)
+            self.shape = shape_rows(data, self.fixed_s, self.token_s, self.kv_s)
+
+    def _window(self) -> np.ndarray:
+        """The recent steps' rows, oldest first."""
+        if self._held < len(self._ring):
+            return self._ring[: self._held]
+        return np.concatenate((self._ring[self._next :], self._ring[: self._next]))
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -137,16 +151,24 @@ class StepCost:
         return f"<StepCost {self.describe()}>"
 
 
-def shape_factors(samples: Iterable[tuple[int, int, float]], fixed_s: float, token_s: float, kv_s: float) -> dict[int, float]:
+def shape_rows(rows: np.ndarray, fixed_s: float, token_s: float, kv_s: float) -> dict[int, float]:
     """For each small step size measured, the median over its steps of what the
-    matmul part measured (the step less the law's attention) over what the law says."""
-    ratios: dict[int, list[float]] = collections.defaultdict(list)
-    for tokens, kv, seconds in samples:
-        predicted = fixed_s + token_s * tokens
-        if tokens <= SHAPED_UP_TO and predicted > 0:
-            ratios[tokens].append(max(seconds - kv_s * kv, 0.0) / predicted)
-    # (statistics.median: the same middle as np.median, without its overhead on short lists)
-    return {n: float(statistics.median(r)) for n, r in sorted(ratios.items())}
+    matmul part measured (the step less the law's attention) over what the law
+    says. `rows` are (tokens, kv_reads, seconds)."""
+    tokens = rows[:, 0]
+    predicted = fixed_s + token_s * tokens
+    small = (tokens <= SHAPED_UP_TO) & (predicted > 0)
+    if not small.any():
+        return {}
+    sizes = tokens[small]
+    ratios = np.maximum(rows[small, 2] - kv_s * rows[small, 1], 0.0) / predicted[small]
+    order = np.lexsort((ratios, sizes))  # by size, then ratio: each size's ratios sorted
+    sizes, ratios = sizes[order], ratios[order]
+    values, starts, counts = np.unique(sizes, return_index=True, return_counts=True)
+    # The middle one, or the mean of the middle two (what statistics.median returns).
+    low, high = ratios[starts + (counts - 1) // 2], ratios[starts + counts // 2]
+    medians = (low + high) / 2
+    return {int(n): float(m) for n, m in zip(values, medians)}
 
 
 def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | None = None) -> tuple[float, float, float] | None:
@@ -155,25 +177,34 @@ def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | No
     if not samples:
         return None
     data = np.asarray(samples, dtype=float)
+    return fit_rows(data, np.ones(len(data)) if weights is None else np.asarray(weights, dtype=float))
+
+
+def fit_rows(data: np.ndarray, weights: np.ndarray) -> tuple[float, float, float] | None:
+    """`fit` of rows (tokens, kv_reads, seconds) with a weight each."""
+    if not len(data):
+        return None
     y = data[:, 2]
     x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-    w = (np.ones(len(data)) if weights is None else np.asarray(weights, dtype=float)) / y
+    w = weights / y
     xw, yw = x * w[:, None], y * w
     best, best_err = None, np.inf
+    admissible: list[tuple[int, ...]] = []
     for k in (3, 2, 1):
         for cols in itertools.combinations(range(3), k):
+            if any(set(cols) < set(fitted) for fitted in admissible):
+                # Its fit is an admissible one's with a coefficient held at zero,
+                # which fits no better: not tried (the best cannot change).
+                continue
             sub = xw[:, cols]
             # (lstsq's rank is matrix_rank's, same tolerance: one SVD, not two)
             coef, _, rank, _ = np.linalg.lstsq(sub, yw, rcond=None)
             if rank < k or (coef < 0).any():
                 continue
+            admissible.append(cols)
             err = float(np.sum((sub @ coef - yw) ** 2))
             if err < best_err - 1e-15:
                 full = np.zeros(3)
                 full[list(cols)] = coef
                 best, best_err = full, err
-        if k == 3 and best is not None:
-            # The unconstrained optimum is admissible: a subset (its coefficients
-            # held at zero) cannot fit better, and the six fits would be wasted.
-            break
     return None if best is None else (float(best[0]), float(best[1]), float(best[2]))
