@@ -71,6 +71,7 @@ class Scheduler(Batching, KVMoves):
         # `_stuck`, the queue is walked only when a turn might take a slot.
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
+        self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
 
     # ------------------------------------------------------------------ inputs
 
@@ -130,8 +131,14 @@ class Scheduler(Batching, KVMoves):
 
     @property
     def running(self) -> dict[int, Turn]:
-        """The turns in a slot, by slot."""
-        return {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
+        """The turns in a slot, by slot (the same dict until who runs changes: do
+        not change it)."""
+        changes, running = self._running
+        if changes != self._changes:
+            # (a turn enters or leaves a slot only in _admit, _unslot and _end, which count as changes)
+            running = {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
+            self._running = (self._changes, running)
+        return running
 
     @property
     def waiting(self) -> list[Turn]:
