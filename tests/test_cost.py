@@ -179,3 +179,16 @@ def test_no_shaping_and_zero_slack_are_honoured():
     tight.submit("fg", FOREGROUND, prompt=4)
     tight.step()
     assert len(tight.step().works) == 1
+
+
+def test_a_refit_weighs_the_last_window_of_steps_and_the_anchors_only():
+    # 20 steps through a window of 8: the law is the fit of the last 8 (oldest
+    # first, as they came) with the anchors at a quarter of a window's weight.
+    rng = np.random.default_rng(4)
+    anchors = [(t, k, law(*CPU)(t, k)) for t, k in random_steps(rng, 5)]
+    steps = [(t, k, law(*CPU)(t, k) * rng.uniform(0.8, 1.2)) for t, k in random_steps(rng, 20)]
+    cost = StepCost(window=8, refit_every=1)
+    cost.calibrate(anchors)
+    for step in steps:
+        cost.observe(*step)
+    assert (cost.fixed_s, cost.token_s, cost.kv_s) == fit(steps[-8:] + anchors, [1.0] * 8 + [max(1.0, 0.25 * 8 / 5)] * 5)
