@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +64,12 @@ from runtime.units import ceil_div
 # "non-blocking" read blocks until the queue drains, and pyopencl holds the GIL
 # through it, which froze the event loop for the rest of every step.)
 GIL_YIELD_EVERY = 4
+
+# A step told it may be abandoned (`step(..., abandon=)`) checks the flag at this
+# many points, spread over its launches: the foreground turn that sets it waits
+# about 1/ABANDON_POINTS of a step, not the whole of it, and the enqueuing thread
+# wakes only this often (on a CPU it shares the cores with the device's workers).
+ABANDON_POINTS = 16
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -210,11 +217,14 @@ class OpenCLEngine:
         self.cost.calibrate(calibration_samples(self))
         self.calibrated = True
 
-    def step(self, batch: Sequence[Work]) -> list[int | None]:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
         hot = np.array([not w.sampling.greedy for w in sampled], dtype=bool)
-        ids, logits = self._run(batch, hot)
+        ran = self._run(batch, hot, abandon)
+        if ran is None:
+            return None
+        ids, logits = ran
         if hot.any():  # only the rows of the items that sample at a temperature came back
             chosen = [w for w, h in zip(sampled, hot) if h]
             drawn = sample_batch(logits, [w.sampling for w in chosen], [w.start + len(w.tokens) for w in chosen])
@@ -243,9 +253,10 @@ class OpenCLEngine:
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
-    def _run(self, batch: Sequence[Work], want_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Enqueue the step; (greedy token ids of the sampled items, the logits rows
-        of the sampled items where want_logits is set)."""
+        of the sampled items where want_logits is set), or None if `abandon` was set
+        before it was all enqueued."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
@@ -266,14 +277,16 @@ class OpenCLEngine:
             here = (sample_at >= c0) & (sample_at < c1)
             turns, local_seq = np.unique(seq[c0:c1], return_inverse=True)
             got = self._forward(
-                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here]
+                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon
             )
+            if got is None:
+                return None
             ids.append(got[0])
             logits.append(got[1])
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits) -> tuple[np.ndarray, np.ndarray]:
+    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None) -> tuple[np.ndarray, np.ndarray] | None:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
@@ -286,9 +299,23 @@ class OpenCLEngine:
             launches.append((step.head, n))
         if not want_logits.all():
             launches.append((step.argmax, n))
+        # With `abandon`: at each check point, wait for the launches before the
+        # previous one (one group stays queued, so the device never idles for
+        # the check), and stop enqueuing if the flag is set. What was enqueued
+        # finishes; the K/V it wrote is rewritten when the batch runs again.
+        every = -(-len(launches) // ABANDON_POINTS)
+        checked: cl.Event | None = None
         for i, (launch, size) in enumerate(launches):
             if self.device.is_cpu and i % GIL_YIELD_EVERY == 0:
                 time.sleep(0)  # see GIL_YIELD_EVERY
+            if abandon is not None and i % every == 0:
+                marker = cl.enqueue_marker(q)
+                if checked is not None:
+                    checked.wait()  # (lets go of the GIL)
+                checked = marker
+                if abandon.is_set():
+                    q.finish()
+                    return None
             event = launch.enqueue(q, size)
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))

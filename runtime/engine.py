@@ -22,6 +22,7 @@ any number of times samples exactly what it samples unpaused.
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import msgspec
@@ -116,9 +117,15 @@ class Engine(Protocol):
         ...
     model_id: str  # what K/V depends on besides the tokens; keys the prefix cache
 
-    def step(self, batch: Sequence[Work]) -> list[int | None]:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         """Run one forward pass over the batch; one entry per item, a token where
-        `sample` was set, else None. Blocking: the owner calls it off the event loop."""
+        `sample` was set, else None. Blocking: the owner calls it off the event loop.
+
+        `abandon`, if given, may be set from another thread while the step runs:
+        the engine may then stop early and return None, having changed nothing that
+        counts (K/V it wrote at the batch's positions is written again when the
+        batch runs again). The owner gives it for a step a turn that arrives may
+        outrank, so that turn does not wait out a long step of lower work."""
         ...
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:

@@ -38,6 +38,8 @@ means something:
 | kv.recomputed       | its KV was dropped and is re-prefilled | turn, agent, priority, slot, tokens,      |
 |                     |                                        | cached_tokens (reused, not recomputed)    |
 | agent.crashed       | an actor died; the swarm goes on       | agent, reason                             |
+| step.abandoned      | the step in flight stopped early for a | turns, tokens (its work, run again later),|
+|                     | turn that outranks all of it           | by_agent, by_priority                     |
 
 `priority` is always the *effective* priority (base, aged, or inherited) at the time
 of the event. `slot` is absent while a turn holds none. On the terminal events,
@@ -187,6 +189,16 @@ class AgentCrashed(Event, kw_only=True, tag="agent.crashed"):
     reason: str
 
 
+class StepAbandoned(Event, kw_only=True, tag="step.abandoned"):
+    """The step in flight stopped before its end, for an arriving turn above all of
+    it (runtime.abandon): its work runs again at a later boundary."""
+
+    turns: int
+    tokens: int
+    by_agent: str | None = None
+    by_priority: int | None = None
+
+
 class Unrecognized(msgspec.Struct):
     """An event of a kind newer than this version, read from a log or a socket:
     kept whole so viewers can pass it on and show its fields plainly."""
@@ -204,7 +216,7 @@ class Unrecognized(msgspec.Struct):
 KINDS: tuple[type[Event], ...] = (
     SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Finished,
     Cancelled, Failed, Inherited, Restored, SwappedOut, SwappedIn, Recomputed,
-    AgentCrashed,
+    AgentCrashed, StepAbandoned,
 )
 AnyEvent = Union[KINDS]  # type: ignore[valid-type]
 _BY_NAME = {kind.__struct_config__.tag: kind for kind in KINDS}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from typing import Callable
 
 import anyio
 
@@ -37,10 +38,12 @@ class Intake:
     _arrived: collections.deque[OwnerRequest]
     _wakeup: anyio.Event
     _replies: dict[int, UpdateSender[TurnUpdate]]
+    _notice: Callable[[OwnerRequest], None]
 
     def _request(self, request: OwnerRequest) -> None:
         self._arrived.append(request)
         self._wakeup.set()
+        self._notice(request)  # runtime.abandon: it may outrank the step in flight
 
     async def _wait_for_request(self) -> None:
         while not self._arrived:

@@ -24,11 +24,13 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import threading
 import time
 
 import anyio
 import msgspec
 
+from runtime.abandon import StepAbandon
 from runtime.actors import Actor, handler
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 STEP_HISTORY = 10_000
 
 
-class GPUOwner(Intake, Actor):
+class GPUOwner(Intake, StepAbandon, Actor):
     mailbox_size = math.inf  # a request is never refused for room: the handler only queues it
 
     def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
@@ -82,6 +84,7 @@ class GPUOwner(Intake, Actor):
         self._pending_t = 0.0
         self._measured: tuple[int, int, float] | None = None  # the last step's (tokens, kv reads, seconds), not yet learned
         self._step_ended: float | None = None
+        self._init_abandon()
 
     # ---------------------------------------------------------------- hooks
 
@@ -161,7 +164,7 @@ class GPUOwner(Intake, Actor):
                 with anyio.move_on_after(0.05):
                     await self._wait_for_request()
             return
-        step = device.submit(self._execute, plan)
+        step = device.submit(self._execute, (plan, self._arm(plan, list(self._arrived))))
         if self._step_ended is not None:
             self.gap_seconds.append(time.perf_counter() - self._step_ended)
         # While the device works: what the last step produced, this boundary's
@@ -175,8 +178,14 @@ class GPUOwner(Intake, Actor):
             tokens = await anyio.to_thread.run_sync(self._isolate, plan)
             self._step_ended, spent = None, 0.0
         else:
+            if tokens is None:  # abandoned for a turn that outranks it (runtime.abandon)
+                self._abandoned(plan)
+                self._step_ended = time.perf_counter()
+                return
             self._step_ended, spent = time.perf_counter(), self.step_seconds[-1]
             self._measured = (*step_features(plan.works), spent)
+        finally:
+            self._disarm()
         now = self.bus.now()
         for turn_id, reason in self._faults.items():
             self.scheduler.fail(turn_id, now, reason)
@@ -215,10 +224,14 @@ class GPUOwner(Intake, Actor):
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._hang_up(turn.id)
 
-    def _execute(self, plan: Plan) -> list[int | None]:
-        """Runs in a worker thread: the blocking device work of one step."""
+    def _execute(self, job: tuple[Plan, threading.Event | None]) -> list[int | None] | None:
+        """Runs in a worker thread: the blocking device work of one step (None: it
+        was abandoned, and counts for nothing)."""
+        plan, abandon = job
         started = time.perf_counter()
-        tokens = self.engine.step(plan.works)
+        tokens = self.engine.step(plan.works, abandon)
+        if tokens is None:
+            return None
         self.step_seconds.append(time.perf_counter() - started)  # KV moves excluded: the law prices the step
         self.steps_run += 1
         return tokens

@@ -56,6 +56,12 @@ class Priorities:
             return base
         return max([base, *(lent[k] for k in turn.lifts if k in lent)])
 
+    def arriving(self, priority: int, lifts: Iterable[str]) -> int:
+        """The `level` a turn submitted now at `priority` under `lifts` (its agent's
+        name among them) would have."""
+        lent = self.lent
+        return max([priority, *(lent[k] for k in lifts if k in lent)]) if lent else priority
+
     def top_level(self, turns: Iterable[Turn]) -> int | None:
         """The highest `level` among the turns (None if there are none)."""
         if not self.lent:

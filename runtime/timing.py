@@ -16,6 +16,7 @@ bytes of device bandwidth, and each preemption costs a flush.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
@@ -67,9 +68,13 @@ class TimingEngine:
     def calibrate(self) -> None:
         pass
 
-    def step(self, batch: Sequence[Work]) -> list[int | None]:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         if self.realtime:
-            time.sleep(self._law.predict_works(batch))
+            seconds = self._law.predict_works(batch)
+            if abandon is None:
+                time.sleep(seconds)
+            elif abandon.wait(seconds):
+                return None
         return [self._token if work.sample else None for work in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:

@@ -47,7 +47,7 @@ class Policy(enum.StrEnum):
             policy, _, variant = name.partition(":")
             if variant and variant not in variants:
                 allowed = " or ".join(f"NAME:{v}" for v in variants) or "none"
-                raise ConfigError(f"--policies: {name!r}: the only variant is {allowed}")
+                raise ConfigError(f"--policies: {name!r}: a variant is written {allowed}")
             out.append(cls.parse(policy).value + (f":{variant}" if variant else ""))
         return out
 
@@ -78,6 +78,9 @@ class SchedulerConfig:
     shaping: bool = True
     slack: float = 0.25
     prefill_chunk: int = 512
+    # Under the preempting policies, a turn that arrives above every turn in the
+    # step in flight has that step abandoned rather than wait it out (runtime.abandon).
+    abandon_steps: bool = True
 
     def __post_init__(self) -> None:
         self.policy = Policy.parse(self.policy) if isinstance(self.policy, str) else self.policy

@@ -52,6 +52,7 @@ class Swarm(AgentHost):
         shaping: bool = True,
         slack: float = 0.25,
         prefix_cache: bool = True,
+        abandon_steps: bool = True,
         events: str | Path | None = None,
         terminal: bool = False,
         socket: str | Path | None = None,
@@ -66,7 +67,10 @@ class Swarm(AgentHost):
             step_tokens = min(128, limit or 128)
         if limit is not None and step_tokens > limit:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
-        self.config = SchedulerConfig(slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack, prefix_cache=prefix_cache, max_context=engine.max_context)
+        self.config = SchedulerConfig(
+            slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack,
+            prefix_cache=prefix_cache, abandon_steps=abandon_steps, max_context=engine.max_context,
+        )
         self.engine = engine
         self.bus = EventBus(clock=clock)
         self.events_path = self.bus.log_to_file(events) if events else None

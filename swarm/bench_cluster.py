@@ -26,7 +26,7 @@ def _cluster(args: argparse.Namespace, policy: str, owners: int, pins: dict[str,
     return ClusterSwarm(
         owners, address=None if args.cluster == "local" else args.cluster, model=args.model, device=args.device, kernels=args.kernels,
         slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=not args.no_shaping and variant != "unshaped",
-        slack=args.slack, placement=Pinned(owners=pins),
+        slack=args.slack, abandon_steps=variant != "whole", placement=Pinned(owners=pins),
     )
 
 

@@ -15,7 +15,8 @@ drifts), so every figure has its own ratio to idle (`vs_solo`, against the solo
 run next to it); `solo` in the output pools them all.
 
 A policy written `name:unshaped` runs with step shaping off (as `--no-shaping`
-does for all), so shaped and unshaped can be compared in one run.
+does for all), and `name:whole` with every step run whole (no step abandoned for
+a foreground arrival, runtime.abandon), so each can be compared in one run.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from swarm.bench_load import Background, Foreground, Stats, feel, row, streams, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per policy (after the warm-up)")
-    parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy) + " (NAME:unshaped turns step shaping off for that one)")
+    parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy) + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
@@ -62,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
     name, _, variant = policy.partition(":")
     shaping = not args.no_shaping and variant != "unshaped"
-    return Swarm(engine, slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=shaping, slack=args.slack)
+    return Swarm(engine, slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=shaping, slack=args.slack, abandon_steps=variant != "whole")
 
 
 async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def _merge(a: Stats, b: Stats) -> Stats:
 
 
 def parse_policies(text: str) -> list[str]:
-    return Policy.parse_list(text, variants=("unshaped",))
+    return Policy.parse_list(text, variants=("unshaped", "whole"))
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:

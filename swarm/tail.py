@@ -210,6 +210,7 @@ STYLES: dict[type, str] = {
     ev.SwappedIn: "dark_cyan",
     ev.Recomputed: "red",
     ev.AgentCrashed: "bold red",
+    ev.StepAbandoned: "yellow",
 }
 
 
@@ -255,6 +256,7 @@ PHRASES: dict[type, str] = {
     ev.SwappedIn: "{who} KV back on the device ({e.blocks} blocks), slot {e.slot}",
     ev.Recomputed: "{who} KV dropped, re-prefilling {e.tokens} tokens{cached}",
     ev.AgentCrashed: "agent {e.agent} crashed: {e.reason}",
+    ev.StepAbandoned: "step of {e.turns} turns ({e.tokens} tokens) stopped early for {e.by_agent} (prio {e.by_priority}); it runs again",
 }
 
 CACHED = {  # what the prefix cache gave, where it gave some

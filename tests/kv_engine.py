@@ -71,7 +71,7 @@ class KVEngine:
         bs = self.block_size
         return [int(self.cache[table[p // bs], p % bs]) for p in range(n)]
 
-    def step(self, batch: Sequence[Work]) -> list[int | None]:
+    def step(self, batch: Sequence[Work], abandon: object = None) -> list[int | None]:
         for w in batch:
             self._fault("step", w.turn)
         out = []

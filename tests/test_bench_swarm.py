@@ -65,7 +65,7 @@ def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, 
 def test_bad_policies_and_durations_are_config_errors(tiny_engine):
     with pytest.raises(ConfigError, match="unknown policy 'fast'"):
         bench_swarm.run(parse("--policies", "resident,fast"), engine=tiny_engine)
-    with pytest.raises(ConfigError, match="only variant"):
+    with pytest.raises(ConfigError, match="a variant is written"):
         bench_swarm.run(parse("--policies", "resident:fast"), engine=tiny_engine)
     with pytest.raises(ConfigError, match="--seconds must be positive"):
         bench_swarm.run(parse("--seconds", "0"), engine=tiny_engine)

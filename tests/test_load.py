@@ -38,7 +38,7 @@ class SteppedEngine(KVEngine):
         super().__init__(**kw)
         self.clock = clock
 
-    def step(self, batch):
+    def step(self, batch, abandon=None):
         self.clock.now += STEP_S
         return super().step(batch)
 

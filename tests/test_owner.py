@@ -202,7 +202,7 @@ class GatedEngine(TimingEngine):
         self.gate = threading.Semaphore(0)
         self.in_flight = threading.Event()
 
-    def step(self, batch):
+    def step(self, batch, abandon=None):
         self.in_flight.set()
         self.gate.acquire()
         self.in_flight.clear()

@@ -43,6 +43,7 @@ class OwnerSpec(msgspec.Struct, frozen=True, kw_only=True):
     shaping: bool = True
     slack: float = 0.25
     prefix_cache: bool = True
+    abandon_steps: bool = True
 
 
 class OwnerInfo(msgspec.Struct, frozen=True):
@@ -77,7 +78,7 @@ class OwnerHost:
             engine = await anyio.to_thread.run_sync(
                 lambda: open_engine(spec.model, spec.device, kernels=spec.kernels, **({"num_blocks": spec.num_blocks} if spec.num_blocks else {}))
             )
-            swarm = Swarm(engine, slots=spec.slots, policy=spec.policy, step_tokens=spec.step_tokens, shaping=spec.shaping, slack=spec.slack, prefix_cache=spec.prefix_cache, model_name=engine.model_name)
+            swarm = Swarm(engine, slots=spec.slots, policy=spec.policy, step_tokens=spec.step_tokens, shaping=spec.shaping, slack=spec.slack, prefix_cache=spec.prefix_cache, abandon_steps=spec.abandon_steps, model_name=engine.model_name)
         except Exception as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             self._ready.set()

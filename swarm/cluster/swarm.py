@@ -60,6 +60,7 @@ class ClusterSwarm(AgentHost):
         shaping: bool = True,
         slack: float = 0.25,
         prefix_cache: bool = True,
+        abandon_steps: bool = True,
         placement: Placement | None = None,
         events: str | Path | None = None,
         terminal: bool = False,
@@ -73,7 +74,7 @@ class ClusterSwarm(AgentHost):
                 raise ConfigError(f"a cluster needs at least one owner, got {owners}")
             model = None if model is None else str(model)
             owners = [
-                OwnerSpec(name=f"gpu{i}", model=model, device=device, kernels=kernels, slots=slots, policy=str(policy), step_tokens=step_tokens, shaping=shaping, slack=slack, prefix_cache=prefix_cache)
+                OwnerSpec(name=f"gpu{i}", model=model, device=device, kernels=kernels, slots=slots, policy=str(policy), step_tokens=step_tokens, shaping=shaping, slack=slack, prefix_cache=prefix_cache, abandon_steps=abandon_steps)
                 for i in range(owners)
             ]
         names = [spec.name for spec in owners]

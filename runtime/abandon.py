@@ -1,0 +1,85 @@
+"""Abandoning a step: a turn that outranks all of the step in flight does not wait it out.
+
+A step is the token boundary's granularity, and on a CPU (or with a long prefill
+chunk on any device) a step of background work can last many times the
+foreground's own steps. A foreground turn that arrives just after one started
+would wait out all of it before it even had a slot: the wait a person feels is
+the rest of the step in flight. So the owner hands each step the engine runs an
+`abandon` flag (runtime.engine.Engine.step), and sets it when a turn request
+arrives whose priority is above every turn in the step: the engine stops at its
+next check point, the step counts for nothing (nobody's tokens move, the K/V it
+wrote is written again), and the next boundary admits the new turn, pausing a
+lower one as usual. What is lost is the part of one background step already
+run; the engine's check points bound the wait to a fraction of a step.
+
+Only the preempting policies abandon steps (under the others, an arrival waits
+for a slot anyway), and a lent priority (SetInherited) does not: it lifts a turn
+already queued, which the next boundary admits. Mixed into
+`runtime.owner.GPUOwner`; `_request` (runtime.intake) calls `_notice`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from runtime.bus import EventBus
+from runtime.events import StepAbandoned
+from runtime.messages import OwnerRequest, TurnRequest
+from runtime.scheduler import Scheduler
+from runtime.turns import Plan
+
+
+class StepAbandon:
+    # The owner's state this part uses.
+    bus: EventBus
+    scheduler: Scheduler
+
+    def _init_abandon(self) -> None:
+        self._abandon = threading.Event()
+        # The priority an arriving turn must beat to abandon the step in flight
+        # (None: it may not be abandoned), and the first that did.
+        self._step_bar: int | None = None
+        self._abandoned_by: TurnRequest | None = None
+        self.steps_abandoned = 0
+
+    def _arm(self, plan: Plan, waiting: list[OwnerRequest]) -> threading.Event | None:
+        """The flag to hand the engine with this plan's step (None: it runs to the
+        end); raised at once if a request that outranks it came in while it was
+        planned (`waiting`: not yet taken in)."""
+        self._abandon.clear()
+        self._abandoned_by = None
+        if not (self.scheduler.config.abandon_steps and self.scheduler.policy.preempts):
+            self._step_bar = None
+            return None
+        self._step_bar = self.scheduler.priorities.top_level(plan.turns)
+        for request in waiting:
+            self._notice(request)
+        return self._abandon
+
+    def _disarm(self) -> None:
+        self._step_bar = None
+
+    def _notice(self, request: OwnerRequest) -> None:
+        """A request came in while a step runs: abandon it if the request's turn outranks it."""
+        bar = self._step_bar
+        if bar is None or self._abandon.is_set() or not isinstance(request, TurnRequest):
+            return
+        # (Checked properly when taken in: anything can be put in a mailbox.)
+        if not isinstance(request.agent, str) or not isinstance(request.priority, int) or isinstance(request.priority, bool):
+            return
+        try:
+            level = self.scheduler.priorities.arriving(request.priority, (request.agent, *request.lifts))
+        except TypeError:  # lifts that are not a sequence of names
+            return
+        if level > bar:
+            self._abandoned_by = request
+            self._abandon.set()
+
+    def _abandoned(self, plan: Plan) -> None:
+        """The step stopped early: say so; nothing else changes."""
+        self.steps_abandoned += 1
+        by = self._abandoned_by
+        self.bus.emit(StepAbandoned(
+            t=self.bus.now(), step=self.scheduler.step, turns=len(plan.works), tokens=sum(len(w.tokens) for w in plan.works),
+            by_agent=by.agent if by is not None else None, by_priority=by.priority if by is not None else None,
+        ))
