@@ -52,6 +52,7 @@ from gpu.sampling import sample_batch
 from gpu.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
+from runtime.abandon import CHECK_POINTS
 from runtime.cost import StepCost
 from runtime.engine import Work
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
@@ -64,12 +65,6 @@ from runtime.units import ceil_div
 # "non-blocking" read blocks until the queue drains, and pyopencl holds the GIL
 # through it, which froze the event loop for the rest of every step.)
 GIL_YIELD_EVERY = 4
-
-# A step told it may be abandoned (`step(..., abandon=)`) checks the flag at this
-# many points, spread over its launches: the foreground turn that sets it waits
-# about 1/ABANDON_POINTS of a step, not the whole of it, and the enqueuing thread
-# wakes only this often (on a CPU it shares the cores with the device's workers).
-ABANDON_POINTS = 16
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -299,11 +294,10 @@ class OpenCLEngine:
             launches.append((step.head, n))
         if not want_logits.all():
             launches.append((step.argmax, n))
-        # With `abandon`: at each check point, wait for the launches before the
-        # previous one (one group stays queued, so the device never idles for
-        # the check), and stop enqueuing if the flag is set. What was enqueued
-        # finishes; the K/V it wrote is rewritten when the batch runs again.
-        every = -(-len(launches) // ABANDON_POINTS)
+        # With `abandon`: at each of CHECK_POINTS, wait for the launches before
+        # the previous one, and stop enqueuing if the flag is set. What was
+        # enqueued finishes; the K/V it wrote is rewritten when the batch runs again.
+        every = -(-len(launches) // CHECK_POINTS)
         checked: cl.Event | None = None
         for i, (launch, size) in enumerate(launches):
             if self.device.is_cpu and i % GIL_YIELD_EVERY == 0:

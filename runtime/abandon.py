@@ -20,6 +20,7 @@ already queued, which the next boundary admits. Mixed into
 
 from __future__ import annotations
 
+import math
 import threading
 
 from runtime.bus import EventBus
@@ -27,6 +28,23 @@ from runtime.events import StepAbandoned
 from runtime.messages import OwnerRequest, TurnRequest
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan
+
+# The OpenCL engine looks at the flag at this many points spread over a step's
+# launches. At each it waits for the launches before the previous point, so one
+# group stays queued and the device never idles for the look; a raised flag is
+# seen when the group running ends, and the step stops when the group queued
+# behind it does. More points stop sooner, but wake the enqueuing thread more
+# often (on a CPU it shares the cores with the device's workers).
+CHECK_POINTS = 16
+
+
+def stopped_after(raised: float, step_s: float) -> float | None:
+    """When a step of `step_s` seconds stops if its flag is raised `raised`
+    seconds in, at the engine's check points (None: it runs to its end first).
+    What the simulator prices an abandoned step at."""
+    group = step_s / CHECK_POINTS
+    stop = group * (math.floor(max(raised, 0.0) / group) + 2)
+    return stop if stop < step_s else None
 
 
 class StepAbandon:

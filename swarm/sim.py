@@ -28,8 +28,9 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.units import ceil_div, percentiles
+from runtime.abandon import stopped_after
 from swarm.fastforward import account, stretch
-from runtime.turns import Policy, SchedulerConfig, Turn
+from runtime.turns import Plan, Policy, SchedulerConfig, Turn
 
 POLICIES = [p.value for p in Policy]
 
@@ -95,6 +96,7 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timing: TimingModel = TimingModel()
     shaping: bool = True  # step shaping for the foreground (runtime.shaping)
     slack: float = 0.25
+    abandon_steps: bool = True  # a foreground arrival stops the step in flight (runtime.abandon)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -145,6 +147,7 @@ class Result:
     prompt_tokens: int = 0  # prompt tokens of admitted turns
     cached_tokens: int = 0  # of those, found in the prefix cache
     swapped_bytes: int = 0  # and under swap (both directions)
+    abandoned_steps: int = 0  # stopped early for a foreground arrival
     span_s: float = 0.0
     steps: int = 0
 
@@ -159,6 +162,7 @@ class Result:
             "recomputed_tokens": self.recomputed_tokens,
             "prompt_reused": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "swapped_mb": self.swapped_bytes / 1e6,
+            "abandoned_steps": self.abandoned_steps,
         }
 
 
@@ -216,6 +220,10 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
+    def abandons(plan: Plan) -> bool:
+        """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
+        return workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_level(plan.turns) or BACKGROUND)
+
     def submit_bg(agent: str, now: float) -> None:
         sched.submit(agent, BACKGROUND, prompt(agent, workload.background_prompt), bg_length(), now, ignore_eos=True)
 
@@ -242,6 +250,18 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
+        if next_fg < len(arrivals) and abandons(plan):
+            # The next arrival stops the step it lands in (the stretch's last):
+            # the steps before it run whole, that one stops early and counts for nothing.
+            before = engine.step_s(plan, steps - 1) if steps > 1 else 0.0
+            start = now + engine.overhead_s(plan) + before
+            stop = stopped_after(arrivals[next_fg] - start, engine.step_s(plan, steps) - before)
+            if stop is not None and steps == 1:
+                result.abandoned_steps += 1
+                now = start + stop
+                continue
+            if stop is not None:
+                steps -= 1
         for turn in plan.turns:
             if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
                 result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))

@@ -28,6 +28,18 @@ def test_resident_caps_the_foreground_wait_at_one_step_plus_the_flush(dist):
     assert priority["max"] > 1.0
 
 
+def test_a_foreground_arrival_stops_the_background_step_it_lands_in():
+    on = simulate(load_workload(None, arrivals=300), "resident")
+    off = simulate(load_workload(None, arrivals=300, abandon_steps=False), "resident")
+    assert on.abandoned_steps > 0 and off.abandoned_steps == 0
+    # The wait is the rest of a step without it, two of its CHECK_POINTS groups with it...
+    assert on.summary()["fg_wait_s"]["p50"] < off.summary()["fg_wait_s"]["p50"] / 2
+    # ...and what the stopped steps had done is lost, but it is little.
+    assert on.summary()["bg_tok_per_s"] > 0.99 * off.summary()["bg_tok_per_s"]
+    # The non-preempting policies never stop a step.
+    assert simulate(load_workload(None, arrivals=100), "priority").abandoned_steps == 0
+
+
 def test_swap_and_recompute_pay_for_their_resumes():
     workload = load_workload(None, arrivals=200)
     swap, recompute, resident = (simulate(workload, p) for p in ("swap", "recompute", "resident"))
