@@ -46,6 +46,7 @@ import pyopencl as cl
 from gpu.device import Device, select_device
 from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
+from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
 from gpu.sampling import sample_batch
@@ -64,7 +65,11 @@ from runtime.units import ceil_div
 # (The readback waits for the step in `finish`, which lets go of the GIL: PoCL's
 # "non-blocking" read blocks until the queue drains, and pyopencl holds the GIL
 # through it, which froze the event loop for the rest of every step.)
-GIL_YIELD_EVERY = 4
+# Each let-go is a sleep(0) of ~60 us (the kernel's timer slack) during which the
+# thread's wake-up takes a core from PoCL's workers, so at one every 4 launches they
+# cost a batch-1 step ~2 ms; 32 launches are ~50 us of enqueueing now that a launch
+# sets no arguments (gpu/launches.py).
+GIL_YIELD_EVERY = 32
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -172,6 +177,7 @@ class OpenCLEngine:
         const = lambda a: cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         ones = np.ones(max(cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim), np.float32)
+        self.inputs = StepInputs(self.device, t, self.max_blocks)
         self.buffers = SimpleNamespace(
             x=f(t * cfg.d_model),
             qkv=f(t * qkv_dim),
@@ -181,11 +187,10 @@ class OpenCLEngine:
             split_scratch=f(t * cfg.n_kv_heads * GPU_MAX_SPLITS * (cfg.n_heads // cfg.n_kv_heads) * (cfg.head_dim + 2)),
             split_counters=cl.Buffer(ctx, RW | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(t * cfg.n_kv_heads, i32)),
             h=f(t * cfg.d_ff),
-            tokens=f(t), pos=f(t), seq=f(t), sample_rows=f(t), ids=f(t),
+            **self.inputs.regions, ids=f(t),
             all_rows=const(np.arange(t, dtype=i32)),
             tmp=f(t * cfg.d_model),  # a sublayer's output before its post-norm
             ones=const(ones),
-            tables=f(t * self.max_blocks),
             logits=f(t * cfg.vocab_size),
         )  # fmt: skip
 
@@ -285,10 +290,7 @@ class OpenCLEngine:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
-        for buf, arr in ((b.tokens, tokens), (b.pos, pos), (b.seq, seq), (b.tables, tables)):
-            cl.enqueue_copy(q, buf, np.ascontiguousarray(arr), is_blocking=False)
-        if n:
-            cl.enqueue_copy(q, b.sample_rows, sample_rows, is_blocking=False)
+        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, tables=tables)  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
             launches.append((step.head, n))

@@ -1,8 +1,10 @@
 """Kernel launches bound to their buffers once, for the kernel families.
 
 pyopencl's per-call argument setting cost more host time than the kernels took
-at batch 1, so every launch of a step sets its arguments at start-up and a step
-only sets the batch width. Each launch has a `name` (what profiles group by) and
+at batch 1, so every launch of a step sets its arguments at start-up, and a step
+sets only the batch width, and only where it changed: one `set_arg` costs about
+8 us of Python, several times a launch's own 1 us (most steps repeat the last
+step's width). Each launch has a `name` (what profiles group by) and
 the weight bytes it reads per call (for GB/s in a profile).
 """
 
@@ -62,10 +64,14 @@ class CPUMatmul:
             k = cl.Kernel(program, f"{kernel}_{w.kind}_t{tile}")
             k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
             self.tiles[tile] = k
+        self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
-        kernel = self.tiles[_tile(ncols)]
-        kernel.set_arg(self.NCOLS, i32(ncols))
+        tile = _tile(ncols)
+        kernel = self.tiles[tile]
+        if self.widths[tile] != ncols:
+            kernel.set_arg(self.NCOLS, i32(ncols))
+            self.widths[tile] = ncols
         return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,))
 
 
@@ -97,13 +103,17 @@ class GPUMatmul:
             k = cl.Kernel(program, f"{shape}_{w.kind}")
             k.set_args(*args[:10], i32(rows), i32(w.cols), i32(1), i32(op), *args[10:], i32(self.lpu))
             self.kernels[shape] = k
+        self.widths = dict.fromkeys(self.kernels, 1)  # each shape's ncols argument as last set
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
-        if ncols <= MV_MAX_COLS:
+        shape = "mv" if ncols <= MV_MAX_COLS else "mm"
+        if shape == "mv":
             kernel, size, local = self.kernels["mv"], self.mv_size, (self.wg,)
         else:
             kernel, size, local = self.kernels["mm"], (self.mm_groups * self.wg, ceil_div(ncols, MM_COLS)), (self.wg, 1)
-        kernel.set_arg(self.NCOLS, i32(ncols))
+        if self.widths[shape] != ncols:
+            kernel.set_arg(self.NCOLS, i32(ncols))
+            self.widths[shape] = ncols
         return cl.enqueue_nd_range_kernel(queue, kernel, size, local)
 
 
