@@ -6,7 +6,8 @@
 
 Both families read the same weights (gpu/weights.py, dequantized by
 kernels/quant.cl), store the same half-precision KV layout (kernels/common.cl)
-and sample greedily on the device with the same argmax.
+and sample greedily on the device: the lowest index among equal maxima (the CPU
+family's argmax scans a row in one work-item, kernels/cpu/argmax.cl).
 
 - cpu: a work-item walks whole rows with 16-wide vectors, tiny work-groups (PoCL
   runs a work-group on one core). Five launches per layer (plus a norm per
@@ -81,7 +82,7 @@ def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = 
 
 class CPUFamily:
     name = "cpu"
-    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit")
+    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/argmax")
     WG = 16  # matmul work-group: each work-item owns two rows
     LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
 
@@ -130,7 +131,7 @@ class CPUFamily:
                        W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
             layers=layers,
             head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
-            argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
+            argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
         )
 
 

@@ -134,12 +134,13 @@ class GPUAttention:
 
 
 class Argmax:
-    """Greedy sampling on the device: one work-group per sampled row."""
+    """Greedy sampling on the device: one work-group per sampled row (common.cl's
+    `argmax`, or the CPU family's `argmax_lanes` in work-groups of one)."""
 
     name, weight_bytes = "argmax", 0
 
-    def __init__(self, program: cl.Program, wg: int, logits: cl.Buffer, vocab: int, ids: cl.Buffer):
-        self.kernel = cl.Kernel(program, "argmax")
+    def __init__(self, program: cl.Program, wg: int, logits: cl.Buffer, vocab: int, ids: cl.Buffer, kernel: str = "argmax"):
+        self.kernel = cl.Kernel(program, kernel)
         self.kernel.set_args(logits, i32(vocab), ids)
         self.wg = wg
 

@@ -239,6 +239,30 @@ def test_device_argmax_takes_the_lowest_index_among_equal_maxima(engine: OpenCLE
     assert ids.tolist() == [3, engine.config.vocab_size - 1, 0] == np.argmax(rows, axis=1).tolist()
 
 
+@pytest.mark.parametrize("n", [16, 37, 300])
+def test_cpu_argmax_lanes_on_rows_of_any_length(n: int) -> None:
+    """The CPU family's argmax scans 16 lanes where a row starts 64-byte aligned, one
+    logit at a time where it does not, and a row's tail past the lanes on its own; each
+    way it is numpy's argmax, ties (many here) to the lowest index."""
+    import pyopencl as cl
+
+    from gpu.device import select_device
+    from kernels import source
+
+    device = select_device()
+    program = device.build(source("quant") + source("cpu/argmax"))
+    rows = np.random.default_rng(n).integers(-3, 3, (5, n)).astype(np.float32)
+    rows[0, -1] = 9.0  # in the tail of the aligned first row where n % 16 != 0
+    rows[2] = -np.inf  # no maximum above -inf: 0
+    flags = cl.mem_flags
+    logits = cl.Buffer(device.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=rows)
+    out = cl.Buffer(device.context, flags.WRITE_ONLY, 4 * len(rows))
+    program.argmax_lanes(device.queue, (len(rows),), (1,), logits, np.int32(n), out)
+    ids = np.empty(len(rows), np.int32)
+    cl.enqueue_copy(device.queue, ids, out)
+    assert ids.tolist() == np.argmax(rows, axis=1).tolist()
+
+
 @pytest.mark.parametrize("span", [3, 16, 23])
 def test_gpu_attention_split_over_work_groups_matches_the_reference(tiny_model: Model, reference: ReferenceModel, span: int) -> None:
     """Flash-decoding: each token's positions cut into splits of `span` and combined
