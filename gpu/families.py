@@ -82,7 +82,7 @@ def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = 
 
 class CPUFamily:
     name = "cpu"
-    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/argmax")
+    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/nibbles", "cpu/argmax")
     WG = 16  # matmul work-group: each work-item owns two rows
     LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
 

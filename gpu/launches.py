@@ -40,12 +40,22 @@ def _tile(ncols: int) -> int:
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 
+def cpu_variant(kind: str) -> str:
+    """The CPU kernels' name for a weight kind at a tile width: cpu/nibbles.cl's "nib"
+    for 4-bit blocks, read in integer arithmetic."""
+    return "nib" if kind == "q4_1" else kind
+
+
 def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
-    """The local buffer cpu/lowbit.cl's kernels quantize a tile's inputs into: per column
-    2 bytes an input, and an int16 of sums and a float scale per super-block of 256."""
-    if w.kind not in LOWBIT_KINDS:
-        return ()
-    return (cl.LocalMemory(tile * (2 * w.cols + (64 + 4) * (w.cols // 256))),)
+    """The local buffer the integer kernels quantize a tile's inputs into. cpu/lowbit.cl:
+    per column 2 bytes an input, an int16 of sums and a float scale per super-block of
+    256; cpu/nibbles.cl: per column and group of 128 inputs, a float16 of sums, 256
+    bytes of inputs and a float scale."""
+    if w.kind in LOWBIT_KINDS:
+        return (cl.LocalMemory(tile * (2 * w.cols + (64 + 4) * (w.cols // 256))),)
+    if cpu_variant(w.kind) == "nib":
+        return (cl.LocalMemory(max(64, tile * (w.cols // 128) * (64 + 256 + 4))),)
+    return ()
 
 
 class CPUMatmul:
@@ -61,7 +71,7 @@ class CPUMatmul:
         self.global_size = (ceil_div(pairs, wg) * wg,)
         self.tiles = {}
         for tile in (1, 2, 4, 8):
-            k = cl.Kernel(program, f"{kernel}_{w.kind}_t{tile}")
+            k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
             k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
             self.tiles[tile] = k
         self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
