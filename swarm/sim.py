@@ -28,7 +28,7 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.units import ceil_div, percentiles
-from runtime.abandon import stopped_after
+from runtime.abandon import stopped_after, worth_abandoning
 from swarm.fastforward import account, stretch
 from runtime.turns import Plan, Policy, SchedulerConfig, Turn
 
@@ -220,9 +220,25 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
+    def before_arrival(plan: Plan, steps: int, now: float, arrival: float) -> int:
+        """How many of the plan's `steps` to run before the next arrival: those that
+        end before it, or just the first if it lands in that one (so it is taken
+        in at the end of the very step it lands in, or stops it)."""
+        lo, hi = 1, steps  # the most steps that end by the arrival, at least 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if now + engine.overhead_s(plan) + engine.step_s(plan, mid) <= arrival:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def abandons(plan: Plan) -> bool:
         """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
-        return workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_level(plan.turns) or BACKGROUND)
+        return (
+            workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_level(plan.turns) or BACKGROUND)
+            and worth_abandoning(plan, engine.cost, config.slack)
+        )
 
     def submit_bg(agent: str, now: float) -> None:
         sched.submit(agent, BACKGROUND, prompt(agent, workload.background_prompt), bg_length(), now, ignore_eos=True)
@@ -250,18 +266,16 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
-        if next_fg < len(arrivals) and abandons(plan):
-            # The next arrival stops the step it lands in (the stretch's last):
-            # the steps before it run whole, that one stops early and counts for nothing.
-            before = engine.step_s(plan, steps - 1) if steps > 1 else 0.0
-            start = now + engine.overhead_s(plan) + before
-            stop = stopped_after(arrivals[next_fg] - start, engine.step_s(plan, steps) - before)
-            if stop is not None and steps == 1:
-                result.abandoned_steps += 1
-                now = start + stop
-                continue
-            if stop is not None:
-                steps -= 1
+        if next_fg < len(arrivals):
+            steps = before_arrival(plan, steps, now, arrivals[next_fg])
+            if steps == 1 and abandons(plan):
+                # The arrival stops the step it lands in: it counts for nothing.
+                start = now + engine.overhead_s(plan)
+                stop = stopped_after(arrivals[next_fg] - start, engine.first_step_s(plan))
+                if stop is not None:
+                    result.abandoned_steps += 1
+                    now = start + stop
+                    continue
         for turn in plan.turns:
             if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
                 result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))

@@ -65,7 +65,7 @@ def run_turns(engine: OpenCLEngine, first: int, stop_at: int | None) -> list[lis
     return outputs
 
 
-@pytest.mark.parametrize("stop_at", [1, 3, 9])
+@pytest.mark.parametrize("stop_at", [1, 2, 4])
 def test_a_step_stopped_part_way_changes_no_token(engine: OpenCLEngine, stop_at: int) -> None:
     unbroken = run_turns(engine, 0, None)
     assert run_turns(engine, 3, stop_at) == unbroken
