@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -60,16 +59,18 @@ from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.units import ceil_div
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
-# enqueuing thread off the CPU while it holds the GIL, and the event loop waited
-# ~45 ms (median) per 50 ms step. Letting go every few launches keeps it live.
-# (The readback waits for the step in `finish`, which lets go of the GIL: PoCL's
-# "non-blocking" read blocks until the queue drains, and pyopencl holds the GIL
-# through it, which froze the event loop for the rest of every step.)
-# Each let-go is a sleep(0) of ~60 us (the kernel's timer slack) during which the
-# thread's wake-up takes a core from PoCL's workers, so at one every 4 launches they
-# cost a batch-1 step ~2 ms; 32 launches are ~50 us of enqueueing now that a launch
-# sets no arguments (gpu/launches.py).
-GIL_YIELD_EVERY = 32
+# enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
+# once left the event loop waiting ~45 ms (median) per 50 ms step. So there a
+# step is enqueued in groups, the thread waiting (without the GIL) at each of
+# runtime.abandon's CHECK_POINTS for the launches before the previous point:
+# the loop runs during the waits, and the device always has a group queued.
+# (A sleep(0) every few launches let the loop hold the GIL while the device ran
+# dry, and each is ~60 us of timer slack whose wake-up takes a core from PoCL's
+# workers: against one every 32 launches, the groups' batch-1 step is 3-4% faster,
+# batch 8 the same, with or without a busy loop beside it.) The readback waits for
+# the step in `finish`, which lets go of the GIL: PoCL's "non-blocking" read blocks
+# until the queue drains, and pyopencl holds the GIL through it, which froze the
+# event loop for the rest of every step.
 
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
@@ -296,27 +297,26 @@ class OpenCLEngine:
             launches.append((step.head, n))
         if not want_logits.all():
             launches.append((step.argmax, n))
-        # With `abandon`: at each of CHECK_POINTS, wait for the launches before
-        # the previous one, and stop enqueuing if the flag is set. What was
-        # enqueued finishes; the K/V it wrote is rewritten when the batch runs again.
-        every = -(-len(launches) // CHECK_POINTS)
+        # In groups on a host CPU (see CHECK_POINTS above), and wherever the step
+        # may be abandoned: then, at each point, stop enqueuing if the flag is set.
+        # What was enqueued finishes; the K/V it wrote is rewritten when the batch
+        # runs again.
+        grouped, every = abandon is not None or self.device.is_cpu, -(-len(launches) // CHECK_POINTS)
         checked: cl.Event | None = None
         for i, (launch, size) in enumerate(launches):
-            if self.device.is_cpu and i % GIL_YIELD_EVERY == 0:
-                time.sleep(0)  # see GIL_YIELD_EVERY
-            if abandon is not None and i % every == 0:
+            if grouped and i % every == 0:
                 marker = cl.enqueue_marker(q)
                 if checked is not None:
                     checked.wait()  # (lets go of the GIL)
                 checked = marker
-                if abandon.is_set():
+                if abandon is not None and abandon.is_set():
                     q.finish()
                     return None
             event = launch.enqueue(q, size)
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))
         if self.device.is_cpu:
-            q.finish()  # see GIL_YIELD_EVERY
+            q.finish()  # see CHECK_POINTS above
         ids = np.zeros(n, i32)
         logits = np.empty((int(want_logits.sum()), vocab), np.float32)
         if want_logits.all():

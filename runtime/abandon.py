@@ -31,14 +31,13 @@ from runtime.messages import OwnerRequest, TurnRequest
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan
 
-# The OpenCL engine looks at the flag at this many points spread over a step's
-# launches. At each it waits for the launches before the previous point, so one
-# group stays queued and the device never idles for the look; a raised flag is
-# seen when the group running ends, and the step stops when the group queued
-# behind it does. More points stop sooner, but wake the enqueuing thread more
-# often: on a CPU it shares the cores, and the GIL, with the device's workers
-# and the event loop. Toggled every 2 s in one swarm of eight background agents
-# at load 3-6, 16 points cost 16% of their tokens, 8 cost 6% and 4 cost 1%.
+# The OpenCL engine enqueues a step in this many groups wherever it may be
+# abandoned, and always on a host CPU (gpu/engine.py says why). At each point it
+# waits for the launches before the previous point, so one group stays queued and
+# the device never idles for the look; a raised flag is seen when the group
+# running ends, and the step stops when the group queued behind it does. More
+# points stop sooner but wake the enqueuing thread more often, and on a CPU it
+# shares the cores, and the GIL, with the device's workers and the event loop.
 CHECK_POINTS = 8
 
 

@@ -59,18 +59,29 @@ def test_build_succeeds_and_the_program_runs() -> None:
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_a_step_on_a_host_cpu_device_lets_go_of_the_gil_between_launches(tiny_model, kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # PoCL's worker threads share the host's cores: the enqueuing thread must not
-    # sit on the GIL while they keep it off the CPU, or the event loop stalls.
-    import types
+    # sit on the GIL while they keep it off the CPU, or the event loop stalls. It
+    # enqueues the step in groups and waits (without the GIL) between them.
+    import pyopencl as cl
 
     import gpu.engine
     from gpu.engine import OpenCLEngine
+    from runtime.abandon import CHECK_POINTS
     from runtime.engine import Work
 
     engine = OpenCLEngine(tiny_model, num_blocks=16, block_size=16, kernels=kernels)
+    waits: list[int] = []
+    enqueue_marker = cl.enqueue_marker
 
-    yields: list[float] = []
-    monkeypatch.setattr(gpu.engine, "time", types.SimpleNamespace(sleep=yields.append))
+    class Counted:
+        def __init__(self, queue):
+            self.event = enqueue_marker(queue)
+
+        def wait(self):
+            waits.append(1)
+            self.event.wait()
+
+    monkeypatch.setattr(gpu.engine.cl, "enqueue_marker", Counted)
     engine.step([Work(turn=0, tokens=[1, 2, 3], start=0, block_table=[0], sample=True)])
     assert engine.device.is_cpu  # PoCL, in CI
-    launches = 2 + len(engine.launches.layers)  # embed, the layers, the head
-    assert yields and set(yields) == {0} and len(yields) >= launches // gpu.engine.GIL_YIELD_EVERY
+    launches = 3 + len(engine.launches.layers)  # embed, the layers, the head, argmax
+    assert len(waits) == -(-launches // -(-launches // CHECK_POINTS)) - 1 >= 1
