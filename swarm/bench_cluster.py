@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from runtime.events import Admitted, Preempted
+from runtime.events import Admitted, Preempted, StepAbandoned
 from swarm.bench_load import Background, Foreground, Stats, feel, row, streams
 from swarm.cluster import ClusterSwarm, Pinned
 
@@ -48,11 +48,14 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     stats = {name: Stats() for name in names}
     pins = {f"fg-{name}": name for name in names} | {f"bg-{name}-{j}": name for name in names for j in range(args.slots)}
     preempted: Counter[str] = Counter()
+    abandoned: Counter[str] = Counter()
     async with _cluster(args, policy, args.owners, pins) as swarm, anyio.create_task_group() as tg:
         async def tally(sub: Any) -> None:
             async for event in sub:
                 if isinstance(event, Preempted) and event.owner and stats[event.owner].measuring:
                     preempted[event.owner] += 1
+                elif isinstance(event, StepAbandoned) and event.owner and stats[event.owner].measuring:
+                    abandoned[event.owner] += 1
 
         tg.start_soon(tally, swarm.bus.subscribe(max_buffer=10**6))
         foreground = {}
@@ -78,8 +81,8 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
             run, seconds = await swarm.handles[name].steps.remote()
             steps[name] = seconds[-(run - before[name]):] if run > before[name] else []
         tg.cancel_scope.cancel()
-    owners = {name: row(stats[name], elapsed, preempted[name], steps[name]) for name in names}
-    total = row(_pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s])
+    owners = {name: row(stats[name], elapsed, preempted[name], steps[name], abandoned[name]) for name in names}
+    total = row(_pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s], sum(abandoned.values()))
     return {"total": total, "owners": owners}
 
 

@@ -119,7 +119,7 @@ def streams(args: argparse.Namespace):
     return lengths, gaps, prompts(args.prompt, np.random.default_rng(seeds[2])), prompts(args.prompt, np.random.default_rng(seeds[3]))
 
 
-def row(stats: Stats, elapsed: float, preemptions: int, steps: list[float]) -> dict[str, Any]:
+def row(stats: Stats, elapsed: float, preemptions: int, steps: list[float], abandoned: int = 0) -> dict[str, Any]:
     """One policy's figures from a measured run: what the foreground felt and the background got."""
     idle_s = elapsed - stats.fg_live_s
     return {
@@ -130,6 +130,7 @@ def row(stats: Stats, elapsed: float, preemptions: int, steps: list[float]) -> d
         "bg_tok_per_s": stats.bg_tokens / elapsed,
         "bg_tok_per_s_idle": stats.bg_tokens_idle / idle_s if idle_s > 0 else None,
         "preemptions": preemptions,
+        "abandoned_steps": abandoned,  # stopped early for a foreground arrival (runtime.abandon)
         "step_s_median": statistics.median(steps) if steps else None,
         "paused_s": stats.bg_paused_s,
         "seconds": elapsed,

@@ -31,7 +31,7 @@ import anyio
 
 from runtime.engine import Engine
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Preempted
+from runtime.events import Admitted, Preempted, StepAbandoned
 from runtime.turns import Policy
 from runtime.units import format_duration
 from swarm import Swarm
@@ -78,7 +78,7 @@ async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) ->
             while swarm.bus.counts[Admitted] < args.slots:
                 await anyio.sleep(0.05)
         steps_before = swarm.owner.steps_run
-        preempted_before = swarm.bus.counts[Preempted]
+        preempted_before, abandoned_before = swarm.bus.counts[Preempted], swarm.bus.counts[StepAbandoned]
         stats.measuring = True
         started = time.monotonic()
         await swarm.spawn(Foreground("fg", gaps, fg_prompts, args.fg_tokens, stats))
@@ -87,8 +87,9 @@ async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) ->
         elapsed = time.monotonic() - started
         steps = list(swarm.owner.step_seconds)[steps_before - swarm.owner.steps_run :] if swarm.owner.steps_run > steps_before else []
         preemptions = swarm.bus.counts[Preempted] - preempted_before
+        abandoned = swarm.bus.counts[StepAbandoned] - abandoned_before
     return {
-        **row(stats, elapsed, preemptions, steps),
+        **row(stats, elapsed, preemptions, steps, abandoned),
         "step_cost": engine.cost.coefficients,
         "fg_wait_samples_s": stats.fg_wait_s,
         "fg_ttft_samples_s": stats.fg_ttft_s,
@@ -200,10 +201,10 @@ def print_table(out: dict[str, Any]) -> None:
         feel.add_row(name, str(r["fg_turns"]), *cells)
     console.print(feel)
     load = Table(title="the background")
-    for col in ("policy", "bg tok/s", "with no fg live", "preemptions", "bg paused", "step median", "fg woke late p99"):
+    for col in ("policy", "bg tok/s", "with no fg live", "preemptions", "steps abandoned", "bg paused", "step median", "fg woke late p99"):
         load.add_column(col, justify="right")
     for name, r in out["policies"].items():
         idle, late = r["bg_tok_per_s_idle"], r.get("fg_late_s") or {}
-        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), format_duration(r["paused_s"], 0),
+        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), str(r.get("abandoned_steps", 0)), format_duration(r["paused_s"], 0),
                      format_duration(r["step_s_median"], 0), format_duration(late.get("p99"), 0))
     console.print(load)

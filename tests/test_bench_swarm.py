@@ -58,6 +58,7 @@ def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, 
     # A solo run of each policy's turns, right after it; `solo` pools them.
     assert data["solo"]["fg_turns"] == sum(r["fg_turns"] for r in data["policies"].values())
     assert data["policies"]["priority"]["preemptions"] == 0  # it orders the queue, never preempts
+    assert data["policies"]["priority"]["abandoned_steps"] == 0  # nor stops a step
     assert data["policies"]["resident"]["preemptions"] > 0  # every slot was busy when the foreground came
     assert plot_bench(data, tmp_path / "bench.png").is_file()  # swarm plot reads it
 
