@@ -160,6 +160,7 @@ class OpenCLEngine:
             f"-DN_KV_HEADS={cfg.n_kv_heads}",
             f"-DN_LAYERS={cfg.n_layers}",
             f"-DBLOCK_SIZE={self.block_size}",
+            f"-DROPE_TABLE={self.weights.rope_positions}",
         ]
         while True:  # the GPU family may halve its work-groups, or give up subgroups, and build again
             try:

@@ -209,7 +209,7 @@ def upload_vector(context: cl.Context, tensor: WeightTensor) -> cl.Buffer:
 class LayerWeights:
     attn_norm: cl.Buffer
     qkv: DeviceMatrix  # q rows, then k rows, then v rows
-    rope: cl.Buffer  # HEAD_DIM/2 RoPE frequencies, then the QKV bias (zeros when none)
+    rope: cl.Buffer  # HEAD_DIM/2 RoPE frequencies, the QKV bias (zeros when none), then `rope_table`
     out: DeviceMatrix
     ffn_norm: cl.Buffer
     gate_up: DeviceMatrix  # gate rows, then up rows
@@ -226,6 +226,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     output_norm: cl.Buffer
     output: DeviceMatrix
+    rope_positions: int  # positions of each layer's RoPE table (rope_table)
 
     def matrices(self) -> list[DeviceMatrix]:
         """Every matrix one step reads: the layers' and the output head."""
@@ -253,6 +254,18 @@ def neox_to_adjacent(t: WeightTensor, head_dim: int) -> WeightTensor:
     return WeightTensor(t.name, t.qtype, t.rows, t.cols, np.ascontiguousarray(t.raw[order]))
 
 
+ROPE_TABLE_POSITIONS = 1024  # positions whose RoPE angles a layer's constants carry
+
+
+def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
+    """(cos, sin) of pos * inv_freq[i] at [pos][i] for pos < positions, flat float32 pairs,
+    which common.cl's rotate_pair reads instead of computing: PoCL's sincos took a quarter
+    of the QKV matmul's time at batch 1 (256 KB a layer for SmolLM2). Each is of the float32
+    angle the kernel would form (pos times the float32 frequency), correctly rounded."""
+    angle = np.arange(positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+    return np.stack([np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))], axis=-1).astype(np.float32).ravel()
+
+
 def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
     """Every tensor of a `gpu.model.Model`, packed and on the device, as its architecture asks."""
     c, arch = model.config, model.config.arch
@@ -261,6 +274,7 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
     else:
         fix = lambda t: t  # noqa: E731
     vector = lambda t: upload_vector(context, t)  # noqa: E731
+    positions = min(ROPE_TABLE_POSITIONS, c.context_length)
     layers = []
     for i in range(c.n_layers):
         t = lambda name: model.tensor(f"blk.{i}.{name}")  # noqa: E731
@@ -272,7 +286,8 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
         L = LayerWeights(
             attn_norm=vector(t("attn_norm.weight")),
             qkv=upload_matrix(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")]),
-            rope=_buffer(context, np.concatenate([c.inv_freq(i), bias]).astype(np.float32)),
+            rope=_buffer(context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32),
+                                                  rope_table(c.inv_freq(i), positions)])),
             out=upload_matrix(context, [t("attn_output.weight")]),
             ffn_norm=vector(t("ffn_norm.weight")),
             gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")]),
@@ -285,4 +300,4 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
         layers.append(L)
     embed = upload_matrix(context, [model.tensor("token_embd.weight")])
     output = embed if model.tied else upload_matrix(context, [model.output_weight()])
-    return ModelWeights(embed, layers, vector(model.tensor("output_norm.weight")), output)
+    return ModelWeights(embed, layers, vector(model.tensor("output_norm.weight")), output, positions)

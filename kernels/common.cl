@@ -18,6 +18,10 @@
  * cl_khr_fp16 needed); everything is computed in float.
  */
 
+#ifndef ROPE_TABLE
+#define ROPE_TABLE 0  /* positions of the RoPE table after a layer's bias (rotate_pair) */
+#endif
+
 #define QKV_DIM ((N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM)
 #define Q_DIM (N_HEADS * HEAD_DIM)
 #define KV_DIM (N_KV_HEADS * HEAD_DIM)
@@ -62,10 +66,20 @@ FOR_EACH_WTYPE(DEFINE_EMBED)
  * The QKV matmul calls this for the pair of rows (r, r+1) it computed for token
  * t: the bias is added, rotated q goes back to qkv, rotated k and plain v to
  * the cache slot of pos. With QK_NORM, q and k go back to qkv as they are and
- * qk_norm_rope finishes them once the whole head is there. */
+ * qk_norm_rope finishes them once the whole head is there.
+ * After the bias, `rope` holds (cos, sin) of every angle pos * inv_freq[i] for pos <
+ * ROPE_TABLE, at [pos][i] (gpu/weights.py): PoCL's sincos took a quarter of the QKV
+ * matmul's time at batch 1. Later positions compute it. */
 inline void rotate_pair(int d, float2 *x, int pos, __global const float *rope)
 {
-    float c, s = sincos(pos * rope[(d % HEAD_DIM) / 2], &c);
+    float c, s;
+    if (pos < ROPE_TABLE) {
+        const float2 a = ((__global const float2 *)(rope + HEAD_DIM / 2 + QKV_DIM))[pos * (HEAD_DIM / 2) + (d % HEAD_DIM) / 2];
+        c = a.x;
+        s = a.y;
+    } else {
+        s = sincos(pos * rope[(d % HEAD_DIM) / 2], &c);
+    }
     *x = (float2)(x->x * c - x->y * s, x->x * s + x->y * c);
 }
 

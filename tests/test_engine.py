@@ -70,6 +70,27 @@ def test_decode_logits_match_reference_at_many_positions(engine: OpenCLEngine, r
     assert rel_error(got, want) < TOL
 
 
+def test_positions_past_the_rope_table_match_reference(tiny_model: Model, reference: ReferenceModel, kernels: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoPE reads its angles from a table for the first positions (gpu/weights.py) and computes
+    them after: a prompt and decodes across the table's end agree with the reference."""
+    import gpu.weights
+
+    monkeypatch.setattr(gpu.weights, "ROPE_TABLE_POSITIONS", 12)
+    engine = OpenCLEngine(tiny_model, num_blocks=64, block_size=16, kernels=kernels)
+    assert engine.weights.rope_positions == 12
+    tokens = prompt(2, 9, engine.config.vocab_size)
+    cache = reference.new_cache()
+    want = reference.forward(tokens, 0, cache)[-1]
+    got = engine.step_logits([Work(turn=0, tokens=tokens, start=0, block_table=table(0), sample=True)])[0]
+    for position in range(9, 20):
+        assert rel_error(got, want) < TOL
+        token = int(np.argmax(want))
+        want = reference.forward([token], position, cache)[-1]
+        got = engine.step_logits([Work(turn=0, tokens=[token], start=position, block_table=table(0), sample=True)])[0]
+    assert rel_error(got, want) < TOL
+
+
 @pytest.mark.parametrize("batch", [2, 3, 8])
 def test_batch_of_turns_at_different_positions(engine: OpenCLEngine, reference: ReferenceModel, batch: int) -> None:
     vocab = engine.config.vocab_size
