@@ -74,25 +74,34 @@ class StepAbandon:
         self._abandoned_by: TurnRequest | None = None
         self.steps_abandoned = 0
 
-    def _arm(self, plan: Plan, waiting: list[OwnerRequest]) -> threading.Event | None:
+    def _arm(self, plan: Plan, waiting: list[OwnerRequest], ahead: Plan | None = None) -> threading.Event | None:
         """The flag to hand the engine with this plan's step (None: it runs to the
         end); raised at once if a request that outranks it came in while it was
-        planned (`waiting`: not yet taken in)."""
-        self._abandon.clear()
-        self._abandoned_by = None
+        planned (`waiting`: not yet taken in). A step planned while `ahead` runs
+        shares its flag if it has one: a step planned on a step abandoned is
+        abandoned too, so the flag is not lowered, and a turn must outrank both."""
+        ahead_bar = self._step_bar if ahead is not None else None
+        if ahead is None:
+            self._abandon.clear()
+            self._abandoned_by = None
         if not (self.scheduler.config.abandon_steps and self.scheduler.policy.preempts):
             self._step_bar = None
             return None
-        if not worth_abandoning(plan, self.scheduler.cost, self.scheduler.config.slack):
+        if ahead_bar is None and not worth_abandoning(plan, self.scheduler.cost, self.scheduler.config.slack):
             self._step_bar = None
             return None
-        self._step_bar = self.scheduler.priorities.top_level(plan.turns)
+        bar = self.scheduler.priorities.top_level(plan.turns)
+        self._step_bar = bar if ahead_bar is None or bar is None else max(bar, ahead_bar)
         for request in waiting:
             self._notice(request)
         return self._abandon
 
-    def _disarm(self) -> None:
-        self._step_bar = None
+    def _disarm(self, still: Plan | None = None) -> None:
+        """A step was taken in: the flag now guards `still`, the step in flight, alone."""
+        if still is None or self._step_bar is None:
+            self._step_bar = None
+        else:
+            self._step_bar = self.scheduler.priorities.top_level(still.turns)
 
     def _notice(self, request: OwnerRequest) -> None:
         """A request came in while a step runs: abandon it if the request's turn outranks it."""

@@ -40,6 +40,7 @@ class Batching:
     priorities: Priorities
     turns: dict[int, Turn]
     step: int
+    in_flight: Plan | None
 
     def _batch(self, now: float, plan: Plan) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
@@ -103,8 +104,8 @@ class Batching:
         return True
 
     def _computed_alongside(self, turn: Turn, plan: Plan) -> bool:
-        """Whether a turn already in this step computes the full block the turn
-        would compute next, for the same tokens: then it is registered after the
+        """Whether a turn already in this step, or in the step in flight, computes
+        the full block the turn would compute next, for the same tokens: then it is registered after the
         step and the turn takes it by reference (turns that arrive together with
         one system prompt compute it once)."""
         size = self.pool.block_size
@@ -112,17 +113,28 @@ class Batching:
         if rest or i >= len(turn.hashes):
             return False
         key = turn.hashes[i]
-        return any(
-            len(other.hashes) > i and other.hashes[i] == key and work.start < min((i + 1) * size, len(other.prompt))
-            and work.start + len(work.tokens) > i * size
-            for work, other in zip(plan.works, plan.turns)
-        )
+        # (the step in flight too: what it computes is only shared once it is accounted)
+        flying = self.in_flight
+        pairs = zip(plan.works + flying.works, plan.turns + flying.turns) if flying is not None else zip(plan.works, plan.turns)
+        for work, other in pairs:
+            if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
+                continue
+            if len(other.hashes) <= i:
+                if (i + 1) * size > len(other.prompt):
+                    continue  # (its tokens past the prompt are not all known yet)
+                # Not named yet: the step in flight computes it, and only then is it committed.
+                self.prefix.chain(other, i + 1)
+            if other.hashes[i] == key:
+                return True
+        return False
 
     def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> int:
         """Add `n` tokens of a running turn's work to the plan, growing its KV;
         the tokens added (0: none, it could not run this step)."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
+        if turn.owed and self._owes_last(turn):
+            return 0  # its last token is being sampled: it ends when that step is accounted
         start = turn.computed
         end = start + n
         if len(turn.blocks) * self.pool.block_size < end and not self._reserve(turn.blocks, end, now, plan, keep=turn):
@@ -130,10 +142,17 @@ class Batching:
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == len(turn.prompt) + len(turn.output)
         tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks, sample, turn.sampling))
+        # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling))
         plan.turns.append(turn)
         turn.last_stepped = self.step
         return n
+
+    def _owes_last(self, turn: Turn) -> bool:
+        """Whether the token a step in flight owes the turn is its last, by length
+        or context (Scheduler.advance)."""
+        max_context = self.config.max_context
+        return len(turn.output) >= turn.max_tokens or bool(max_context and turn.length >= max_context)
 
     def _protected_level(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):

@@ -45,7 +45,7 @@ class KVMoves:
         if turn in plan.turns:
             i = plan.turns.index(turn)
             del plan.turns[i], plan.works[i]
-        turn.computed = 0
+        turn.computed = turn.flying = 0
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
             turn.status, turn.swapped_len, turn.swap_kept = Status.DROPPED, 0, []  # kv.recomputed when it resumes
@@ -66,7 +66,7 @@ class KVMoves:
         if kept is None:
             self.swapped_blocks -= turn.host_blocks(size)
             plan.moves.append(Forget(turn.id))
-            turn.computed, turn.swap_kept, turn.status = 0, [], Status.DROPPED
+            turn.computed, turn.flying, turn.swap_kept, turn.status = 0, 0, [], Status.DROPPED
             return True
         fresh: list[int] = []
         if not self._reserve(fresh, turn.host_blocks(size) * size, now, plan, keep=turn):
@@ -131,5 +131,5 @@ class KVMoves:
 
     def _drop(self, turn: Turn) -> None:
         self.pool.release(turn.blocks)
-        turn.computed = 0
+        turn.computed = turn.flying = 0
         turn.status = Status.DROPPED

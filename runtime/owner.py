@@ -6,17 +6,22 @@ priorities lent. Its handler only queues them; its loop, once per token boundary
 
     take what has arrived into the scheduler       (submit, cancel, inherit)
     plan = scheduler.schedule(now)                  (admit, preempt, resume)
-    move KV, start the engine step in the step thread
-    while it runs: deliver the previous step's tokens, then the decisions,
+    scheduler.advance(plan); hand it to the step thread
+    take in the step that was running: scheduler.postprocess(...)   (finish, count)
+    while the new one runs: deliver that step's tokens, then the decisions,
                    each on its turn's own channel
-    scheduler.postprocess(...)                      (finish, count)
 
-The host work a step's tokens cause (waking agents, events) overlaps the next
-step on the device, as in vLLM's async scheduling and SGLang's overlap
-scheduler: only postprocess, schedule and the launch lie between two steps.
-Requests are only ever applied at a boundary, never while a step runs, so a
-cancelled turn's blocks are freed when no step can be using them (taking them in
-is runtime.intake).
+Step N+1 is planned and launched while step N runs, as vLLM's async scheduling
+and SGLang's overlap scheduler do: the plan assumes every running decode yields
+a token (runtime.scheduler.advance), and the step thread, right after step N,
+puts N's tokens into N+1's decodes and starts it, before this loop has even
+heard that N ended. So the device waits for no host work but that hand-over;
+a turn that ended at N on end-of-sequence has its N+1 work thrown away. A step
+with KV moves is the exception: the step in flight is taken in first, the moves
+run, then the step. Requests are only ever applied at a boundary, and every
+device call (steps, moves) runs in the one step thread in the order planned,
+so blocks a cancelled or finished turn frees are reused only by steps that run
+after any step still using them (taking requests in is runtime.intake).
 """
 
 from __future__ import annotations
@@ -24,8 +29,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import threading
-import time
 
 import anyio
 import msgspec
@@ -34,6 +37,7 @@ from runtime.abandon import StepAbandon
 from runtime.actors import Actor, handler
 from runtime.blocks import BlockPool
 from runtime.cost import step_features
+from runtime.devicework import DeviceWork, Ran
 from runtime.engine import Engine
 from runtime.bus import EventBus
 from runtime.channel import UpdateSender
@@ -43,7 +47,7 @@ from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited
 from runtime.priority import FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.serving import lift_key
-from runtime.stepthread import StepThread
+from runtime.stepthread import Job, StepThread
 from runtime.turns import Plan, SchedulerConfig, Turn
 
 log = logging.getLogger(__name__)
@@ -51,7 +55,7 @@ log = logging.getLogger(__name__)
 STEP_HISTORY = 10_000
 
 
-class GPUOwner(Intake, StepAbandon, Actor):
+class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
     mailbox_size = math.inf  # a request is never refused for room: the handler only queues it
 
     def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
@@ -72,18 +76,22 @@ class GPUOwner(Intake, StepAbandon, Actor):
         # Wall time of the latest engine steps (bounded: an owner runs for days),
         # and how many steps it has run in all.
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
-        # The rest of each boundary: scheduling, KV moves, telling the agents.
-        self.overhead_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
         self.steps_run = 0
-        self._faults: dict[int, str] = {}  # turn -> the engine error it alone caused this step
-        # host time from a step's end to the next step's start (the device idles)
+        # Host time from a step's end to the next step's start (the device idles),
+        # measured in the step thread for steps launched back to back.
         self.gap_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
+        self.overhead_seconds = self.gap_seconds  # the owner's host time per step that the step did not hide
         # The last step's tokens, not yet delivered, and when they were sampled (made
         # into Token messages as they are sent, while the next step runs).
         self._pending: list[tuple[Turn, int]] = []
         self._pending_t = 0.0
         self._measured: tuple[int, int, float] | None = None  # the last step's (tokens, kv reads, seconds), not yet learned
+        # The step launched and not yet taken in (its plan advanced: runtime.scheduler).
+        self._flight: tuple[Plan, Job[Ran]] | None = None
+        self._chained = False  # whether the next step follows one at once (else the device was idle)
+        # Step thread only: when the last step ended, and what it sampled, by turn.
         self._step_ended: float | None = None
+        self._sampled: dict[int, int | None] = {}
         self._init_abandon()
 
     # ---------------------------------------------------------------- hooks
@@ -140,63 +148,105 @@ class GPUOwner(Intake, StepAbandon, Actor):
 
     async def run(self) -> None:
         with StepThread(f"{self.name}-step") as device:
-            while True:
-                await self._boundary(device)
+            try:
+                while True:
+                    await self._boundary(device)
+            finally:
+                # Never leave a step running unowned: it is taken in (its tokens
+                # delivered) before the step thread is left.
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self._land()
+                    except Exception:
+                        log.exception("GPU owner: the step in flight could not be taken in")
 
     async def _boundary(self, device: StepThread) -> None:
-        """One token boundary: plan, launch the step, deliver the last one's tokens."""
-        if not self.scheduler.turns:
+        """One token boundary: plan the next step and launch it, then take in the
+        step that was running and deliver its tokens while the new one runs."""
+        if not self.scheduler.turns and self._flight is None:
             self._pass_on()
-            self._step_ended = None
+            self._chained = False
             await self._wait_for_request()  # idle: sleep until asked
-        started = time.perf_counter()
+        if self._flight is not None and self._abandon.is_set():
+            # It is being abandoned (runtime.abandon): planned after it is taken
+            # in, this boundary plans on what counts.
+            await self._land(deliver=False)
         self._drain()
         plan = self.scheduler.schedule(self.bus.now())
         if plan.moves:
-            # Before the decisions are told: a move that fails is not reported as made.
-            self._settle(plan, await anyio.to_thread.run_sync(self._move, plan))
+            # A move touches blocks the step in flight may use, and one that fails
+            # changes this plan (and is not to be reported as made): the step in
+            # flight is taken in first, then the moves run, then this step. It is
+            # no longer abandoned then: this plan counts on it.
+            self._disarm()
+            await self._land(deliver=False)
+            self._settle(plan, await device.submit(self._move, plan).result())
         if not plan.works:
-            self._pass_on()
-            self._step_ended = None
-            if self.scheduler.turns:
+            # (Every running turn may be owed its last token by the step in flight:
+            # once that is taken in, the next boundary has slots to give.)
+            idle = self._flight is None
+            await self._land()
+            self._chained = False
+            if idle and self.scheduler.turns:
                 # Nothing could run this boundary (memory was being freed):
                 # look again soon, or as soon as something changes.
                 with anyio.move_on_after(0.05):
                     await self._wait_for_request()
             return
-        step = device.submit(self._execute, (plan, self._arm(plan, list(self._arrived))))
-        if self._step_ended is not None:
-            self.gap_seconds.append(time.perf_counter() - self._step_ended)
-        # While the device works: what the last step produced, this boundary's
+        # Launched before the step in flight has even ended: the step thread puts
+        # that step's tokens into this one's decodes and starts it at once, so
+        # the device does not wait for this loop (runtime.scheduler.advance).
+        self.scheduler.advance(plan)
+        ahead = self._flight[0] if self._flight is not None else None
+        job = device.submit(self._execute, (plan, self._chained, self._arm(plan, list(self._arrived), ahead)))
+        self._chained = True
+        flight, self._flight = self._flight, (plan, job)
+        if flight is not None:
+            await self._take_in(*flight)
+        # While the new step runs: the last one's tokens, this boundary's
         # decisions, and what the last step's time teaches the cost law.
         self._pass_on()
-        try:
-            with anyio.CancelScope(shield=True):  # never leave a step running unowned
-                tokens = await step.result()
-        except Exception as exc:
-            log.warning("engine step failed (%s: %s); running its turns one by one", type(exc).__name__, exc)
-            tokens = await anyio.to_thread.run_sync(self._isolate, plan)
-            self._step_ended, spent = None, 0.0
-        else:
-            if tokens is None:  # abandoned for a turn that outranks it (runtime.abandon)
-                self._abandoned(plan)
-                self._step_ended = time.perf_counter()
-                return
-            self._step_ended, spent = time.perf_counter(), self.step_seconds[-1]
-            self._measured = (*step_features(plan.works), spent)
-        finally:
-            self._disarm()
-        now = self.bus.now()
-        for turn_id, reason in self._faults.items():
-            self.scheduler.fail(turn_id, now, reason)
-        self._faults.clear()
-        self._pending, self._pending_t = self.scheduler.postprocess(plan, tokens, now), now
-        # Host time of this boundary not hidden behind the step (the delivery is).
-        self.overhead_seconds.append(max(0.0, time.perf_counter() - started - spent))
         # A cancellation lands here, between steps. (Only if there is one: the
         # boundary has yielded already, waiting for its step, and a plain
         # checkpoint would cost every step another trip through the event loop.)
         await anyio.lowlevel.checkpoint_if_cancelled()
+
+    async def _land(self, *, deliver: bool = True) -> None:
+        """Take in the step in flight, if there is one, with nothing launched after it."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            await self._take_in(*flight)
+        if deliver:
+            self._pass_on()
+
+    async def _take_in(self, plan: Plan, job: Job[Ran]) -> None:
+        """Wait for a step and account it: its faults fail their turns, its tokens
+        go to the scheduler and are left for _deliver."""
+        with anyio.CancelScope(shield=True):  # never leave a step running unowned
+            tokens, faults, spent = await job.result()
+        if tokens is None:
+            # Abandoned for a turn that outranks it (runtime.abandon): it counts for
+            # nothing, and neither does the step planned on it (its flag is up, so
+            # the step thread does not start it).
+            later, self._flight = self._flight, None
+            if later is not None:
+                with anyio.CancelScope(shield=True):
+                    await later[1].result()
+                self.scheduler.retract(later[0])
+            self.scheduler.retract(plan)
+            self._abandoned(plan)
+            self._disarm()
+            self._chained = False
+            return
+        self._disarm(self._flight[0] if self._flight is not None else None)
+        if spent is not None:
+            self._measured = (*step_features(plan.works), spent)
+        now = self.bus.now()
+        for turn_id, reason in faults.items():
+            self.scheduler.fail(turn_id, now, reason)
+        # (appended: a boundary with moves takes a step in before the one before it is delivered)
+        self._pending += self.scheduler.postprocess(plan, tokens, now)
+        self._pending_t = now
 
     def _pass_on(self) -> None:
         """What the last boundary left to do, done while the next step runs."""
@@ -223,45 +273,6 @@ class GPUOwner(Intake, StepAbandon, Actor):
                 reply.send_nowait(Token(turn=turn.id, token=token, t=t))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._hang_up(turn.id)
-
-    def _execute(self, job: tuple[Plan, threading.Event | None]) -> list[int | None] | None:
-        """Runs in a worker thread: the blocking device work of one step (None: it
-        was abandoned, and counts for nothing)."""
-        plan, abandon = job
-        started = time.perf_counter()
-        tokens = self.engine.step(plan.works, abandon)
-        if tokens is None:
-            return None
-        self.step_seconds.append(time.perf_counter() - started)  # KV moves excluded: the law prices the step
-        self.steps_run += 1
-        return tokens
-
-    def _isolate(self, plan: Plan) -> list[int | None]:
-        """Runs in a worker thread after a failed step: each turn's work alone, so
-        an error is pinned on the turn that causes it and the others go on. (Running
-        a work again is exact: it rewrites the same K/V at the same positions, and
-        sampling depends only on the turn's seed and position.)"""
-        tokens: list[int | None] = []
-        for work in plan.works:
-            try:
-                tokens += self.engine.step([work])
-            except Exception as exc:
-                self._faults[work.turn] = f"engine error: {type(exc).__name__}: {exc}"
-                tokens.append(None)
-        return tokens
-
-    def _move(self, plan: Plan) -> dict[int, str]:
-        """Runs in a worker thread: the plan's KV moves, in the order decided.
-        Returns the turns whose move failed, with why; their later moves are skipped."""
-        failed: dict[int, str] = {}
-        for move in plan.moves:
-            if move.turn in failed:
-                continue
-            try:
-                move.apply(self.engine)
-            except Exception as exc:
-                failed[move.turn] = f"{type(move).__name__} failed: {type(exc).__name__}: {exc}"
-        return failed
 
     def _settle(self, plan: Plan, failed: dict[int, str]) -> None:
         """A turn whose KV move failed has lost its cache: unsay the move and

@@ -72,7 +72,9 @@ class PrefixCache:
         batch-mate with the same prefix has just computed. The positions gained."""
         size = self.pool.block_size
         start = turn.computed
-        if not self.enabled or start != len(turn.blocks) * size:
+        if not self.enabled or start != len(turn.blocks) * size or turn.flying:
+            # (flying: a step in flight still writes its last blocks, which are
+            # committed when it is accounted; it catches up after that)
             return 0
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
@@ -134,15 +136,16 @@ class PrefixCache:
         if not self.enabled:
             return
         size = self.pool.block_size
-        full = min(turn.computed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
+        landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
+        full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
             keys = self.chain(turn, full)
             for i in range(turn.committed, full):
                 if self.pool.register(turn.blocks[i], keys[i]):
                     self.pool.note(turn.blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
             turn.committed = full
-        if full < len(turn.blocks) and turn.computed > full * size:
-            self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, turn.computed)))
+        if full < len(turn.blocks) and landed > full * size:
+            self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)))
 
     # ------------------------------------------------------------------ swap
 

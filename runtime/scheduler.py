@@ -7,6 +7,9 @@ same way, once per token boundary:
     tokens = engine.step(plan.works)       # (after plan.moves, in order)
     scheduler.postprocess(plan, tokens, now)
 
+or, as the GPU owner does, one step ahead: `advance(plan)` accounts a step as
+launched, the next is planned while it runs, and its `postprocess` comes after.
+
 Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
@@ -25,12 +28,13 @@ import itertools
 import math
 from typing import Any, Callable, Iterable, Sequence
 
+from runtime.accounting import Accounting
 from runtime.batching import Batching
 from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Preempted, Queued, Recomputed, Resumed, SwappedIn
 from runtime.kvmoves import KVMoves
 from runtime.prefix import PrefixCache
 from runtime.priorities import Priorities
@@ -38,7 +42,7 @@ from runtime.priority import BACKGROUND
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
 
-class Scheduler(Batching, KVMoves):
+class Scheduler(Accounting, Batching, KVMoves):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -72,6 +76,7 @@ class Scheduler(Batching, KVMoves):
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
+        self.in_flight: Plan | None = None  # the last plan advanced and not yet accounted
 
     # ------------------------------------------------------------------ inputs
 
@@ -240,37 +245,6 @@ class Scheduler(Batching, KVMoves):
                 self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
 
-    # ---------------------------------------------------------- postprocess
-
-    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
-        """Account one step; return the sampled tokens to deliver, in batch order."""
-        self.step += 1
-        delivered = []
-        commit, eos, max_context = self.prefix.commit, self.eos, self.config.max_context  # (once per step, not per turn)
-        for work, turn, token in zip(plan.works, plan.turns, tokens):
-            if turn.status is not Status.RUNNING:
-                continue
-            turn.computed += len(work.tokens)
-            if len(work.tokens) > 1 or work.start < len(turn.prompt):
-                turn.prefilled += len(work.tokens)  # (not a decode: its prompt, or a recompute)
-            sampled = work.sample and token is not None
-            if sampled:
-                if not turn.output:
-                    turn.first_token_at = now
-                turn.output.append(token)
-                turn.token_times.append(now)
-            commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
-            if not sampled:
-                continue
-            delivered.append((turn, token))
-            if token in eos and not turn.ignore_eos:
-                self._end(turn, Finished, "eos", now)
-            elif len(turn.output) >= turn.max_tokens:
-                self._end(turn, Finished, "length", now)
-            elif max_context and turn.length >= max_context:
-                self._end(turn, Finished, "context", now)
-        return delivered
-
     # ------------------------------------------------------------- helpers
 
     def _free_slot(self) -> int | None:
@@ -306,6 +280,9 @@ class Scheduler(Batching, KVMoves):
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
+        if turn.owed:  # tokens a step in flight samples for it are thrown away
+            del turn.output[-turn.owed :]
+            turn.owed = 0
         turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self._level(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:

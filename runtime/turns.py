@@ -12,6 +12,8 @@ from runtime.events import Ended
 from runtime.priority import FOREGROUND
 from runtime.units import ceil_div
 
+UNKNOWN = -1  # a token sampled by a step still in flight (runtime.scheduler.Scheduler.advance)
+
 
 class Policy(enum.StrEnum):
     FCFS = "fcfs"  # no priority at all
@@ -163,6 +165,14 @@ class Turn:
     paused_s: float = 0.0
     preemptions: int = 0
     ended: Ended | None = None  # its terminal event, once it has one
+    # While a step runs, the next can be planned as if it had ended (Scheduler.advance):
+    owed: int = 0  # tokens sampled by steps in flight, not known yet: the last `owed` of output are UNKNOWN
+    flying: int = 0  # positions of `computed` that a step in flight is still writing
+
+    @property
+    def landed(self) -> int:
+        """Positions whose K/V is written: `computed` less what steps in flight write."""
+        return self.computed - self.flying
 
     @property
     def done(self) -> bool:
@@ -285,6 +295,7 @@ class Plan:
     moves: list[SwapOut | SwapIn | Forget | Copy] = field(default_factory=list)
     preemptions: int = 0
     held: list[Turn] = field(default_factory=list)  # prompts waiting a step for a batch-mate's blocks
+    advanced: bool = False  # accounted by Scheduler.advance before its tokens were known
 
     @property
     def swap_out(self) -> list[tuple[int, list[int], int]]:

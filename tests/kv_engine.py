@@ -10,6 +10,9 @@ holds, then writes its tokens, then samples a token that is a hash of the whole
 sequence *as read from the cache*: so a lost, stale or mixed-up block changes the
 output, and greedy outputs under memory pressure equal those without it.
 
+With `eos_every` it samples end-of-sequence now and then (a hash of the
+sequence decides), so turns end mid-batch.
+
 Faults can be injected: `fail_next(kind, turn)` makes the next swap_out, swap_in or
 step touching that turn (any turn, for None) raise.
 """
@@ -33,19 +36,22 @@ class InjectedFault(SlotswarmError):
     pass
 
 
-def next_token(sequence: Sequence[int], vocab: int = VOCAB) -> int:
+def next_token(sequence: Sequence[int], vocab: int = VOCAB, eos_every: int | None = None) -> int:
     h = 1469598103934665603
     for t in sequence:
         h = ((h ^ int(t)) * 1099511628211) & 0xFFFF_FFFF_FFFF_FFFF
+    if eos_every and (h >> 32) % eos_every == 0:
+        return EOS  # about one sequence in `eos_every` ends here
     return 3 + h % (vocab - 3)  # never eos, never a control token
 
 
 class KVEngine:
-    def __init__(self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False) -> None:
+    def __init__(self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False, eos_every: int | None = None) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.vocab_size = vocab
-        self.eos_token_ids = frozenset({EOS} if eos else ())
+        self.eos_every = eos_every  # sample end-of-sequence about once in this many tokens
+        self.eos_token_ids = frozenset({EOS} if eos or eos_every else ())
         self.tokenizer = None
         self.max_batch_tokens = self.max_context = None
         self.device_name, self.model_name, self.model_id = "kv test engine", None, "kv test engine"
@@ -85,7 +91,7 @@ class KVEngine:
             for i, t in enumerate(w.tokens):
                 p = w.start + i
                 self.cache[w.block_table[p // bs], p % bs] = t
-            out.append(next_token(before + list(w.tokens), self.vocab_size) if w.sample else None)
+            out.append(next_token(before + list(w.tokens), self.vocab_size, self.eos_every) if w.sample else None)
         self.steps += 1
         return out
 
@@ -115,10 +121,13 @@ class KVEngine:
         pass
 
 
-def reference_output(prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB) -> list[int]:
-    """What a turn alone, never paused, generates (greedy, eos ignored)."""
+def reference_output(prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB, *, eos_every: int | None = None, ignore_eos: bool = True) -> list[int]:
+    """What a turn alone, never paused, generates (greedy; with `eos_every`, up to
+    and with its end-of-sequence unless it ignores it)."""
     seq, out = list(prompt), []
     for _ in range(max_tokens):
-        out.append(next_token(seq, vocab))
+        out.append(next_token(seq, vocab, eos_every))
         seq.append(out[-1])
+        if out[-1] == EOS and not ignore_eos:
+            break
     return out

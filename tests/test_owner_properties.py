@@ -5,7 +5,9 @@ engine faults, for every policy. After every run:
 - every turn ended in exactly one terminal event;
 - no KV block and no host copy is left, and the scheduler's swap count is zero;
 - every turn that finished says exactly what it says alone (greedy), whatever
-  pauses, swaps, recomputes and retried faults it went through;
+  pauses, swaps, recomputes and retried faults it went through, up to its
+  end-of-sequence where it stops there (turns end mid-batch while the next step
+  is already planned: runtime.scheduler.advance);
 - the owner is alive and still serves a turn.
 
 The swarm runs in a blocking portal (an event loop in a thread), so the state
@@ -29,6 +31,7 @@ from runtime.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 PRIORITIES = [BACKGROUND, BACKGROUND + 3, FOREGROUND]
+EOS_EVERY = 8  # the engine samples end-of-sequence about once in this many tokens
 
 
 class Crashing(Agent):
@@ -52,12 +55,12 @@ class OwnerMachine(RuleBasedStateMachine):
     def setup(self, slots, blocks, swap_blocks) -> None:
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self.portal = self._portal_cm.__enter__()
-        self.engine = KVEngine(num_blocks=blocks, block_size=4)
+        self.engine = KVEngine(num_blocks=blocks, block_size=4, eos_every=EOS_EVERY)
         self.swarm = Swarm(self.engine, slots=slots, policy=self.policy, step_tokens=max(slots, 8), swap_blocks=swap_blocks)
         self._swarm_cm = self.portal.wrap_async_context_manager(self.swarm)  # entered and left in one task
         self._swarm_cm.__enter__()
         self.sub = self.swarm.bus.subscribe(max_buffer=10**9)
-        self.turns: list[tuple] = []  # (future, prompt, max_tokens)
+        self.turns: list[tuple] = []  # (future, prompt, max_tokens, ignore_eos)
         self.crashers: list[str] = []  # agents that run a turn and crash
         self.n = 0
 
@@ -74,12 +77,12 @@ class OwnerMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- rules
 
-    @rule(priority=st.sampled_from(PRIORITIES), prompt=st.lists(st.integers(3, 63), min_size=1, max_size=14), max_tokens=st.integers(1, 12))
-    def start_turn(self, priority, prompt, max_tokens) -> None:
+    @rule(priority=st.sampled_from(PRIORITIES), prompt=st.lists(st.integers(3, 63), min_size=1, max_size=14), max_tokens=st.integers(1, 12), ignore_eos=st.booleans())
+    def start_turn(self, priority, prompt, max_tokens, ignore_eos) -> None:
         self.n += 1
         agent = self.portal.call(self.swarm.spawn, Agent(f"a{self.n}", priority))
-        future = self.portal.start_task_soon(self._turn, agent, prompt, max_tokens)
-        self.turns.append((future, prompt, max_tokens))
+        future = self.portal.start_task_soon(self._turn, agent, prompt, max_tokens, ignore_eos)
+        self.turns.append((future, prompt, max_tokens, ignore_eos))
 
     @precondition(lambda self: self.turns)  # (not "still running": that would be a race, not a state)
     @rule(pick=st.integers(0, 10**6))
@@ -105,9 +108,9 @@ class OwnerMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- helpers
 
-    async def _turn(self, agent: Agent, prompt: list[int], max_tokens: int):
+    async def _turn(self, agent: Agent, prompt: list[int], max_tokens: int, ignore_eos: bool):
         try:
-            async with agent.generate(prompt, max_tokens=max_tokens, ignore_eos=True) as turn:
+            async with agent.generate(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos) as turn:
                 async for _ in turn:
                     pass
             return turn.tokens
@@ -136,15 +139,15 @@ class OwnerMachine(RuleBasedStateMachine):
         assert self.swarm.system.is_alive(owner.name)
         assert sched.pool.num_free == sched.pool.num_blocks, "a KV block leaked"
         assert sched.swapped_blocks == 0 and not self.engine.host, "a host copy leaked"
-        for future, prompt, max_tokens in self.turns:
+        for future, prompt, max_tokens, ignore_eos in self.turns:
             if future.cancelled():
                 continue
             got = future.result()
             if not isinstance(got, Exception):
-                assert got == reference_output(prompt, max_tokens)
+                assert got == reference_output(prompt, max_tokens, eos_every=EOS_EVERY, ignore_eos=ignore_eos)
         # The owner still serves.
         agent = await self.swarm.spawn(Agent("last"))
-        assert await agent.complete([5, 6], max_tokens=3, ignore_eos=True) == "".join(f"[{t}]" for t in reference_output([5, 6], 3))
+        assert await agent.complete([5, 6], max_tokens=3, ignore_eos=True) == "".join(f"[{t}]" for t in reference_output([5, 6], 3, eos_every=EOS_EVERY))
         ends: Counter[int] = Counter()
         queued = set()
         self.sub.close()
