@@ -18,6 +18,12 @@ The owner learns its step cost law from every step, as it does on a real engine
 (the timing model's own law is exact and learns nothing, so the bench gives it
 one that learns, anchored on the model's prices): that work is the owner's too.
 
+With a device that takes time (`--device-ms`, the timing model sleeping
+through each step as a step thread waits on a device, the GIL released), it
+also measures how long the device sits idle between two steps, at the
+engine's own door (a step's return to the next step's call): the owner plans
+step N+1 while step N runs, so only the hand-over from one to the next is left.
+
 Each configuration keeps every slot busy: `agents` background agents, each
 asking for one long turn after another and reading every token of it. The
 tokens they read in the measured window are counted too: a figure is only the
@@ -38,7 +44,7 @@ from runtime.agent import Agent
 from runtime.cost import StepCost, kv_reads
 from runtime.events import Admitted
 from runtime.priority import BACKGROUND
-from runtime.timing import TimingEngine
+from runtime.timing import TimingEngine, TimingModel
 
 CONFIGS = ((8, 8), (8, 64), (64, 64))  # (slots, agents)
 
@@ -47,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2000, metavar="N", help="measured steps per configuration")
     parser.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per configuration; the best is reported")
     parser.add_argument("--turn-tokens", type=int, default=512, metavar="N", help="tokens per background turn")
+    parser.add_argument("--device-ms", type=float, default=2.0, metavar="MS", help="step time of the device whose idle time between steps is measured (0: skip)")
+    parser.add_argument("--device-seconds", type=float, default=3.0, metavar="S", help="how long to measure it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -101,13 +109,65 @@ async def measure(slots: int, agents: int, steps: int, turn_tokens: int) -> dict
     }  # fmt: skip
 
 
+class DoorEngine(TimingEngine):
+    """The timing model in real time, noting when each step comes in and goes out."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(TimingModel(decode_step_s=step_s, prefill_tok_per_s=1e9, kv_read_s=0.0), realtime=True)
+        self.doors: list[tuple[float, float, int]] = []  # (in, out, works) per step
+
+    def step(self, batch, abandon=None):  # type: ignore[no-untyped-def]
+        came = time.perf_counter()
+        tokens = super().step(batch, abandon)
+        self.doors.append((came, time.perf_counter(), len(batch)))
+        return tokens
+
+
+async def measure_device(step_ms: float, seconds: float, slots: int = 8) -> dict[str, Any]:
+    """Device idle between two full decode steps, every slot busy."""
+    from swarm.api import Swarm
+
+    engine = DoorEngine(step_ms / 1e3)
+    async with Swarm(engine, slots=slots) as swarm:
+        for i in range(slots):
+            await swarm.spawn(Busy(f"a{i}", 4096, [0]))
+        with anyio.fail_after(60):
+            while swarm.bus.counts[Admitted] < slots:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)  # past the prompts
+        first = len(engine.doors)
+        await anyio.sleep(seconds)
+        doors = engine.doors[first:]
+    idle = [b[0] - a[1] for a, b in zip(doors, doors[1:]) if a[2] == b[2] == slots] or [float("nan")]
+    steps = [out - came for came, out, _ in doors] or [float("nan")]
+    return {
+        "slots": slots, "step_ms": 1e3 * statistics.median(steps), "steps": len(doors),
+        "idle_ms_per_step": 1e3 * statistics.median(idle), "idle_ms_mean": 1e3 * statistics.mean(idle),
+        "idle_share": statistics.median(idle) / statistics.median(steps),
+    }  # fmt: skip
+
+
+def check(args: argparse.Namespace) -> None:
+    from runtime.errors import ConfigError
+
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats), ("--turn-tokens", args.turn_tokens)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if not args.device_ms >= 0 or args.device_ms > 1000:
+        raise ConfigError(f"--device-ms must be between 0 and 1000, got {args.device_ms}")
+    if args.device_ms and not 0 < args.device_seconds <= 600:
+        raise ConfigError(f"--device-seconds must be above 0 and at most 600, got {args.device_seconds}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check(args)
     results = []
     for slots, agents in CONFIGS:
         runs = [anyio.run(measure, slots, agents, args.steps, args.turn_tokens) for _ in range(args.repeats)]
         results.append(min(runs, key=lambda r: r["host_ms_per_step"]))
+    device = anyio.run(measure_device, args.device_ms, args.device_seconds) if args.device_ms else None
     if args.json:
-        print(json.dumps({"engine": "timing model, zero cost", "configs": results}))
+        print(json.dumps({"engine": "timing model, zero cost", "configs": results, "device": device}))
     else:
         print("owner host work per step, zero-cost engine (best of %d runs)" % args.repeats)
         for r in results:
@@ -116,5 +176,10 @@ def run(args: argparse.Namespace) -> int:
                 f"  {r['slots']:3d} slots, {r['agents']:3d} agents: {r['host_ms_per_step']:6.3f} ms/step "
                 f"({r['steps_per_s']:6.0f} steps/s, {per_token:5.1f} us per token, CPU {r['cpu_ms_per_step']:6.3f} ms), "
                 f"between steps {r['gap_ms_per_step']:6.3f} ms (median), agents read {r['tokens_read_per_step']:5.1f} tokens/step"
+            )
+        if device is not None:
+            print(
+                f"  device idle between steps, a {device['step_ms']:.2f} ms step at {device['slots']} slots: "
+                f"{device['idle_ms_per_step']:.3f} ms (median; mean {device['idle_ms_mean']:.3f} ms), {100 * device['idle_share']:.1f}% of a step"
             )
     return 0

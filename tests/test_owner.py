@@ -238,8 +238,10 @@ def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFi
 
     from swarm.cli import main
 
-    assert main(["bench", "owner", "--steps", "40", "--repeats", "1", "--json"]) == 0
+    assert main(["bench", "owner", "--steps", "40", "--repeats", "1", "--device-ms", "1", "--device-seconds", "0.5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    device = out["device"]
+    assert device["steps"] >= 10 and device["step_ms"] >= 1.0 and 0 <= device["idle_ms_per_step"] <= device["idle_ms_mean"] * 100
     assert [(c["slots"], c["agents"]) for c in out["configs"]] == [(8, 8), (8, 64), (64, 64)]
     for c in out["configs"]:
         assert c["steps"] >= 40 and c["steps_per_s"] > 0 and c["cpu_ms_per_step"] > 0
@@ -248,3 +250,11 @@ def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFi
         # (a step's tokens reach them during the next one, hence the margin).
         busy = min(c["slots"], c["agents"])
         assert 0.8 * busy <= c["tokens_read_per_step"] <= 1.2 * busy
+
+
+@pytest.mark.parametrize("flag, value", [("--steps", "0"), ("--repeats", "0"), ("--device-ms", "-1"), ("--device-seconds", "0")])
+def test_bench_owner_refuses_a_bad_setting_before_it_starts(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from swarm.cli import main
+
+    assert main(["bench", "owner", flag, value]) == 2
+    assert flag in capsys.readouterr().err
