@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from runtime.blocks import BlockPool
 from runtime.events import Event, Recomputed, SwappedOut
 from runtime.prefix import PrefixCache
-from runtime.turns import Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
+from runtime.turns import Copy, Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
 
 if TYPE_CHECKING:
     from runtime.priorities import Priorities
@@ -49,7 +49,7 @@ class KVMoves:
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
             turn.status, turn.swapped_len, turn.swap_kept = Status.DROPPED, 0, []  # kv.recomputed when it resumes
-        else:
+        elif turn.status is not Status.DROPPED:  # (a dropped turn holds nothing, and starts over at resume)
             # Its blocks hold nothing it can trust: start over, from the cache.
             self.pool.release(turn.blocks)
             turn.cached_tokens = self.prefix.reuse(turn)
@@ -127,9 +127,16 @@ class KVMoves:
             self.pool.release(turn.blocks)
             self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
         else:
-            self._drop(turn)
+            self._drop(turn, plan)
 
-    def _drop(self, turn: Turn) -> None:
+    def _drop(self, turn: Turn, plan: Plan) -> None:
+        """Free a turn's device blocks, and forget what they hold: it is recomputed
+        when it resumes."""
+        # A copy this plan made into its blocks is taken back: it would fill a
+        # block that is no longer the turn's (whoever takes it next writes it
+        # first), for K/V nobody reads.
+        if plan.moves:
+            plan.moves[:] = [m for m in plan.moves if not (isinstance(m, Copy) and m.turn == turn.id)]
         self.pool.release(turn.blocks)
         turn.computed = turn.flying = 0
         turn.status = Status.DROPPED

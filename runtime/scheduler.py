@@ -219,7 +219,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         if self.policy is Policy.SWAP:
             self._evict(victim, now, plan)
         elif self.policy is Policy.RECOMPUTE:
-            self._drop(victim)
+            self._drop(victim, plan)
 
     def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
         swapped = turn.status is Status.SWAPPED

@@ -3,22 +3,27 @@ meets preemption, swap and recompute. Token counts, never times."""
 
 from __future__ import annotations
 
+from kv_engine import KVEngine, reference_output
+
 from runtime.blocks import BlockPool
 from runtime.events import Admitted, Event, Preempted, Recomputed, SwappedOut
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
-from runtime.turns import Forget, Plan, SchedulerConfig, Status, Turn
+from runtime.turns import Copy, Forget, Plan, SchedulerConfig, Status, SwapOut, Turn
 
 B = 4  # positions per block
 
 
 class Rig:
-    """A scheduler and a fake engine: a turn's next token is 7 (never eos)."""
+    """A scheduler and a fake engine: a turn's next token is 7 (never eos). With
+    `kv`, a KVEngine runs each plan instead, its moves in order as the GPU owner
+    does, so a turn's tokens prove its K/V intact."""
 
-    def __init__(self, policy="resident", slots=2, blocks=64, **config):
+    def __init__(self, policy="resident", slots=2, blocks=64, kv=False, **config):
         self.events: list[Event] = []
         self.sched = Scheduler(SchedulerConfig(slots=slots, policy=policy, **config), BlockPool(blocks, B), emit=self.events.append)
+        self.engine = KVEngine(num_blocks=blocks, block_size=B) if kv else None
         self.now = 0.0
         self.plans = []
 
@@ -28,8 +33,14 @@ class Rig:
     def step(self):
         plan = self.sched.schedule(self.now)
         self.plans.append(plan)
+        if self.engine is None:
+            tokens = [7 if w.sample else None for w in plan.works]
+        else:
+            for move in plan.moves:
+                move.apply(self.engine)
+            tokens = self.engine.step(plan.works)
         self.now += 0.01
-        self.sched.postprocess(plan, [7 if w.sample else None for w in plan.works], self.now)
+        self.sched.postprocess(plan, tokens, self.now)
         return plan
 
     def finish(self, *turns):
@@ -256,6 +267,43 @@ def test_a_turn_whose_kv_move_failed_starts_over_from_the_cache():
     assert event.cached_tokens == 20 and event.tokens == turn.length - 20
     rig.finish(turn)
     assert rig.sched.pool.num_free == 64
+
+
+def copy_then_pause_for_memory(policy):
+    """A turn admitted with rows copied into a block of its own, then paused in the
+    same plan to give the pool's last block to a foreground decode."""
+    rig = Rig(policy=policy, slots=3, blocks=4, kv=True)
+    first = rig.submit("a", PROMPT[:6], max_tokens=4)
+    rig.step()  # its second block holds two rows, noted
+    high = rig.submit("pair", [50, 51, 52, 53], max_tokens=5, priority=FOREGROUND)
+    rig.step()  # one block, full: its next decode needs the pool's last
+    low = rig.submit("b", PROMPT[:6] + [60], max_tokens=3)
+    return rig, (first, high, low), rig.step()
+
+
+def test_rows_copied_for_a_turn_paused_in_the_same_plan_go_to_host_memory_with_it():
+    rig, (first, high, low), plan = copy_then_pause_for_memory("swap")
+    copy, out = plan.moves
+    assert copy == Copy(low.id, first.blocks[1], copy.target) and low.status is Status.SWAPPED
+    # The copy runs first, so the swap-out saves the rows it copied; the block is
+    # the foreground turn's by the step, which writes it before reading it.
+    assert out == SwapOut(low.id, [copy.target], 2) and copy.target in high.blocks
+    rig.finish(first, high, low)
+    for turn in (first, high, low):
+        assert turn.output == reference_output(turn.prompt, turn.max_tokens)
+    assert rig.sched.pool.num_free == 4
+
+
+def test_rows_copied_for_a_turn_dropped_in_the_same_plan_are_not_copied():
+    rig, (first, high, low), plan = copy_then_pause_for_memory("recompute")
+    # Its K/V is dropped: a copy would fill what is now the foreground turn's block.
+    assert low.status is Status.DROPPED and not plan.moves and rig.engine.done["copy"] == 0
+    rig.sched.lose_kv(plan, low.id, rig.now)  # as the owner does if a move of it fails (a swap-in, say)
+    assert low.status is Status.DROPPED and not low.blocks  # nothing to take back: it starts over at resume
+    rig.finish(first, high, low)
+    for turn in (first, high, low):
+        assert turn.output == reference_output(turn.prompt, turn.max_tokens)
+    assert rig.sched.pool.num_free == 4
 
 
 def test_a_turns_end_says_what_the_engine_computed_and_what_it_reused():
