@@ -100,7 +100,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def run_on_shadow(self, plan):
         size = self.sched.pool.block_size
-        for move in plan.moves:  # in the order decided, as the GPU owner runs them
+        for i, move in enumerate(plan.moves):  # in the order decided, as the GPU owner runs them
             if isinstance(move, SwapOut):
                 assert len(move.blocks) == -(-move.length // size)
                 self.host[move.turn] = [dict(self.kv.get(b, {})) for b in move.blocks]
@@ -110,7 +110,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 for block, copy in zip(move.blocks, copies):
                     self.kv[block] = dict(copy)
             elif isinstance(move, Copy):
-                assert self.sched.pool.refs(move.target) == 1 and not self.sched.pool.is_cached(move.target), "copied into a shared block"
+                # Its target is its turn's own block at this point of the plan: the
+                # turn still holds it alone, or a later move swaps it out with the
+                # turn's other blocks (the turn was paused for memory after the copy;
+                # the block may be another's by the step, which writes it first).
+                turn = self.sched.turns[move.turn]
+                if move.target in turn.blocks:
+                    assert self.sched.pool.refs(move.target) == 1 and not self.sched.pool.is_cached(move.target), "copied into a shared block"
+                else:
+                    assert any(isinstance(m, SwapOut) and m.turn == move.turn and move.target in m.blocks for m in plan.moves[i + 1 :]), "copied into a block its turn let go"
                 self.kv[move.target] = dict(self.kv.get(move.source, {}))
                 self.copies += 1
             else:
