@@ -7,7 +7,9 @@ K-quants' 256) and feed-forward size is built, every layer matrix in that type, 
 decode steps are profiled. The figure is the matmul launches' device time divided by the
 bytes they read, both as stored on the device and as stored in the GGUF file; the ratio to
 Q4_1 (the default model's type) is what the K-quants are judged by. Types are interleaved
-round by round so a noisy machine affects them alike.
+round by round, in reverse order every other round, and each ratio is the median of the
+rounds' own ratios (a type against Q4_1 measured in the same round), so a noisy machine's
+drift between rounds cancels out of it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ TYPES = (Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 MATMULS = ("qkv", "out", "swiglu", "down")
 
 
-def run_quant_bench(config: ModelConfig, *, device=None, kernels=None, steps: int = 8, rounds: int = 3) -> dict:
+def run_quant_bench(config: ModelConfig, *, device=None, kernels=None, steps: int = 8, rounds: int = 7) -> dict:
     d = ceil_div(config.d_model, 256) * 256
     d_ff = ceil_div(config.d_ff, 256) * 256
     heads = max(1, d // 64)
@@ -40,22 +42,23 @@ def run_quant_bench(config: ModelConfig, *, device=None, kernels=None, steps: in
                                    n_kv_heads=heads, weight_type=qtype, embed_type=Q.Q8_0)  # fmt: skip
             engines[qtype] = open_engine(path, device, kernels=kernels, profile=True, num_blocks=4)
     per_byte: dict[Q, list[float]] = {q: [] for q in TYPES}
-    for _ in range(rounds):
-        for qtype, engine in engines.items():
-            per_byte[qtype].append(_ns_per_device_byte(engine, steps))
+    for r in range(rounds):
+        for qtype in TYPES if r % 2 == 0 else TYPES[::-1]:
+            per_byte[qtype].append(_ns_per_device_byte(engines[qtype], steps))
     out = {}
-    base = statistics.median(per_byte[Q.Q4_1])
+    base_bytes = _bytes_ratio(engines[Q.Q4_1])
     for qtype, engine in engines.items():
         w = engine.weights
         device_bytes = sum(m.nbytes for L in w.layers for m in (L.qkv, L.out, L.gate_up, L.down))
         file_bytes = sum(m.file_bytes for L in w.layers for m in (L.qkv, L.out, L.gate_up, L.down))
         ns = statistics.median(per_byte[qtype])
+        vs = statistics.median(a / b for a, b in zip(per_byte[qtype], per_byte[Q.Q4_1]))
         out[qtype.name] = {
             "kind": w.layers[0].down.kind,
             "ns_per_device_byte": ns,
             "ns_per_file_byte": ns * device_bytes / file_bytes,
-            "vs_q4_1_device": ns / base,
-            "vs_q4_1_file": (ns * device_bytes / file_bytes) / (base * _bytes_ratio(engines[Q.Q4_1])),
+            "vs_q4_1_device": vs,
+            "vs_q4_1_file": vs * (device_bytes / file_bytes) / base_bytes,
             "device_bytes_per_weight": device_bytes / (file_bytes / gguf.GGML_QUANT_SIZES[qtype][1] * gguf.GGML_QUANT_SIZES[qtype][0]),
         }
     return {"shape": {"d_model": d, "d_ff": d_ff}, "kernels": next(iter(engines.values())).kernels, "types": out}
@@ -83,7 +86,7 @@ def _ns_per_device_byte(engine: OpenCLEngine, steps: int) -> float:
 
 def format_quant_report(r: dict) -> str:
     lines = [f"matmul cost per weight byte, {r['kernels']} kernels, d_model {r['shape']['d_model']}, "
-             f"d_ff {r['shape']['d_ff']} (batch 1, median of rounds):"]  # fmt: skip
+             f"d_ff {r['shape']['d_ff']} (batch 1, medians of rounds; ratios of each round's own):"]  # fmt: skip
     for name, t in r["types"].items():
         lines.append(
             f"  {name:<5} as {t['kind']:<5} {t['device_bytes_per_weight']:.3f} B/weight on device: "

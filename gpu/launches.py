@@ -40,10 +40,13 @@ def _tile(ncols: int) -> int:
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 
+NIBBLE_VARIANTS = {"q4_1": "nib", "q6": "nib6", "q8_0": "nib8"}  # read by kernels/cpu/nibbles.cl
+
+
 def cpu_variant(kind: str) -> str:
-    """The CPU kernels' name for a weight kind at a tile width: cpu/nibbles.cl's "nib"
-    for 4-bit blocks, read in integer arithmetic."""
-    return "nib" if kind == "q4_1" else kind
+    """The CPU kernels' name for a weight kind at a tile width: cpu/nibbles.cl's for the
+    kinds of 32-weight blocks it reads in integer arithmetic (4-, 6- and 8-bit)."""
+    return NIBBLE_VARIANTS.get(kind, kind)
 
 
 def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
@@ -53,7 +56,7 @@ def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
     bytes of inputs and a float scale."""
     if w.kind in LOWBIT_KINDS:
         return (cl.LocalMemory(tile * (2 * w.cols + (64 + 4) * (w.cols // 256))),)
-    if cpu_variant(w.kind) == "nib":
+    if w.kind in NIBBLE_VARIANTS:
         return (cl.LocalMemory(max(64, tile * (w.cols // 128) * (64 + 256 + 4))),)
     return ()
 

@@ -1,8 +1,8 @@
-"""The CPU family's integer 4-bit matmuls (kernels/cpu/nibbles.cl, kind q4_1) against NumPy:
-gguf's dequantized weights times the RMS-normalized inputs, with every pmaddwd width the
-device can build, at one, two and five columns (the 8-column tile), for rows of whole
-groups of four blocks, rows with blocks past the last group (decoded as floats), and rows
-shorter than a group; and a column's results are the same bits at every tile width."""
+"""The CPU family's integer 32-weight-block matmuls (kernels/cpu/nibbles.cl: q4_1, q6, q8_0)
+against NumPy: gguf's dequantized weights times the RMS-normalized inputs, with every pmaddwd
+width the device can build, at one, two and five columns (the 8-column tile), for rows of
+whole groups of four blocks, rows with blocks past the last group (decoded as floats), and
+rows shorter than a group; and a column's results are the same bits at every tile width."""
 
 import gguf
 import numpy as np
@@ -10,7 +10,7 @@ import pyopencl as cl
 import pytest
 
 from gpu.families import CPUFamily
-from gpu.launches import CPUMatmul, cpu_variant
+from gpu.launches import NIBBLE_VARIANTS, CPUMatmul, cpu_variant
 from gpu.model import WeightTensor
 from gpu.weights import upload_matrix
 from test_device_quants import SHAPE
@@ -22,7 +22,10 @@ ROWS = 67  # odd: the last work-item's pair is one row
 
 
 # (type, row length, normalized): 576 is SmolLM2's d_model, four groups and two blocks
-CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0)]
+CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0),
+         (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
+         (Q.Q8_0, 576, 1), (Q.Q8_0, 256, 0)]  # fmt: skip
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int) -> np.ndarray:
@@ -32,7 +35,7 @@ def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: in
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
     y = cl.Buffer(ctx, flags.WRITE_ONLY, ncols * ROWS * 4)
     w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)])
-    assert cpu_variant(w.kind) == "nib"
+    assert cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     launch = CPUMatmul("t", program, "matmul", CPUFamily.WG, w, head, (np.int32(normalize), np.int32(0)))
     launch.enqueue(device.queue, ncols)
@@ -46,7 +49,7 @@ def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: in
 @pytest.mark.parametrize("ncols", [1, 2, 5])
 def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols: int, normalize: int) -> None:  # noqa: F811
     program = build(device, width)
-    per_block = 256 if qtype == Q.Q4_K else 32
+    per_block = 256 if qtype in K_QUANTS else 32
     raw = random_blocks(qtype, ROWS * cols // per_block, seed=width + ncols + cols).reshape(ROWS, -1)
     rng = np.random.default_rng(ncols + cols)
     x = (rng.standard_normal((ncols, cols)) * rng.uniform(0.1, 10, (ncols, 1))).astype(np.float32)
@@ -59,15 +62,17 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
 
 
-def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device) -> None:  # noqa: F811
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
+def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
     family = CPUFamily(device)  # the width the device's own build takes
     program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", "-DMAX_COLS=16"])
-    raw = random_blocks(Q.Q4_1, ROWS * 576 // 32, seed=3).reshape(ROWS, -1)
+    cols = 576 if qtype not in K_QUANTS else 512  # 32-weight blocks: with blocks past the last group
+    raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((8, 576)).astype(np.float32)
-    g = (1 + 0.2 * rng.standard_normal(576)).astype(np.float32)
-    alone = run(device, program, raw, Q.Q4_1, x[:1], g, 1)[0]
+    x = rng.standard_normal((8, cols)).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    alone = run(device, program, raw, qtype, x[:1], g, 1)[0]
     for ncols in (2, 3, 8):  # tiles of 2, 4 and 8
-        assert run(device, program, raw, Q.Q4_1, x[:ncols], g, 1)[0].tobytes() == alone.tobytes()
+        assert run(device, program, raw, qtype, x[:ncols], g, 1)[0].tobytes() == alone.tobytes()

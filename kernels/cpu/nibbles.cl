@@ -1,6 +1,7 @@
-/* CPU family: 4-bit blocks (kind q4_1: Q4_0, Q4_1, Q4_K) times a batch of vectors in
- * integer arithmetic, in place of cpu/matmul.cl's float kernels for this kind. Built
- * after cpu/lowbit.cl (madd, ROUND, hmax_int16), whose scheme this follows.
+/* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1, Q4_K; q6: Q6_K; q8_0: Q8_0
+ * and stacks of symmetric 32-weight types) times a batch of vectors in integer
+ * arithmetic, in place of cpu/matmul.cl's float kernels for these kinds. Built after cpu/lowbit.cl (madd, ROUND, hmax_int16),
+ * whose scheme this follows.
  *
  * Decoding a block to floats took 19 instructions per row and block of 32 weights
  * (two nibble widenings, two conversions, the scale and offset, the products), and
@@ -19,6 +20,14 @@
  * 8b.. are the even inputs of the block's first half, step 1's the even of its second
  * half, step 2's and 3's the odd ones. A 32-bit lane of the sums (lanes 2u, 2u + 1)
  * stays within block u / 4. A row's last nb % 4 blocks are decoded as floats.
+ * q6 stores the same nibbles, and their two high bits in a word per half-block of
+ * the block's record: a constant multiply per lane moves a lane's bits to one place
+ * (step_quants), so every step stays a few instructions, as in lowbit.cl. Q6_K's two
+ * scales a block split its integer sum in halves (steps 0, 2 and 1, 3), and its quants
+ * are centred (q - 32) in the integers, so it needs no input sums. q8_0's bytes are
+ * read as 16-bit lanes, two steps a lane, each sign-extended in two instructions.
+ * (q5's high bit the same way measured no faster than its float decoding: the offset
+ * term on top of the high bits cost as much as the integer route saved.)
  * A column's sums are added in the same order at every tile width, so its results do
  * not depend on what else the batch holds (a wide tile only shares the decoding).
  */
@@ -73,31 +82,87 @@ inline void quantize_nibble_tile(__global const float *x, __global const int *xr
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-/* Four blocks of a row from block `blk`: the nibble lanes, and each block's d and m
-   spread over its four 32-bit lanes. (Rows of 18 blocks start 32 bytes off a 64-byte
-   line: the loads are 16- and 8-byte ones the compiler may join.) */
-__attribute__((always_inline)) inline void read_nibbles(__global const uchar *qs, __global const float *dm,
-        size_t blk, short32 *w, float16 *d, float16 *m)
+typedef ushort ushort32 __attribute__((ext_vector_type(32)));
+#define LANES4(v) (ushort32)(v, v, v, v)
+/* a 32-bit lane's low (high) 16 bits in both its 16-bit lanes */
+#define LOW_HALVES(u) (((u) & 0xffffu) | ((u) << 16))
+#define HIGH_HALVES(u) (((u) >> 16) | ((u) & 0xffff0000u))
+
+/* Four blocks of a row from block `blk`. Nibble kinds: the nibble lanes `w`, each
+   block's d and m spread over its four 32-bit lanes (q6: the scales of its two halves),
+   and for q6 the high bits' words, a word a half-block (weight j's two bits at 2j), in
+   the block's 8 lanes: h0 for its first half (steps 0 and 2), h1 for its second; lanes
+   l < 4 take the word's low 16 bits, l >= 4 its high, so weight 2l's bits are at
+   4 (l % 4). q8_0: `w` the blocks' first halves as 16-bit lanes (lane 8b + l: bytes
+   2l, 2l + 1, the weights of steps 0 and 2), `w2` their second halves, d per block.
+   (Rows of 18 blocks start 32 bytes off a 64-byte line: the loads are 16- and 8-byte
+   ones the compiler may join.) */
+__attribute__((always_inline)) inline void read_nibbles(const int wtype, __global const uchar *qs,
+        __global const float *dm, size_t blk, short32 *w, short32 *w2, float16 *d, float16 *m,
+        ushort32 *h0, ushort32 *h1)
 {
+    *h0 = *h1 = (ushort32)0;
+    *w2 = (short32)0;
+    if (wtype == WT_Q8_0) {
+        __global const uint4 *q = (__global const uint4 *)qs + 2 * blk;
+        *w = __builtin_astype((uint16)(q[0], q[2], q[4], q[6]), short32);
+        *w2 = __builtin_astype((uint16)(q[1], q[3], q[5], q[7]), short32);
+        *d = vload4(0, dm + blk).s0000111122223333;
+        *m = (float16)0.0f;
+        return;
+    }
     __global const uint4 *q = (__global const uint4 *)qs + blk;
     *w = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
-    __global const float2 *s = (__global const float2 *)dm + blk;
-    const float8 dms = (float8)(s[0], s[1], s[2], s[3]);
-    *d = dms.s0000222244446666;
-    *m = dms.s1111333355557777;
+    if (wtype == WT_Q4_1) {
+        __global const float2 *s = (__global const float2 *)dm + blk;
+        const float8 dms = (float8)(s[0], s[1], s[2], s[3]);
+        *d = dms.s0000222244446666;
+        *m = dms.s1111333355557777;
+        return;
+    }
+    __global const float4 *s = (__global const float4 *)dm + blk;
+    const float16 dms = (float16)(s[0], s[1], s[2], s[3]);
+    const uint16 words = as_uint16(dms);
+    *d = dms.s000044448888cccc;
+    *m = dms.s111155559999dddd;
+    const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
+    const uint16 u0 = words.s22226666aaaaeeee, u1 = words.s33337777bbbbffff;
+    *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
+    *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
 }
 
-/* lane u: block u / 4's partial sum of quant * input */
+/* Step f's quant of every lane (f a literal): the nibble, with q6's fifth and sixth bits
+   from a multiply by a power of two that moves lane l's bits 4 (l % 4) .. + 3 to
+   12 .. 15 (one multiply serves the even and odd steps), centred; q8_0's byte of the
+   step, sign-extended. */
 #define NIBBLE(w, f) (((w) >> (short)(4 * (f))) & (short)15)
-__attribute__((always_inline)) inline int16 nibble_dot(short32 w, __local const short32 *xv)
+#define Q6_MUL (ushort8)(4096, 256, 16, 1, 4096, 256, 16, 1)
+__attribute__((always_inline)) inline short32 step_quants(const int wtype, const int f, short32 w, short32 w2,
+                                                          ushort32 h0, ushort32 h1)
 {
-    return madd(NIBBLE(w, 0), xv[0]) + madd(NIBBLE(w, 1), xv[1]) + madd(NIBBLE(w, 2), xv[2]) + madd(NIBBLE(w, 3), xv[3]);
+    const ushort32 h = f % 2 ? h1 : h0;
+    if (wtype == WT_Q8_0) {
+        const short32 v = f % 2 ? w2 : w;
+        return f < 2 ? as_short32(__builtin_astype(v, ushort32) << (ushort)8) >> (short)8 : v >> (short)8;
+    }
+    if (wtype == WT_Q6)
+        return (NIBBLE(w, f) | as_short32(((h * LANES4(Q6_MUL)) >> (ushort)(f < 2 ? 8 : 10)) & (ushort)48)) - (short)32;
+    return NIBBLE(w, f);
+}
+
+/* lane u: block u / 4's partial sum of quant * input over one half of each block (the
+   first for `second` 0, steps 0 and 2; else steps 1 and 3) */
+__attribute__((always_inline)) inline int16 nibble_half_dot(const int wtype, const int second, short32 w, short32 w2,
+        ushort32 h0, ushort32 h1, __local const short32 *xv)
+{
+    return madd(step_quants(wtype, second, w, w2, h0, h1), xv[second])
+         + madd(step_quants(wtype, second + 2, w, w2, h0, h1), xv[second + 2]);
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile: the groups from
    the local buffer, the last nb % 4 blocks as pair_dot_tile does */
-__attribute__((always_inline)) inline void pair_dot_nibbles(const int tile, __global const uchar *qs,
-        __global const float *dm, __global const float *g, __global const float *x,
+__attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
+        __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
         __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
         __local uchar *xl, float *out0, float *out1)
 {
@@ -109,23 +174,34 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int tile, __gl
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
     for (int s = 0; s < ng; s++) {
-        short32 w0, w1;
+        short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
-        read_nibbles(qs, dm, (size_t)r0 * nb + 4 * s, &w0, &d0, &m0);
-        read_nibbles(qs, dm, (size_t)r1 * nb + 4 * s, &w1, &d1, &m1);
+        ushort32 h00, h01, h10, h11;
+        read_nibbles(wtype, qs, dm, (size_t)r0 * nb + 4 * s, &w0, &v0, &d0, &m0, &h00, &h01);
+        read_nibbles(wtype, qs, dm, (size_t)r1 * nb + 4 * s, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
             const int at = c * ng + s;
             __local const short32 *xv = xq + (size_t)at * 4;
             const float dx = xd[at];
-            const float16 sums = xs[at];
-            a0[c] += convert_float16(nibble_dot(w0, xv)) * (d0 * dx) + m0 * sums;
-            a1[c] += convert_float16(nibble_dot(w1, xv)) * (d1 * dx) + m1 * sums;
+            const int16 p0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv), q0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv);
+            const int16 p1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv), q1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv);
+            if (wtype == WT_Q6) {  /* a scale a half, no offset */
+                a0[c] += convert_float16(p0) * (d0 * dx) + convert_float16(q0) * (m0 * dx);
+                a1[c] += convert_float16(p1) * (d1 * dx) + convert_float16(q1) * (m1 * dx);
+            } else if (wtype == WT_Q8_0) {  /* no offset */
+                a0[c] += convert_float16(p0 + q0) * (d0 * dx);
+                a1[c] += convert_float16(p1 + q1) * (d1 * dx);
+            } else {
+                const float16 sums = xs[at];
+                a0[c] += convert_float16(p0 + q0) * (d0 * dx) + m0 * sums;
+                a1[c] += convert_float16(p1 + q1) * (d1 * dx) + m1 * sums;
+            }
         }
     }
     for (int b = 4 * ng; b < nb; b++) {
         float16 lo0, hi0, lo1, hi1;
-        load_block(WT_Q4_1, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
-        load_block(WT_Q4_1, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
+        load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
+        load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
         const float16 glo = normalize ? F16(2 * b, g) : 1.0f, ghi = normalize ? F16(2 * b + 1, g) : 1.0f;
         for (int c = 0; c < tile; c++) {
             __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k;
@@ -140,15 +216,21 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int tile, __gl
     }
 }
 
-/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kind "nib") */
+/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q6
+   and q8_0 as "nib", "nib6" and "nib8") */
 #define NIBBLE_TILE_BEGIN(TILE, normalize)                                      \
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
-    pair_dot_nibbles(TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
+    pair_dot_nibbles(WTYPE, TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
-DEFINE_FUSED(nib, WT_Q4_1, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
-DEFINE_FUSED(nib, WT_Q4_1, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
-DEFINE_FUSED(nib, WT_Q4_1, 4, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
-DEFINE_FUSED(nib, WT_Q4_1, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
+#define DEFINE_NIBBLE_MATMULS(NAME, WTYPE)                                      \
+    DEFINE_FUSED(NAME, WTYPE, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 4, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
+
+DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1)
+DEFINE_NIBBLE_MATMULS(nib6, WT_Q6)
+DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0)
