@@ -40,12 +40,12 @@ def _tile(ncols: int) -> int:
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 
-NIBBLE_VARIANTS = {"q4_1": "nib", "q6": "nib6", "q8_0": "nib8"}  # read by kernels/cpu/nibbles.cl
+NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8"}  # read by kernels/cpu/nibbles.cl
 
 
 def cpu_variant(kind: str) -> str:
     """The CPU kernels' name for a weight kind at a tile width: cpu/nibbles.cl's for the
-    kinds of 32-weight blocks it reads in integer arithmetic (4-, 6- and 8-bit)."""
+    kinds of 32-weight blocks it reads in integer arithmetic (4-, 5-, 6- and 8-bit)."""
     return NIBBLE_VARIANTS.get(kind, kind)
 
 

@@ -4,8 +4,8 @@ wherever its blocks lie. Preemption pauses a turn and resumes it among other
 turns, so this is what makes a paused turn produce exactly what it would have
 produced alone (test_engine.py checks the tokens on whole schedules, on both
 families). The CPU family's tokens agree too, but not always its last bits: its
-integer matmuls (4-, 6- and 8-bit blocks) add a column in one order at every tile
-width (tests/test_nibbles.py), its float ones (q5, q8x2, f32) round differently at 1-2
+integer matmuls (4-, 5-, 6- and 8-bit blocks) add a column in one order at every tile
+width (tests/test_nibbles.py), its float ones (q8x2, f32) round differently at 1-2
 columns and at 4-8.
 
 The GPU family's ways to break it, each exercised here: the matmul takes `mv`

@@ -1,4 +1,4 @@
-"""The CPU family's integer 32-weight-block matmuls (kernels/cpu/nibbles.cl: q4_1, q6, q8_0)
+"""The CPU family's integer 32-weight-block matmuls (kernels/cpu/nibbles.cl: q4_1, q5, q6, q8_0)
 against NumPy: gguf's dequantized weights times the RMS-normalized inputs, with every pmaddwd
 width the device can build, at one, two and five columns (the 8-column tile), for rows of
 whole groups of four blocks, rows with blocks past the last group (decoded as floats), and
@@ -23,7 +23,7 @@ ROWS = 67  # odd: the last work-item's pair is one row
 
 # (type, row length, normalized): 576 is SmolLM2's d_model, four groups and two blocks
 CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0),
-         (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
+         (Q.Q5_0, 576, 1), (Q.Q5_0, 96, 0), (Q.Q5_1, 576, 0), (Q.Q5_K, 512, 1), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
          (Q.Q8_0, 576, 1), (Q.Q8_0, 256, 0)]  # fmt: skip
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
@@ -62,7 +62,7 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
 def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""

@@ -1,7 +1,7 @@
-/* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1, Q4_K; q6: Q6_K; q8_0: Q8_0
- * and stacks of symmetric 32-weight types) times a batch of vectors in integer
- * arithmetic, in place of cpu/matmul.cl's float kernels for these kinds. Built after cpu/lowbit.cl (madd, ROUND, hmax_int16),
- * whose scheme this follows.
+/* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1, Q4_K; q5: Q5_0, Q5_1, Q5_K;
+ * q6: Q6_K; q8_0: Q8_0 and stacks of symmetric 32-weight types) times a batch of vectors
+ * in integer arithmetic, in place of cpu/matmul.cl's float kernels for these kinds.
+ * Built after cpu/lowbit.cl (madd, ROUND, hmax_int16), whose scheme this follows.
  *
  * Decoding a block to floats took 19 instructions per row and block of 32 weights
  * (two nibble widenings, two conversions, the scale and offset, the products), and
@@ -20,14 +20,12 @@
  * 8b.. are the even inputs of the block's first half, step 1's the even of its second
  * half, step 2's and 3's the odd ones. A 32-bit lane of the sums (lanes 2u, 2u + 1)
  * stays within block u / 4. A row's last nb % 4 blocks are decoded as floats.
- * q6 stores the same nibbles, and their two high bits in a word per half-block of
- * the block's record: a constant multiply per lane moves a lane's bits to one place
+ * q5 and q6 store the same nibbles, and their high bits (one a weight, two) in words
+ * of the block's record: a constant multiply per lane moves a lane's bits to one place
  * (step_quants), so every step stays a few instructions, as in lowbit.cl. Q6_K's two
  * scales a block split its integer sum in halves (steps 0, 2 and 1, 3), and its quants
  * are centred (q - 32) in the integers, so it needs no input sums. q8_0's bytes are
  * read as 16-bit lanes, two steps a lane, each sign-extended in two instructions.
- * (q5's high bit the same way measured no faster than its float decoding: the offset
- * term on top of the high bits cost as much as the integer route saved.)
  * A column's sums are added in the same order at every tile width, so its results do
  * not depend on what else the batch holds (a wide tile only shares the decoding).
  */
@@ -90,10 +88,11 @@ typedef ushort ushort32 __attribute__((ext_vector_type(32)));
 
 /* Four blocks of a row from block `blk`. Nibble kinds: the nibble lanes `w`, each
    block's d and m spread over its four 32-bit lanes (q6: the scales of its two halves),
-   and for q6 the high bits' words, a word a half-block (weight j's two bits at 2j), in
-   the block's 8 lanes: h0 for its first half (steps 0 and 2), h1 for its second; lanes
-   l < 4 take the word's low 16 bits, l >= 4 its high, so weight 2l's bits are at
-   4 (l % 4). q8_0: `w` the blocks' first halves as 16-bit lanes (lane 8b + l: bytes
+   and for q5/q6 the high bits' words, a block's word in its 8 lanes: h0 for the block's
+   first half (steps 0 and 2), h1 for its second. q5 keeps one word (weight j's bit at j):
+   h0 is its low 16 bits, h1 its high. q6 keeps a word a half (weight j's two bits at 2j):
+   lanes l < 4 of a block take its low 16 bits, l >= 4 its high, so weight 2l's bits are
+   at 4 (l % 4). q8_0: `w` the blocks' first halves as 16-bit lanes (lane 8b + l: bytes
    2l, 2l + 1, the weights of steps 0 and 2), `w2` their second halves, d per block.
    (Rows of 18 blocks start 32 bytes off a 64-byte line: the loads are 16- and 8-byte
    ones the compiler may join.) */
@@ -125,17 +124,24 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
     const uint16 words = as_uint16(dms);
     *d = dms.s000044448888cccc;
     *m = dms.s111155559999dddd;
-    const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
-    const uint16 u0 = words.s22226666aaaaeeee, u1 = words.s33337777bbbbffff;
-    *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
-    *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
+    if (wtype == WT_Q5) {
+        const uint16 u = words.s22226666aaaaeeee;
+        *h0 = __builtin_astype(LOW_HALVES(u), ushort32);
+        *h1 = __builtin_astype(HIGH_HALVES(u), ushort32);
+    } else {
+        const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
+        const uint16 u0 = words.s22226666aaaaeeee, u1 = words.s33337777bbbbffff;
+        *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
+        *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
+    }
 }
 
-/* Step f's quant of every lane (f a literal): the nibble, with q6's fifth and sixth bits
-   from a multiply by a power of two that moves lane l's bits 4 (l % 4) .. + 3 to
-   12 .. 15 (one multiply serves the even and odd steps), centred; q8_0's byte of the
-   step, sign-extended. */
+/* Step f's quant of every lane (f a literal): the nibble, with q5's fifth bit or q6's
+   fifth and sixth, from a multiply by a power of two that moves lane l's bits 2l, 2l + 1
+   (q5) to 14, 15, or its bits 4 (l % 4) .. + 3 (q6) to 12 .. 15 (one multiply serves
+   the even and odd steps), q6's centred; q8_0's byte of the step, sign-extended. */
 #define NIBBLE(w, f) (((w) >> (short)(4 * (f))) & (short)15)
+#define Q5_MUL (ushort8)(16384, 4096, 1024, 256, 64, 16, 4, 1)
 #define Q6_MUL (ushort8)(4096, 256, 16, 1, 4096, 256, 16, 1)
 __attribute__((always_inline)) inline short32 step_quants(const int wtype, const int f, short32 w, short32 w2,
                                                           ushort32 h0, ushort32 h1)
@@ -145,6 +151,8 @@ __attribute__((always_inline)) inline short32 step_quants(const int wtype, const
         const short32 v = f % 2 ? w2 : w;
         return f < 2 ? as_short32(__builtin_astype(v, ushort32) << (ushort)8) >> (short)8 : v >> (short)8;
     }
+    if (wtype == WT_Q5)
+        return NIBBLE(w, f) | as_short32(((h * LANES4(Q5_MUL)) >> (ushort)(f < 2 ? 10 : 11)) & (ushort)16);
     if (wtype == WT_Q6)
         return (NIBBLE(w, f) | as_short32(((h * LANES4(Q6_MUL)) >> (ushort)(f < 2 ? 8 : 10)) & (ushort)48)) - (short)32;
     return NIBBLE(w, f);
@@ -216,8 +224,8 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     }
 }
 
-/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q6
-   and q8_0 as "nib", "nib6" and "nib8") */
+/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
+   q6 and q8_0 as "nib", "nib5", "nib6" and "nib8") */
 #define NIBBLE_TILE_BEGIN(TILE, normalize)                                      \
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, (__local uchar *)xl); \
     if (!active)                                                                \
@@ -232,5 +240,6 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
 
 DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1)
+DEFINE_NIBBLE_MATMULS(nib5, WT_Q5)
 DEFINE_NIBBLE_MATMULS(nib6, WT_Q6)
 DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0)
