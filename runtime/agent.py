@@ -205,10 +205,15 @@ class TurnHandle:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self._channel.receive.close()  # the owner closes the send end
-        if self.ended is None:
-            with anyio.CancelScope(shield=True):
-                await self._gpu.cancel(self.id, self.cancel_reason)
+        if self.ended is not None:
+            self._channel.receive.close()  # (the owner has closed the send end)
+            return
+        # Left early: say why, and leave the channel open until the owner ends the
+        # turn and closes it. Closed now, a token sent before the cancel is taken
+        # in would read as the agent having hung up, and the owner's own cancel
+        # ("agent stopped listening") could overtake this one and its reason.
+        with anyio.CancelScope(shield=True):
+            await self._gpu.cancel(self.id, self.cancel_reason)
 
     def __aiter__(self) -> TurnHandle:
         return self

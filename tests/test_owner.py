@@ -258,3 +258,31 @@ def test_bench_owner_refuses_a_bad_setting_before_it_starts(flag: str, value: st
 
     assert main(["bench", "owner", flag, value]) == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_turn_left_early_ends_with_its_agents_reason_even_if_a_token_follows():
+    # Leaving sends the cancel and leaves the channel open for the owner to close:
+    # a token sent before the cancel is taken in must not read as a hang-up, whose
+    # own cancel ("agent stopped listening") could overtake the agent's reason.
+    from runtime.messages import Token
+
+    after: list[bool] = []
+
+    class Leaver(Agent):
+        async def run(self) -> None:
+            async with self.generate([1, 2, 3], max_tokens=LONG, ignore_eos=True) as turn:
+                async for _ in turn:
+                    break
+                turn.cancel_reason = "client disconnected"
+                channel = turn._channel
+            channel.send.send_nowait(Token(turn=turn.id, token=5, t=0.0))  # as the owner would, before the cancel lands
+            after.append(True)
+
+    with anyio.fail_after(30):
+        async with swarm(slots=1) as s:
+            rec = Recorder(s)
+            await s.spawn(Leaver("leaver"))
+            ended = await rec.until(lambda e: isinstance(e, Ended) and e.agent == "leaver")
+    assert after == [True]
+    assert isinstance(ended, Cancelled) and ended.reason == "client disconnected"
