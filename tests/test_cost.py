@@ -187,8 +187,25 @@ def test_a_refit_weighs_the_last_window_of_steps_and_the_anchors_only():
     rng = np.random.default_rng(4)
     anchors = [(t, k, law(*CPU)(t, k)) for t, k in random_steps(rng, 5)]
     steps = [(t, k, law(*CPU)(t, k) * rng.uniform(0.8, 1.2)) for t, k in random_steps(rng, 20)]
-    cost = StepCost(window=8, refit_every=1)
+    cost = StepCost(window=8, refit_every=1, refit_seconds=0.0)
     cost.calibrate(anchors)
     for step in steps:
         cost.observe(*step)
     assert (cost.fixed_s, cost.token_s, cost.kv_s) == fit(steps[-8:] + anchors, [1.0] * 8 + [max(1.0, 0.25 * 8 / 5)] * 5)
+
+
+def test_a_refit_waits_for_enough_steps_and_enough_measured_time():
+    # A refit costs host time: on a fast device it waits until the steps it
+    # learns from add up to `refit_seconds`, as well as `refit_every` of them.
+    # (A step size gets its factor, runtime.cost.shape_rows, at a refit.)
+    cost = StepCost(0.001, refit_every=4, refit_seconds=0.010)
+    for _ in range(9):  # 9 ms in all: under the 10 ms a refit waits for
+        cost.observe(1, 10, 0.001)
+    assert cost.shape == {}
+    cost.observe(1, 10, 0.002)
+    assert set(cost.shape) == {1}
+    for _ in range(3):  # slow steps: now it waits for the step count
+        cost.observe(2, 20, 0.050)
+    assert set(cost.shape) == {1}
+    cost.observe(2, 20, 0.050)
+    assert set(cost.shape) == {1, 2}
