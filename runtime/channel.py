@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Awaitable, Generator, Generic, Self, TypeVar
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -56,18 +56,36 @@ class _State(Generic[T]):
         elif not waiter.done():  # (done: cancelled, its receiver gone)
             waiter.set_result(None)
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
+        """What the receiver awaits until the sender wakes it. On asyncio that is
+        the bare future the sender sets, awaited as it is: a wait per token
+        costs no coroutine of its own. (If the receiver is cancelled, the future
+        is cancelled with it, and `wake` passes it over.)"""
         if self.new_waiter is None:
             try:
                 self.new_waiter, self.futures = asyncio.get_running_loop().create_future, True
             except RuntimeError:  # another anyio backend
                 self.new_waiter = type(anyio.Event())
         self.waiter = waiter = self.new_waiter()
+        return waiter if self.futures else self._wait_event(waiter)
+
+    async def _wait_event(self, waiter: anyio.Event) -> None:
         try:
-            await (waiter if self.futures else waiter.wait())
+            await waiter.wait()
         finally:
             if self.waiter is waiter:  # cancelled while waiting
                 self.waiter = None
+
+
+class _Ready:
+    """An awaitable that is done already (awaiting it does not suspend)."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+READY = _Ready()
 
 
 class _Closes:
@@ -131,11 +149,13 @@ class UpdateReceiver(_Closes, ObjectReceiveStream[T]):
             raise anyio.WouldBlock
         return item
 
-    async def wait(self) -> None:
-        """Until an item is there or either end is closed (take() says which)."""
+    def wait(self) -> Awaitable[None]:
+        """Await it: until an item is there or either end is closed (take() says
+        which). Not a coroutine (_State.wait says why)."""
         state = self._state
-        if not (state.items or state.send_closed or state.receive_closed):
-            await state.wait()
+        if state.items or state.send_closed or state.receive_closed:
+            return READY
+        return state.wait()
 
     async def receive(self) -> T:
         """The next item, waiting for it if none is there. (What is already there
