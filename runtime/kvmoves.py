@@ -51,6 +51,7 @@ class KVMoves:
             turn.status, turn.swapped_len, turn.swap_kept = Status.DROPPED, 0, []  # kv.recomputed when it resumes
         elif turn.status is not Status.DROPPED:  # (a dropped turn holds nothing, and starts over at resume)
             # Its blocks hold nothing it can trust: start over, from the cache.
+            self.prefix.unsettle(turn)
             self.pool.release(turn.blocks)
             turn.cached_tokens = self.prefix.reuse(turn)
             if turn.status is Status.RUNNING:
@@ -124,6 +125,7 @@ class KVMoves:
             turn.swapped_len, turn.swap_kept = turn.computed, kept
             turn.status = Status.SWAPPED
             self.swapped_blocks += copied
+            self.prefix.settle(turn)
             self.pool.release(turn.blocks)
             self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
         else:
@@ -137,6 +139,7 @@ class KVMoves:
         # first), for K/V nobody reads.
         if plan.moves:
             plan.moves[:] = [m for m in plan.moves if not (isinstance(m, Copy) and m.turn == turn.id)]
+        self.prefix.settle(turn)
         self.pool.release(turn.blocks)
         turn.computed = turn.flying = 0
         turn.status = Status.DROPPED

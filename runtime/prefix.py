@@ -39,6 +39,7 @@ class PrefixCache:
         self.pool = pool
         self.enabled = enabled
         self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
+        self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
 
     def chain(self, turn: Turn, n: int) -> list[bytes]:
         """The keys of the turn's first `n` full blocks (kept on the turn)."""
@@ -102,6 +103,7 @@ class PrefixCache:
         if not self.enabled or start != len(turn.blocks) * size or start >= last:
             return 0
         i = len(turn.blocks)
+        self.settle()
         source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)))
         if source is None:
             return 0
@@ -131,8 +133,8 @@ class PrefixCache:
         return grown
 
     def commit(self, turn: Turn) -> None:
-        """Register the turn's newly computed full blocks, and note its last,
-        partly computed one."""
+        """Register the turn's newly computed full blocks; its last, partly
+        computed one is noted at the next `settle`."""
         if not self.enabled:
             return
         size = self.pool.block_size
@@ -145,6 +147,31 @@ class PrefixCache:
                     self.pool.note(turn.blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
             turn.committed = full
         if full < len(turn.blocks) and landed > full * size:
+            self._unsettled[turn.id] = turn
+
+    def settle(self, turn: Turn | None = None) -> None:
+        """Note the rows of partly computed last blocks as they stand now: one
+        turn's, before it lets its blocks go; every turn's, before a lookup reads
+        the notes (`copy_rows`). A running turn's last block gains a row every
+        step, and nobody looks at most steps: noting it only when asked saved
+        half of `postprocess`."""
+        if turn is not None:
+            if self._unsettled.pop(turn.id, None) is not None:
+                self._note_last(turn)
+            return
+        for unsettled in self._unsettled.values():
+            self._note_last(unsettled)
+        self._unsettled.clear()
+
+    def unsettle(self, turn: Turn) -> None:
+        """The turn's K/V is not to be trusted: its last block is not noted."""
+        self._unsettled.pop(turn.id, None)
+
+    def _note_last(self, turn: Turn) -> None:
+        size = self.pool.block_size
+        landed = turn.computed - turn.flying
+        full = landed // size
+        if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)))
 
     # ------------------------------------------------------------------ swap

@@ -289,6 +289,7 @@ class Scheduler(Accounting, Batching, KVMoves):
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
         turn.status, turn.slot = Status.ENDED, None
         self._changes += 1
+        self.prefix.settle(turn)  # (its last block's rows stay findable for a turn that repeats it)
         self.pool.release(turn.blocks)
         del self.turns[turn.id]
 
