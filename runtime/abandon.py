@@ -25,7 +25,7 @@ import math
 import threading
 
 from runtime.bus import EventBus
-from runtime.cost import StepCost, step_features
+from runtime.cost import StepCost
 from runtime.events import StepAbandoned
 from runtime.messages import OwnerRequest, TurnRequest
 from runtime.scheduler import Scheduler
@@ -48,7 +48,7 @@ def worth_abandoning(plan: Plan, cost: StepCost, slack: float) -> bool:
     step grow to). On a GPU a batch of decodes costs about one, so only long
     prefill chunks are worth it; on a CPU most background steps are. Below
     that, the check points cost more than stopping early could save."""
-    tokens, kv = step_features(plan.works)
+    tokens, kv = plan.features
     return cost.predict(tokens, kv) > (1 + slack) * cost.predict(1, kv // max(len(plan.works), 1))
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 
+from runtime.cost import step_features
 from runtime.engine import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
 from runtime.events import Ended
@@ -296,6 +298,13 @@ class Plan:
     preemptions: int = 0
     held: list[Turn] = field(default_factory=list)  # prompts waiting a step for a batch-mate's blocks
     advanced: bool = False  # accounted by Scheduler.advance before its tokens were known
+
+    @functools.cached_property
+    def features(self) -> tuple[int, int]:
+        """(tokens, kv_reads) of its step, runtime.cost's features, asked once the
+        batch is built: the owner asks twice a step (runtime.abandon, and the
+        cost law when the step is measured)."""
+        return step_features(self.works)
 
     @property
     def swap_out(self) -> list[tuple[int, list[int], int]]:
