@@ -36,7 +36,6 @@ import msgspec
 from runtime.abandon import StepAbandon
 from runtime.actors import Actor, handler
 from runtime.blocks import BlockPool
-from runtime.cost import step_features
 from runtime.devicework import DeviceWork, Ran
 from runtime.engine import Engine
 from runtime.bus import EventBus
@@ -206,10 +205,6 @@ class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
         # While the new step runs: the last one's tokens, this boundary's
         # decisions, and what the last step's time teaches the cost law.
         self._pass_on()
-        # A cancellation lands here, between steps. (Only if there is one: the
-        # boundary has yielded already, waiting for its step, and a plain
-        # checkpoint would cost every step another trip through the event loop.)
-        await anyio.lowlevel.checkpoint_if_cancelled()
 
     async def _land(self, *, deliver: bool = True) -> None:
         """Take in the step in flight, if there is one, with nothing launched after it."""
@@ -220,10 +215,21 @@ class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
             self._pass_on()
 
     async def _take_in(self, plan: Plan, job: Job[Ran]) -> None:
-        """Wait for a step and account it: its faults fail their turns, its tokens
-        go to the scheduler and are left for _deliver."""
-        with anyio.CancelScope(shield=True):  # never leave a step running unowned
-            tokens, faults, spent = await job.result()
+        """Wait for a step and account it. Cancelled while it runs, the step is
+        waited for and accounted all the same (never left running unowned), and
+        then the cancellation goes on."""
+        try:
+            ran = await job.result()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._account(plan, await job.result())
+            raise
+        await self._account(plan, ran)
+
+    async def _account(self, plan: Plan, ran: Ran) -> None:
+        """A step's faults fail their turns, its tokens go to the scheduler and are
+        left for _deliver."""
+        tokens, faults, spent = ran
         if tokens is None:
             # Abandoned for a turn that outranks it (runtime.abandon): it counts for
             # nothing, and neither does the step planned on it (its flag is up, so
@@ -240,7 +246,7 @@ class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
             return
         self._disarm(self._flight[0] if self._flight is not None else None)
         if spent is not None:
-            self._measured = (*step_features(plan.works), spent)
+            self._measured = (*plan.features, spent)
         now = self.bus.now()
         for turn_id, reason in faults.items():
             self.scheduler.fail(turn_id, now, reason)

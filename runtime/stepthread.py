@@ -36,6 +36,7 @@ class Job(Generic[T]):
             self._done: concurrent.futures.Future[T] = concurrent.futures.Future()
         else:
             self._future: asyncio.Future[T] = self._loop.create_future()
+        self._outcome: tuple[Any, BaseException | None] | None = None  # once settled, on asyncio
 
     def run(self) -> None:
         """In the step thread."""
@@ -55,6 +56,7 @@ class Job(Generic[T]):
             pass  # the event loop has closed: nobody waits for this step any more
 
     def _settle(self, result: Any, error: BaseException | None) -> None:
+        self._outcome = (result, error)
         if self._future.done():  # the waiter was cancelled
             return
         if error is None:
@@ -63,8 +65,18 @@ class Job(Generic[T]):
             self._future.set_exception(error)
 
     async def result(self) -> T:
+        """What the call returned (or its exception, raised). A wait cancelled
+        leaves the job as it is: awaited again, it gives the same outcome."""
         if self._loop is None:
-            return await anyio.to_thread.run_sync(self._done.result)
+            return await anyio.to_thread.run_sync(self._done.result)  # (not cancellable)
+        if self._future.cancelled():  # an earlier wait was cancelled
+            if self._outcome is None:
+                self._future = self._loop.create_future()  # for _settle to set
+            else:
+                result, error = self._outcome
+                if error is not None:
+                    raise error
+                return result  # type: ignore[no-any-return]
         return await self._future
 
 

@@ -33,3 +33,26 @@ async def test_steps_run_in_one_thread_in_order_and_return_or_raise() -> None:
         assert await jobs[3].result() == 30
     assert ran == [(i, "gpu-step") for i in range(4)]
 
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("settled_first", [True, False], ids=["settled-before-awaited-again", "settled-after"])
+async def test_a_cancelled_wait_leaves_the_job_to_be_awaited_again(settled_first: bool) -> None:
+    # The owner takes a step in even when cancelled while it runs: its wait is
+    # cancelled, the job is not, and waiting again gives what the step returned.
+    gate = threading.Event()
+
+    def step(i: int) -> int:
+        if not gate.wait(GUARD):
+            raise AssertionError("the step was never let go")
+        return i * 10
+
+    with anyio.fail_after(GUARD), StepThread("gpu-step") as device:
+        job = device.submit(step, 4)
+        with anyio.move_on_after(0):  # cancelled at once, while the step waits
+            await job.result()
+        gate.set()
+        if settled_first:
+            done = device.submit(lambda _: None, None)  # runs after the step: the step has settled
+            await done.result()
+        assert await job.result() == 40
