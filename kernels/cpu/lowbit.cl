@@ -190,6 +190,7 @@ __attribute__((always_inline)) inline void pair_dot_lowbit(const int wtype, cons
         short32 w0, w1, h0, h1;
         int16 sc0, sc1, off0, off1;
         float d0, d1, dd0, dd1;
+        prefetch_pair(qs, dm, r0, r1, nsb, s, 1, 64, wtype == WT_Q2 ? 24 : 64);
         read_super(wtype, qs, dm, (size_t)r0 * nsb + s, &w0, &sc0, &h0, &off0, &d0, &dd0);
         read_super(wtype, qs, dm, (size_t)r1 * nsb + s, &w1, &sc1, &h1, &off1, &d1, &dd1);
         for (int c = 0; c < tile; c++) {

@@ -185,6 +185,8 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
         ushort32 h00, h01, h10, h11;
+        prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, wtype == WT_Q8_0 ? 32 : 16,
+                      wtype == WT_Q8_0 ? 4 : wtype == WT_Q4_1 ? 8 : 16);
         read_nibbles(wtype, qs, dm, (size_t)r0 * nb + 4 * s, &w0, &v0, &d0, &m0, &h00, &h01);
         read_nibbles(wtype, qs, dm, (size_t)r1 * nb + 4 * s, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
