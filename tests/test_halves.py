@@ -1,0 +1,48 @@
+"""K/V go into the cache through common.cl's store_halves: F16C's conversion where the
+compiler targets it, vstore_half elsewhere. Both must round as vstore_half does (to
+nearest even, NumPy's float16 cast), over normals, ties, subnormals, overflow and
+infinities, and put each value at its own index."""
+
+import numpy as np
+import pytest
+import pyopencl as cl
+
+from gpu.device import select_device
+from kernels import source
+from test_device_quants import SHAPE
+
+KERNEL = """
+__kernel void halves(__global const float2 *x, __global half *out)
+{
+    const int i = get_global_id(0);
+    store_halves(x[i], 2 * i + 1, 2 * i, out);  /* swapped: each value to its own index */
+}
+"""
+
+
+def inputs() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal(4096).astype(np.float32) * np.exp2(rng.uniform(-30, 20, 4096)).astype(np.float32)
+    halves = rng.standard_normal(1024).astype(np.float16)
+    ulp = np.spacing(np.abs(halves)).astype(np.float32)
+    ties = halves.astype(np.float32) + ulp / 2  # exactly between two halves
+    special = np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, np.inf, -np.inf, 6e-8, 2.9e-8, 3e-8, 1e-9,
+                        6.1e-5, 6.09e-5, -6.1e-5], np.float32)  # fmt: skip
+    return np.concatenate([wide, ties, -ties, special])
+
+
+@pytest.mark.parametrize("f16c", [True, False], ids=["f16c", "vstore_half"])
+def test_store_halves_rounds_as_vstore_half(f16c: bool) -> None:
+    device = select_device()
+    options = SHAPE + (["-DF16C_STORES=1"] if f16c else ["-DF16C_STORES=0"])
+    program = device.build(source("quant") + source("common") + KERNEL, options)
+    x = inputs()
+    ctx, flags = device.context, cl.mem_flags
+    xb = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x)
+    out = cl.Buffer(ctx, flags.WRITE_ONLY, 2 * len(x))
+    program.halves(device.queue, (len(x) // 2,), None, xb, out)
+    got = np.empty(len(x), np.uint16)
+    cl.enqueue_copy(device.queue, got, out)
+    with np.errstate(over="ignore"):  # overflow to infinity is a case
+        want = x.reshape(-1, 2)[:, ::-1].reshape(-1).astype(np.float16)
+    np.testing.assert_array_equal(got, want.view(np.uint16))
