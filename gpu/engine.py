@@ -26,8 +26,9 @@ The kernels come in two families shaped for a CPU or a GPU (gpu/families.py),
 chosen per device or forced with `kernels=`; both fuse the norms, RoPE, the K/V
 store, SwiGLU and the residual adds into the matmuls. Every launch is bound to
 its buffers once at start-up and a step is enqueued without a host sync; what a
-step reads back is the sampled token ids, plus the logits rows of the items
-that sample at a temperature.
+step reads back is the sampled token ids, the items that sample at a
+temperature drawn on the device too, or their top-p candidates
+(gpu/devicesampling.py).
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
+from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
 from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.model import Model, load_model
-from gpu.sampling import sample_batch
 from gpu.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
@@ -129,6 +130,7 @@ class OpenCLEngine:
         self.family.check(self)
         self.profile = profile
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
+        self.whole_rows_read = 0  # top-p rows whose candidates fell short: read back whole (gpu.devicesampling)
         self.block_size = block_size
         self.num_blocks = num_blocks or choose_num_blocks(self.device, cfg, block_size, kv_fraction)
         self.max_batch_tokens = max_batch_tokens
@@ -194,6 +196,7 @@ class OpenCLEngine:
             tmp=f(t * cfg.d_model),  # a sublayer's output before its post-norm
             ones=const(ones),
             logits=f(t * cfg.vocab_size),
+            found=f(t * (HEADER + 2 * CAP)),  # top-p rows' candidates (gpu.devicesampling)
         )  # fmt: skip
 
     # --------------------------------------------------------------- protocol
@@ -222,16 +225,10 @@ class OpenCLEngine:
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
-        hot = np.array([not w.sampling.greedy for w in sampled], dtype=bool)
-        ran = self._run(batch, hot, abandon)
+        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled])
         if ran is None:
             return None
-        ids, logits = ran
-        if hot.any():  # only the rows of the items that sample at a temperature came back
-            chosen = [w for w, h in zip(sampled, hot) if h]
-            drawn = sample_batch(logits, [w.sampling for w in chosen], [w.start + len(w.tokens) for w in chosen])
-            ids[hot] = drawn
-        tokens = iter(ids.tolist())
+        tokens = iter(ran[0].tolist())
         return [next(tokens) if w.sample else None for w in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
@@ -255,10 +252,11 @@ class OpenCLEngine:
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
-    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Enqueue the step; (greedy token ids of the sampled items, the logits rows
+    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Enqueue the step; (the token ids of the sampled items, the logits rows
         of the sampled items where want_logits is set), or None if `abandon` was set
-        before it was all enqueued."""
+        before it was all enqueued. Without `samplings` (the sampled items') every
+        sampled item's id is its argmax."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
@@ -268,6 +266,8 @@ class OpenCLEngine:
             tables[s, :need] = w.block_table[:need]
         ends = np.cumsum([len(w.tokens) for w in batch]) - 1
         sample_at = np.array([e for e, w in zip(ends, batch) if w.sample], dtype=i32)
+        positions = np.array([w.start + len(w.tokens) for w in batch if w.sample], dtype=np.int64)
+        samplings = list(samplings) if samplings is not None else []
 
         # A step longer than the buffers runs as consecutive sub-steps; that is
         # exact, since a later sub-step sees the K/V the earlier ones stored.
@@ -278,8 +278,10 @@ class OpenCLEngine:
             c1 = min(c0 + m, len(tokens))
             here = (sample_at >= c0) & (sample_at < c1)
             turns, local_seq = np.unique(seq[c0:c1], return_inverse=True)
+            chosen = np.flatnonzero(here)
             got = self._forward(
-                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon
+                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon,
+                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(),
             )
             if got is None:
                 return None
@@ -288,16 +290,19 @@ class OpenCLEngine:
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None) -> tuple[np.ndarray, np.ndarray] | None:
+    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=()) -> tuple[np.ndarray, np.ndarray] | None:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
-        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, tables=tables)  # finished below
+        hot, params = plan_rows(samplings, positions)
+        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, tables=tables)  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
             launches.append((step.head, n))
         if not want_logits.all():
             launches.append((step.argmax, n))
+        if len(hot):
+            launches.append((step.sample, len(hot)))  # after argmax: these rows' ids are its
         # In groups on a host CPU (see CHECK_POINTS above), and wherever the step
         # may be abandoned: then, at each point, stop enqueuing if the flag is set.
         # What was enqueued finishes; the K/V it wrote is rewritten when the batch
@@ -327,5 +332,5 @@ class OpenCLEngine:
             for j, i in enumerate(np.flatnonzero(want_logits)):
                 cl.enqueue_copy(q, logits[j], b.logits, src_offset=4 * int(i) * vocab, is_blocking=False)
             cl.enqueue_copy(q, ids, b.ids, is_blocking=False)
-        q.finish()
+        self.whole_rows_read += read_back(q, b, ids, hot, params, samplings, positions, vocab)  # (finishes the queue)
         return ids, logits

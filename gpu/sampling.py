@@ -63,9 +63,9 @@ def _sample_top_p(logits: np.ndarray, sampling: Sampling, position: int) -> int:
     p = probabilities(logits, sampling.temperature)
     u = uniform(sampling.seed, position)
     if sampling.top_p >= 1.0:
-        return _pick(np.arange(p.size), p, u)
+        return pick_from(np.arange(p.size), p, u)
     nucleus = _nucleus(p, sampling.top_p)
-    return _pick(nucleus, p[nucleus], u)
+    return pick_from(nucleus, p[nucleus], u)
 
 
 def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
@@ -86,7 +86,8 @@ def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
         k *= 8
 
 
-def _pick(ids: np.ndarray, weights: np.ndarray, u: float) -> int:
+def pick_from(ids: np.ndarray, weights: np.ndarray, u: float) -> int:
+    """The id where the running sum of `weights` first passes u times their total."""
     cumulative = np.cumsum(weights)
     i = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
     return int(ids[min(i, ids.size - 1)])

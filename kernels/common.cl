@@ -235,3 +235,114 @@ void argmax(__global const float *logits, int n, __global int *ids)
     if (lid == 0)
         ids[row] = at[0] < n ? at[0] : 0;
 }
+
+/* ======================================================================== */
+/* Sampling at a temperature on the device                                   */
+/* ======================================================================== */
+/* For each row sampled at a temperature, what the host needs of it instead of
+ * the whole row (gpu/devicesampling.py): one work-group of ARGMAX_WG work-items
+ * per such row h, its logits row rows[h], params[2h] = 1 / temperature and
+ * params[2h + 1] = the draw u in [0, 1), or -1 for a row sampled with top-p.
+ * - A draw (no top-p): the token where the softmax's running sum, in token id
+ *   order, first passes u times its total, into ids[rows[h]] (as gpu.sampling's
+ *   _pick over the whole vocabulary).
+ * - Top-p: the candidates, every token whose scaled logit is within `cut` of
+ *   the row's largest (so that every token outside is less likely than every
+ *   candidate), at most `cap`, in found[h]: count, the largest logit and the
+ *   softmax's total (as float bits), cap, then (id, logit bits) pairs, in no order;
+ *   ids[rows[h]] = -1 for the host to finish.
+ * Each work-item sums a contiguous share of the row, so the running sum is in
+ * token order: share totals, a prefix over them, then one work-item walks its
+ * share to the token. */
+#define FOUND_HEADER 4
+
+inline float row_max(__local float *part, float v)
+{
+    const int lid = get_local_id(0);
+    part[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = ARGMAX_WG / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            part[lid] = fmax(part[lid], part[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    v = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);  /* part is reused next */
+    return v;
+}
+
+__kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1)))
+void sample_hot(__global const float *logits, int n, __global const int *rows, __global const float *params,
+                __global int *ids, __global int *found, int stride, int cap, float cut)
+{
+    __local float part[ARGMAX_WG];
+    __local float before[ARGMAX_WG + 1];
+    __local int count;
+    const int lid = get_local_id(0), h = get_group_id(0), row = rows[h];
+    __global const float *z = logits + (size_t)row * n;
+    const float inv_t = params[2 * h], u = params[2 * h + 1];
+
+    float top = -INFINITY;
+    for (int j = lid; j < n; j += ARGMAX_WG)
+        top = fmax(top, z[j]);
+    top = row_max(part, top);
+
+    const int share = (n + ARGMAX_WG - 1) / ARGMAX_WG;
+    const int lo = min(n, lid * share), hi = min(n, lo + share);
+    float mine = 0.0f;
+    for (int j = lo; j < hi; j++)
+        mine += exp((z[j] - top) * inv_t);
+    part[lid] = mine;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < ARGMAX_WG; k++) {
+            before[k] = sum;
+            sum += part[k];
+        }
+        before[ARGMAX_WG] = sum;
+        count = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float total = before[ARGMAX_WG];
+
+    __global int *out = found + (size_t)h * stride;  /* (room for FOUND_HEADER + 2 * cap words) */
+    if (u >= 0.0f) {
+        /* The share the target falls in walks to its token; a target rounding
+         * past every share's end goes to the last share that holds any mass. */
+        const float target = u * total;
+        int last = ARGMAX_WG - 1;
+        while (last > 0 && part[last] <= 0.0f)
+            last--;
+        if (lo < hi && before[lid] <= target && (target < before[lid] + mine || lid == last)) {
+            float run = before[lid];
+            int pick = -1;
+            for (int j = lo; j < hi; j++) {
+                const float e = exp((z[j] - top) * inv_t);
+                if (e > 0.0f)
+                    pick = j;
+                run += e;
+                if (e > 0.0f && run > target)
+                    break;
+            }
+            ids[row] = pick < 0 ? 0 : pick;
+        }
+    } else {
+        for (int j = lid; j < n; j += ARGMAX_WG)
+            if ((z[j] - top) * inv_t >= -cut) {
+                const int k = atomic_inc(&count);
+                if (k < cap) {
+                    out[FOUND_HEADER + 2 * k] = j;
+                    out[FOUND_HEADER + 2 * k + 1] = as_int(z[j]);
+                }
+            }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);  /* (every work-item reaches it: a row's branch is the work-group's) */
+    if (u < 0.0f && lid == 0) {
+        out[0] = count;
+        out[1] = as_int(top);
+        out[2] = as_int(total);
+        out[3] = cap;
+        ids[row] = -1;
+    }
+}

@@ -10,8 +10,9 @@ import pytest
 from gpu.engine import OpenCLEngine
 from gpu.model import Model
 from gpu.reference import ReferenceModel
+from gpu.sampling import sample
 from gpu.tokenizer import Tokenizer
-from runtime.engine import Work
+from runtime.engine import GREEDY, Sampling, Work
 
 pytestmark = pytest.mark.model
 
@@ -57,3 +58,18 @@ def test_prefill_logits_match_the_reference(
     want = reference.forward(prompt, 0, reference.new_cache())[-1]
     got = engine.step_logits([Work(turn=1, tokens=prompt, start=0, block_table=list(range(8)), sample=True)])[0]
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 2e-3
+
+
+def test_sampling_at_a_temperature_on_the_device_draws_what_the_host_draws(engine: OpenCLEngine, smollm2_tokenizer: Tokenizer) -> None:
+    # gpu.devicesampling over SmolLM2's 49,152 logits: a draw, two top-p rows and a
+    # greedy one, each against the host's draw from the whole row.
+    prompt = smollm2_tokenizer.chat([{"role": "user", "content": "Write a haiku about the sea."}])
+    samplings = [Sampling(0.7), Sampling(0.5, 0.9), Sampling(1.3, 0.95), GREEDY]
+    before = engine.whole_rows_read
+    for seed in range(3):
+        works = [Work(turn=i, tokens=prompt, start=0, block_table=[8 * i + b for b in range(8)], sample=True,
+                      sampling=Sampling(s.temperature, s.top_p, seed) if not s.greedy else s) for i, s in enumerate(samplings)]  # fmt: skip
+        rows = engine.step_logits(works)
+        want = [sample(row, w.sampling, len(prompt)) for row, w in zip(rows, works)]
+        assert engine.step(works) == want
+    assert engine.whole_rows_read - before < 2 * 3  # some top-p rows were finished from their candidates
