@@ -30,6 +30,7 @@ BATCHES = (1, 2, 4, 8)
 PROMPT = 64  # positions each turn holds before the decode steps
 PREFILL = 256  # tokens in the timed prefill chunk
 TTFT_PROMPT = 1000  # tokens of the prompt whose time to first token is timed, cached and not
+LONG = 1000  # positions each turn holds in the long-context decode step
 TTFT_REPEATS = 3
 CACHED_REPEATS = 5  # timings of each repeated prompt
 
@@ -39,8 +40,14 @@ def _span(steps: int, block_size: int) -> int:
     return ceil_div(max(PROMPT + (steps + 1) * len(BATCHES), PREFILL), block_size)
 
 
+def _long_span(steps: int, block_size: int) -> int:
+    """KV blocks one turn of the long-context step needs."""
+    return ceil_div(LONG + steps + 1, block_size)
+
+
 def kv_blocks_needed(steps: int, block_size: int = 16) -> int:
-    return max((max(BATCHES) + 1) * _span(steps, block_size), 2 * ceil_div(TTFT_PROMPT, block_size) + 2)
+    short = (max(BATCHES) + 1) * _span(steps, block_size)  # (the long-context turns reuse these blocks after)
+    return max(short, max(BATCHES) * _long_span(steps, block_size), 2 * ceil_div(TTFT_PROMPT, block_size) + 2)
 
 
 def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[float]) -> dict:
@@ -75,7 +82,7 @@ def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[fl
 
 
 def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
-    """Time decode steps of 1, 2, 4 and 8 live turns and one prefill chunk."""
+    """Time decode steps of 1, 2, 4 and 8 live turns, 8 at LONG positions, and one prefill chunk."""
     vocab = engine.config.vocab_size
     rng = np.random.default_rng(0)
     span = _span(steps, engine.block_size)
@@ -112,6 +119,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         if engine.profile:
             results[-1]["profile"] = profile_steps(profiles[1:], times[1:])
 
+    long = long_context_step(engine, rng, steps)
     ttft_tokens = min(TTFT_PROMPT, engine.config.context_length - 1)
     uncached, cached = time_to_first_token(engine, rng, ttft_tokens)
     weight_bytes = engine.weights.bytes_per_step()
@@ -121,6 +129,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "device": engine.device_name,
         "kernels": engine.kernels,
         "steps": results,
+        "long": long,
         "prefill_tok_per_s": PREFILL / prefill_s,
         "decode_tok_per_s": BATCHES[-1] / (results[-1]["step_ms"] / 1e3),
         "weight_bytes_per_step": weight_bytes,
@@ -132,6 +141,35 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "ttft_uncached_ms": 1e3 * uncached,
         "ttft_cached_ms": 1e3 * cached,
     }
+
+
+def long_context_step(engine: OpenCLEngine, rng: np.random.Generator, steps: int) -> dict:
+    """Decode steps of 8 turns holding LONG positions each (fewer if the context is
+    shorter), where attention reads the most: one turn's prompt is prefilled and
+    the others' K/V blocks are device copies of its (attention's time depends on
+    how many positions it reads, not on what they hold)."""
+    batch, size = max(BATCHES), engine.block_size
+    positions = min(LONG, engine.config.context_length - steps - 2)
+    span = _long_span(steps, size)
+    tables = [list(range(t * span, (t + 1) * span)) for t in range(batch)]
+    prompt = rng.integers(0, engine.config.vocab_size, positions).tolist()
+    for c0 in range(0, positions, engine.max_batch_tokens):
+        chunk = prompt[c0 : c0 + engine.max_batch_tokens]
+        engine.step([Work(turn=0, tokens=chunk, start=c0, block_table=tables[0], sample=False)])
+    for t in range(1, batch):
+        for source, target in zip(tables[0][: ceil_div(positions, size)], tables[t]):
+            engine.copy(source, target)
+    times, profiles = [], []
+    for k in range(steps + 1):
+        work = [Work(turn=t, tokens=[1 + t], start=positions + k, block_table=tables[t], sample=True) for t in range(batch)]
+        t0 = time.perf_counter()
+        engine.step(work)
+        times.append(time.perf_counter() - t0)
+        profiles.append(engine.last_profile)
+    out = {"batch": batch, "positions": positions, "step_ms": 1e3 * statistics.median(times[1:])}
+    if engine.profile:
+        out["profile"] = profile_steps(profiles[1:], times[1:])
+    return out
 
 
 def time_to_first_token(engine: OpenCLEngine, rng: np.random.Generator, tokens: int) -> tuple[float, float]:
@@ -172,6 +210,10 @@ def format_report(r: dict) -> str:
         lines.append(f"  decode step, {s['batch']} turn(s): {s['step_ms']:7.2f} ms  ({s['batch'] / s['step_ms'] * 1e3:6.1f} tok/s)")
         if "profile" in s:
             lines += _format_profile(s["profile"])
+    long = r["long"]
+    lines.append(f"  decode step, {long['batch']} turns at {long['positions']} positions each: {long['step_ms']:7.2f} ms")
+    if "profile" in long:
+        lines += _format_profile(long["profile"])
     lines += [
         f"prefill: {r['prefill_tok_per_s']:.0f} tok/s ({PREFILL}-token chunk)",
         f"decode, {r['steps'][-1]['batch']} turns: {r['decode_tok_per_s']:.1f} tok/s aggregate",

@@ -66,6 +66,7 @@ def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.C
         assert out[key] > 0
     assert out["device"]
     assert out["ttft_prompt_tokens"] == 511  # the tiny model's context allows no 1,000
+    assert out["long"]["batch"] == 8 and out["long"]["positions"] == 512 - 2 - 2 and out["long"]["step_ms"] > 0
     assert out["ttft_uncached_ms"] > 0 and out["ttft_cached_ms"] > 0
     law = out["step_cost"]
     assert min(law["fixed_s"], law["token_s"], law["kv_s"]) >= 0 and law["fixed_s"] + law["token_s"] > 0
@@ -93,7 +94,7 @@ def test_bench_engine_profile_breaks_a_step_down_by_kernel(
     out = run_json(capsys, ["bench", "engine", "--model", str(tiny_gguf), "--steps", "2", "--json", "--profile", "--kernels", kernels])
     assert out["kernels"] == kernels
     layers = load_model(tiny_gguf).config.n_layers
-    for step in out["steps"]:
+    for step in out["steps"] + [out["long"]]:
         p = step["profile"]
         assert p["launches"] == 1 + per_layer * layers + 2  # embed, the layers, head, argmax
         assert {"qkv", "attention", "swiglu", "down", "head", "argmax", "embed"} <= set(p["kernels"])
