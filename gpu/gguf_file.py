@@ -37,6 +37,7 @@ class GGUFTensor:
     qtype: gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # ggml order: [cols, rows, ...]
     data: np.ndarray  # raw: uint8 bytes for block types, float32/float16 for F32/F16
+    offset: int = 0  # where its data starts in the file
 
 
 class _Cursor:
@@ -108,7 +109,7 @@ def read_gguf(path: Path) -> tuple[dict[str, object], list[GGUFTensor]]:
             qtype = gguf.GGMLQuantizationType(kind)
         except ValueError:
             raise ModelFormatError(f"{path}: tensor {name!r} has unknown type {kind}") from None
-        tensors.append(GGUFTensor(name, qtype, dims, _data(path, mapped, start + offset, qtype, dims, name)))
+        tensors.append(GGUFTensor(name, qtype, dims, _data(path, mapped, start + offset, qtype, dims, name), start + offset))
     return metadata, tensors
 
 
