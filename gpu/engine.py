@@ -129,6 +129,7 @@ class OpenCLEngine:
         self.family = make_family(kernels, device, gpu_tuning)
         self.family.check(self)
         self.profile = profile
+        self.blocking = True  # a step waits for the device
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
         self.whole_rows_read = 0  # top-p rows whose candidates fell short: read back whole (gpu.devicesampling)
         self.block_size = block_size

@@ -107,6 +107,11 @@ class Engine(Protocol):
     vocab_size: int | None  # token ids it knows; None: any
     device_name: str  # for the swarm.started event
     model_name: str | None
+    # Whether a step waits on a device. The owner runs a blocking engine's steps
+    # in its step thread (runtime.stepthread), off the event loop; one that
+    # returns at once (the timing model, not in real time) it calls inline, since
+    # a thread would only add two wake-ups to every step.
+    blocking: bool
     # What a step costs on this engine (runtime.cost): the scheduler's step shaping
     # reads it, the GPU owner feeds it every measured step.
     cost: StepCost
@@ -119,7 +124,8 @@ class Engine(Protocol):
 
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         """Run one forward pass over the batch; one entry per item, a token where
-        `sample` was set, else None. Blocking: the owner calls it off the event loop.
+        `sample` was set, else None. If `blocking`, the owner calls it off the
+        event loop.
 
         `abandon`, if given, may be set from another thread while the step runs:
         the engine may then stop early and return None, having changed nothing that

@@ -146,7 +146,7 @@ class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
     # ----------------------------------------------------------------- loop
 
     async def run(self) -> None:
-        with StepThread(f"{self.name}-step") as device:
+        with StepThread(f"{self.name}-step", inline=not self.engine.blocking) as device:
             try:
                 while True:
                     await self._boundary(device)
@@ -205,6 +205,10 @@ class GPUOwner(Intake, StepAbandon, DeviceWork, Actor):
         # While the new step runs: the last one's tokens, this boundary's
         # decisions, and what the last step's time teaches the cost law.
         self._pass_on()
+        if device.inline:
+            # Its steps are done when launched: nothing above waited, so the
+            # agents get their turn (and a cancellation lands) here.
+            await anyio.lowlevel.checkpoint()
 
     async def _land(self, *, deliver: bool = True) -> None:
         """Take in the step in flight, if there is one, with nothing launched after it."""

@@ -1,5 +1,6 @@
 """The GPU owner's step thread: the one thread engine steps run in, handed a
-step at a time.
+step at a time. (An engine whose steps never block is called inline instead:
+`StepThread(name, inline=True)` runs each job as it is handed over.)
 
 A step's device work blocks, so it runs off the event loop, while the loop
 delivers the previous step's tokens. A ThreadPoolExecutor awaited through
@@ -38,12 +39,15 @@ class Job(Generic[T]):
             self._future: asyncio.Future[T] = self._loop.create_future()
         self._outcome: tuple[Any, BaseException | None] | None = None  # once settled, on asyncio
 
-    def run(self) -> None:
-        """In the step thread."""
+    def run(self, *, inline: bool = False) -> None:
+        """In the step thread; or `inline`, on the event loop's own thread."""
         try:
             result, error = self._fn(self._arg), None
         except BaseException as exc:  # (handed to whoever awaits the step, as a Future would)
             result, error = None, exc
+        if inline and self._loop is not None:
+            self._settle(result, error)
+            return
         if self._loop is None:
             if error is None:
                 self._done.set_result(result)  # type: ignore[arg-type]
@@ -68,6 +72,8 @@ class Job(Generic[T]):
         """What the call returned (or its exception, raised). A wait cancelled
         leaves the job as it is: awaited again, it gives the same outcome."""
         if self._loop is None:
+            if self._done.done():
+                return self._done.result()
             return await anyio.to_thread.run_sync(self._done.result)  # (not cancellable)
         if self._future.cancelled():  # an earlier wait was cancelled
             if self._outcome is None:
@@ -82,23 +88,30 @@ class Job(Generic[T]):
 
 class StepThread:
     """`with StepThread(name) as device: job = device.submit(fn, arg)`. Leaving
-    the block waits for the job in hand, as ThreadPoolExecutor's does."""
+    the block waits for the job in hand, as ThreadPoolExecutor's does. With
+    `inline`, there is no thread: `submit` runs the job before it returns."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, inline: bool = False) -> None:
+        self.inline = inline
         self._jobs: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     def __enter__(self) -> StepThread:
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._jobs.put(None)
-        self._thread.join()
+        if not self.inline:
+            self._jobs.put(None)
+            self._thread.join()
 
     def submit(self, fn: Callable[[A], T], arg: A) -> Job[T]:
         job = Job(fn, arg)
-        self._jobs.put(job)
+        if self.inline:
+            job.run(inline=True)
+        else:
+            self._jobs.put(job)
         return job
 
     def _serve(self) -> None:

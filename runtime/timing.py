@@ -51,6 +51,7 @@ class TimingEngine:
     def __init__(self, model: TimingModel = TimingModel(), *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1, realtime: bool = False) -> None:
         self.model = model
         self.realtime = realtime  # sleep through each step, for runs on a wall clock
+        self.blocking = realtime  # (else a step returns at once: the owner calls it inline)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()

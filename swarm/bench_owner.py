@@ -1,8 +1,13 @@
 """`swarm bench owner`: how much host time the GPU owner spends per step.
 
-The engine is the timing model with no cost at all (its step returns at once),
-so every microsecond measured is the owner's own work, and the agents': draining
+The engine is the timing model with no cost at all (its step returns at once,
+so the owner calls it inline: runtime.engine's `blocking`), so every
+microsecond measured is the owner's own work, and the agents': draining
 requests, scheduling, delivering each token to its agent, publishing events.
+The same runs again through the step thread a blocking engine's steps go to,
+which adds the hand-over each way: two thread wake-ups a step, 15 to 50 us on
+the 2-core VM as its host's load varies. With a real device that hand-over
+overlaps the step on the device (the idle figure below).
 
 Two figures per configuration:
 - host ms per step: all of that work, 1 / steps per second;
@@ -83,10 +88,11 @@ def learning_law(engine: TimingEngine) -> StepCost:
     return cost
 
 
-async def measure(slots: int, agents: int, steps: int, turn_tokens: int) -> dict[str, Any]:
+async def measure(slots: int, agents: int, steps: int, turn_tokens: int, threaded: bool = False) -> dict[str, Any]:
     from swarm.api import Swarm
 
     engine = TimingEngine(realtime=False)
+    engine.blocking = threaded  # (True: its steps go through the step thread, as a device's would)
     engine.cost = learning_law(engine)
     read = [0]
     async with Swarm(engine, slots=slots) as swarm:
@@ -147,6 +153,15 @@ async def measure_device(step_ms: float, seconds: float, slots: int = 8) -> dict
     }  # fmt: skip
 
 
+def _line(r: dict[str, Any]) -> str:
+    per_token = r["host_ms_per_step"] / min(r["slots"], r["agents"]) * 1e3
+    return (
+        f"  {r['slots']:3d} slots, {r['agents']:3d} agents: {r['host_ms_per_step']:6.3f} ms/step "
+        f"({r['steps_per_s']:6.0f} steps/s, {per_token:5.1f} us per token, CPU {r['cpu_ms_per_step']:6.3f} ms), "
+        f"between steps {r['gap_ms_per_step']:6.3f} ms (median), agents read {r['tokens_read_per_step']:5.1f} tokens/step"
+    )
+
+
 def check(args: argparse.Namespace) -> None:
     from runtime.errors import ConfigError
 
@@ -161,22 +176,21 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check(args)
-    results = []
+    results, threaded = [], []
     for slots, agents in CONFIGS:
-        runs = [anyio.run(measure, slots, agents, args.steps, args.turn_tokens) for _ in range(args.repeats)]
-        results.append(min(runs, key=lambda r: r["host_ms_per_step"]))
+        for into, through in ((results, False), (threaded, True)):
+            runs = [anyio.run(measure, slots, agents, args.steps, args.turn_tokens, through) for _ in range(args.repeats)]
+            into.append(min(runs, key=lambda r: r["host_ms_per_step"]))
     device = anyio.run(measure_device, args.device_ms, args.device_seconds) if args.device_ms else None
     if args.json:
-        print(json.dumps({"engine": "timing model, zero cost", "configs": results, "device": device}))
+        print(json.dumps({"engine": "timing model, zero cost", "configs": results, "threaded": threaded, "device": device}))
     else:
-        print("owner host work per step, zero-cost engine (best of %d runs)" % args.repeats)
+        print("owner host work per step, zero-cost engine called inline (best of %d runs)" % args.repeats)
         for r in results:
-            per_token = r["host_ms_per_step"] / min(r["slots"], r["agents"]) * 1e3
-            print(
-                f"  {r['slots']:3d} slots, {r['agents']:3d} agents: {r['host_ms_per_step']:6.3f} ms/step "
-                f"({r['steps_per_s']:6.0f} steps/s, {per_token:5.1f} us per token, CPU {r['cpu_ms_per_step']:6.3f} ms), "
-                f"between steps {r['gap_ms_per_step']:6.3f} ms (median), agents read {r['tokens_read_per_step']:5.1f} tokens/step"
-            )
+            print(_line(r))
+        print("the same through the step thread, as a blocking engine's steps go")
+        for r in threaded:
+            print(_line(r))
         if device is not None:
             print(
                 f"  device idle between steps, a {device['step_ms']:.2f} ms step at {device['slots']} slots: "

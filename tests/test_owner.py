@@ -201,6 +201,7 @@ class GatedEngine(TimingEngine):
 
         self.gate = threading.Semaphore(0)
         self.in_flight = threading.Event()
+        self.blocking = True
 
     def step(self, batch, abandon=None):
         self.in_flight.set()
@@ -243,7 +244,8 @@ def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFi
     device = out["device"]
     assert device["steps"] >= 10 and device["step_ms"] >= 1.0 and 0 <= device["idle_ms_per_step"] <= device["idle_ms_mean"] * 100
     assert [(c["slots"], c["agents"]) for c in out["configs"]] == [(8, 8), (8, 64), (64, 64)]
-    for c in out["configs"]:
+    assert [(c["slots"], c["agents"]) for c in out["threaded"]] == [(8, 8), (8, 64), (64, 64)]
+    for c in out["configs"] + out["threaded"]:
         assert c["steps"] >= 40 and c["steps_per_s"] > 0 and c["cpu_ms_per_step"] > 0
         assert 0 < c["gap_ms_per_step"] <= c["host_ms_per_step"] * 10
         # The agents read every token as it comes: about one per slot per step
