@@ -56,3 +56,23 @@ async def test_a_cancelled_wait_leaves_the_job_to_be_awaited_again(settled_first
             done = device.submit(lambda _: None, None)  # runs after the step: the step has settled
             await done.result()
         assert await job.result() == 40
+
+
+@pytest.mark.anyio
+async def test_inline_jobs_run_as_they_are_handed_over_on_the_callers_thread() -> None:
+    # An engine whose steps never block is called inline (runtime.engine's
+    # `blocking`): no thread, each job done before submit returns.
+    ran: list[str] = []
+
+    def step(i: int) -> int:
+        ran.append(threading.current_thread().name)
+        if i == 2:
+            raise ValueError("bad step")
+        return i * 10
+
+    with anyio.fail_after(GUARD), StepThread("gpu-step", inline=True) as device:
+        jobs = [device.submit(step, i) for i in range(3)]
+        assert ran == [threading.current_thread().name] * 3  # all done already
+        assert await jobs[0].result() == 0 and await jobs[1].result() == 10
+        with pytest.raises(ValueError, match="bad step"):
+            await jobs[2].result()
