@@ -12,8 +12,6 @@ tokens at positions start..start+m-1 that samples from its last logits, position
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from runtime.engine import Sampling
@@ -33,22 +31,6 @@ def sample(logits: np.ndarray, sampling: Sampling, position: int) -> int:
     if sampling.greedy:
         return int(np.argmax(logits))  # the lowest index among equal maxima
     return _sample_top_p(logits, sampling, position)
-
-
-def sample_batch(
-    logits: np.ndarray, samplings: Sequence[Sampling], positions: Sequence[int]
-) -> list[int]:
-    """One token per row of `logits` (B, V), with each row's own sampling and position."""
-    logits = np.asarray(logits)
-    if logits.ndim != 2 or logits.shape[0] != len(samplings) or len(samplings) != len(positions):
-        raise ValueError(
-            f"logits {logits.shape} do not match {len(samplings)} samplings / {len(positions)} positions"
-        )
-    greedy = np.argmax(logits, axis=1)
-    return [
-        int(greedy[i]) if s.greedy else _sample_top_p(logits[i], s, p)
-        for i, (s, p) in enumerate(zip(samplings, positions))
-    ]
 
 
 def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from gpu.sampling import probabilities, sample, sample_batch, uniform
+from gpu.sampling import probabilities, sample, uniform
 from runtime.engine import GREEDY, Sampling
 
 V = 49152
@@ -99,15 +99,3 @@ def test_draws_follow_the_softmax(top_p: float) -> None:
     chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
     # dof <= 7; chi2 > 40 has probability < 1e-5 for a correct sampler (and seeds are fixed)
     assert chi2 < 40.0, (counts, expected)
-
-
-def test_sample_batch_matches_sample() -> None:
-    rng = np.random.default_rng(5)
-    logits = rng.normal(0, 2, size=(4, V)).astype(np.float32)
-    samplings = [GREEDY, Sampling(temperature=0.7, top_p=0.9, seed=1), Sampling(temperature=1.2, seed=2), GREEDY]
-    positions = [10, 11, 500, 3]
-    assert sample_batch(logits, samplings, positions) == [
-        sample(logits[i], samplings[i], positions[i]) for i in range(4)
-    ]
-    with pytest.raises(ValueError, match="do not match"):
-        sample_batch(logits, samplings[:3], positions[:3])
