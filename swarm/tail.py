@@ -211,6 +211,7 @@ STYLES: dict[type, str] = {
     ev.Recomputed: "red",
     ev.AgentCrashed: "bold red",
     ev.StepAbandoned: "yellow",
+    ev.ToolRan: "dim green",
 }
 
 
@@ -257,6 +258,7 @@ PHRASES: dict[type, str] = {
     ev.Recomputed: "{who} KV dropped, re-prefilling {e.tokens} tokens{cached}",
     ev.AgentCrashed: "agent {e.agent} crashed: {e.reason}",
     ev.StepAbandoned: "step of {e.turns} turns ({e.tokens} tokens) stopped early for {e.by_agent} (prio {e.by_priority}); it runs again",
+    ev.ToolRan: "{e.agent} ran {e.tool} in {e.duration_s:.2f} s (ok: {e.ok})",
 }
 
 CACHED = {  # what the prefix cache gave, where it gave some

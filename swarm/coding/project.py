@@ -52,11 +52,13 @@ class ProjectCopy:
     worktree: Path | None  # the worktree made in it (removed by close)
 
     @classmethod
-    def create(cls, source: str | Path, out: Path) -> ProjectCopy:
+    def create(cls, source: str | Path, out: Path, *, worktree: bool = True) -> ProjectCopy:
+        """`worktree=False` copies even from a git repository (the built-in sample
+        project lives in slotswarm's own)."""
         source = Path(source).expanduser().resolve()
         if not source.is_dir():
             raise ConfigError(f"--project {str(source)!r} does not exist or is not a folder")
-        repo = git_root(source)
+        repo = git_root(source) if worktree else None
         if repo is None:
             copy = out / "project"
             shutil.copytree(source, copy, ignore=IGNORED, symlinks=True)
