@@ -46,7 +46,10 @@ class Fixer(CodingAgent):
     async def fix(self, msg: FixRequest) -> None:
         await self.tell(self.planner, await self.solve(msg.failure))
 
-    async def solve(self, failure: Failure) -> FixResult:
+    async def solve(self, failure: Failure, targets: list[str] | None = None) -> FixResult:
+        """Rounds of candidates until one makes `targets` (default: the failing
+        test) pass with nothing broken, or `rounds` run out."""
+        targets = targets or [failure.test]
         started = time.monotonic()
         files = await self.source_files()
         context = await self.project_context()
@@ -74,7 +77,7 @@ class Fixer(CodingAgent):
                 if proposal is None:
                     return
                 if proposal.diff not in seen:
-                    seen[proposal.diff] = await self.use("propose_patch", self.tools.propose_patch(proposal.diff, [failure.test]))
+                    seen[proposal.diff] = await self.use("propose_patch", self.tools.propose_patch(proposal.diff, targets))
                 judged.append(seen[proposal.diff])
 
             try:
@@ -83,6 +86,9 @@ class Fixer(CodingAgent):
                         group.start_soon(candidate, i)
             except TurnCancelled:
                 break  # the swarm is stopping
+            if tried == 0:  # not one turn ran (a prompt past the model's context, say): more rounds would not either
+                return FixResult(test=failure.test, fixer=self.name, verified=False, rounds=round_, seconds=time.monotonic() - started,
+                                 note="the model could not take the prompt")
             judged.sort(key=Judgement.rank)
             if judged and (best is None or judged[0].rank() < best.rank()):
                 best = judged[0]

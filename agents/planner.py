@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import anyio
 
 from agents.coding import TEAM_SYSTEM, CodingAgent, Failure, FixRequest, FixResult, NewTests, ReviewNote, VerifiedPatch
-from swarm import FOREGROUND, handler
+from swarm import FOREGROUND, TurnFailed, handler
 from swarm.coding.testing import TestReport
 
 
@@ -105,8 +105,11 @@ class Planner(CodingAgent):
         if question.strip().lower() == "status":
             return self.status()
         context = await self.project_context(4000)
-        reply = await self.answer(TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}",
-                                  max_tokens=self.max_tokens)
+        try:
+            reply = await self.answer(TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}",
+                                      max_tokens=self.max_tokens)
+        except TurnFailed as exc:  # e.g. a prompt past the model's context: say so, and go on
+            return f"(I could not answer that: {exc.reason})"
         return reply.strip()
 
     def status(self) -> str:

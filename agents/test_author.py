@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from agents.coding import TEAM_SYSTEM, CodingAgent, NewTests, VerifiedPatch
-from swarm import BACKGROUND, handler
+from swarm import BACKGROUND, TurnFailed, handler
 from swarm.coding.patches import FENCE
 
 NAME = re.compile(r"[^a-z0-9]+")
@@ -24,7 +24,11 @@ class TestAuthor(CodingAgent):
 
     @handler
     async def write_tests(self, msg: VerifiedPatch) -> None:
-        await self.tell(self.planner, await self.author(msg))
+        try:
+            note = await self.author(msg)
+        except TurnFailed as exc:  # the planner waits for a note on every verified patch
+            note = NewTests(test=msg.test, ran=False, note=f"no test written: {exc.reason}")
+        await self.tell(self.planner, note)
 
     async def author(self, msg: VerifiedPatch) -> NewTests:
         test_file, _, _ = msg.test.partition("::")

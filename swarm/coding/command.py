@@ -29,11 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixers", type=int, default=2, metavar="N", help="fixer agents (default 2)")
     p.add_argument("--candidates", type=int, default=4, metavar="N", help="candidate patches each fixer samples a round (default 4)")
     p.add_argument("--temperature", type=float, default=0.8, help="the fixers' sampling temperature (default 0.8)")
+    p.add_argument("--rounds", type=int, metavar="N", help="rounds of candidates per failure before a fixer gives up (default: until --duration)")
 
 
 def check(args: argparse.Namespace) -> None:
     if args.fixers < 1 or args.candidates < 1:
         raise ConfigError(f"--fixers and --candidates must be at least 1, got {args.fixers} and {args.candidates}")
+    if args.rounds is not None and args.rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     if not 0 <= args.temperature < 10:
         raise ConfigError(f"--temperature must be in [0, 10), got {args.temperature}")
 
@@ -60,7 +63,7 @@ def run_team(args: argparse.Namespace) -> int:
     logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
     say = lambda text: console.print(text, style="bold cyan", markup=False)  # noqa: E731
     out = new_out_dir(session)
-    team = CodingTeam(project, out, test_cmd=args.test_cmd, fixers=args.fixers, candidates=args.candidates, temperature=args.temperature,
+    team = CodingTeam(project, out, test_cmd=args.test_cmd, fixers=args.fixers, candidates=args.candidates, temperature=args.temperature, rounds=args.rounds,
                       script=args.ask, interactive=interactive, say=say, worktree=args.project is not None)
     socket = default_socket_path()
     quiet = args.quiet or interactive  # event lines would bury the prompt: `swarm tail` shows them
