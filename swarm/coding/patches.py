@@ -52,13 +52,29 @@ def read_proposal(answer: str, files: dict[str, str], default: str | None = None
     for lang, body in fences:
         if lang not in ("", "py", "python", "python3"):
             continue
-        target = _named_file(answer, body, files) or default
-        if target is None or target not in files:
-            continue
-        new = splice(files[target], body)
-        if new is not None and new != files[target]:
-            return Proposal(make_diff(target, files[target], new), "fragment" if new != _ensure_newline(body) else "file")
+        for target in _targets(answer, body, files, default):
+            new = splice(files[target], body)
+            if new is not None and new != files[target]:
+                return Proposal(make_diff(target, files[target], new), "fragment" if new != _ensure_newline(body.strip("\n")) else "file")
     return None
+
+
+def _targets(answer: str, body: str, files: dict[str, str], default: str | None) -> list[str]:
+    """The files a fenced block may be for, likeliest first: those defining every
+    function and class it defines, the one named before it, the default, the only one."""
+    names = _defined(body)
+    defining = [path for path, text in files.items() if names and names <= _defined(text)]
+    named = _named_file(answer, body, files)
+    order = defining + [named, default] + (list(files) if len(files) == 1 else [])
+    return list(dict.fromkeys(t for t in order if t is not None and t in files))
+
+
+def _defined(code: str) -> set[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
 def make_diff(path: str, old: str, new: str) -> str:
