@@ -19,6 +19,7 @@ from swarm.session import DEMO_SESSION, load_session
 
 SAMPLE_PROJECT = Path(__file__).resolve().parent.parent.parent / "agents" / "sample_project"
 DEFAULT_DURATION = 600.0
+DEMO_QUESTIONS = ["What does inventory.py do?", "status", "Why does test_total_is_quantity_times_price fail?"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,15 +57,18 @@ def run_team(args: argparse.Namespace) -> int:
             setattr(session, flag, getattr(args, flag))
     if args.no_shaping:
         session.shaping = False
-    duration = session.duration if args.duration is not None or args.session else DEFAULT_DURATION
-    session.duration = duration
+    if args.project and not args.session and args.duration is None:
+        session.duration = DEFAULT_DURATION  # (the demo keeps its own, shorter cap)
     interactive = not args.ask and sys.stdin.isatty()
+    script = args.ask
+    if script is None and not interactive and not args.project:
+        script = DEMO_QUESTIONS  # the demo's person, scripted
     console = Console(highlight=False, soft_wrap=True)
     logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
     say = lambda text: console.print(text, style="bold cyan", markup=False)  # noqa: E731
     out = new_out_dir(session)
     team = CodingTeam(project, out, test_cmd=args.test_cmd, fixers=args.fixers, candidates=args.candidates, temperature=args.temperature, rounds=args.rounds,
-                      script=args.ask, interactive=interactive, say=say, worktree=args.project is not None)
+                      script=script, interactive=interactive, interval_s=session.interval if script is DEMO_QUESTIONS else 0.0, say=say, worktree=args.project is not None)
     socket = default_socket_path()
     quiet = args.quiet or interactive  # event lines would bury the prompt: `swarm tail` shows them
     runner = SessionRunner(session, out=out, socket=socket, on_event=None if quiet else (lambda e: console.print(tail.render(e))), say=say,
@@ -79,6 +83,7 @@ def run_team(args: argparse.Namespace) -> int:
         anyio.run(runner.run)
     except KeyboardInterrupt:
         interrupted = True
+    print_swarm_summary(console, runner)
     try:
         report = team.finish(apply=args.apply, model=session.model or "")
     except ConfigError as exc:  # --apply refused: the report and patches are still written
@@ -88,3 +93,20 @@ def run_team(args: argparse.Namespace) -> int:
     if team.applied:
         console.print(f"applied to {team.copy.source}: {', '.join(team.applied)}")
     return 130 if interrupted else 0
+
+
+def print_swarm_summary(console: Console, runner) -> None:
+    """What the person felt (foreground wait, TTFT, ITL against the idle engine), as `swarm run` prints it."""
+    import statistics
+
+    from runtime.events import read_events
+    from swarm.commands.run import print_summary
+    from swarm.summary import summarize
+
+    events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
+    swarm = getattr(runner, "swarm", None)
+    owner = getattr(swarm, "owner", None)
+    overhead = statistics.median(owner.overhead_seconds) if owner is not None and owner.overhead_seconds else 0.0
+    engine = runner.engine
+    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, getattr(getattr(swarm, "config", None), "prefill_chunk", 512), overhead)
+    print_summary(console, summary, runner)

@@ -44,6 +44,7 @@ class CodingTeam:
         tester: bool = True,
         script: Sequence[str] | None = None,
         interactive: bool = False,
+        interval_s: float = 0.0,
         say: Callable[[str], None] | None = None,
         sandbox: Sandbox | None = None,
         worktree: bool = True,
@@ -64,7 +65,7 @@ class CodingTeam:
         self.tester = TestAuthor("tester", tools=self.tools) if tester else None
         self.planner = Planner(
             "planner", tools=self.tools, fixers=names, reviewer="reviewer" if reviewer else None, tester="tester" if tester else None,
-            script=script, interactive=interactive, say=say,
+            script=script, interactive=interactive, interval_s=interval_s, say=say,
         )
         self.agents: list[Any] = [*self.fixers, *filter(None, (self.reviewer, self.tester)), self.planner]
         self.final: Judgement | None = None
