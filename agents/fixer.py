@@ -12,6 +12,7 @@ verified, the best one and what its tests said go into the next round's prompt.
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Any
 
 import anyio
@@ -66,7 +67,7 @@ class Fixer(CodingAgent):
             async def candidate(i: int) -> None:
                 nonlocal tried, tokens
                 sampling = self.sampling if self.sampling.greedy else Sampling(
-                    temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=hash((self.name, failure.test, round_, i)) & 0x7FFFFFFF)
+                    temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=zlib.crc32(f"{self.name} {failure.test} {round_} {i}".encode()))
                 try:
                     answer = await self.answer(TEAM_SYSTEM, prompt, max_tokens=self.max_tokens, sampling=sampling)
                 except TurnFailed:

@@ -64,8 +64,9 @@ class Planner(CodingAgent):
         self.baseline = await self.use("run_tests", self.tools.run_tests())
         self.say(f"{self.name}> tests before: {self.baseline.summary()}")
         self.failures = [Failure(t, self.baseline.messages.get(t, "")) for t in self.baseline.failing]
-        for i, failure in enumerate(self.failures):
-            await self.tell(self.fixers[i % len(self.fixers)], FixRequest(failure))
+        # Every failure to a fixer, round robin; spare fixers double up on the first ones.
+        for i in range(max(len(self.failures), len(self.fixers)) if self.failures else 0):
+            await self.tell(self.fixers[i % len(self.fixers)], FixRequest(self.failures[i % len(self.failures)]))
         self._check_done()
         if self.interactive:
             async with anyio.create_task_group() as group:
@@ -124,6 +125,9 @@ class Planner(CodingAgent):
 
     @handler
     async def fixed(self, msg: FixResult) -> None:
+        known = self.results.get(msg.test)
+        if known is not None and (known.verified or not msg.verified):
+            return  # a second fixer on the same failure: the first verified fix stands
         self.results[msg.test] = msg
         if msg.verified:
             for test in msg.fixed or [msg.test]:

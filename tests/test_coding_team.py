@@ -85,9 +85,10 @@ def test_a_right_answer_is_verified_reviewed_tested_reported_and_applied(tmp_pat
     assert "return a + b" in (project / "calc.py").read_text()
     assert (project / "test_calc.py").read_text() == TESTS
     assert "test_add_negatives" in (project / "test_swarm_test_add.py").read_text()
-    # The fixers' candidates shared one prompt: the project's code, then the failure.
+    # Both fixers took the one failure, and all their candidates shared one prompt:
+    # the project's code, then the failure.
     fixer_prompts = [p for p in engine.asked if "Reply with the corrected function" in p]
-    assert len(fixer_prompts) == 3 and len(set(fixer_prompts)) == 1
+    assert len(fixer_prompts) == 2 * 3 and len(set(fixer_prompts)) == 1
 
 
 def test_garbage_is_never_verified_and_the_tree_is_untouched(tmp_path: Path) -> None:
