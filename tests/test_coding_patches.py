@@ -13,7 +13,7 @@ import pytest
 from runtime.errors import ConfigError
 from swarm.coding.patches import read_proposal, splice
 from swarm.coding.project import ProjectCopy, apply_patch
-from swarm.coding.sandbox import Sandbox
+from swarm.coding.sandbox import Limits, Sandbox
 from swarm.coding.testing import CommandRunner, detect_runner
 from swarm.coding.tools import Toolbox
 
@@ -136,3 +136,23 @@ def test_no_tests_is_a_clear_error_and_a_test_command_is_taken(tmp_path: Path) -
     with pytest.raises(ConfigError, match="--test-cmd"):
         detect_runner(tmp_path)
     assert isinstance(detect_runner(tmp_path, "make check"), CommandRunner)
+
+
+def test_a_test_run_that_hangs_or_floods_is_cut_off_and_reported(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "test_slow.py").write_text("import time\n\n\ndef test_sleeps():\n    time.sleep(10_000)\n")
+    (project / "test_loud.py").write_text("def test_floods():\n    while True:\n        print('x' * 1000)\n")
+    copy = ProjectCopy.create(project, tmp_path / "out")
+    for selected, why in ((["test_slow.py"], "timeout"), (["-s", "test_loud.py"], "output flood")):
+        box = Toolbox(copy, detect_runner(copy.copy), Sandbox(Limits(timeout_s=20, output_bytes=100_000)), tmp_path / "out" / "scratch")
+        report = anyio.run(box.run_tests, selected)
+        assert report.cut_off is not None and report.cut_off.startswith(why)
+        assert not report.ran and report.summary().startswith("cut off: ")
+
+
+def test_candidates_get_a_timeout_scaled_to_the_baseline(tmp_path: Path) -> None:
+    box = toolbox(make_project(tmp_path / "proj", git=False), tmp_path / "out")
+    assert box.sandbox.limits.timeout_s == Limits().timeout_s
+    baseline = anyio.run(box.run_tests)
+    assert box.sandbox.limits.timeout_s == min(Limits().timeout_s, max(30.0, 10 * baseline.seconds))

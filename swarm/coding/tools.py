@@ -20,6 +20,7 @@ import re
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -90,6 +91,11 @@ class Toolbox:
         report = await self._timed("run_tests", lambda: self._test(None, selected)[1])
         if self.baseline is None and not selected:
             self.baseline = report
+            if not report.cut_off:
+                # A candidate that loops forever is cut off long before the sandbox's own
+                # limit: ten times what the whole suite took, and at least 30 s.
+                limits = replace(self.sandbox.limits, timeout_s=min(self.sandbox.limits.timeout_s, max(30.0, 10 * report.seconds)))
+                self.sandbox = Sandbox(limits, kind=self.sandbox.kind)
         return report
 
     async def propose_patch(self, diff: str, targets: Sequence[str] | None = None) -> Judgement:
