@@ -97,10 +97,18 @@ class CodingAgent(RecordingAgent):
         code = [f for f in files if f.endswith(".py") and not _is_test(f)]
         return {f: await self.use("read_file", self.tools.read_file(f)) for f in code}
 
-    async def project_context(self, limit: int = SOURCE_CHARS) -> str:
-        """The project's code, as the shared start of every prompt about it."""
+    async def project_context(self, limit: int = SOURCE_CHARS, mentioned_in: str = "") -> str:
+        """The project's code, as the shared start of every prompt about it, up to
+        `limit` characters. Where it does not all fit, the files named in
+        `mentioned_in` (a traceback, a question) go first; where it does, the order
+        stays the same for every prompt, so they all share it (the prefix cache)."""
+        files = await self.source_files()
+        order = list(files)
+        if sum(len(text) + 30 for text in files.values()) > limit:
+            order.sort(key=lambda path: path.rsplit("/", 1)[-1] not in mentioned_in)
         parts, used = [], 0
-        for path, text in (await self.source_files()).items():
+        for path in order:
+            text = files[path]
             block = f"File {path}:\n```python\n{clip(text, max(200, limit - used))}\n```\n"
             parts.append(block)
             used += len(block)

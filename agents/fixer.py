@@ -53,7 +53,7 @@ class Fixer(CodingAgent):
         targets = targets or [failure.test]
         started = time.monotonic()
         files = await self.source_files()
-        context = await self.project_context()
+        context = await self.project_context(mentioned_in=failure.message)
         test_code = await self.test_source(failure.test)
         seen: dict[str, Judgement] = {}  # a diff tested once is not tested again
         tried = tokens = round_ = 0

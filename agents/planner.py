@@ -105,7 +105,7 @@ class Planner(CodingAgent):
     async def handle(self, question: str) -> str:
         if question.strip().lower() == "status":
             return self.status()
-        context = await self.project_context(4000)
+        context = await self.project_context(4000, mentioned_in=question)
         try:
             reply = await self.answer(TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}",
                                       max_tokens=self.max_tokens)

@@ -105,3 +105,20 @@ def test_garbage_is_never_verified_and_the_tree_is_untouched(tmp_path: Path) -> 
     # The second round was told why the first failed.
     fixer_prompts = [p for p in engine.asked if "Reply with the corrected function" in p]
     assert "An earlier attempt" not in fixer_prompts[0] and "did not" in fixer_prompts[-1]
+
+
+def test_the_files_a_traceback_names_come_first_only_when_not_all_fit(tmp_path: Path) -> None:
+    from agents.coding import CodingAgent
+    from swarm.coding.project import ProjectCopy
+    from swarm.coding.sandbox import Sandbox
+    from swarm.coding.testing import detect_runner
+    from swarm.coding.tools import Toolbox
+
+    project = make_repo(tmp_path / "proj")
+    (project / "big.py").write_text("X = 1\n" * 1000)
+    copy = ProjectCopy.create(project, tmp_path / "out", worktree=False)
+    agent = CodingAgent("a", 0, tools=Toolbox(copy, detect_runner(copy.copy), Sandbox(), tmp_path / "scratch"))
+    roomy = anyio.run(lambda: agent.project_context(100_000, mentioned_in="calc.py:3: in add"))
+    tight = anyio.run(lambda: agent.project_context(500, mentioned_in="calc.py:3: in add"))
+    assert roomy.index("File big.py") < roomy.index("File calc.py")  # all fits: the same order for every prompt
+    assert tight.startswith("File calc.py") and "def add" in tight
