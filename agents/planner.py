@@ -15,7 +15,6 @@ the prompt, or the last scripted question answered.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import anyio

@@ -3,7 +3,6 @@ where this machine can run it and with the plain subprocess fallback."""
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import uuid

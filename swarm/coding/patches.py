@@ -281,7 +281,3 @@ def judge(before: TestReport, after: TestReport | None, targets: list[str], diff
     still = [t for t in targets if now.get(t) != "passed"]
     broken = [t for t, o in before.outcomes.items() if o == "passed" and now.get(t) in (*FAILED, None)]
     return Judgement(applies=True, diff=diff, fixed=fixed, still_failing=still, broken=broken, diff_lines=changed, report=after)
-
-
-def touched(diff: str) -> list[str]:
-    return patch_files(diff)

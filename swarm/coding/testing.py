@@ -136,7 +136,7 @@ def _node_id(case: ET.Element) -> str:
 
 
 def has_python_tests(root: Path) -> bool:
-    for path in _walk(root):
+    for path in walk_files(root):
         name = path.name
         if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
             return True
@@ -152,7 +152,8 @@ def detect_runner(root: Path, test_cmd: str | None = None) -> Runner:
     raise ConfigError(f"no tests found in {root} (no test_*.py or *_test.py): give the command that runs them with --test-cmd")
 
 
-def _walk(root: Path):
+def walk_files(root: Path):
+    """A project's files, skipping hidden folders, caches and virtual environments."""
     stack = [root]
     while stack:
         folder = stack.pop()

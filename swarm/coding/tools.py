@@ -6,11 +6,10 @@
     run_tests(selected=())    the tests (all, or node ids), in the sandbox
     propose_patch(diff)       a unified diff: `git apply --check`, then the tests, on its own scratch copy
 
-Everything that touches the disk or runs a process runs off the event loop, and
-each call is reported to `on_tool(name, seconds, ok)` (a tool.ran event in a
-swarm): its name and duration, never its arguments or results, as with prompts.
-Agents get the toolbox they work with; when tool calls land (issue 24) these
-are the functions a model would call.
+Everything that touches the disk or runs a process runs off the event loop. An
+agent reports each call as a tool.ran event (agents.coding.CodingAgent.use): its
+name and duration, never its arguments or results, as with prompts. When tool
+calls land (issue 24) these are the functions a model would call.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import itertools
 import re
 import shutil
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,20 +28,18 @@ from runtime.errors import UsageError
 from swarm.coding.patches import Judgement, apply_in, judge
 from swarm.coding.project import ProjectCopy
 from swarm.coding.sandbox import Sandbox
-from swarm.coding.testing import Runner, TestReport, _walk
+from swarm.coding.testing import Runner, TestReport, walk_files
 
 MAX_READ_CHARS = 20_000
 
 
 class Toolbox:
-    def __init__(self, project: ProjectCopy, runner: Runner, sandbox: Sandbox, scratch: Path,
-                 on_tool: Callable[[str, float, bool], None] | None = None, keep_scratch: bool = False) -> None:
+    def __init__(self, project: ProjectCopy, runner: Runner, sandbox: Sandbox, scratch: Path, *, keep_scratch: bool = False) -> None:
         self.project = project
         self.runner = runner
         self.sandbox = sandbox
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.on_tool = on_tool
         self.keep_scratch = keep_scratch
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
@@ -54,14 +50,14 @@ class Toolbox:
         return self.project.copy
 
     async def list_files(self) -> list[str]:
-        return await self._timed("list_files", lambda: [str(p.relative_to(self.root)) for p in _walk(self.root)])
+        return await self._off_loop("list_files", lambda: [str(p.relative_to(self.root)) for p in walk_files(self.root)])
 
     async def read_file(self, path: str) -> str:
         def read() -> str:
             text = self._inside(path).read_text(errors="replace")
             return text if len(text) <= MAX_READ_CHARS else text[:MAX_READ_CHARS] + "\n... (truncated)\n"
 
-        return await self._timed("read_file", read)
+        return await self._off_loop("read_file", read)
 
     async def search(self, pattern: str, limit: int = 50) -> list[str]:
         """`path:line: text` for each line matching `pattern` (a regular expression)."""
@@ -72,7 +68,7 @@ class Toolbox:
 
         def find() -> list[str]:
             hits = []
-            for path in _walk(self.root):
+            for path in walk_files(self.root):
                 try:
                     lines = path.read_text(errors="replace").splitlines()
                 except OSError:
@@ -84,11 +80,11 @@ class Toolbox:
                             return hits
             return hits
 
-        return await self._timed("search", find)
+        return await self._off_loop("search", find)
 
     async def run_tests(self, selected: Sequence[str] = ()) -> TestReport:
         """The tests on a fresh scratch copy of the project as it stands."""
-        report = await self._timed("run_tests", lambda: self._test(None, selected)[1])
+        report = await self._off_loop("run_tests", lambda: self._test(None, selected)[1])
         if self.baseline is None and not selected:
             self.baseline = report
             if not report.cut_off:
@@ -110,7 +106,7 @@ class Toolbox:
             applied, report = self._test(diff, ())
             return judge(self.baseline, report, goal, applied.diff or diff, applies=applied.ok, error=applied.error)
 
-        return await self._timed("propose_patch", verify)
+        return await self._off_loop("propose_patch", verify)
 
     def _test(self, diff: str | None, selected: Sequence[str]):
         with self._id_lock:
@@ -135,13 +131,6 @@ class Toolbox:
             raise UsageError(f"no file {path!r} in the project")
         return full
 
-    async def _timed(self, name: str, work: Callable):
-        started = time.monotonic()
-        ok = False
-        try:
-            result = await anyio.to_thread.run_sync(work)
-            ok = True
-            return result
-        finally:
-            if self.on_tool is not None:
-                self.on_tool(name, time.monotonic() - started, ok)
+    async def _off_loop(self, name: str, work: Callable):
+        """`work` on a worker thread (`name` says which tool, for tracebacks)."""
+        return await anyio.to_thread.run_sync(work)
