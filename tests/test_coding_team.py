@@ -10,7 +10,9 @@ import subprocess
 from pathlib import Path
 
 import anyio
+import pytest
 
+from runtime.errors import ConfigError
 from swarm.coding.team import CodingTeam
 from swarm.runner import SessionRunner
 from swarm.session import Session
@@ -51,8 +53,10 @@ def snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run_team(tmp_path: Path, model, *, apply: bool, rounds: int | None = None) -> tuple[CodingTeam, ScriptedEngine, Path]:
+def run_team(tmp_path: Path, model, *, apply: bool, rounds: int | None = None, dirty: bool = False) -> tuple[CodingTeam, ScriptedEngine, Path]:
     project = make_repo(tmp_path / "proj")
+    if dirty:
+        (project / "notes.txt").write_text("mine, not committed\n")
     out = tmp_path / "out"
     out.mkdir()
     engine = ScriptedEngine(model)
@@ -61,7 +65,7 @@ def run_team(tmp_path: Path, model, *, apply: bool, rounds: int | None = None) -
     runner = SessionRunner(session, engine=engine, out=out)
     runner.agents = team.agents
     anyio.run(runner.run)
-    return team, engine, team.finish(apply=apply, model="scripted")
+    return team, engine, team.finish(apply=apply, model="scripted") if not dirty else out / "report.md"
 
 
 def test_a_right_answer_is_verified_reviewed_tested_reported_and_applied(tmp_path: Path) -> None:
@@ -122,3 +126,15 @@ def test_the_files_a_traceback_names_come_first_only_when_not_all_fit(tmp_path: 
     tight = anyio.run(lambda: agent.project_context(500, mentioned_in="calc.py:3: in add"))
     assert roomy.index("File big.py") < roomy.index("File calc.py")  # all fits: the same order for every prompt
     assert tight.startswith("File calc.py") and "def add" in tight
+
+
+def test_apply_on_a_dirty_tree_refuses_saying_what_it_would_do(tmp_path: Path) -> None:
+    team, _, report_path = run_team(tmp_path, good_model, apply=True, dirty=True)
+    before = {k: v for k, v in snapshot(tmp_path / "proj").items() if not k.startswith(".git/worktrees/")}  # (finish takes the worktree out)
+    with pytest.raises(ConfigError) as caught:
+        team.finish(apply=True, model="scripted")
+    message = str(caught.value)
+    assert "notes.txt" in message and "nothing written" in message and "calc.py" in message.split("it would")[1]
+    assert snapshot(tmp_path / "proj") == before and (tmp_path / "proj" / "calc.py").read_text() == CALC
+    assert "+    return a + b" in report_path.read_text()  # the report and patches are written all the same
+    assert (tmp_path / "out" / "patches" / "combined.patch").is_file()
