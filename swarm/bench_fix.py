@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", metavar="NAMES", help=f"comma-separated task names (default: all under {TASKS})")
     parser.add_argument("--mode", choices=("swarm", "single", "both"), default="both", help="the fixer swarm, the single-shot baseline, or both")
     parser.add_argument("--candidates", type=int, default=4, metavar="N", help="candidates a round in swarm mode (default 4)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature in swarm mode (default 0.8)")
+    parser.add_argument("--temperature", type=float, default=0.8, metavar="T", help="sampling temperature in swarm mode (default 0.8)")
     parser.add_argument("--task-timeout", type=float, default=600.0, metavar="S", help="seconds per task in swarm mode (default 600)")
     parser.add_argument("--slots", type=int, default=8, help="decode slots (default 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ask", action="append", metavar="QUESTION", help="a question for the planner, answered while the team works (repeatable; else the prompt, when stdin is a terminal)")
     p.add_argument("--fixers", type=int, default=2, metavar="N", help="fixer agents (default 2)")
     p.add_argument("--candidates", type=int, default=4, metavar="N", help="candidate patches each fixer samples a round (default 4)")
-    p.add_argument("--temperature", type=float, default=0.8, help="the fixers' sampling temperature (default 0.8)")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="the fixers' sampling temperature (default 0.8)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds of candidates per failure before a fixer gives up (default: until --duration)")
 
 

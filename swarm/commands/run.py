@@ -1,8 +1,8 @@
 """`swarm run [session.toml]`: run a swarm of agents from a session file.
 
-Without a file it runs the built-in demo: the ready-made coding agents on the
-sample project, a scripted foreground asking questions while the background
-agents keep every slot busy. It ends by itself in a few minutes.
+With --project PATH (or without a file, on the built-in sample project) it runs
+the coding team: fixers find patches for the project's failing tests, verified in
+a sandbox on a private copy, while the planner answers your questions.
 """
 
 from __future__ import annotations
