@@ -156,3 +156,42 @@ def test_candidates_get_a_timeout_scaled_to_the_baseline(tmp_path: Path) -> None
     assert box.sandbox.limits.timeout_s == Limits().timeout_s
     baseline = anyio.run(box.run_tests)
     assert box.sandbox.limits.timeout_s == min(Limits().timeout_s, max(30.0, 10 * baseline.seconds))
+
+
+INVENTORY = '''import json
+
+
+class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def remove(self, name, qty):
+        if self.items[name] <= qty:
+            raise ValueError(name)
+        self.items[name] -= qty
+
+    def total(self):
+        return sum(self.items.values()) + 1
+
+
+def helper():
+    return 1
+'''
+
+
+def test_a_method_given_alone_replaces_its_namesake_indented() -> None:
+    new = splice(INVENTORY, "def total(self):\n    return sum(self.items.values())\n")
+    assert new is not None and "    def total(self):\n        return sum(self.items.values())\n\n\ndef helper" in new
+    assert new.count("def remove") == 1 and "import json" in new
+
+
+def test_a_class_holding_some_methods_replaces_just_those() -> None:
+    fragment = "class Inventory:\n    def remove(self, name, qty):\n        if self.items[name] < qty:\n            raise ValueError(name)\n        self.items[name] -= qty\n"
+    new = splice(INVENTORY, fragment)
+    assert new is not None and "if self.items[name] < qty:" in new
+    assert "def __init__" in new and "+ 1" in new  # the methods it did not give are kept
+
+
+def test_a_fragment_that_fits_nowhere_is_no_proposal() -> None:
+    assert splice(INVENTORY, "def unrelated(x):\n    return x\n") is None
+    assert read_proposal("```python\ndef unrelated(x):\n    return x\n```", {"inventory.py": INVENTORY}) is None

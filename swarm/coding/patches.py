@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,18 +64,18 @@ def _targets(answer: str, body: str, files: dict[str, str], default: str | None)
     """The files a fenced block may be for, likeliest first: those defining every
     function and class it defines, the one named before it, the default, the only one."""
     names = _defined(body)
-    defining = [path for path, text in files.items() if names and names <= _defined(text)]
+    defining = [path for path, text in files.items() if names and names <= _defined(text, methods=True)]
     named = _named_file(answer, body, files)
     order = defining + [named, default] + (list(files) if len(files) == 1 else [])
     return list(dict.fromkeys(t for t in order if t is not None and t in files))
 
 
-def _defined(code: str) -> set[str]:
+def _defined(code: str, methods: bool = False) -> set[str]:
     try:
-        tree = ast.parse(code)
+        tree = ast.parse(textwrap.dedent(code))
     except SyntaxError:
         return set()
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return set(_slots(tree)) if methods else {n.name for n in tree.body if isinstance(n, DEFS)}
 
 
 def make_diff(path: str, old: str, new: str) -> str:
@@ -82,31 +83,76 @@ def make_diff(path: str, old: str, new: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def splice(old: str, code: str) -> str | None:
-    """`old` with `code` put in: its top-level definitions replacing those of the
-    same names when `old` has all of them, else the whole file. None if `code`
-    is not Python."""
-    code = _ensure_newline(code.strip("\n"))
+    """`old` with `code` put in. Each top-level function or class of `code`
+    replaces the definition of that name in `old`: a top-level one, else the one
+    method of that name (re-indented to fit), and a class holding only some of
+    its methods replaces just those. Code that defines what `old` does not, or
+    more than definitions, is a whole new file when it keeps at least half of
+    `old`'s top-level names. None if `code` is not Python or fits neither way."""
+    code = textwrap.dedent(code.strip("\n")) + "\n"
     try:
         new_tree = ast.parse(code)
         old_tree = ast.parse(old)
     except SyntaxError:
         return None
-    defs = [n for n in new_tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    others = [n for n in new_tree.body if n not in defs and not isinstance(n, (ast.Import, ast.ImportFrom))]
-    old_defs = {n.name: n for n in old_tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    is_fragment = defs and not others and all(d.name in old_defs for d in defs) and len(defs) < len(old_defs)
-    if not is_fragment:
-        return code
-    old_lines = old.splitlines(keepends=True)
+    slots = _slots(old_tree)
+    defs = [n for n in new_tree.body if isinstance(n, DEFS)]
+    others = [n for n in new_tree.body if not isinstance(n, (*DEFS, ast.Import, ast.ImportFrom, ast.Expr))]
     new_lines = code.splitlines(keepends=True)
-    # Replace from the bottom up so earlier line numbers stay right.
-    for d in sorted(defs, key=lambda d: old_defs[d.name].lineno, reverse=True):
-        o = old_defs[d.name]
-        start = min([o.lineno] + [x.lineno for x in o.decorator_list]) - 1
-        first = min([d.lineno] + [x.lineno for x in d.decorator_list]) - 1
-        old_lines[start:o.end_lineno] = new_lines[first:d.end_lineno]
-    return "".join(old_lines)
+    edits: list[tuple[int, int, list[str]]] = []  # (start, end) of old lines, the lines put there
+    for d in defs:
+        edits += _edits_for(d, slots, new_lines, old_tree) or [(-1, -1, [])]
+    if defs and not others and all(start >= 0 for start, _, _ in edits):
+        old_lines = old.splitlines(keepends=True)
+        for start, end, lines in sorted(edits, key=lambda e: e[0], reverse=True):  # bottom up: line numbers hold
+            old_lines[start:end] = lines
+        return "".join(old_lines)
+    old_names = {n.name for n in old_tree.body if isinstance(n, DEFS)}
+    if old_names and len(old_names & {d.name for d in defs}) * 2 < len(old_names):
+        return None  # a fragment we cannot place, not a whole file
+    return code
+
+
+def _slots(tree: ast.Module) -> dict[str, list[ast.AST]]:
+    """Where each name is defined: top-level definitions, then methods."""
+    slots: dict[str, list[ast.AST]] = {}
+    for node in tree.body:
+        if isinstance(node, DEFS):
+            slots.setdefault(node.name, []).insert(0, node)
+            if isinstance(node, ast.ClassDef):
+                for member in node.body:
+                    if isinstance(member, DEFS):
+                        slots.setdefault(member.name, []).append(member)
+    return slots
+
+
+def _edits_for(d: ast.AST, slots: dict[str, list[ast.AST]], new_lines: list[str], old_tree: ast.Module) -> list[tuple[int, int, list[str]]] | None:
+    places = slots.get(d.name, [])
+    if not places:
+        return None
+    target = places[0]
+    if isinstance(d, ast.ClassDef) and isinstance(target, ast.ClassDef):
+        old_methods = {m.name for m in target.body if isinstance(m, DEFS)}
+        new_methods = [m for m in d.body if isinstance(m, DEFS)]
+        if new_methods and len(new_methods) < len(old_methods) and all(m.name in old_methods for m in new_methods):
+            # Only some methods given: each replaces its namesake in this class.
+            members = {m.name: m for m in target.body if isinstance(m, DEFS)}
+            return [_edit(members[m.name], m, new_lines) for m in new_methods]
+    if len(places) > 1 and target.col_offset > 0:
+        return None  # a method name two classes share: no telling which
+    return [_edit(target, d, new_lines)]
+
+
+def _edit(old: ast.AST, new: ast.AST, new_lines: list[str]) -> tuple[int, int, list[str]]:
+    start = min([old.lineno] + [x.lineno for x in old.decorator_list]) - 1
+    first = min([new.lineno] + [x.lineno for x in new.decorator_list]) - 1
+    lines = textwrap.dedent("".join(new_lines[first:new.end_lineno])).splitlines(keepends=True)
+    indent = " " * old.col_offset
+    return start, old.end_lineno, [indent + line if line.strip() else line for line in lines]
 
 
 def _named_file(answer: str, body: str, files: dict[str, str]) -> str | None:
