@@ -138,3 +138,24 @@ def test_apply_on_a_dirty_tree_refuses_saying_what_it_would_do(tmp_path: Path) -
     assert snapshot(tmp_path / "proj") == before and (tmp_path / "proj" / "calc.py").read_text() == CALC
     assert "+    return a + b" in report_path.read_text()  # the report and patches are written all the same
     assert (tmp_path / "out" / "patches" / "combined.patch").is_file()
+
+
+def test_a_fix_for_one_failure_of_two_is_reported_combined_and_applied(tmp_path: Path) -> None:
+    """The other failure (mul) gets no fix: the combined patch is judged on what
+    the fixes fixed, so it is still verified, and applied."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "calc.py").write_text(CALC.replace("a * b", "a ** b"))
+    (project / "test_calc.py").write_text(TESTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    team = CodingTeam(project, out, fixers=1, candidates=2, rounds=1, reviewer=False, tester=False, worktree=False)
+    runner = SessionRunner(Session(slots=4, prefix_cache=False, workspace=str(project), duration=300), engine=ScriptedEngine(good_model), out=out)
+    runner.agents = team.agents
+    anyio.run(runner.run)
+    report = team.finish(apply=True, model="scripted").read_text()
+    results = team.planner.results
+    assert results["test_calc.py::test_add"].verified and not results["test_calc.py::test_mul"].verified
+    assert team.final is not None and team.final.verified and team.final.fixed == ["test_calc.py::test_add"]
+    assert "after (every verified fix together): 1 failed, 1 passed" in report
+    assert "return a + b" in (project / "calc.py").read_text() and "a ** b" in (project / "calc.py").read_text()

@@ -10,6 +10,7 @@ result into the user's tree.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -85,7 +86,9 @@ class CodingTeam:
             if winners:
                 for extra in (new_tests, []):
                     combined = self.combine([d for _, d in winners] + extra)
-                    self.final = anyio.run(self.tools.propose_patch, combined) if combined else None
+                    # Judged on what the fixes fixed: a failure no fix was found for still fails.
+                    fixed = sorted({t for test, _ in winners for t in self.planner.results[test].fixed} or {t for t, _ in winners})
+                    self.final = anyio.run(self.tools.propose_patch, combined, fixed) if combined else None
                     if self.final is not None and self.final.verified:
                         break
                 if combined:
@@ -114,7 +117,9 @@ class CodingTeam:
     def combine(self, diffs: list[str]) -> str:
         """The diffs applied one after another to a scratch copy, as one diff;
         one that no longer applies on top of the others is left out."""
-        tree = self.copy.scratch(self.out / "scratch" / "combined")
+        tree = self.out / "scratch" / "combined"
+        shutil.rmtree(tree, ignore_errors=True)  # (a second try, without the new tests)
+        self.copy.scratch(tree)
         files: list[str] = []
         for diff in diffs:
             if apply_in(tree, diff).ok:
