@@ -45,6 +45,7 @@ import pyopencl as cl
 
 from gpu.device import Device, select_device
 from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
+from gpu.grammar import ConstraintCompiler
 from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.inputs import StepInputs
@@ -205,6 +206,10 @@ class OpenCLEngine:
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_model(self.model)
+
+    @functools.cached_property
+    def constraints(self) -> ConstraintCompiler:
+        return ConstraintCompiler(self.tokenizer, self.config.vocab_size)
 
     @property
     def vocab_size(self) -> int:

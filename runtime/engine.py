@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 import msgspec
 
+from runtime.constraints import ConstraintChecker, TurnConstraint
 from runtime.errors import UsageError
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class Work(msgspec.Struct):
     block_table: list[int]  # the turn's KV blocks, covering start + len(tokens)
     sample: bool  # return a next token for this item
     sampling: Sampling = GREEDY
+    # Its turn's constraint, if it has one: the token sampled is one it allows.
+    constraint: TurnConstraint | None = None
 
 
 class TextCodec(Protocol):
@@ -113,6 +116,9 @@ class Engine(Protocol):
     # returns at once (the timing model, not in real time) it calls inline, since
     # a thread would only add two wake-ups to every step.
     blocking: bool
+    # Compiles and checks constraints (runtime.constraints) for the agents' side
+    # before a turn is queued; None: this engine cannot constrain a turn.
+    constraints: ConstraintChecker | None
     # What a step costs on this engine (runtime.cost): the scheduler's step shaping
     # reads it, the GPU owner feeds it every measured step.
     cost: StepCost
