@@ -158,3 +158,20 @@ async def test_a_call_to_an_unknown_tool_in_the_history_is_answered_not_run(tiny
                     break
     assert outcomes[0].status == "unknown" and "no tool named 'rm_rf'" in outcomes[0].text and "broken" in outcomes[0].text
     assert (event.tool, event.status) == ("rm_rf", "unknown")
+
+
+@pytest.mark.asyncio
+async def test_the_reviewer_answers_with_typed_findings(tiny_engine, tmp_path: Path) -> None:
+    from agents.reviewer import Finding, Review, Reviewer, Verdict
+
+    max_tokens = 200
+    with anyio.fail_after(300):
+        async with Swarm(tiny_engine, slots=1) as swarm:
+            reviewer = await spawn(swarm, Reviewer("reviewer", workspace=tmp_path, out=tmp_path / "out", rounds=0, max_tokens=max_tokens))
+            asker = await spawn(swarm, Agent("asker"))
+            verdict = await asker.ask("reviewer", Review("a.py", "x = 1 / 0\n"), timeout=300)
+    assert isinstance(verdict, Verdict) and verdict.path == "a.py"
+    assert all(isinstance(f, Finding) and f.line >= 1 and f.severity in ("info", "warning", "error") for f in verdict.findings)
+    if not verdict.findings and verdict.text != "No problems found.":
+        # held to the schema, the only way to miss it is to run out of tokens first
+        assert reviewer.records[-1].tokens == max_tokens
