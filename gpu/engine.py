@@ -33,12 +33,14 @@ temperature drawn on the device too, or their top-p candidates
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -50,13 +52,14 @@ from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
+from gpu.masks import MaskTimes, TurnMasks, timed_fill
 from gpu.model import Model, load_model
 from gpu.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
 from runtime.abandon import CHECK_POINTS
 from runtime.cost import StepCost
-from runtime.engine import Work
+from runtime.engine import DeadEnd, Work
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.units import ceil_div
 
@@ -144,6 +147,8 @@ class OpenCLEngine:
         self.launches = self.family.bind(self, self._build())
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device
         self.calibrated = False
+        self.mask_times = MaskTimes()  # what constrained rows' masks cost the host, and what the overlap hid
+        self._mask_worker: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first constrained step
 
     @property
     def kernels(self) -> str:
@@ -199,6 +204,7 @@ class OpenCLEngine:
             ones=const(ones),
             logits=f(t * cfg.vocab_size),
             found=f(t * (HEADER + 2 * CAP)),  # top-p rows' candidates (gpu.devicesampling)
+            masks=cl.Buffer(ctx, RW, 4 * t * ceil_div(cfg.vocab_size, 32)),  # constrained rows' token masks (gpu.masks)
         )  # fmt: skip
 
     # --------------------------------------------------------------- protocol
@@ -210,6 +216,11 @@ class OpenCLEngine:
     @functools.cached_property
     def constraints(self) -> ConstraintCompiler:
         return ConstraintCompiler(self.tokenizer, self.config.vocab_size)
+
+    @functools.cached_property
+    def masks(self) -> TurnMasks:
+        """Each constrained turn's place in its constraint (gpu.masks)."""
+        return TurnMasks(self.constraints)
 
     @property
     def vocab_size(self) -> int:
@@ -231,11 +242,29 @@ class OpenCLEngine:
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
-        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled])
+        masks = self._start_masks(sampled)
+        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
         if ran is None:
+            if masks is not None:
+                masks.wait()  # (a matcher is never used by two fills at once)
             return None
         tokens = iter(ran[0].tolist())
-        return [next(tokens) if w.sample else None for w in batch]
+        out = [next(tokens) if w.sample else None for w in batch]
+        if masks is not None and masks.dead:
+            raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out)], masks.dead)
+        return out
+
+    def _start_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
+        """Start computing the constrained rows' masks in the mask worker, while the
+        step is enqueued and runs; None if no row is constrained (nothing is done)."""
+        at = [i for i, w in enumerate(sampled) if w.constraint is not None]
+        if not at:
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="masks")
+        out = np.empty((len(at), self.masks.words), np.int32)
+        job = self._mask_worker.submit(timed_fill, self.masks, [sampled[i] for i in at], out)
+        return _StepMasks(at, out, job, self.mask_times, [sampled[i].turn for i in at])
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         self.kv.swap_out(turn, blocks, length)
@@ -245,6 +274,8 @@ class OpenCLEngine:
 
     def forget(self, turn: int) -> None:
         self.kv.forget(turn)
+        if "masks" in self.__dict__:
+            self.masks.forget(turn)
 
     def copy(self, source: int, target: int) -> None:
         self.kv.copy(source, target)
@@ -258,11 +289,12 @@ class OpenCLEngine:
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
-    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None,
+             masks: _StepMasks | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Enqueue the step; (the token ids of the sampled items, the logits rows
         of the sampled items where want_logits is set), or None if `abandon` was set
         before it was all enqueued. Without `samplings` (the sampled items') every
-        sampled item's id is its argmax."""
+        sampled item's id is its argmax. `masks` constrain some sampled items."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
@@ -287,7 +319,7 @@ class OpenCLEngine:
             chosen = np.flatnonzero(here)
             got = self._forward(
                 tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon,
-                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(),
+                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(), masks.part(chosen) if masks is not None else None,
             )
             if got is None:
                 return None
@@ -296,15 +328,20 @@ class OpenCLEngine:
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=()) -> tuple[np.ndarray, np.ndarray] | None:
+    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=(), masks=None) -> tuple[np.ndarray, np.ndarray] | None:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
         hot, params = plan_rows(samplings, positions)
-        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, tables=tables)  # finished below
+        rows, masked = masks if masks is not None and len(masks[0]) else (np.zeros(0, i32), None)
+        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables)  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
             launches.append((step.head, n))
+        if masked is not None:
+            # Only this launch waits for the host's masks, computed while the
+            # layers above run (gpu.masks): their copy goes just before it.
+            launches.append((_MaskLaunch(step.mask, b.masks, masked), len(rows)))
         if not want_logits.all():
             launches.append((step.argmax, n))
         if len(hot):
@@ -340,3 +377,48 @@ class OpenCLEngine:
             cl.enqueue_copy(q, ids, b.ids, is_blocking=False)
         self.whole_rows_read += read_back(q, b, ids, hot, params, samplings, positions, vocab)  # (finishes the queue)
         return ids, logits
+
+
+class _StepMasks:
+    """A step's constrained rows (by index among its sampled items) and their
+    masks, being computed in the engine's mask worker."""
+
+    def __init__(self, at: list[int], out: np.ndarray, job: concurrent.futures.Future, times: MaskTimes, turns: list[int]) -> None:
+        self.at, self.out, self.job, self.times, self.turns = at, out, job, times, turns
+        self.dead: dict[int, str] = {}
+        self._done = False
+
+    def part(self, chosen: np.ndarray) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+        """The rows of one sub-step (`chosen`: its sampled items, by index): their
+        places among its sampled rows, and a call that waits for their masks."""
+        where = {i: k for k, i in enumerate(self.at)}
+        mine = [(j, where[int(i)]) for j, i in enumerate(chosen) if int(i) in where]
+        rows = np.array([j for j, _ in mine], dtype=i32)
+        return rows, lambda: self.wait()[[k for _, k in mine]]
+
+    def wait(self) -> np.ndarray:
+        """The masks, once computed. A dead end's row is left unmasked: its token
+        is thrown away, and a row of nothing but -inf would sample nonsense."""
+        if not self._done:
+            started = time.perf_counter()
+            dead, spent = self.job.result()
+            self.times.note(len(self.at), spent, time.perf_counter() - started)
+            self.dead, self._done = dead, True
+            for k, turn in enumerate(self.turns):
+                if turn in dead:
+                    self.out[k] = -1
+        return self.out
+
+
+class _MaskLaunch:
+    """The step's one launch that waits for the host: copy the masks in, apply them."""
+
+    name, weight_bytes = "mask", 0
+
+    def __init__(self, apply, buffer: cl.Buffer, masks: Callable[[], np.ndarray]) -> None:
+        self.apply, self.buffer, self.masks = apply, buffer, masks
+
+    def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
+        self.host = np.ascontiguousarray(self.masks())  # (kept until the queue has read it: the step finishes it)
+        cl.enqueue_copy(queue, self.buffer, self.host, is_blocking=False)
+        return self.apply.enqueue(queue, rows)

@@ -25,7 +25,11 @@ from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex
 from runtime.errors import UsageError
 
 CACHED = 256  # compiled constraints kept, the least recently used dropped first
-SPECIAL = b"\xff"  # llguidance's mark for a token that is a control token, not text
+SPECIAL = b"\xff"
+# JSON as json.dumps writes it, with no room for whitespace between tokens (a
+# schema's own "x-guidance" options may say otherwise): a small model given the
+# freedom fills it with blanks.
+JSON_OPTIONS = {"whitespace_flexible": False}  # llguidance's mark for a token that is a control token, not text
 
 
 class _TokenTable:
@@ -100,7 +104,7 @@ class ConstraintCompiler:
                         return UsageError(f"{what} is not valid JSON: {exc}")
                     if not isinstance(parsed, (dict, bool)):
                         return UsageError(f"{what} must be a JSON object (or true/false), not {type(parsed).__name__}")
-                    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+                    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
                 case Regex(pattern=pattern):
                     grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
                 case Grammar(text=text, syntax=syntax):

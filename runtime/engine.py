@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 import msgspec
 
 from runtime.constraints import ConstraintChecker, TurnConstraint
-from runtime.errors import UsageError
+from runtime.errors import EngineError, UsageError
 
 if TYPE_CHECKING:
     from runtime.cost import StepCost
@@ -74,6 +74,18 @@ class Work(msgspec.Struct):
     sampling: Sampling = GREEDY
     # Its turn's constraint, if it has one: the token sampled is one it allows.
     constraint: TurnConstraint | None = None
+
+
+class DeadEnd(EngineError):
+    """What `Engine.step` raises when some of its turns' constraints allow no next
+    token: the step ran for the others. `tokens` is its result (None for the
+    dead turns' items), `reasons` why each dead turn cannot go on (its turn.failed
+    reason)."""
+
+    def __init__(self, tokens: list[int | None], reasons: dict[int, str]) -> None:
+        super().__init__("; ".join(f"turn {turn}: {why}" for turn, why in reasons.items()))
+        self.tokens = tokens
+        self.reasons = reasons
 
 
 class TextCodec(Protocol):

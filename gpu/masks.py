@@ -1,0 +1,174 @@
+"""Each constrained turn's place in its constraint, and the token masks a step applies.
+
+The engine keeps one llguidance matcher per constrained turn, by turn id. A
+matcher only ever consumes the tokens a step is given as input (a decode's
+token, a prefill's), never one it samples: so a step that is abandoned, or whose
+token is thrown away, cannot move it past what the turn really holds. Before
+each mask, `reach` brings the matcher to exactly the turn's tokens before the
+sampled position:
+
+- the new ones (normally the one token a decode carries) are consumed;
+- tokens it consumed that the turn no longer has (a step taken back) are rolled back;
+- a turn it has never seen, or lost (recomputed, moved from another owner, or
+  dropped by `forget`), is replayed from the tokens the turn has
+  (runtime.constraints.TurnConstraint.tokens).
+
+So the grammar state belongs to the turn, whatever happened to its KV.
+
+A mask is one bit per token of the logits' row (llguidance's layout, int32
+words, bit j % 32 of word j // 32), applied on the device before argmax and the
+sampler (kernels/common.cl's apply_mask). A mask with no bit set is a dead end:
+the turn fails with why (runtime.engine.DeadEnd). Where the grammar is complete and allows
+only the end of the text, the mask allows every end-of-sequence token of the
+model, so the turn ends as a free one would (stop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import llguidance
+import numpy as np
+
+from gpu.grammar import ConstraintCompiler, describe, one_line
+from runtime.constraints import Constraint
+from runtime.engine import Work
+
+i32 = np.int32
+
+
+@dataclass
+class _Place:
+    constraint: Constraint
+    matcher: llguidance.LLMatcher
+    consumed: list[int] = field(default_factory=list)  # from the constraint's start position
+
+
+class TurnMasks:
+    """The matchers of the engine's constrained turns. `fill` runs in one thread at
+    a time (the engine's mask worker); `forget` may come from any thread."""
+
+    def __init__(self, compiler: ConstraintCompiler) -> None:
+        self.compiler = compiler
+        self.words = (compiler.vocab_size + 31) // 32
+        self._places: dict[int, _Place] = {}
+        self._lock = threading.Lock()
+        # Turns forgotten since the last fill began: dropped again when the next
+        # ends, since a step launched before the forget may still bring them back.
+        self._forgotten: set[int] = set()
+        self._end_only = np.zeros(self.words, i32)  # allows every end-of-sequence token, nothing else
+        for eos in compiler.eos_ids:
+            self._end_only[eos // 32] |= i32(np.uint32(1 << (eos % 32)).view(i32))
+        self.replayed = 0  # tokens consumed to find a lost place again (tests, bench)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def fill(self, works: Sequence[Work], out: np.ndarray) -> dict[int, str]:
+        """Each work's mask (constrained, sampling works, in order) into out's rows;
+        returns the turns at a dead end, with why."""
+        dead: dict[int, str] = {}
+        try:
+            for row, work in zip(out, works):
+                why = self._fill(work, row)
+                if why is not None:
+                    dead[work.turn] = why
+        finally:
+            with self._lock:
+                for turn in self._forgotten:
+                    self._places.pop(turn, None)
+                self._forgotten.clear()
+        return dead
+
+    def forget(self, turn: int) -> None:
+        """The turn ended (or lost its place): drop its matcher, now and again at
+        the end of the next fill (the step in flight when a turn ends may still
+        hold its work, planned before it ended)."""
+        with self._lock:
+            if self._places.pop(turn, None) is not None:
+                self._forgotten.add(turn)
+
+    def _fill(self, work: Work, row: np.ndarray) -> str | None:
+        place = self._reach(work)
+        matcher = place.matcher
+        if matcher.is_error():
+            self._places.pop(work.turn, None)  # (no use keeping: the next try replays)
+            return f"{describe(place.constraint)} cannot follow the output: {one_line(matcher.get_error())}"
+        if matcher.is_stopped():
+            row[:] = self._end_only
+            return None
+        matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        if matcher.is_error():
+            return f"{describe(place.constraint)}: {one_line(matcher.get_error())}"
+        if (row & self._end_only).any():  # the grammar may end here: any of the model's ends will do
+            row |= self._end_only
+        if not row.any():
+            return f"{describe(place.constraint)} allows no next token after {len(place.consumed)} tokens of output (a dead end)"
+        return None
+
+    def _reach(self, work: Work) -> _Place:
+        """The turn's matcher, having consumed exactly its tokens before the position
+        `work` samples at."""
+        c = work.constraint
+        place = self._places.get(work.turn)
+        if place is None or place.constraint != c.constraint:
+            place = self._places[work.turn] = _Place(c.constraint, self.compiler.matcher(c.constraint))
+        end = work.start + len(work.tokens)
+        target = max(0, end - c.start)
+        first = max(work.start, c.start)  # the work's first constrained position
+        # How much of what it consumed the turn still has: all, unless the work's
+        # tokens say otherwise (or the turn is shorter now).
+        keep = min(len(place.consumed), target)
+        overlap = min(end, c.start + keep)
+        if first < overlap:
+            mine = place.consumed[first - c.start : overlap - c.start]
+            theirs = work.tokens[first - work.start : overlap - work.start]
+            if mine != theirs:
+                keep = first - c.start + next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+        if keep < len(place.consumed):
+            back = len(place.consumed) - keep
+            if place.matcher.rollback(back):
+                del place.consumed[keep:]
+            else:  # (beyond what it can undo: start again)
+                place = self._places[work.turn] = _Place(c.constraint, self.compiler.matcher(c.constraint))
+                keep = 0
+        at = c.start + keep  # the next position to consume
+        if at >= target + c.start:
+            return place
+        new = c.tokens(at, first) if at < first else []
+        self.replayed += len(new)
+        new += work.tokens[max(at, first) - work.start :]
+        if new:
+            place.matcher.consume_tokens(new)  # (a token it does not allow puts it in its error state: _fill says so)
+            place.consumed += new
+        return place
+
+
+class MaskTimes:
+    """What the masks cost: host seconds per step spent computing them, and how
+    long a step's final launch waited for them (what the overlap did not hide)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.compute_s = 0.0
+        self.waited_s = 0.0
+        self.steps = 0
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def note(self, rows: int, compute_s: float, waited_s: float) -> None:
+        self.rows += rows
+        self.compute_s += compute_s
+        self.waited_s += waited_s
+        self.steps += 1
+
+
+def timed_fill(masks: TurnMasks, works: Sequence[Work], out: np.ndarray) -> tuple[dict[int, str], float]:
+    """`masks.fill`, and how long it took (what runs in the mask worker)."""
+    started = time.perf_counter()
+    dead = masks.fill(works, out)
+    return dead, time.perf_counter() - started
