@@ -204,8 +204,11 @@ class Agent(Actor):
         tool_timeout_s: float | None = 60.0,
         max_tokens: int = 256,
         sampling: Sampling = GREEDY,
+        transcript: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Let the model call `tools` until it answers; return the answer.
+        """Let the model call `tools` until it answers; return the answer. Pass a
+        `transcript` list to get the whole conversation in it: the prompt's
+        messages, each round's calls and the tools' results.
 
         Each round is a turn of its own: the model's calls are parsed, the tools
         run (the turn has ended, so its slot is free for others meanwhile), and
@@ -219,7 +222,8 @@ class Agent(Actor):
             raise UsageError(f"agent {self.name!r}: max_rounds must be an int >= 1, got {max_rounds!r}")
         by_name = tools_by_name(list(tools))
         specs = [t.spec for t in by_name.values()]
-        messages = self._messages(prompt)
+        messages = transcript if transcript is not None else []
+        messages += self._messages(prompt)
         for round_ in range(max_rounds + 1):
             choice = "none" if round_ == max_rounds else tool_choice if round_ == 0 else "auto" if tool_choice != "none" else "none"
             async with self.generate(

@@ -227,6 +227,9 @@ def _call_schema(spec: ToolSpec) -> dict[str, Any]:
         "properties": {"name": {"const": spec.name}, "arguments": parameters},
         "required": ["name", "arguments"],
         "additionalProperties": False,
+        # Written as json.dumps writes it (and Qwen's template renders calls): no
+        # room for a noisy model to pad a call with whitespace until it runs out.
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
     }
     schema.update(lifted)
     return schema

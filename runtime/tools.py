@@ -160,7 +160,7 @@ def _arguments_type(fn: Callable, name: str) -> type[msgspec.Struct]:
     writes the schema from and decodes the model's arguments into."""
     try:
         signature = inspect.signature(fn)
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)  # Annotated constraints are schema too
     except (TypeError, ValueError, NameError) as exc:
         raise UsageError(f"tool {name!r}: cannot read its signature ({exc})") from None
     fields: list[tuple[Any, ...]] = []

@@ -8,7 +8,7 @@ text is accepted when the matcher takes each of its bytes and ends accepting.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 import anyio
 import llguidance
@@ -77,6 +77,13 @@ def test_a_tools_schema_comes_from_its_type_hints() -> None:
     assert params["properties"]["place"] == {"$ref": "#/$defs/Place"}
     assert params["$defs"]["Place"]["required"] == ["city"]
     assert params["additionalProperties"] is False
+
+
+def test_annotated_limits_are_part_of_the_schema() -> None:
+    def short(word: Annotated[str, msgspec.Meta(pattern="^[a-z]+$", max_length=6)]) -> str:
+        return word
+
+    assert Tool.of(short).spec.parameters["properties"]["word"] == {"type": "string", "pattern": "^[a-z]+$", "maxLength": 6}
 
 
 def test_a_tool_is_called_with_its_arguments_decoded_to_their_types() -> None:
