@@ -67,11 +67,14 @@ class ToolCallFormat:
 
     # ----------------------------------------------------------- the grammar
 
-    def grammar(self, specs: Sequence[ToolSpec], choice: ToolChoice = "auto", *, parallel: bool = True) -> str | None:
+    def grammar(
+        self, specs: Sequence[ToolSpec], choice: ToolChoice = "auto", *, parallel: bool = True, answer_schema: dict[str, Any] | None = None,
+    ) -> str | None:
         """The Lark grammar a turn is decoded under, or None for an unconstrained
         turn (`none`: a plain answer). `auto` takes an answer that never opens a
-        call block, or one or more calls; `required` one or more calls; a tool's
-        name, exactly one call of it. Without `parallel`, at most one call."""
+        call block (JSON of `answer_schema`, if given), or one or more calls;
+        `required` one or more calls; a tool's name, exactly one call of it.
+        Without `parallel`, at most one call."""
         if choice == "none":
             return None
         if choice not in ("auto", "required"):
@@ -91,7 +94,10 @@ class ToolCallFormat:
             # An answer may say anything but the call block's opening: a call is only
             # ever made through the rules below, so it always names a real tool.
             opening = re.escape(self.call_open.strip())
-            lines = ["start: ANSWER | calls", f"ANSWER: /(?s:.+)/ & ~/(?s:.*{opening}.*)/", *lines]
+            if answer_schema is not None:
+                lines = ["start: answer | calls", f"answer: %json{json.dumps(answer_schema)}", *lines]
+            else:
+                lines = ["start: ANSWER | calls", f"ANSWER: /(?s:.+)/ & ~/(?s:.*{opening}.*)/", *lines]
         else:
             lines = ["start: calls", *lines]
         return "\n".join(lines) + "\n"
@@ -105,7 +111,7 @@ class ToolCallFormat:
         pattern = re.escape(self.call_open.strip()) + r"\s*(.*?)\s*" + re.escape(self.call_close.strip())
 
         def take(match: re.Match[str]) -> str:
-            call = _read_call(match.group(1))
+            call = read_call(match.group(1))
             if call is None:
                 return match.group(0)
             calls.append(call)
@@ -206,7 +212,7 @@ def _name_and_arguments(call: Any) -> tuple[str, str]:
     return function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
-def _read_call(body: str) -> ToolCall | None:
+def read_call(body: str) -> ToolCall | None:
     try:
         raw = json.loads(body)
     except ValueError:

@@ -92,7 +92,7 @@ class Gateway:
             raise RequestError("this engine has no tokenizer", status=503, type="server_error")
         try:
             if spec.messages is not None:
-                ids = self.tokenizer.chat(spec.messages)
+                ids = self.tokenizer.chat(spec.messages, tools=spec.tools.tools)
             elif spec.text is not None:
                 ids = self.tokenizer.encode(spec.text)
             else:
@@ -152,7 +152,8 @@ class Gateway:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
                 with on_behalf(MAILBOX):
-                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+                    constraint = spec.tools.constraint(self.tokenizer.tool_format)
+                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint)
             except UsageError as exc:
                 raise RequestError(str(exc)) from None
             served = ServedTurn(self, caller, handle, spec, arrived)
@@ -161,6 +162,9 @@ class Gateway:
                     await stack.enter_async_context(handle)
                 except TurnError as exc:  # the GPU owner has stopped
                     raise RequestError(str(exc), status=503, type="server_error", code="shutting_down") from None
+                except UsageError as exc:  # a schema the grammar engine cannot follow, named
+                    param = "tools" if spec.tools.may_call else "response_format"
+                    raise RequestError(str(exc), param=param, code="unsupported_schema") from None
                 self._track(handle.id, served)
                 try:
                     yield served
