@@ -196,3 +196,36 @@ def test_a_conversation_with_calls_folds_into_plain_messages_for_a_template_with
     assert folded[3]["content"] == "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"
     # Hugging Face templates take a call's arguments as an object
     assert template_messages(messages)[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1, "b": 2}
+
+
+CONVERSATION = [
+    {"role": "user", "content": "add 1 and 2"},
+    {"role": "assistant", "content": None, "tool_calls": [ToolCall("call_1", "add", '{"a": 1, "b": 2}').as_openai()]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+]
+
+
+@pytest.mark.fetched_model
+def test_the_fold_writes_tools_calls_and_results_word_for_word_as_qwens_own_template() -> None:
+    from gpu.catalogue import CATALOGUE
+    from gpu.fetch import cached
+    from gpu.model import load_model
+    from gpu.tokenizer import Tokenizer
+
+    path = cached(CATALOGUE["qwen2.5-coder-0.5b"])
+    if path is None:
+        pytest.skip("qwen2.5-coder-0.5b is not in the model cache; fetch it with `swarm models --fetch qwen2.5-coder-0.5b`")
+    qwen = Tokenizer.from_model(load_model(path))
+    native = qwen.render_chat(CONVERSATION, tools=SPECS)  # Qwen's template reads `tools` itself
+    system = {"role": "system", "content": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."}
+    folded = qwen.render_chat(HERMES.fold([system, *CONVERSATION], SPECS))  # as SmolLM2 and Gemma get it
+    assert native == folded
+
+
+def test_a_template_without_tools_gets_them_folded_in(tiny_model) -> None:
+    from gpu.tokenizer import Tokenizer
+
+    text = Tokenizer.from_model(tiny_model).render_chat(CONVERSATION, tools=SPECS)
+    assert "<tools>\n" in text and '"name": "weather"' in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>' in text
+    assert "<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>" in text
