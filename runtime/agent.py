@@ -159,6 +159,8 @@ class Agent(Actor):
             raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
         if not isinstance(ignore_eos, bool):
             raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
+        if not isinstance(tool_choice, str) or not isinstance(parallel_tool_calls, bool):
+            raise UsageError(f"agent {self.name!r}: tool_choice is auto, none, required or a tool's name, and parallel_tool_calls a bool")
         specs = [t if isinstance(t, ToolSpec) else Tool.of(t).spec for t in tools]
         shorthand = _constraint_from(schema=schema, regex=regex, grammar=grammar, choices=choices)
         if specs:

@@ -118,7 +118,10 @@ class ToolCallFormat:
             return ""
 
         rest = re.sub(pattern, take, text, flags=re.DOTALL)
-        return (rest.strip() if calls else text), calls
+        if not calls:
+            return text, calls
+        # A block left open after whole calls is one the turn ran out of tokens in.
+        return rest.split(self.call_open.strip())[0].strip(), calls
 
     def starts_call(self, text: str) -> bool | None:
         """Whether an answer that begins with `text` is a call (None: too soon to say)."""

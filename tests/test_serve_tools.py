@@ -295,3 +295,5 @@ def test_the_splitter_sends_each_call_when_its_block_closes_and_text_as_it_comes
     assert text.push("<to") == [] and text.push("day is fine") == ["<today is fine"] and text.push(" indeed") == [" indeed"]
     cut = CallSplitter(HERMES)  # out of tokens inside a call: what it wrote goes out as text
     assert cut.push('<tool_call>\n{"name": "ad') == [] and cut.finish() == ['<tool_call>\n{"name": "ad']
+    after = CallSplitter(HERMES)  # ... and after whole calls, the cut one is dropped, as parse drops it
+    assert [c.name for c in after.push(two + '\n<tool_call>\n{"na')] == ["add", "add"] and after.finish() == []

@@ -179,6 +179,8 @@ def test_calls_parse_back_and_text_that_is_no_call_stays_text() -> None:
     assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
     assert HERMES.parse("<tool_call>\nnot json\n</tool_call>") == ("<tool_call>\nnot json\n</tool_call>", [])
     assert HERMES.parse("Just an answer.") == ("Just an answer.", [])
+    cut = HERMES.parse(call_text("add", {"a": 1, "b": 2}) + '\n<tool_call>\n{"name')  # out of tokens in the second
+    assert cut[0] == "" and [c.name for c in cut[1]] == ["add"]
     assert [HERMES.starts_call(t) for t in ("<tool", "<tool_call>\n{", "Hello", "")] == [None, True, False, None]
 
 

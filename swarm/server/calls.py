@@ -181,10 +181,11 @@ class CallSplitter:
         return self._take_calls()
 
     def finish(self) -> list[str | ToolCall]:
-        """What is left at the turn's end: a call block the turn ended inside
-        (out of tokens) is sent as text, as the model wrote it."""
+        """What is left at the turn's end. A call block the turn ran out of tokens
+        in is dropped after whole calls (as `ToolCallFormat.parse` does), and sent
+        as the text the model wrote when it is all there is."""
         out: list[str | ToolCall] = self._take_calls() if self._mode == "calls" else []
-        if self._held.strip() or (self._held and not self.calls):
+        if self._held and not self.calls:
             out.append(self._held)
         self._held = ""
         return out
