@@ -96,17 +96,17 @@ class TurnMasks:
         matcher = place.matcher
         if matcher.is_error():
             self._places.pop(work.turn, None)  # (no use keeping: the next try replays)
-            return f"{describe(place.constraint)} cannot follow the output: {one_line(matcher.get_error())}"
+            return f"{describe(place.constraint)} cannot follow the turn's output so far ({_short(matcher.get_error())})"
         if matcher.is_stopped():
             row[:] = self._end_only
             return None
         matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-        if matcher.is_error():
-            return f"{describe(place.constraint)}: {one_line(matcher.get_error())}"
-        if (row & self._end_only).any():  # the grammar may end here: any of the model's ends will do
+        if not matcher.is_error() and (row & self._end_only).any():  # the grammar may end here: any of the model's ends will do
             row |= self._end_only
-        if not row.any():
-            return f"{describe(place.constraint)} allows no next token after {len(place.consumed)} tokens of output (a dead end)"
+        if matcher.is_error() or not row.any():
+            why = f": {_short(matcher.get_error())}" if matcher.is_error() else ""
+            self._places.pop(work.turn, None)
+            return f"dead end: {describe(place.constraint)} allows no token after {len(place.consumed)} tokens of output{why}"
         return None
 
     def _reach(self, work: Work) -> _Place:
@@ -172,3 +172,8 @@ def timed_fill(masks: TurnMasks, works: Sequence[Work], out: np.ndarray) -> tupl
     started = time.perf_counter()
     dead = masks.fill(works, out)
     return dead, time.perf_counter() - started
+
+
+def _short(error: str) -> str:
+    """llguidance's error without the parser state it appends."""
+    return one_line(error.split("<state>")[0]).rstrip(" :")
