@@ -237,6 +237,47 @@ def test_what_the_grammar_engine_or_the_api_cannot_take_is_a_400_naming_it(serve
     assert error["param"] == param and says in error["message"], error
 
 
+HISTORY = [
+    {"role": "user", "content": "Weather in Oslo?", "name": "alice"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 4}'},
+]
+
+
+@pytest.mark.parametrize("params", [
+    {"tools": TOOLS, "tool_choice": "none", "max_tokens": 16},
+    {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": True},
+    {"response_format": {"type": "json_object"}, "max_tokens": 40},
+    {"response_format": {"type": "text"}, "max_tokens": 8},
+    {"tools": TOOLS, "tool_choice": "required", "messages": HISTORY},
+], ids=["none", "required-single", "named-parallel", "json_object", "text", "history"])
+def test_streamed_and_whole_say_the_same(client: openai.OpenAI, params: dict[str, Any]) -> None:
+    params = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": [{"role": "user", "content": "Weather in Paris?"}], **params}
+    whole = client.chat.completions.create(model=MODEL, **params).choices[0]
+    content, calls = "", {}
+    finish = None
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **params):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for d in delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+            call["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    got = [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+    assert (content, got, finish) == (
+        whole.message.content or "", [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []], whole.finish_reason,
+    )
+    for name, arguments in got:
+        check_call(name, arguments)
+    if "tool_choice" in params and params["tool_choice"] != "none":
+        assert finish == "tool_calls" and got
+    if params.get("parallel_tool_calls") is False or isinstance(params.get("tool_choice"), dict):
+        assert len(got) == 1
+
+
 # ------------------------------------------------------------------ LangChain
 
 
