@@ -76,6 +76,15 @@ def _constraint_from(*, schema: Any, regex: str | None, grammar: str | None, cho
     return found
 
 
+def _round_choice(tool_choice: ToolChoice, round_: int, max_rounds: int) -> ToolChoice:
+    """The tool choice of one round of a tool loop: the caller's for the first,
+    "auto" after it (a required or named call would never let the model answer),
+    and "none" for the last, when the rounds of calls are spent."""
+    if round_ == max_rounds or tool_choice == "none":
+        return "none"
+    return tool_choice if round_ == 0 else "auto"
+
+
 def check_max_tokens(agent: str, max_tokens: object) -> None:
     """For agents that take a max_tokens setting: refuse a bad one when they are
     built, not at their first turn."""
@@ -227,7 +236,7 @@ class Agent(Actor):
         messages = transcript if transcript is not None else []
         messages += self._messages(prompt)
         for round_ in range(max_rounds + 1):
-            choice = "none" if round_ == max_rounds else tool_choice if round_ == 0 else "auto" if tool_choice != "none" else "none"
+            choice = _round_choice(tool_choice, round_, max_rounds)
             async with self.generate(
                 messages, tools=specs, tool_choice=choice, parallel_tool_calls=parallel_tool_calls, max_tokens=max_tokens, sampling=sampling,
             ) as turn:
