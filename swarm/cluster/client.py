@@ -154,6 +154,7 @@ class ClusterGPU:
             agent is told so), else the turn is set to move."""
             nonlocal moved_at
             if (logged := self.ends.owner_lost(owner, turn_id)) is not None:
+                self._owner_gone(owner)
                 tell(_as_told(logged, len(tokens)))
                 return True
             moved_at = self._lose(owner, turn_id, request, tokens, tell)
@@ -259,10 +260,13 @@ class ClusterGPU:
             return msgspec.structs.replace(event, t=t, tokens=len(tokens))
         return msgspec.structs.replace(event, t=t)
 
-    def _lose(self, owner: str, turn_id: int, request: TurnRequest, tokens: list[int], tell: Callable[[Any], None]) -> float:
+    def _owner_gone(self, owner: str) -> None:
         if owner in self.router.live:
             log.warning("GPU owner %s is lost; moving its turns", owner)
             self.router.lost(owner)
+
+    def _lose(self, owner: str, turn_id: int, request: TurnRequest, tokens: list[int], tell: Callable[[Any], None]) -> float:
+        self._owner_gone(owner)
         self.moves += 1
         now = self.bus.now()
         paused = Preempted(t=now, step=0, turn=turn_id, agent=request.agent, priority=self._priority_of(request)(), tokens=len(tokens), reason=f"owner {owner} lost")
