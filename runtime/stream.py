@@ -242,17 +242,17 @@ class _Room:
         if self.size is None:
             return
         # Each queued line costs its length and about a kilobyte of bookkeeping.
-        while self._used() + n + 1024 + self.RESERVE > self.size:
-            if self._used() * 4 <= self.size:
-                # Writable, and still short: a line longer than most of the buffer.
-                # It goes out as the send finds room (never woken for nothing).
-                return
+        if self._used() + n + 1024 + self.RESERVE <= self.size:
+            return
+        if self._used() * 4 > self.size:  # not writable: sleep until the viewer reads
             self.waits.waiting += 1
             try:
                 await anyio.wait_writable(self.sock)
             finally:
                 self.waits.waiting -= 1
             self.waits.wakeups += 1
+        # Writable: three quarters of the buffer are free, room for any line but
+        # one longer than most of it, which goes out as the send finds room.
 
 
 async def _hang_up_on_eof(stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
