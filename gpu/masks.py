@@ -26,7 +26,6 @@ model, so the turn ends as a free one would (stop).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -148,30 +147,21 @@ class TurnMasks:
 
 
 class MaskTimes:
-    """What the masks cost: host seconds per step spent computing them, and how
-    long a step's final launch waited for them (what the overlap did not hide)."""
+    """What the masks cost: host seconds computing them, and of those, the
+    seconds the device ran out of queued work before they were done (not hidden)."""
 
     def __init__(self) -> None:
-        self.rows = 0
-        self.compute_s = 0.0
-        self.waited_s = 0.0
-        self.steps = 0
+        self.clear()
 
     def clear(self) -> None:
-        self.__init__()
+        self.rows = self.steps = 0
+        self.compute_s = self.exposed_s = 0.0
 
-    def note(self, rows: int, compute_s: float, waited_s: float) -> None:
+    def note(self, rows: int, compute_s: float, exposed_s: float) -> None:
         self.rows += rows
         self.compute_s += compute_s
-        self.waited_s += waited_s
+        self.exposed_s += exposed_s
         self.steps += 1
-
-
-def timed_fill(masks: TurnMasks, works: Sequence[Work], out: np.ndarray) -> tuple[dict[int, str], float]:
-    """`masks.fill`, and how long it took (what runs in the mask worker)."""
-    started = time.perf_counter()
-    dead = masks.fill(works, out)
-    return dead, time.perf_counter() - started
 
 
 def _short(error: str) -> str:
