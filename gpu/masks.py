@@ -35,6 +35,7 @@ import numpy as np
 from gpu.grammar import ConstraintCompiler, describe, one_line
 from runtime.constraints import Constraint
 from runtime.engine import Work
+from runtime.errors import UsageError
 
 i32 = np.int32
 
@@ -72,7 +73,10 @@ class TurnMasks:
         dead: dict[int, str] = {}
         try:
             for row, work in zip(out, works):
-                why = self._fill(work, row)
+                try:
+                    why = self._fill(work, row)
+                except UsageError as exc:  # (a request sent past the agents' check: only its turn fails)
+                    why = str(exc)
                 if why is not None:
                     dead[work.turn] = why
         finally:
