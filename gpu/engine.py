@@ -345,24 +345,27 @@ class OpenCLEngine:
         # What was enqueued finishes; the K/V it wrote is rewritten when the batch
         # runs again.
         grouped, every = abandon is not None or self.device.is_cpu, -(-len(launches) // CHECK_POINTS)
-        # The masks are computed once the device has work queued to run meanwhile:
-        # grouped, at the third check point (two groups queued, the waits give it
-        # no more), else once the layers are all enqueued, just before their launch.
+        # The masks are computed while the device has work queued to run meanwhile:
+        # grouped, a share at each check point from the third on (two groups
+        # queued: the waits give it no more), so the queue never runs dry for
+        # long; else once the layers are all enqueued, just before their launch.
         fill_at = 2 * every if grouped else mask_at
+        if masked is not None and grouped:
+            share = -(-len(masked.picks) // max(1, len(range(fill_at, mask_at + 1, every))))
         checked: cl.Event | None = None
         event = None
         for i, (launch, size) in enumerate(launches):
             if grouped and i % every == 0:
                 marker = cl.enqueue_marker(q)
-                if masked is not None and i >= fill_at:
-                    masked.fill(marker)
+                if masked is not None and fill_at <= i <= mask_at:
+                    masked.fill(marker, share)
                 if checked is not None:
                     checked.wait()  # (lets go of the GIL)
                 checked = marker
                 if abandon is not None and abandon.is_set():
                     q.finish()
                     return None
-            if masked is not None and i == fill_at:
+            if masked is not None and not grouped and i == fill_at:
                 masked.fill(event)
             event = launch.enqueue(q, size)
             if self.profile:
@@ -389,7 +392,7 @@ class _StepMasks:
         self.masks, self.works, self.at, self.times = masks, works, at, times
         self.out = np.empty((len(works), masks.words), np.int32)
         self.dead: dict[int, str] = {}
-        self.done = False
+        self.filled = 0  # rows whose masks are computed, from the first
 
     def part(self, chosen: np.ndarray) -> _RowMasks:
         """Those of one sub-step (`chosen`: its sampled items, by index)."""
@@ -397,22 +400,26 @@ class _StepMasks:
         mine = [(j, where[int(i)]) for j, i in enumerate(chosen) if int(i) in where]
         return _RowMasks(self, np.array([j for j, _ in mine], dtype=i32), [k for _, k in mine])
 
-    def fill(self, busy: cl.Event | None) -> None:
-        """Compute the masks (once), while the device runs what was enqueued up to
-        `busy`. If the device got there first, it waited for them (the masks'
-        time counts as not hidden). A dead end's row is left unmasked: its token
-        is thrown away, and a row of nothing but -inf would sample nonsense."""
-        if self.done:
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        """Compute the next `rows` masks (None: the rest), while the device runs
+        what was enqueued up to `busy`. If the device got there first, it waited
+        for them (their time counts as not hidden). A dead end's row is left
+        unmasked: its token is thrown away, and a row of nothing but -inf would
+        sample nonsense."""
+        a = self.filled
+        b = len(self.works) if rows is None else min(len(self.works), a + rows)
+        if a >= b:
             return
-        started = time.perf_counter()
-        self.dead = self.masks.fill(self.works, self.out)
+        started, cpu = time.perf_counter(), time.thread_time()
+        dead = self.masks.fill(self.works[a:b], self.out[a:b])
         spent = time.perf_counter() - started
         idle = busy is None or busy.command_execution_status == cl.command_execution_status.COMPLETE
-        self.times.note(len(self.works), spent, spent if idle else 0.0)
-        for k, work in enumerate(self.works):
-            if work.turn in self.dead:
+        self.times.note(b - a, spent, time.thread_time() - cpu, spent if idle else 0.0, first=a == 0)
+        for k in range(a, b):
+            if self.works[k].turn in dead:
                 self.out[k] = -1
-        self.done = True
+        self.dead.update(dead)
+        self.filled = b
 
 
 class _RowMasks:
@@ -421,8 +428,8 @@ class _RowMasks:
     def __init__(self, step: _StepMasks, rows: np.ndarray, picks: list[int]) -> None:
         self.step, self.rows, self.picks = step, rows, picks
 
-    def fill(self, busy: cl.Event | None) -> None:
-        self.step.fill(busy)
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        self.step.fill(busy, rows)
 
     def get(self) -> np.ndarray:
         self.step.fill(None)

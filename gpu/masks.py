@@ -151,21 +151,25 @@ class TurnMasks:
 
 
 class MaskTimes:
-    """What the masks cost: host seconds computing them, and of those, the
-    seconds the device ran out of queued work before they were done (not hidden)."""
+    """What the masks cost: host seconds computing them (wall, and the thread's
+    own CPU time: on a busy host the wall time includes waiting for a core), and
+    of those, the seconds the device ran out of queued work before they were done
+    (not hidden)."""
 
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
         self.rows = self.steps = 0
-        self.compute_s = self.exposed_s = 0.0
+        self.compute_s = self.cpu_s = self.exposed_s = 0.0
 
-    def note(self, rows: int, compute_s: float, exposed_s: float) -> None:
+    def note(self, rows: int, compute_s: float, cpu_s: float, exposed_s: float, *, first: bool) -> None:
+        """One fill of a step's masks (`first`: the step's first)."""
         self.rows += rows
         self.compute_s += compute_s
+        self.cpu_s += cpu_s
         self.exposed_s += exposed_s
-        self.steps += 1
+        self.steps += first
 
 
 def _short(error: str) -> str:
