@@ -4,23 +4,23 @@ The engine keeps one llguidance matcher per constrained turn, by turn id. A
 matcher only ever consumes the tokens a step is given as input (a decode's
 token, a prefill's), never one it samples: so a step that is abandoned, or whose
 token is thrown away, cannot move it past what the turn really holds. Before
-each mask, `reach` brings the matcher to exactly the turn's tokens before the
+each mask, `_reach` brings the matcher to exactly the turn's tokens before the
 sampled position:
 
-- the new ones (normally the one token a decode carries) are consumed;
+- the new ones (normally the one token a decode carries) are consumed; a
+  recomputed turn's prefill brings none it has not seen;
 - tokens it consumed that the turn no longer has (a step taken back) are rolled back;
-- a turn it has never seen, or lost (recomputed, moved from another owner, or
-  dropped by `forget`), is replayed from the tokens the turn has
-  (runtime.constraints.TurnConstraint.tokens).
+- a turn it has never seen (moved from another owner) or has lost (`forget`)
+  is replayed from the tokens the turn has (runtime.constraints.TurnConstraint.tokens).
 
 So the grammar state belongs to the turn, whatever happened to its KV.
 
 A mask is one bit per token of the logits' row (llguidance's layout, int32
 words, bit j % 32 of word j // 32), applied on the device before argmax and the
 sampler (kernels/common.cl's apply_mask). A mask with no bit set is a dead end:
-the turn fails with why (runtime.engine.DeadEnd). Where the grammar is complete and allows
-only the end of the text, the mask allows every end-of-sequence token of the
-model, so the turn ends as a free one would (stop).
+the turn fails with why (runtime.engine.DeadEnd). Where the grammar may end, the
+mask allows every end-of-sequence token of the model, so a turn whose grammar
+is complete ends as a free one would (stop).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class _Place:
 
 class TurnMasks:
     """The matchers of the engine's constrained turns. `fill` runs in one thread at
-    a time (the engine's mask worker); `forget` may come from any thread."""
+    a time (the engine's step thread); `forget` may come from any thread."""
 
     def __init__(self, compiler: ConstraintCompiler) -> None:
         self.compiler = compiler
