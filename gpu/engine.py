@@ -33,14 +33,13 @@ temperature drawn on the device too, or their top-p candidates
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -52,7 +51,7 @@ from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
-from gpu.masks import MaskTimes, TurnMasks, timed_fill
+from gpu.masks import MaskTimes, TurnMasks
 from gpu.model import Model, load_model
 from gpu.tokenizer import Tokenizer
 from gpu.validate import check_batch
@@ -148,7 +147,6 @@ class OpenCLEngine:
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device
         self.calibrated = False
         self.mask_times = MaskTimes()  # what constrained rows' masks cost the host, and what the overlap hid
-        self._mask_worker: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first constrained step
 
     @property
     def kernels(self) -> str:
@@ -242,11 +240,9 @@ class OpenCLEngine:
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
-        masks = self._start_masks(sampled)
+        masks = self._plan_masks(sampled)
         ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
         if ran is None:
-            if masks is not None:
-                masks.wait()  # (a matcher is never used by two fills at once)
             return None
         tokens = iter(ran[0].tolist())
         out = [next(tokens) if w.sample else None for w in batch]
@@ -254,17 +250,13 @@ class OpenCLEngine:
             raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out)], masks.dead)
         return out
 
-    def _start_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
-        """Start computing the constrained rows' masks in the mask worker, while the
-        step is enqueued and runs; None if no row is constrained (nothing is done)."""
+    def _plan_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
+        """The constrained rows, whose masks `_forward` computes while the device
+        runs the step's layers; None if no row is constrained (nothing is done)."""
         at = [i for i, w in enumerate(sampled) if w.constraint is not None]
         if not at:
             return None
-        if self._mask_worker is None:
-            self._mask_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="masks")
-        out = np.empty((len(at), self.masks.words), np.int32)
-        job = self._mask_worker.submit(timed_fill, self.masks, [sampled[i] for i in at], out)
-        return _StepMasks(at, out, job, self.mask_times, [sampled[i].turn for i in at])
+        return _StepMasks(self.masks, [sampled[i] for i in at], at, self.mask_times)
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         self.kv.swap_out(turn, blocks, length)
@@ -333,7 +325,8 @@ class OpenCLEngine:
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
         hot, params = plan_rows(samplings, positions)
-        rows, masked = masks if masks is not None and len(masks[0]) else (np.zeros(0, i32), None)
+        masked = masks if masks is not None and len(masks.rows) else None
+        rows = masked.rows if masked is not None else np.zeros(0, i32)
         self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables)  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
@@ -342,6 +335,7 @@ class OpenCLEngine:
             # Only this launch waits for the host's masks, computed while the
             # layers above run (gpu.masks): their copy goes just before it.
             launches.append((_MaskLaunch(step.mask, b.masks, masked), len(rows)))
+        mask_at = len(launches) - 1
         if not want_logits.all():
             launches.append((step.argmax, n))
         if len(hot):
@@ -351,16 +345,28 @@ class OpenCLEngine:
         # What was enqueued finishes; the K/V it wrote is rewritten when the batch
         # runs again.
         grouped, every = abandon is not None or self.device.is_cpu, -(-len(launches) // CHECK_POINTS)
+        # The masks are computed while the device has work queued to run meanwhile:
+        # grouped, a share at each check point from the third on (two groups
+        # queued: the waits give it no more), so the queue never runs dry for
+        # long; else once the layers are all enqueued, just before their launch.
+        fill_at = 2 * every if grouped else mask_at
+        if masked is not None and grouped:
+            share = -(-len(masked.picks) // max(1, len(range(fill_at, mask_at + 1, every))))
         checked: cl.Event | None = None
+        event = None
         for i, (launch, size) in enumerate(launches):
             if grouped and i % every == 0:
                 marker = cl.enqueue_marker(q)
+                if masked is not None and fill_at <= i <= mask_at:
+                    masked.fill(marker, share)
                 if checked is not None:
                     checked.wait()  # (lets go of the GIL)
                 checked = marker
                 if abandon is not None and abandon.is_set():
                     q.finish()
                     return None
+            if masked is not None and not grouped and i == fill_at:
+                masked.fill(event)
             event = launch.enqueue(q, size)
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))
@@ -380,45 +386,65 @@ class OpenCLEngine:
 
 
 class _StepMasks:
-    """A step's constrained rows (by index among its sampled items) and their
-    masks, being computed in the engine's mask worker."""
+    """A step's constrained rows (by index among its sampled items) and their masks."""
 
-    def __init__(self, at: list[int], out: np.ndarray, job: concurrent.futures.Future, times: MaskTimes, turns: list[int]) -> None:
-        self.at, self.out, self.job, self.times, self.turns = at, out, job, times, turns
+    def __init__(self, masks: TurnMasks, works: list[Work], at: list[int], times: MaskTimes) -> None:
+        self.masks, self.works, self.at, self.times = masks, works, at, times
+        self.out = np.empty((len(works), masks.words), np.int32)
         self.dead: dict[int, str] = {}
-        self._done = False
+        self.filled = 0  # rows whose masks are computed, from the first
 
-    def part(self, chosen: np.ndarray) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
-        """The rows of one sub-step (`chosen`: its sampled items, by index): their
-        places among its sampled rows, and a call that waits for their masks."""
+    def part(self, chosen: np.ndarray) -> _RowMasks:
+        """Those of one sub-step (`chosen`: its sampled items, by index)."""
         where = {i: k for k, i in enumerate(self.at)}
         mine = [(j, where[int(i)]) for j, i in enumerate(chosen) if int(i) in where]
-        rows = np.array([j for j, _ in mine], dtype=i32)
-        return rows, lambda: self.wait()[[k for _, k in mine]]
+        return _RowMasks(self, np.array([j for j, _ in mine], dtype=i32), [k for _, k in mine])
 
-    def wait(self) -> np.ndarray:
-        """The masks, once computed. A dead end's row is left unmasked: its token
-        is thrown away, and a row of nothing but -inf would sample nonsense."""
-        if not self._done:
-            started = time.perf_counter()
-            dead, spent = self.job.result()
-            self.times.note(len(self.at), spent, time.perf_counter() - started)
-            self.dead, self._done = dead, True
-            for k, turn in enumerate(self.turns):
-                if turn in dead:
-                    self.out[k] = -1
-        return self.out
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        """Compute the next `rows` masks (None: the rest), while the device runs
+        what was enqueued up to `busy`. If the device got there first, it waited
+        for them (their time counts as not hidden). A dead end's row is left
+        unmasked: its token is thrown away, and a row of nothing but -inf would
+        sample nonsense."""
+        a = self.filled
+        b = len(self.works) if rows is None else min(len(self.works), a + rows)
+        if a >= b:
+            return
+        started, cpu = time.perf_counter(), time.thread_time()
+        dead = self.masks.fill(self.works[a:b], self.out[a:b])
+        spent = time.perf_counter() - started
+        idle = busy is None or busy.command_execution_status == cl.command_execution_status.COMPLETE
+        self.times.note(b - a, spent, time.thread_time() - cpu, spent if idle else 0.0, first=a == 0)
+        for k in range(a, b):
+            if self.works[k].turn in dead:
+                self.out[k] = -1
+        self.dead.update(dead)
+        self.filled = b
+
+
+class _RowMasks:
+    """One sub-step's constrained rows (`rows`: their places among its sampled rows)."""
+
+    def __init__(self, step: _StepMasks, rows: np.ndarray, picks: list[int]) -> None:
+        self.step, self.rows, self.picks = step, rows, picks
+
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        self.step.fill(busy, rows)
+
+    def get(self) -> np.ndarray:
+        self.step.fill(None)
+        return self.step.out[self.picks]
 
 
 class _MaskLaunch:
-    """The step's one launch that waits for the host: copy the masks in, apply them."""
+    """The step's one launch that needs the host's masks: copy them in, apply them."""
 
     name, weight_bytes = "mask", 0
 
-    def __init__(self, apply, buffer: cl.Buffer, masks: Callable[[], np.ndarray]) -> None:
+    def __init__(self, apply, buffer: cl.Buffer, masks: _RowMasks) -> None:
         self.apply, self.buffer, self.masks = apply, buffer, masks
 
     def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
-        self.host = np.ascontiguousarray(self.masks())  # (kept until the queue has read it: the step finishes it)
+        self.host = np.ascontiguousarray(self.masks.get())  # (kept until the queue has read it: the step finishes it)
         cl.enqueue_copy(queue, self.buffer, self.host, is_blocking=False)
         return self.apply.enqueue(queue, rows)

@@ -4,29 +4,28 @@ The engine keeps one llguidance matcher per constrained turn, by turn id. A
 matcher only ever consumes the tokens a step is given as input (a decode's
 token, a prefill's), never one it samples: so a step that is abandoned, or whose
 token is thrown away, cannot move it past what the turn really holds. Before
-each mask, `reach` brings the matcher to exactly the turn's tokens before the
+each mask, `_reach` brings the matcher to exactly the turn's tokens before the
 sampled position:
 
-- the new ones (normally the one token a decode carries) are consumed;
+- the new ones (normally the one token a decode carries) are consumed; a
+  recomputed turn's prefill brings none it has not seen;
 - tokens it consumed that the turn no longer has (a step taken back) are rolled back;
-- a turn it has never seen, or lost (recomputed, moved from another owner, or
-  dropped by `forget`), is replayed from the tokens the turn has
-  (runtime.constraints.TurnConstraint.tokens).
+- a turn it has never seen (moved from another owner) or has lost (`forget`)
+  is replayed from the tokens the turn has (runtime.constraints.TurnConstraint.tokens).
 
 So the grammar state belongs to the turn, whatever happened to its KV.
 
 A mask is one bit per token of the logits' row (llguidance's layout, int32
 words, bit j % 32 of word j // 32), applied on the device before argmax and the
 sampler (kernels/common.cl's apply_mask). A mask with no bit set is a dead end:
-the turn fails with why (runtime.engine.DeadEnd). Where the grammar is complete and allows
-only the end of the text, the mask allows every end-of-sequence token of the
-model, so the turn ends as a free one would (stop).
+the turn fails with why (runtime.engine.DeadEnd). Where the grammar may end, the
+mask allows every end-of-sequence token of the model, so a turn whose grammar
+is complete ends as a free one would (stop).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -36,6 +35,7 @@ import numpy as np
 from gpu.grammar import ConstraintCompiler, describe, one_line
 from runtime.constraints import Constraint
 from runtime.engine import Work
+from runtime.errors import UsageError
 
 i32 = np.int32
 
@@ -49,7 +49,7 @@ class _Place:
 
 class TurnMasks:
     """The matchers of the engine's constrained turns. `fill` runs in one thread at
-    a time (the engine's mask worker); `forget` may come from any thread."""
+    a time (the engine's step thread); `forget` may come from any thread."""
 
     def __init__(self, compiler: ConstraintCompiler) -> None:
         self.compiler = compiler
@@ -73,7 +73,10 @@ class TurnMasks:
         dead: dict[int, str] = {}
         try:
             for row, work in zip(out, works):
-                why = self._fill(work, row)
+                try:
+                    why = self._fill(work, row)
+                except UsageError as exc:  # (a request sent past the agents' check: only its turn fails)
+                    why = str(exc)
                 if why is not None:
                     dead[work.turn] = why
         finally:
@@ -148,30 +151,25 @@ class TurnMasks:
 
 
 class MaskTimes:
-    """What the masks cost: host seconds per step spent computing them, and how
-    long a step's final launch waited for them (what the overlap did not hide)."""
+    """What the masks cost: host seconds computing them (wall, and the thread's
+    own CPU time: on a busy host the wall time includes waiting for a core), and
+    of those, the seconds the device ran out of queued work before they were done
+    (not hidden)."""
 
     def __init__(self) -> None:
-        self.rows = 0
-        self.compute_s = 0.0
-        self.waited_s = 0.0
-        self.steps = 0
+        self.clear()
 
     def clear(self) -> None:
-        self.__init__()
+        self.rows = self.steps = 0
+        self.compute_s = self.cpu_s = self.exposed_s = 0.0
 
-    def note(self, rows: int, compute_s: float, waited_s: float) -> None:
+    def note(self, rows: int, compute_s: float, cpu_s: float, exposed_s: float, *, first: bool) -> None:
+        """One fill of a step's masks (`first`: the step's first)."""
         self.rows += rows
         self.compute_s += compute_s
-        self.waited_s += waited_s
-        self.steps += 1
-
-
-def timed_fill(masks: TurnMasks, works: Sequence[Work], out: np.ndarray) -> tuple[dict[int, str], float]:
-    """`masks.fill`, and how long it took (what runs in the mask worker)."""
-    started = time.perf_counter()
-    dead = masks.fill(works, out)
-    return dead, time.perf_counter() - started
+        self.cpu_s += cpu_s
+        self.exposed_s += exposed_s
+        self.steps += first
 
 
 def _short(error: str) -> str:

@@ -335,3 +335,24 @@ async def test_a_finished_grammar_ends_its_turn_as_a_stop(engine: OpenCLEngine) 
                 async for _ in turn:
                     pass
     assert isinstance(turn.ended, Finished) and turn.ended.reason == "eos" and turn.text in ("yes", "no")
+
+
+@pytest.mark.asyncio
+async def test_a_bad_constraint_sent_past_the_agents_check_fails_only_its_turn(engine: OpenCLEngine) -> None:
+    from runtime.messages import TurnRequest
+
+    with anyio.fail_after(60):
+        async with Swarm(engine, slots=2) as s:
+            agent = await s.spawn(Pausable("a"))
+            answers = []
+
+            async def good() -> None:
+                answers.append(await agent.complete("hi", max_tokens=30, constraint=Choices(("yes", "no"))))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(good)
+                bad = TurnRequest(agent="a", priority=0, prompt=[5, 6], max_tokens=5, constraint=Regex("[a-"))
+                channel = await s.client.submit(s.client.new_turn_id(), bad)
+                ends = [u async for u in channel.receive if isinstance(u, Ended)]
+    assert isinstance(ends[-1], Failed) and "the regex '[a-'" in ends[-1].reason and "engine error" not in ends[-1].reason
+    assert answers[0] in ("yes", "no")
