@@ -171,6 +171,10 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
         ({**GOOD, "messages": [{"role": "user", "content": "x " * 5000}]}, {}, 400, "context_length_exceeded", "messages"),
         ({**GOOD, "model": "gpt-4"}, {}, 404, "model_not_found", "model"),
         ({**GOOD, "stream_options": {"include_usage": True}}, {}, 400, None, "stream_options"),
+        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": ' + b"[" * 1000 + b"]" * 1000 + b"}]}", {}, 400, "invalid_json", None,
+                     id="content-nested-1000-deep"),
+        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": [' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"]}]}", {}, 400, "invalid_json", None,
+                     id="content-part-nested-5000-deep"),
     ],
 )
 def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, body: Any, headers: dict[str, str], status: int, code: str | None, param: str | None) -> None:
@@ -189,6 +193,12 @@ def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, bod
 def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: str | None) -> None:
     status, _, data = server.request("POST", "/v1/completions", body)
     assert status == 400 and error_of(status, data)["param"] == param
+
+
+def test_a_deeply_nested_prompt_is_a_400_too(server: ServerProcess) -> None:
+    body = b'{"model": "tiny-serve", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    status, _, data = server.request("POST", "/v1/completions", body)
+    assert status == 400 and error_of(status, data)["code"] == "invalid_json"
 
 
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)

@@ -176,6 +176,8 @@ def _decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         raise RequestError(f"invalid request body: {text}", param=param) from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply", code="invalid_json") from None
 
 
 def _unsupported(name: str) -> RequestError:
