@@ -279,3 +279,12 @@ def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) 
     assert m["slotswarm_http_responses_total{path=/v1/chat/completions,status=400}"] >= 1
     for name in ("slotswarm_preemptions_total", "slotswarm_priority_inheritances_total", "slotswarm_waiting_turns"):
         assert name in m
+
+
+def test_the_body_priority_runs_lower_first_as_in_vllm(server: ServerProcess) -> None:
+    for agent, priority, headers in (("vllm-urgent", -10, {}), ("vllm-later", 5, {}), ("vllm-default", None, {}), ("both", -10, FG)):
+        body = {**GOOD, **({} if priority is None else {"priority": priority})}
+        status, _, data = server.request("POST", "/v1/chat/completions", body, {"X-Swarm-Agent": agent, **headers})
+        assert status == 200, data
+    queued = {e.agent: e.priority for e in server.events() if isinstance(e, Queued)}
+    assert (queued["vllm-urgent"], queued["vllm-later"], queued["vllm-default"], queued["both"]) == (10, -5, 0, 10)

@@ -1,9 +1,10 @@
 """`swarm serve`: an OpenAI-compatible endpoint where outside agents join the swarm.
 
 Each caller is an agent (X-Swarm-Agent, else the body's `user`, else one per
-connection) with a priority (the body's `priority`, or X-Swarm-Priority:
-foreground, background or an integer; background by default). A foreground
-request preempts background turns at the next token boundary.
+connection) with a priority (X-Swarm-Priority: foreground, background or an
+integer, higher first; or the body's `priority`, lower first as in vLLM;
+background by default). A foreground request preempts background turns at the
+next token boundary.
 """
 
 from __future__ import annotations

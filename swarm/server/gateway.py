@@ -77,7 +77,10 @@ class Gateway:
             raise RequestError(f"agent name {name!r} belongs to an in-process agent of this swarm; choose another", param="X-Swarm-Agent", code="invalid_agent")
         header = parse_priority(headers.get("x-swarm-priority"))
         if header is not None and spec.priority is not None and header != spec.priority:
-            raise RequestError(f"the body's priority ({spec.priority}) and X-Swarm-Priority ({header}) disagree", param="priority", code="invalid_priority")
+            raise RequestError(
+                f"the body's priority ({-spec.priority}, lower first as in vLLM) and X-Swarm-Priority ({header}, higher first) disagree",
+                param="priority", code="invalid_priority",
+            )
         priority = spec.priority if spec.priority is not None else header if header is not None else BACKGROUND
         waits_on = headers.get("x-swarm-waits-on")
         if waits_on is not None:

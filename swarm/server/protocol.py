@@ -232,7 +232,9 @@ def _common(req: _Request, kind: Literal["chat", "text"], max_tokens: int | None
         kind=kind, model=req.model, max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=req.ignore_eos,
         stream=req.stream, include_usage=options.include_usage or options.continuous_usage_stats,
         continuous_usage=options.continuous_usage_stats,
-        priority=None if req.priority is None else check_priority(req.priority, "priority"),
+        # vLLM's convention, so its clients work unchanged: lower values first, 0 by
+        # default. Negated, it is slotswarm's (higher first, background 0).
+        priority=None if req.priority is None else -check_priority(req.priority, "priority"),
         user=None if req.user is None else check_agent_name(req.user, "user"),
     )
 
