@@ -23,6 +23,7 @@ import anyio
 import msgspec
 
 from runtime.agent import Agent, TurnHandle
+from runtime.files import open_private
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.serving import MAILBOX, on_behalf
@@ -60,7 +61,7 @@ class Gateway:
         self.hurry = anyio.Event()  # set to cut the grace period short
         self._changed = anyio.Event()
         self._in_flight: dict[str, list[int]] = {}  # agent -> priorities of its requests in flight
-        self._prompt_log: IO[str] | None = open(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
+        self._prompt_log: IO[str] | None = open_private(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
 
     # --------------------------------------------------------------- callers
 

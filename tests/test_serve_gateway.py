@@ -1,0 +1,128 @@
+"""`swarm serve`'s gateway under load it must not buckle under: a huge body, a
+churn of callers, a queue bound, in this process on the KV test engine (fast,
+thousands of turns) with the tiny model's real tokenizer, so every step and
+every record can be checked. Synchronisation is explicit: threading events held
+by the test, never a sleep or a wall-clock threshold."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import httpx
+import pytest
+
+from gpu.model import load_model
+from gpu.tokenizer import Tokenizer
+from kv_engine import KVEngine
+from swarm import Swarm
+from swarm.server import ServerHandle, serve
+from swarm.server.gateway import Gateway
+from swarm.server.protocol import parse_completion
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(serve_gguf: Path) -> Tokenizer:
+    return Tokenizer.from_model(load_model(serve_gguf))
+
+
+def kv_engine(tokenizer: Any, engine_class: type[KVEngine] = KVEngine) -> KVEngine:
+    """The KV test engine speaking the tiny model's vocabulary: 16,384 positions."""
+    engine = engine_class(num_blocks=1024, block_size=16, vocab=tokenizer.vocab_size)
+    engine.tokenizer = tokenizer
+    return engine
+
+
+async def started(swarm: Swarm, tg: Any, **options: Any) -> ServerHandle:
+    return await tg.start(lambda task_status: serve(swarm, model_id=MODEL, port=0, handle_signals=False, task_status=task_status, **options))
+
+
+def chat(content: str, **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
+
+
+async def data_lines(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[len("data: "):])
+
+
+# ------------------------------------------------------------------ big bodies
+
+
+class HeldTokenizer:
+    """The tiny model's tokenizer, except that a chat longer than `big` characters
+    waits at `gate` before it is tokenized, once it has said where it runs: in a
+    worker thread it waits; on the event loop's thread it would stall everything,
+    so there it only notes `on_loop` and goes on."""
+
+    def __init__(self, real: Tokenizer, big: int) -> None:
+        self.real = real
+        self.big = big
+        self.loop_thread = threading.get_ident()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.on_loop = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def chat(self, messages: Any, add_generation_prompt: bool = True) -> list[int]:
+        if sum(len(m["content"]) for m in messages) > self.big:
+            self.on_loop = threading.get_ident() == self.loop_thread
+            self.entered.set()
+            if not self.on_loop:
+                self.gate.wait(120)
+        return self.real.chat(messages, add_generation_prompt)
+
+
+# ------------------------------------------------------------------ many callers
+
+
+# ------------------------------------------------------------------ the queue bound
+
+
+class GatedKVEngine(KVEngine):
+    """Once `hold` is set, the next step waits at `gate` (`stepping` says it has
+    begun): the owner is then busy, and whatever is submitted meanwhile waits to
+    be taken in."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.hold = threading.Event()
+        self.stepping = threading.Event()
+        self.gate = threading.Event()
+
+    def step(self, batch: Any, abandon: Any = None) -> Any:
+        if self.hold.is_set():
+            self.stepping.set()
+            self.gate.wait(120)
+        return super().step(batch, abandon)
+
+
+# ------------------------------------------------------------------ the prompt log
+
+
+@pytest.mark.asyncio
+async def test_the_prompt_log_is_private_whatever_the_umask(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    log = tmp_path / "prompts.jsonl"
+    engine = kv_engine(tokenizer)
+    old = os.umask(0)  # the most permissive: every file would be world-writable
+    try:
+        async with Swarm(engine, slots=1) as swarm, anyio.create_task_group() as tg:
+            handle = await started(swarm, tg, log_prompts=log)
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600
+            async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+                assert (await http.post("/v1/chat/completions", json=chat("a secret", max_tokens=2))).status_code == 200
+            handle.shutdown()
+    finally:
+        os.umask(old)
+    assert "a secret" in log.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
