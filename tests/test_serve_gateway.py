@@ -86,6 +86,42 @@ class HeldTokenizer:
 # ------------------------------------------------------------------ many callers
 
 
+@pytest.mark.asyncio
+async def test_ten_thousand_callers_come_and_go_and_leave_nothing_behind(tokenizer: Tokenizer) -> None:
+    engine = kv_engine(tokenizer)
+    callers = 10_000
+    async with Swarm(engine, slots=8) as swarm:
+        gateway = Gateway(swarm, model_id=MODEL)
+        waits = swarm.system.waits
+        spec_body = json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1}).encode()
+        served_ok = 0
+
+        async def one(i: int) -> None:
+            nonlocal served_ok
+            spec = parse_completion(spec_body)
+            # Every tenth caller also waits on another caller, as X-Swarm-Waits-On says.
+            headers = {"x-swarm-waits-on": f"conn-127.0.0.1:{i - 1}"} if i % 10 == 0 else {}
+            caller = gateway.caller(headers, spec, ("127.0.0.1", i))
+            async with gateway.turn(caller, spec, gateway.clock()) as served:
+                async for _ in served:
+                    pass
+            assert served.usage()["completion_tokens"] == 1
+            served_ok += 1
+
+        with anyio.fail_after(600):
+            for start in range(0, callers, 50):  # fifty at a time
+                async with anyio.create_task_group() as tg:
+                    for i in range(start, start + 50):
+                        tg.start_soon(one, i)
+        assert served_ok == callers
+        assert not gateway.turns and not gateway._in_flight
+        # The wait graph holds no trace of any caller: no base, no wait, no part.
+        assert not any(name.startswith("conn-") for name in waits._base), len(waits._base)
+        assert not waits._holders and not waits._waiters and not waits._parts
+        assert not swarm.owner.scheduler.priorities.lent
+        assert not swarm.owner.scheduler.turns
+
+
 # ------------------------------------------------------------------ the queue bound
 
 

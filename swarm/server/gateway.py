@@ -172,13 +172,22 @@ class Gateway:
                     self._untrack(handle.id)
                     self._log(served)
         finally:
-            if edge is not None:
-                waits.release(edge)
             mine = self._in_flight[caller.agent]
             mine.remove(caller.priority)
             waits.set_base(caller.agent, max(mine, default=BACKGROUND))
             if not mine:
                 del self._in_flight[caller.agent]
+            if edge is not None:
+                waits.release(edge)
+                self._forget_if_gone(edge.holder)  # a caller it waited on may have gone before it
+            self._forget_if_gone(caller.agent)
+
+    def _forget_if_gone(self, agent: str) -> None:
+        """A caller with no request in flight leaves nothing in the wait graph
+        (`forget` keeps it while someone still waits on it). In-process agents
+        keep theirs: they are alive."""
+        if agent not in self._in_flight and agent not in self.swarm.system.names():
+            self.swarm.system.waits.forget(agent)
 
     def ended_early(self, handle: TurnHandle, exc: Exception) -> RequestError:
         reason = handle.ended.reason if handle.ended else str(exc)
