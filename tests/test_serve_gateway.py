@@ -83,6 +83,60 @@ class HeldTokenizer:
         return self.real.chat(messages, add_generation_prompt)
 
 
+@pytest.mark.asyncio
+async def test_a_large_body_is_tokenized_off_the_loop_while_another_stream_goes_on(tokenizer: Tokenizer) -> None:
+    held = HeldTokenizer(tokenizer, big=10_000)
+    engine = kv_engine(held)
+    big = chat("hello " * 20_000, max_tokens=2)  # 120 KB: under the size refused untokenized, over the context once tokenized
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            body = chat("hi", max_tokens=3000, ignore_eos=True, stream=True)
+            async with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Swarm-Agent": "reader"}) as stream:
+                chunks = data_lines(stream)
+                await anext(chunks)
+                answer: list[httpx.Response] = []
+
+                async def post_big() -> None:
+                    answer.append(await http.post("/v1/chat/completions", json=big))
+
+                tg.start_soon(post_big)
+                await anyio.to_thread.run_sync(held.entered.wait, 120)
+                assert not held.on_loop, "the big prompt was tokenized on the event loop"
+                # While it is held in its worker thread, the owner steps and the stream flows.
+                steps = engine.steps
+                for _ in range(20):
+                    await anext(chunks)
+                assert engine.steps > steps
+                assert not answer  # (still held)
+                held.gate.set()
+                await anext(chunks)
+            with anyio.fail_after(120):
+                while not answer:
+                    await anyio.sleep(0.01)
+        error = answer[0].json()["error"]
+        assert answer[0].status_code == 400 and error["code"] == "context_length_exceeded", error
+        handle.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_body_too_long_for_any_tokenization_to_fit_is_refused_untokenized(tokenizer: Tokenizer) -> None:
+    held = HeldTokenizer(tokenizer, big=10_000)
+    engine = kv_engine(held)
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            reply = await http.post("/v1/chat/completions", json=chat("hello " * 650_000, max_tokens=2))  # 3.9 MB
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
+            assert "at least" in reply.json()["error"]["message"]
+            assert not held.entered.is_set()  # refused before any tokenizing
+            reply = await http.post("/v1/completions", json={"model": MODEL, "prompt": "hello " * 650_000, "max_tokens": 2})
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
+            reply = await http.post("/v1/chat/completions", json=chat("hello", max_tokens=2))
+            assert reply.status_code == 200  # and the server goes on
+        handle.shutdown()
+
+
 # ------------------------------------------------------------------ many callers
 
 

@@ -80,7 +80,8 @@ class _Api:
     async def _complete(self, request: Request, parse: Callable[[bytes], TurnSpec]) -> Response:
         arrived = self.gateway.clock()
         self.authorize(request)
-        spec = parse(await _read_body(request))
+        # In a worker thread: decoding scales with the body, and this loop drives the GPU owner.
+        spec = await anyio.to_thread.run_sync(parse, await _read_body(request), limiter=self.gateway.workers)
         if spec.model != self.gateway.model_id:
             raise RequestError(f"model {spec.model!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
         caller = self.gateway.caller(request.headers, spec, request.client and (request.client.host, request.client.port))

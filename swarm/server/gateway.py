@@ -61,6 +61,10 @@ class Gateway:
         self.hurry = anyio.Event()  # set to cut the grace period short
         self._changed = anyio.Event()
         self._in_flight: dict[str, list[int]] = {}  # agent -> priorities of its requests in flight
+        # Work that scales with a request's size (decoding its body, tokenizing) runs in
+        # worker threads, two at a time: it is CPU work, and the owner's step thread needs a core.
+        self.workers = anyio.CapacityLimiter(2)
+        self._longest_token = _longest_token(self.tokenizer)
         self._prompt_log: IO[str] | None = open_private(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
 
     # --------------------------------------------------------------- callers
@@ -90,20 +94,16 @@ class Gateway:
 
     # ----------------------------------------------------------------- turns
 
-    def prompt_ids(self, spec: TurnSpec) -> tuple[list[int], int]:
-        """The prompt's token ids and the max_tokens to run, or a 400."""
+    async def prompt_ids(self, spec: TurnSpec) -> tuple[list[int], int]:
+        """The prompt's token ids and the max_tokens to run, or a 400. Tokenizing and
+        the chat template scale with the body, so they run in a worker thread: this
+        event loop drives the GPU owner, and with it every other stream."""
         if self.tokenizer is None:
             raise RequestError("this engine has no tokenizer", status=503, type="server_error")
+        pool = self.swarm.owner.scheduler.pool
+        limit = min(self.context, pool.num_blocks * pool.block_size)  # positions a prompt must stay under
         try:
-            if spec.messages is not None:
-                ids = self.tokenizer.chat(spec.messages)
-            elif spec.text is not None:
-                ids = self.tokenizer.encode(spec.text)
-            else:
-                ids = spec.token_ids or []
-                vocab = self.tokenizer.vocab_size
-                if any(not 0 <= t < vocab for t in ids):
-                    raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
+            ids = await anyio.to_thread.run_sync(self._tokenize, spec, limit, limiter=self.workers)
         except SlotswarmError as exc:
             if isinstance(exc, RequestError):
                 raise
@@ -113,18 +113,39 @@ class Gateway:
         room = self.context - len(ids)
         if room < 1 or (spec.max_tokens is not None and spec.max_tokens > room):
             asked = f" plus {spec.max_tokens} to generate" if spec.max_tokens is not None else ""
-            raise RequestError(
-                f"this model's context is {self.context} tokens; the prompt is {len(ids)}{asked}",
-                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
-            )
+            raise self._too_long(spec, f"the prompt is {len(ids)}{asked}")
         max_tokens = spec.max_tokens if spec.max_tokens is not None else int(room)
-        pool = self.swarm.owner.scheduler.pool
         if pool.blocks_for(len(ids) + max_tokens) > pool.num_blocks:
             raise RequestError(
                 f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has ({pool.num_blocks * pool.block_size} positions)",
                 param="max_tokens", code="context_length_exceeded",
             )
         return ids, max_tokens
+
+    def _tokenize(self, spec: TurnSpec, limit: float) -> list[int]:
+        """In a worker thread. A text too long for `limit` positions even at the
+        longest token per position is refused before any work on it."""
+        if spec.messages is not None:
+            self._check_size(spec, sum(len(m["content"].encode()) for m in spec.messages), limit)
+            return self.tokenizer.chat(spec.messages)
+        if spec.text is not None:
+            self._check_size(spec, len(spec.text.encode()), limit)
+            return self.tokenizer.encode(spec.text)
+        ids = spec.token_ids or []
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
+        return ids
+
+    def _check_size(self, spec: TurnSpec, size: int, limit: float) -> None:
+        if self._longest_token and -(-size // self._longest_token) >= limit:
+            raise self._too_long(spec, f"the prompt's text is {size} bytes, at least {-(-size // self._longest_token)} tokens")
+
+    def _too_long(self, spec: TurnSpec, what: str) -> RequestError:
+        return RequestError(
+            f"this model's context is {self.context} tokens; {what}",
+            param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+        )
 
     def waiting(self) -> int:
         """Requests still waiting for their first slot."""
@@ -134,7 +155,7 @@ class Gateway:
     async def turn(self, caller: Caller, spec: TurnSpec, arrived: float) -> AsyncIterator[ServedTurn]:
         if self.closing:
             raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
-        prompt, max_tokens = self.prompt_ids(spec)
+        prompt, max_tokens = await self.prompt_ids(spec)
         if self.max_queue is not None and caller.priority < FOREGROUND and self.waiting() >= self.max_queue:
             raise RequestError(
                 f"{self.waiting()} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
@@ -239,6 +260,14 @@ class Gateway:
         if self._prompt_log is not None:
             self._prompt_log.close()
             self._prompt_log = None
+
+
+def _longest_token(tokenizer: Any) -> int | None:
+    """The most bytes of text one token stands for: a text of n bytes is at least
+    n / this many tokens (None: the tokenizer does not say)."""
+    if tokenizer is None or not hasattr(tokenizer, "token_bytes"):
+        return None
+    return max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=0) or None
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
