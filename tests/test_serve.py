@@ -127,6 +127,10 @@ def test_callers_are_named_by_header_else_user_else_connection(server: ServerPro
 def test_models_and_health(client: openai.OpenAI, server: ServerProcess) -> None:
     assert server.host == "127.0.0.1"  # loopback unless --host says otherwise
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4")
+    assert missing.value.code == "model_not_found"
     status, _, body = server.request("GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
 
@@ -227,6 +231,11 @@ def test_no_request_body_gets_a_500(server: ServerProcess, path: str, body: dict
 def test_unknown_routes_and_methods_are_error_objects_too(server: ServerProcess) -> None:
     status, _, data = server.request("GET", "/v1/nothing")
     assert status == 404 and error_of(status, data)["code"] == "not_found"
+    # What other servers serve gets a 404 saying what this one does.
+    for path in ("/v1/embeddings", "/api/chat"):
+        status, _, data = server.request("POST", path, {"model": MODEL, "input": "x", "messages": []})
+        message = error_of(status, data)["message"]
+        assert status == 404 and "POST /v1/chat/completions" in message and "GET /v1/models" in message, message
     status, _, data = server.request("GET", "/v1/chat/completions")
     assert status == 405 and error_of(status, data)["code"] == "method_not_allowed"
     status, _, data = server.request("POST", "/v1/chat/completions", b"x" * (5 * 1024 * 1024))
@@ -279,6 +288,17 @@ def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) 
     assert m["slotswarm_http_responses_total{path=/v1/chat/completions,status=400}"] >= 1
     for name in ("slotswarm_preemptions_total", "slotswarm_priority_inheritances_total", "slotswarm_waiting_turns"):
         assert name in m
+
+
+def test_a_repeated_prompt_says_how_much_of_it_the_prefix_cache_served(client: openai.OpenAI) -> None:
+    messages = chat("a prompt long enough to fill several KV blocks " * 8)
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    cached = [reply.usage.prompt_tokens_details.cached_tokens for reply in (first, again)]
+    assert cached[1] > cached[0] and cached[1] <= again.usage.prompt_tokens
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True})
+    usage = [chunk.usage for chunk in stream if chunk.usage][-1]
+    assert usage.prompt_tokens_details.cached_tokens == cached[1]
 
 
 def test_the_body_priority_runs_lower_first_as_in_vllm(server: ServerProcess) -> None:

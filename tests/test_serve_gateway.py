@@ -197,6 +197,48 @@ class GatedKVEngine(KVEngine):
         return super().step(batch, abandon)
 
 
+@pytest.mark.asyncio
+async def test_max_queue_counts_only_requests_that_will_wait_for_a_slot(tokenizer: Tokenizer) -> None:
+    engine = kv_engine(tokenizer, GatedKVEngine)
+    assert isinstance(engine, GatedKVEngine)
+    async with Swarm(engine, slots=3) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg, max_queue=1)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            def stream(agent: str) -> Any:
+                body = chat("hi", max_tokens=3000, ignore_eos=True, stream=True)
+                return http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Swarm-Agent": agent})
+
+            async with stream("holder") as holder:
+                await anext(data_lines(holder))  # it holds one of the three slots
+                engine.hold.set()
+                await anyio.to_thread.run_sync(engine.stepping.wait, 120)
+                # The owner is inside a step: nothing sent now is admitted before it ends.
+                # Two requests find a slot free, the third waits (the queue's one place),
+                # the fourth would wait behind it: refused.
+                async with stream("a") as a, stream("b") as b, stream("c") as c:
+                    assert (a.status_code, b.status_code, c.status_code) == (200, 200, 200)
+                    body = chat("hi", max_tokens=2)
+                    refused = await http.post("/v1/chat/completions", json=body, headers={"X-Swarm-Agent": "d"})
+                    assert refused.status_code == 429, refused.text
+                    assert refused.json()["error"]["code"] == "queue_full"
+                    engine.gate.set()
+                    engine.hold.clear()
+                    for response in (a, b, c):
+                        await anext(data_lines(response))  # each gets its slot in turn
+        handle.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_max_queue_0_takes_a_request_that_finds_a_slot_free(tokenizer: Tokenizer) -> None:
+    engine = kv_engine(tokenizer)
+    async with Swarm(engine, slots=1) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg, max_queue=0)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            reply = await http.post("/v1/chat/completions", json=chat("hi", max_tokens=2))
+            assert reply.status_code == 200, reply.text
+        handle.shutdown()
+
+
 # ------------------------------------------------------------------ the prompt log
 
 

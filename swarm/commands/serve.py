@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step-tokens", type=int, metavar="N", help="tokens one step may process (bounds every foreground wait)")
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off")
     p.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
-    p.add_argument("--max-queue", type=int, metavar="N", help="refuse background requests (429) while N are waiting for a slot")
+    p.add_argument("--max-queue", type=int, metavar="N", help="refuse a background request (429) that would wait for a slot behind N others already waiting")
     p.add_argument("--grace", type=float, default=10.0, metavar="S", help="on shutdown, seconds running turns get to finish (default 10)")
     p.add_argument("--events", metavar="PATH", help="append the scheduling events to this JSON-lines file")
     p.add_argument("--log-prompts", metavar="PATH", help="append each request's prompt and completion to this JSON-lines file (off by default)")

@@ -36,6 +36,8 @@ MAX_BODY = 4 * 1024 * 1024
 EVENTS_PING_S = 15.0
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 JSON = [(b"content-type", b"application/json")]
+SERVED = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/events, GET /health, GET /metrics "
+          "and the live page at /")
 
 
 def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None, routes: Sequence[BaseRoute] = ()) -> Starlette:
@@ -46,6 +48,7 @@ def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None,
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completion, methods=["POST"]),
             Route("/v1/models", api.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
             Route("/v1/events", api.events, methods=["GET"]),
             Route("/health", api.health, methods=["GET"]),
             Route("/metrics", api.metrics, methods=["GET"]),
@@ -106,8 +109,17 @@ class _Api:
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
-        model = {"id": self.gateway.model_id, "object": "model", "created": 0, "owned_by": "slotswarm"}
-        return _json({"object": "list", "data": [model]})
+        return _json({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        self.authorize(request)
+        model_id = request.path_params["model_id"]
+        if model_id != self.gateway.model_id:
+            raise RequestError(f"model {model_id!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
+        return _json(self._model())
+
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.gateway.model_id, "object": "model", "created": 0, "owned_by": "slotswarm"}
 
     async def health(self, request: Request) -> Response:
         status = "shutting_down" if self.gateway.closing else "ok"
@@ -285,6 +297,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    if exc.status_code == 404:
+        message += f"; slotswarm serves {SERVED}"
     return _json(error_body(RequestError(message, status=exc.status_code, code=kind)), exc.status_code, dict(exc.headers or {}))
 
 

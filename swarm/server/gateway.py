@@ -8,8 +8,9 @@ named, so priority inheritance crosses the HTTP boundary both ways: an outside
 agent lends its priority to an in-process one, and an in-process agent waiting on
 an outside one (`Agent.waiting_on("aider")`) lends it its own.
 
-Admission: background requests past `max_queue` waiting turns are refused (429),
-foreground ones never are; once closing, every new request is refused (503).
+Admission: a background request that would wait for a slot behind `max_queue`
+others already waiting is refused (429), one that finds a slot free never is, nor
+is a foreground one; once closing, every new request is refused (503).
 """
 
 from __future__ import annotations
@@ -148,17 +149,24 @@ class Gateway:
         )
 
     def waiting(self) -> int:
-        """Requests still waiting for their first slot."""
-        return sum(1 for t in self.turns.values() if t.handle.admitted_t is None)
+        """Requests that wait for their first slot: those not admitted yet, past the
+        slots free for them (a request that will take a free slot does not wait)."""
+        scheduler = self.swarm.owner.scheduler
+        unadmitted = 0
+        for turn_id, served in self.turns.items():
+            turn = scheduler.turns.get(turn_id)  # None: not taken in by the owner yet, or ended
+            if served.handle.ended is None and (turn.admitted_at is None if turn is not None else served.handle.admitted_t is None):
+                unadmitted += 1
+        return unadmitted - (scheduler.config.slots - len(scheduler.running))
 
     @asynccontextmanager
     async def turn(self, caller: Caller, spec: TurnSpec, arrived: float) -> AsyncIterator[ServedTurn]:
         if self.closing:
             raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
         prompt, max_tokens = await self.prompt_ids(spec)
-        if self.max_queue is not None and caller.priority < FOREGROUND and self.waiting() >= self.max_queue:
+        if self.max_queue is not None and caller.priority < FOREGROUND and (waiting := self.waiting()) >= self.max_queue:
             raise RequestError(
-                f"{self.waiting()} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
+                f"{waiting} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
                 status=429, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"},
             )
         waits = self.swarm.system.waits
