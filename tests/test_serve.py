@@ -308,3 +308,18 @@ def test_the_body_priority_runs_lower_first_as_in_vllm(server: ServerProcess) ->
         assert status == 200, data
     queued = {e.agent: e.priority for e in server.events() if isinstance(e, Queued)}
     assert (queued["vllm-urgent"], queued["vllm-later"], queued["vllm-default"], queued["both"]) == (10, -5, 0, 10)
+
+
+def test_a_json_body_must_say_it_is_json(server: ServerProcess) -> None:
+    # A web page may POST text/plain anywhere without a preflight: never taken as JSON.
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", ""):
+        status, _, data = server.request("POST", "/v1/chat/completions", json.dumps(GOOD).encode(), {"content-type": content_type})
+        assert status == 415 and error_of(status, data)["code"] == "unsupported_media_type"
+    assert server.request("POST", "/v1/chat/completions", GOOD, {"content-type": "application/json; charset=utf-8"})[0] == 200
+
+
+def test_a_host_header_naming_another_site_is_refused(server: ServerProcess) -> None:
+    # A DNS-rebinding page reaches a loopback server under its own name.
+    for path in ("/v1/models", "/", "/watch/events", "/metrics"):
+        assert server.request("GET", path, headers={"Host": f"evil.example:{server.port}"})[0] == 400
+    assert server.request("GET", "/v1/models", headers={"Host": f"localhost:{server.port}"})[0] == 200

@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default=Policy.RESIDENT.value, help="scheduling policy: " + ", ".join(x.value for x in Policy))
     p.add_argument("--step-tokens", type=int, metavar="N", help="tokens one step may process (bounds every foreground wait)")
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off")
-    p.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on every path but /health (a browser opens the page at /?key=KEY)")
     p.add_argument("--max-queue", type=int, metavar="N", help="refuse a background request (429) that would wait for a slot behind N others already waiting")
     p.add_argument("--grace", type=float, default=10.0, metavar="S", help="on shutdown, seconds running turns get to finish (default 10)")
     p.add_argument("--events", metavar="PATH", help="append the scheduling events to this JSON-lines file")

@@ -75,7 +75,7 @@ async def serve(
     gateway = Gateway(swarm, model_id=model_id, max_queue=max_queue, log_prompts=log_prompts)
     metrics = gateway.metrics = Metrics(swarm)
     hub = WatchHub(source="swarm serve")
-    app = build_app(gateway, metrics, api_key=api_key, routes=[*watch_routes(hub), *routes])  # the live page at /
+    app = build_app(gateway, metrics, api_key=api_key, host=host, routes=[*watch_routes(hub), *routes])  # the live page at /
     sock = _listen(host, port)
     config = uvicorn.Config(
         app, log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none",
