@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -323,3 +324,24 @@ def test_a_host_header_naming_another_site_is_refused(server: ServerProcess) -> 
     for path in ("/v1/models", "/", "/watch/events", "/metrics"):
         assert server.request("GET", path, headers={"Host": f"evil.example:{server.port}"})[0] == 400
     assert server.request("GET", "/v1/models", headers={"Host": f"localhost:{server.port}"})[0] == 200
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_2_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from swarm.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # (no such model: the port is checked first)
+        assert main(["serve", "--port", str(port), "--model", str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"port {port} is already in use" in err, err
+
+
+def test_an_error_inside_the_servers_task_group_is_one_line(serve_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from swarm.cli import main
+
+    assert main(["serve", "--port", "0", "--model", str(serve_gguf), "--grace", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--grace must be at least 0" in err, err

@@ -10,6 +10,7 @@ next token boundary.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 
@@ -43,20 +44,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpu.engine import open_engine
     from gpu.fetch import resolve_model
+    from swarm.server import listen
 
     if args.slots < 1:
         raise ConfigError(f"--slots must be at least 1, got {args.slots}")
-    path = resolve_model(args.model)
-    model_id = args.served_model_name or Path(path).name.removesuffix(".gguf")
-    engine = open_engine(path, args.device, kernels=args.kernels)
-    try:
-        anyio.run(_serve, engine, model_id, args)
-    except KeyboardInterrupt:
-        return 130
+    with listen(args.host, args.port) as sock:  # a port in use is an error now, not after the model loads
+        path = resolve_model(args.model)
+        model_id = args.served_model_name or Path(path).name.removesuffix(".gguf")
+        engine = open_engine(path, args.device, kernels=args.kernels)
+        try:
+            anyio.run(_serve, engine, model_id, args, sock)
+        except KeyboardInterrupt:
+            return 130
     return 0
 
 
-async def _serve(engine, model_id: str, args: argparse.Namespace) -> None:
+async def _serve(engine, model_id: str, args: argparse.Namespace, sock: socket.socket) -> None:
     from swarm.api import Swarm
     from swarm.server import serve
 
@@ -64,7 +67,7 @@ async def _serve(engine, model_id: str, args: argparse.Namespace) -> None:
         async with anyio.create_task_group() as tg:
             handle = await tg.start(lambda task_status: serve(
                 swarm, model_id=model_id, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
-                grace_s=args.grace, log_prompts=args.log_prompts, task_status=task_status,
+                grace_s=args.grace, log_prompts=args.log_prompts, sock=sock, task_status=task_status,
             ))
             print(f"serving {model_id!r} at {handle.url}/v1 ({args.slots} slots, {swarm.config.policy.value}); Ctrl-C stops", flush=True)
     print("stopped", file=sys.stderr, flush=True)
