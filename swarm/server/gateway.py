@@ -139,8 +139,12 @@ class Gateway:
         return ids
 
     def _check_size(self, spec: TurnSpec, size: int, limit: float) -> None:
-        if self._longest_token and -(-size // self._longest_token) >= limit:
-            raise self._too_long(spec, f"the prompt's text is {size} bytes, at least {-(-size // self._longest_token)} tokens")
+        at_least = -(-size // self._longest_token) if self._longest_token else 0
+        if at_least >= limit:
+            raise RequestError(
+                f"the prompt's text is {size} bytes, at least {at_least} tokens; this server takes prompts under {int(limit)}",
+                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+            )
 
     def _too_long(self, spec: TurnSpec, what: str) -> RequestError:
         return RequestError(
