@@ -32,7 +32,7 @@ import pyopencl as cl
 from gpu import subgroups
 from gpu.device import Device
 from gpu.devicesampling import SampleHot
-from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
+from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, ApplyMask, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.units import ceil_div
@@ -54,14 +54,15 @@ class Launch(Protocol):
 @dataclass
 class StepLaunches:
     """Everything one step enqueues, in order: embed, the layers' launches (each
-    sized by the step's tokens), the head (by sampled rows), argmax, then the
-    rows sampled at a temperature (gpu.devicesampling)."""
+    sized by the step's tokens), the head (by sampled rows), the constrained
+    rows' masks, argmax, then the rows sampled at a temperature (gpu.devicesampling)."""
 
     embed: Launch
     layers: list[Launch]
     head: Launch
     argmax: Argmax
     sample: SampleHot
+    mask: ApplyMask  # before argmax and sample, where a row is constrained (gpu.masks)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class CPUFamily:
             head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
             argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
+            mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
 
 
@@ -263,6 +265,7 @@ class GPUFamily:
             head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
+            mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
 
 

@@ -146,6 +146,23 @@ class GPUAttention:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, size, (self.wg, 1, 1))
 
 
+class ApplyMask:
+    """Constrained rows' token masks onto their logits (common.cl's `apply_mask`,
+    both families): `enqueue(queue, rows)` for the first `rows` of the step's
+    constrained rows."""
+
+    name, weight_bytes = "mask", 0
+    WORDS = 16  # common.cl's MASK_WORDS: mask words per work-item
+
+    def __init__(self, program: cl.Program, logits: cl.Buffer, vocab: int, rows: cl.Buffer, masks: cl.Buffer):
+        self.kernel = cl.Kernel(program, "apply_mask")
+        self.words = ceil_div(vocab, 32)
+        self.kernel.set_args(logits, i32(vocab), rows, masks, i32(self.words))
+
+    def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (ceil_div(self.words, self.WORDS), rows), None)
+
+
 class Argmax:
     """Greedy sampling on the device: one work-group per sampled row (common.cl's
     `argmax`, or the CPU family's `argmax_lanes` in work-groups of one)."""

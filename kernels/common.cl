@@ -198,6 +198,31 @@ inline float activate(float g)
 }
 
 /* ======================================================================== */
+/* Constrained decoding: token masks                                         */
+/* ======================================================================== */
+/* logits[rows[k], j] = -INFINITY wherever bit j % 32 of masks[k * words + j / 32]
+ * is clear (gpu/masks.py: llguidance's layout), before argmax and sample_hot.
+ * One work-item per (MASK_WORDS words, constrained row); a word of all ones, a
+ * stretch of tokens all allowed, is skipped without touching the logits. */
+#define MASK_WORDS 16
+__kernel void apply_mask(__global float *logits, int n, __global const int *rows, __global const int *masks, int words)
+{
+    const int k = get_global_id(1);
+    __global float *z = logits + (size_t)rows[k] * n;
+    __global const int *m = masks + (size_t)k * words;
+    const int w0 = get_global_id(0) * MASK_WORDS, w1 = min(words, w0 + MASK_WORDS);
+    for (int w = w0; w < w1; w++) {
+        const uint bits = (uint)m[w];
+        if (bits == 0xffffffffu)
+            continue;
+        const int count = min(32, n - 32 * w);
+        for (int b = 0; b < count; b++)
+            if (!((bits >> b) & 1u))
+                z[32 * w + b] = -INFINITY;
+    }
+}
+
+/* ======================================================================== */
 /* Greedy sampling on the device                                             */
 /* ======================================================================== */
 /* ids[row] = the index of the largest of logits[row, 0..n), the lowest index

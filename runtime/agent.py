@@ -26,6 +26,7 @@ import anyio
 
 from runtime.actors import Actor
 from runtime.channel import EMPTY
+from runtime.constraints import Constraint, check_constraint, constraint_problem
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
@@ -98,15 +99,21 @@ class Agent(Actor):
         max_tokens: int = 256,
         sampling: Sampling = GREEDY,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
     ) -> TurnHandle:
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
-        user message (a str), or raw token ids. Use it as `async with`."""
+        user message (a str), or raw token ids. Use it as `async with`. A
+        `constraint` (runtime.constraints) holds its output to a JSON schema, a
+        regex, a grammar or a few choices; one the engine cannot follow is a
+        UsageError on entry, before the turn is queued."""
         check_max_tokens(self.name, max_tokens)
         if not isinstance(sampling, Sampling):
             raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
         if not isinstance(ignore_eos, bool):
             raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
-        return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos)
+        if (problem := constraint_problem(constraint)) is not None:
+            raise UsageError(f"agent {self.name!r}: {problem}")
+        return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos, constraint)
 
     async def complete(self, prompt: Prompt, **kwargs: Any) -> str:
         """Run a turn to its end and return its text."""
@@ -150,7 +157,7 @@ class TurnHandle:
     """One turn, seen from its agent. Iterate it for text pieces; afterwards
     `tokens`, `text` and the timings say what happened."""
 
-    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool) -> None:
+    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None) -> None:
         self.agent = agent
         self.prompt = prompt
         self._gpu = agent._gpu()
@@ -160,6 +167,7 @@ class TurnHandle:
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
             agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
+            constraint=constraint,
         )
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
@@ -202,6 +210,10 @@ class TurnHandle:
     async def __aenter__(self) -> TurnHandle:
         if self._channel is not None:
             raise UsageError(f"agent {self.agent.name!r}: turn {self.id} was already started; call generate() again for another")
+        try:
+            await check_constraint(self._gpu.constraints, self._request.constraint)
+        except UsageError as exc:
+            raise UsageError(f"agent {self.agent.name!r}: {exc}") from None
         self._channel = await self._gpu.submit(self.id, self._request)
         return self
 

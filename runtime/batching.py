@@ -143,7 +143,7 @@ class Batching:
         sample = end == len(turn.prompt) + len(turn.output)
         tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling))
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint))
         plan.turns.append(turn)
         turn.last_stepped = self.step
         return n

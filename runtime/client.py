@@ -3,7 +3,7 @@
     turn = client.new_turn_id()
     channel = await client.submit(turn, request)   # into the GPU owner's mailbox
     await client.cancel(turn, reason)
-    client.now(), client.tokenizer
+    client.now(), client.tokenizer, client.constraints
 
 It is the single source of turn ids, and it reaches the owner only through the
 owner's actor mailbox, like any other actor would. One client serves a swarm;
@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Callable
 
+from runtime.constraints import ConstraintChecker
 from runtime.engine import TextCodec
 from runtime.errors import ActorError, TurnCancelled
 from runtime.messages import CancelTurn, TurnChannel, TurnRequest
@@ -24,12 +25,15 @@ if TYPE_CHECKING:
 
 
 class GPUClient:
-    def __init__(self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None) -> None:
+    def __init__(
+        self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None, constraints: ConstraintChecker | None = None,
+    ) -> None:
         self._system = system
         self._owner = owner
         self._ids = itertools.count(1)
         self.now = clock  # the swarm's clock: what every event's `t` is on
         self.tokenizer = tokenizer
+        self.constraints = constraints  # checks a turn's constraint before it is queued
 
     def new_turn_id(self) -> int:
         return next(self._ids)

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 
-from runtime.engine import Engine
+from runtime.engine import DeadEnd, Engine
 from runtime.turns import UNKNOWN, Plan
 
 log = logging.getLogger("runtime.owner")  # the owner's log: this is part of it
@@ -68,7 +68,10 @@ class DeviceWork:
             self.gap_seconds.append(started - self._step_ended)
         faults: dict[int, str] = {}
         try:
-            out = self.engine.step(runnable, abandon) if runnable else []
+            try:
+                out = self.engine.step(runnable, abandon) if runnable else []
+            except DeadEnd as end:  # (its other turns' tokens stand: only the dead ones fail)
+                out, faults = end.tokens, dict(end.reasons)
             if out is None:
                 self._sampled = {}
                 return None, {}, None
@@ -78,6 +81,9 @@ class DeviceWork:
             for work in runnable:
                 try:
                     out += self.engine.step([work])
+                except DeadEnd as end:
+                    out += end.tokens
+                    faults.update(end.reasons)
                 except Exception as exc:
                     faults[work.turn] = f"engine error: {type(exc).__name__}: {exc}"
                     out.append(None)

@@ -94,6 +94,7 @@ class Intake:
             sched.submit(
                 request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
                 sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
+                constraint=request.constraint, prior_output=request.prior_output,
             )
         elif isinstance(request, CancelTurn):
             sched.cancel(request.turn, now, STOPPED if self.closing else request.reason)

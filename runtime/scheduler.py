@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 from runtime.accounting import Accounting
 from runtime.batching import Batching
 from runtime.blocks import BlockPool
+from runtime.constraints import Constraint, TurnConstraint
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
@@ -92,9 +93,13 @@ class Scheduler(Accounting, Batching, KVMoves):
         ignore_eos: bool = False,
         turn_id: int | None = None,
         lifts: Sequence[str] = (),
+        constraint: Constraint | None = None,
+        prior_output: int = 0,
     ) -> Turn:
         """Queue a turn. A turn that can never run ends at once in turn.failed.
-        `lifts` name the requests it serves (see `set_inherited`)."""
+        `lifts` name the requests it serves (see `set_inherited`). A `constraint`
+        holds its output to a grammar, from its prompt's last `prior_output`
+        tokens on (output it made on an owner it was moved from)."""
         turn_id = next(self._ids) if turn_id is None else turn_id
         if turn_id in self.turns:
             raise UsageError(f"turn id {turn_id} is already live")
@@ -102,6 +107,8 @@ class Scheduler(Accounting, Batching, KVMoves):
             turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos,
             arrived=now, waiting_since=now, lifts=(agent, *lifts), enqueued=next(self._enqueues),
         )
+        if constraint is not None:
+            turn.constraint = TurnConstraint(constraint, len(turn.prompt) - prior_output, turn.tokens)
         self.turns[turn.id] = turn
         self._changes += 1
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))

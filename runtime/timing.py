@@ -56,6 +56,7 @@ class TimingEngine:
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()
         self.tokenizer = None  # prompts are token ids
+        self.constraints = None  # (no vocabulary to hold a turn to)
         self.max_batch_tokens: int | None = None
         self.max_context: int | None = None
         self.vocab_size: int | None = None

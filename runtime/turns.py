@@ -7,6 +7,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from runtime.constraints import TurnConstraint
 from runtime.cost import step_features
 from runtime.engine import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
@@ -143,6 +144,7 @@ class Turn:
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
     arrived: float = 0.0
+    constraint: TurnConstraint | None = None  # what its output must be (runtime.constraints)
     lifts: tuple[str, ...] = ()  # names a priority may be lent under: its agent, the requests it serves
     output: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V is in the cache

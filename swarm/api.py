@@ -80,7 +80,7 @@ class Swarm(AgentHost):
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
         self.owner = GPUOwner(engine, self.config, self.bus)
-        self.client = GPUClient(self.system, self.owner.name, self.bus.now, engine.tokenizer)  # what agents hold
+        self.client = GPUClient(self.system, self.owner.name, self.bus.now, engine.tokenizer, engine.constraints)  # what agents hold
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Swarm:

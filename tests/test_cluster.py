@@ -15,6 +15,7 @@ import anyio
 import msgspec
 import pytest
 
+from runtime.constraints import Constraint, JsonSchema
 from runtime.errors import TurnError, TurnFailed
 from runtime.events import Admitted, Ended, Inherited, Preempted, Queued, read_events
 from swarm import BACKGROUND, FOREGROUND, Agent, bench_swarm, handler
@@ -116,16 +117,17 @@ async def test_routing_affinity_inheritance_across_owners_and_preemption_on_each
 
 
 class Mover(Pausable):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, constraint: Constraint | None = None) -> None:
         super().__init__(name)
         self.halfway = anyio.Event()
         self.go_on = anyio.Event()
+        self.constraint = constraint
 
     @handler
     async def go(self, msg: Go) -> list[int]:
         """The first TOKENS tokens of a turn too long to end on its own, so its
         owner is surely mid-turn when the test kills it, however fast it runs."""
-        async with self.generate(PROMPT, max_tokens=10**6, ignore_eos=True) as turn:
+        async with self.generate(PROMPT, max_tokens=10**6, ignore_eos=True, constraint=self.constraint) as turn:
             async for _ in turn:
                 if len(turn.tokens) >= msg.pause_after and not self.halfway.is_set():
                     self.halfway.set()
@@ -136,21 +138,24 @@ class Mover(Pausable):
 
 
 PROMPT, TOKENS = [3, 1, 4, 1, 5], 24
+# An answer longer than TOKENS: a turn held to it is mid-array when its owner dies.
+NUMBERS = JsonSchema(json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 64}))
 
 
-async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(local_ray, tiny_gguf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("constraint", [None, NUMBERS], ids=["free", "constrained"])
+async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(local_ray, tiny_gguf: Path, tmp_path: Path, constraint) -> None:
     with anyio.fail_after(LIMIT_S):
         async with cluster(tiny_gguf, tmp_path) as swarm, anyio.create_task_group() as tg:
             expected = await swarm.spawn(Agent("ref"))
             asked = swarm.bus.now()
-            async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True) as turn:
+            async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True, constraint=constraint) as turn:
                 entered = swarm.bus.now()  # before the request can have crossed to an owner
                 async for _ in turn:
                     pass
             reference = turn.tokens
             # The wait starts when the agent asked, not when its owner heard of it.
             assert asked <= turn.queued_t <= entered
-            mover = await swarm.spawn(Mover("mover"))
+            mover = await swarm.spawn(Mover("mover", constraint))
             result: list[list[int]] = []
 
             async def go() -> None:

@@ -51,7 +51,7 @@ class ClusterGPU:
 
     def __init__(
         self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,
-        lent: Callable[[str], int | None],
+        lent: Callable[[str], int | None], constraints: Any = None,
     ) -> None:
         self.handles = handles  # owner name -> Ray actor handle
         self.offsets = offsets  # owner name -> its clock zero minus ours, in seconds
@@ -59,6 +59,7 @@ class ClusterGPU:
         self.now = bus.now
         self.bus = bus
         self.tokenizer = tokenizer
+        self.constraints = constraints  # checks a turn's constraint before it is queued
         self.closed = False
         self.moves = 0  # turns moved off a lost owner
         self._tasks = tasks
@@ -167,7 +168,7 @@ class ClusterGPU:
                 self._inboxes[turn_id] = (owner, inbox)
                 # On the owner's clock: its wait starts when the agent asked, crossing included.
                 asked = (request.t if moved_at is None else moved_at) - self.offsets[owner]
-                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), t=asked)
+                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), prior_output=request.prior_output + len(tokens), t=asked)
                 lifts = {key: p for key in request.lifts if (p := self._lent(key)) is not None}
                 placed = True
                 try:
