@@ -158,7 +158,9 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids for `text`, no BOS added. Control-token spellings in the text become control tokens.
         Bytes in `missing_bytes` are dropped."""
-        return self._hf.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: it lets go of the GIL while it works, so a long
+        # text tokenized in a worker thread does not stall the event loop.
+        return self._hf.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text for `ids`; the exact inverse of `encode` on valid UTF-8. Invalid byte runs

@@ -338,6 +338,7 @@ class TurnHandle:
         self.pieces: list[str] = []
         self.queued_t: float | None = None
         self.admitted_t: float | None = None
+        self.cached_tokens = 0  # prompt positions the prefix cache supplied at admission
         self.first_token_t: float | None = None
         self.token_times: list[float] = []  # when each token was decoded, on the swarm's clock
         self.ended: Ended | None = None
@@ -441,6 +442,7 @@ class TurnHandle:
                 self.queued_t = t
             case Admitted(t=t):
                 self.admitted_t = t
+                self.cached_tokens = update.cached_tokens
             case Preempted():
                 info = PauseInfo(update.turn, update.tokens, update.by_turn, update.by_agent, update.by_priority, update.t)
                 self.pauses.append(info)

@@ -44,7 +44,15 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        try:
+            return args.func(args) or 0
+        except BaseExceptionGroup as group:
+            # An error raised inside a task group arrives wrapped: alone, it is
+            # handled below as itself, so it is one line and its exit code too.
+            alone = _alone(group)
+            if alone is group:
+                raise
+            raise alone from None
     except (ConfigError, UsageError) as exc:
         print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -61,6 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file that cannot be read or written, a socket refused
         print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _alone(group: BaseExceptionGroup) -> BaseException:
+    """The one error inside `group` (and its nested groups), or the group itself
+    when it holds several."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return group if isinstance(exc, BaseExceptionGroup) else exc
 
 
 def _one_line(exc: BaseException) -> str:

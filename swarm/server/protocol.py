@@ -187,6 +187,8 @@ def _decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         raise RequestError(f"invalid request body: {text}", param=param) from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply", code="invalid_json") from None
 
 
 def _unsupported(name: str) -> RequestError:
@@ -254,7 +256,9 @@ def _common(req: _Request, kind: Literal["chat", "text"], max_tokens: int | None
         kind=kind, model=req.model, max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=req.ignore_eos,
         stream=req.stream, include_usage=options.include_usage or options.continuous_usage_stats,
         continuous_usage=options.continuous_usage_stats,
-        priority=None if req.priority is None else check_priority(req.priority, "priority"),
+        # vLLM's convention, so its clients work unchanged: lower values first, 0 by
+        # default. Negated, it is slotswarm's (higher first, background 0).
+        priority=None if req.priority is None else -check_priority(req.priority, "priority"),
         user=None if req.user is None else check_agent_name(req.user, "user"),
     )
 
