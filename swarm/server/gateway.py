@@ -129,7 +129,9 @@ class Gateway:
         if spec.messages is not None:
             # (an assistant message that only calls tools has no content)
             self._check_size(spec, sum(len((m["content"] or "").encode()) for m in spec.messages), limit)
-            return self.tokenizer.chat(spec.messages, tools=spec.tools.tools)
+            if spec.tools.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in spec.messages):
+                return self.tokenizer.chat(spec.messages, tools=spec.tools.tools)
+            return self.tokenizer.chat(spec.messages)
         if spec.text is not None:
             self._check_size(spec, len(spec.text.encode()), limit)
             return self.tokenizer.encode(spec.text)
