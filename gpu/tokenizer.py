@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import codecs
 from functools import lru_cache
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
@@ -35,6 +35,8 @@ from gpu.model import Model
 from gpu.sentencepiece import build_spm, spm_token_bytes
 from gpu.templates import ChatTemplate, plain_prompt
 from runtime.errors import ModelFormatError, UnsupportedModelError
+from runtime.toolcalls import HERMES, ToolCallFormat, template_messages
+from runtime.tools import ToolSpec
 
 # Pre-tokenizers by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp groups them. The
 # StarCoder family (SmolLM among them) splits every digit on its own before GPT-2's regex.
@@ -186,19 +188,39 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """The model's chat template over `messages` (a plain 'Role: text' format without one)."""
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
+        """The model's chat template over `messages` (a plain 'Role: text' format without one).
+        With `tools`, or with tool calls and results in the messages, the template renders
+        them if it knows tools; else they are written into plain messages first, in the
+        model's tool-call format (runtime.toolcalls)."""
+        uses_tools = bool(tools) or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+        if uses_tools and self._template is not None and self._template.takes_tools:
+            return self._template.render(
+                template_messages(messages), add_generation_prompt, tools=[t.as_openai() for t in tools] or None
+            )
+        if uses_tools:
+            messages = self.tool_format.fold(messages, tools)
         if self._template is None:
             return plain_prompt(messages, add_generation_prompt, self.name)
         return self._template.render(messages, add_generation_prompt)
 
-    def chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *, tools: Sequence[ToolSpec] = ()
+    ) -> list[int]:
         """The rendered chat, encoded; BOS first when the model asks for it and the template
         did not write it."""
-        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        ids = self.encode(self.render_chat(messages, add_generation_prompt, tools=tools))
         if self.add_bos and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
         return ids
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """How this model writes tool calls: every catalogue model's is Qwen2.5's
+        (see runtime.toolcalls for why SmolLM2 and Gemma share it)."""
+        return HERMES
 
 
 class TextStream:

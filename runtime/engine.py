@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 import msgspec
 
@@ -91,8 +91,9 @@ class DeadEnd(EngineError):
 class TextCodec(Protocol):
     """An engine's tokenizer, as agents use it (gpu.tokenizer.Tokenizer is one)."""
 
-    def chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt for a chat, its template applied."""
+    def chat(self, messages: list[dict[str, Any]], *, tools: Sequence[Any] = ()) -> list[int]:
+        """The prompt for a chat, its template applied; with tools (runtime.tools.ToolSpec)
+        and tool calls in the model's own format."""
         ...
 
     def stream(self) -> TextStream:

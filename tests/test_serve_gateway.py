@@ -74,13 +74,13 @@ class HeldTokenizer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    def chat(self, messages: Any, add_generation_prompt: bool = True) -> list[int]:
-        if sum(len(m["content"]) for m in messages) > self.big:
+    def chat(self, messages: Any, add_generation_prompt: bool = True, *, tools: Any = ()) -> list[int]:
+        if sum(len(m["content"] or "") for m in messages) > self.big:
             self.on_loop = threading.get_ident() == self.loop_thread
             self.entered.set()
             if not self.on_loop:
                 self.gate.wait(120)
-        return self.real.chat(messages, add_generation_prompt)
+        return self.real.chat(messages, add_generation_prompt, tools=tools)
 
 
 @pytest.mark.asyncio

@@ -31,6 +31,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime.bus import Subscription
 from runtime.errors import RequestError
 from runtime.stream import CLIENT_BUFFER, encode_line
+from runtime.toolcalls import ToolCall
+from swarm.server.calls import CallSplitter, call_deltas
 from swarm.server.gateway import Gateway
 from swarm.server.turn import ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
@@ -162,10 +164,23 @@ async def _stream(out: _Out, served: ServedTurn) -> None:
     await out.start(200, SSE_HEADERS)
     if spec.kind == "chat":
         await out.body(sse(reply.chunk("", first=True)))
+    splitter = CallSplitter(served.gateway.tokenizer.tool_format) if spec.tools.may_call else None
+
+    async def send(items: list[str | ToolCall]) -> None:
+        for item in items:
+            if isinstance(item, ToolCall):  # two chunks, as OpenAI sends a call
+                for delta in call_deltas(splitter.calls.index(item), item):
+                    await out.body(sse(reply.calls_chunk([delta])))
+            elif item:
+                await out.body(sse(reply.chunk(item, usage=served.usage() if spec.continuous_usage else None)))
+
     async for text in served:
-        await out.body(sse(reply.chunk(text, usage=served.usage() if spec.continuous_usage else None)))
+        await send([text] if splitter is None else splitter.push(text))
+    if splitter is not None:
+        await send(splitter.finish())
     usage = served.usage()
-    await out.body(sse(reply.chunk(None, served.finish_reason, usage if spec.continuous_usage else None)))
+    finish_reason = "tool_calls" if splitter is not None and splitter.calls and served.finish_reason == "stop" else served.finish_reason
+    await out.body(sse(reply.chunk(None, finish_reason, usage if spec.continuous_usage else None)))
     if spec.include_usage:
         await out.body(sse(reply.usage_chunk(usage)))
     await out.body(SSE_DONE, more=False)
@@ -173,8 +188,15 @@ async def _stream(out: _Out, served: ServedTurn) -> None:
 
 async def _whole(out: _Out, served: ServedTurn) -> None:
     reply = Reply(served.spec.kind, served.gateway.model_id)
-    text = [piece async for piece in served]
-    body = reply.whole("".join(text), served.finish_reason or "stop", served.usage())
+    text = "".join([piece async for piece in served])
+    finish_reason = served.finish_reason or "stop"
+    calls = None
+    if served.spec.tools.may_call:
+        text, found = served.gateway.tokenizer.tool_format.parse(text)
+        calls = [c.as_openai() for c in found]
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+    body = reply.whole(text, finish_reason, served.usage(), calls)
     await out.start(200, JSON)
     await out.body(encode(body), more=False)
 

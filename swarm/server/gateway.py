@@ -127,7 +127,10 @@ class Gateway:
         """In a worker thread. A text too long for `limit` positions even at the
         longest token per position is refused before any work on it."""
         if spec.messages is not None:
-            self._check_size(spec, sum(len(m["content"].encode()) for m in spec.messages), limit)
+            # (an assistant message that only calls tools has no content)
+            self._check_size(spec, sum(len((m["content"] or "").encode()) for m in spec.messages), limit)
+            if spec.tools.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in spec.messages):
+                return self.tokenizer.chat(spec.messages, tools=spec.tools.tools)
             return self.tokenizer.chat(spec.messages)
         if spec.text is not None:
             self._check_size(spec, len(spec.text.encode()), limit)
@@ -189,7 +192,8 @@ class Gateway:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
                 with on_behalf(MAILBOX):
-                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+                    constraint = spec.tools.constraint(self.tokenizer.tool_format)
+                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint)
             except UsageError as exc:
                 raise RequestError(str(exc)) from None
             served = ServedTurn(self, caller, handle, spec, arrived)
@@ -198,6 +202,9 @@ class Gateway:
                     await stack.enter_async_context(handle)
                 except TurnError as exc:  # the GPU owner has stopped
                     raise RequestError(str(exc), status=503, type="server_error", code="shutting_down") from None
+                except UsageError as exc:  # a schema the grammar engine cannot follow, named
+                    param = "tools" if spec.tools.may_call else "response_format"
+                    raise RequestError(str(exc), param=param, code="unsupported_schema") from None
                 self._track(handle.id, served)
                 try:
                     yield served

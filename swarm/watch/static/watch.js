@@ -197,7 +197,7 @@ function apply(m, e, receivedAt) {
       c.crashes += 1;
       if (a) a.crashed = e.reason || "crashed";
       break;
-    case "kv.swapped_out": case "kv.swapped_in": case "kv.recomputed": case "step.abandoned":
+    case "kv.swapped_out": case "kv.swapped_in": case "kv.recomputed": case "step.abandoned": case "tool.called":
       break;
     default:
       c.unknown += 1; // a kind newer than this page: counted, otherwise ignored
