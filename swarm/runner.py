@@ -18,7 +18,7 @@ from swarm.watch import WatchHub, create_app, follow_bus, serve_http
 
 
 class SessionRunner:
-    """Runs one session. `run()` is async; `events_path`, `agents` and `problems`
+    """Runs one session. `run()` is async; `events_path` and `agents`
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
     def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
@@ -34,8 +34,7 @@ class SessionRunner:
         self.socket = socket
         self.on_event = on_event
         self.say = say
-        loaded = build_agents(session, self.workspace, self.out, say)
-        self.agents, self.problems = loaded.agents, loaded.problems
+        self.agents = build_agents(session, self.workspace, self.out, say)
         self.started = self.stopped = None
         # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
         # served from before the model loads, so a browser opened right away waits

@@ -61,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
         say=lambda text: console.print(text, style="bold cyan", markup=False),
         page_sockets=[bind_loopback(args.port)] if args.watch else [], cluster=args.cluster, owners=args.owners,
     )
-    for problem in runner.problems:
-        console.print(f"[bold red]warning:[/] {problem}", highlight=False)
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
     if runner.page_urls:
         console.print(f"page:   {runner.page_urls[0]}")
