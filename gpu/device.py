@@ -159,7 +159,7 @@ def _pick(spec: str) -> cl.Device:
 
 def select_device(spec: str | None = None) -> Device:
     """Choose a device (see the module doc) and open a context and queue on it."""
-    spec = spec or os.environ.get("PYOPENCL_CTX") or None
+    spec = spec or os.environ.get("SWARM_DEVICE") or os.environ.get("PYOPENCL_CTX") or None
     if spec:
         device = _pick(spec)
     else:

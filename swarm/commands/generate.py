@@ -24,14 +24,14 @@ BLOCK_SIZE = 16
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="run one chat turn on the model and stream the answer")
-    parser.add_argument("message", help="the user message")
+    parser.add_argument("message", help="the user message; - reads it from stdin")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most new tokens (default 256)")
     parser.add_argument("--greedy", action="store_true", help="always take the likeliest token (the default)")
     parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
     parser.add_argument("--top-p", type=float, metavar="P", help="with --temperature: nucleus sampling mass (default 1)")
     parser.add_argument("--seed", type=int, metavar="S", help="with --temperature: sampling seed (default 0)")
-    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
-    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
+    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)')
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     parser.set_defaults(func=run)
@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from(args)
+    message = sys.stdin.read() if args.message == "-" else args.message
     model = load_model(resolve_model(args.model))
-    prompt = Tokenizer.from_model(model).chat([{"role": "user", "content": args.message}])
+    prompt = Tokenizer.from_model(model).chat([{"role": "user", "content": message}])
     limit = model.config.context_length
     max_tokens = min(args.max_tokens, limit - len(prompt))
     if max_tokens < 1:
