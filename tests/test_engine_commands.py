@@ -50,6 +50,19 @@ def test_generate_streams_text(tiny_gguf: Path, capsys: pytest.CaptureFixture[st
     assert streamed == want["text"] + "\n"
 
 
+def test_generate_json_gives_timings_and_why_it_stopped(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "4", "--json"])
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 4  # the tiny model never ends "hi" this early
+    assert 0 < out["ttft_s"] <= out["turn_s"] and out["tokens_per_s"] > 0
+
+
+def test_generate_says_when_the_answer_is_cut_off_at_max_tokens(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()  # a cold kernel cache's one line may come first
+    assert out.endswith("\n") and lines[-1] == "(the answer was cut off at 4 tokens: --max-tokens N for more)" and len(lines) <= 2
+
+
 def test_generate_rejects_greedy_with_a_temperature(tiny_gguf: Path) -> None:
     from swarm.cli import build_parser
 

@@ -2,8 +2,10 @@
 
 The chat template is applied to the single user message and the turn runs like any
 agent's, through a one-slot swarm: prefilled in chunks, then decoded a token a step
-until an end-of-turn token or --max-tokens. With --json nothing streams; one JSON object is printed at the end:
-{"prompt_ids": [...], "tokens": [...], "text": "..."}.
+until an end-of-turn token or --max-tokens (an answer cut off there says so on stderr).
+With --json nothing streams; one JSON object is printed at the end:
+{"prompt_ids": [...], "tokens": [...], "text": "...", "finish_reason": "eos" | "length" | "context",
+ "ttft_s": ..., "turn_s": ..., "tokens_per_s": ...} (seconds from the request; tokens a second after the first).
 """
 
 from __future__ import annotations
@@ -70,12 +72,34 @@ def run(args: argparse.Namespace) -> int:
     blocks = ceil_div(len(prompt) + max_tokens, BLOCK_SIZE)
     engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=blocks)
     turn = anyio.run(_generate, engine, prompt, max_tokens, sampling, not args.json)
+    reason = turn.ended.reason if turn.ended is not None else None
     if args.json:
         text = engine.tokenizer.decode(turn.tokens, skip_special=True)
-        print(json.dumps({"prompt_ids": prompt, "tokens": turn.tokens, "text": text}))
+        print(json.dumps({"prompt_ids": prompt, "tokens": turn.tokens, "text": text, "finish_reason": reason, **timings(turn)}))
     else:
         sys.stdout.write("\n")
+        sys.stdout.flush()  # the answer first, then the note on it
+        if reason in CUT_OFF:
+            print(CUT_OFF[reason].format(n=max_tokens), file=sys.stderr)
     return 0
+
+
+CUT_OFF = {
+    "length": "(the answer was cut off at {n} tokens: --max-tokens N for more)",
+    "context": "(the answer was cut off at the end of the model's context, after {n} tokens)",
+}
+
+
+def timings(turn: TurnHandle) -> dict[str, float | None]:
+    """Seconds from the request to the first token and to the last, and the decode
+    rate after the first token (None with fewer than two tokens)."""
+    times = turn.token_times
+    decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {
+        "ttft_s": turn.ttft_s,
+        "turn_s": turn.turn_s,
+        "tokens_per_s": (len(times) - 1) / decode_s if decode_s > 0 else None,
+    }
 
 
 async def _generate(engine: Engine, prompt: list[int], max_tokens: int, sampling: Sampling, stream: bool) -> TurnHandle:
