@@ -106,11 +106,13 @@ class SessionRunner:
 
     async def _until_done(self, swarm: Any, foreground: list[Any]) -> None:
         """Until the duration is up, or every foreground agent has finished."""
-        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")):
+        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")) as timer:
             if not foreground:
                 await anyio.sleep_forever()
             for agent in foreground:
                 await swarm.join(agent)
+        if timer.cancelled_caught and self.say is not None:
+            self.say(f"the session's duration ({self.session.duration:g} s) is up: stopping, and cancelling the turns still running")
 
     async def _forward(self, sub: Any) -> None:
         async for item in sub:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import textwrap
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -147,6 +148,52 @@ def test_an_agent_class_of_a_session_built_in_code_is_refused_at_start(tmp_path:
 
 
 # ------------------------------------------------------------ real sessions
+
+
+class HeldSteps:
+    """An engine whose steps wait until `released`: no answer can come before
+    then, however fast the machine."""
+
+    def __init__(self, engine) -> None:
+        self._engine, self.released = engine, threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def step(self, batch, abandon=None):
+        self.released.wait(timeout=10)  # a bound, should nothing release it
+        return self._engine.step(batch, abandon)
+
+
+@pytest.mark.asyncio
+async def test_a_question_the_duration_cut_short_says_so_and_why(tmp_path, workspace, tiny_engine):
+    text = session_text("""
+        duration = 0.5
+        interval = 0
+        script = ["what does report.py do?"]
+        [[agents]]
+        class = "pair"
+        priority = "foreground"
+        options = { max_tokens = 64 }
+    """)
+    session = parse_session(text, base=tmp_path)
+    session.workspace = str(workspace)
+    engine = HeldSteps(tiny_engine)
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "duration" in line:
+            engine.released.set()  # only now may the steps (and the answer) go on
+
+    runner = SessionRunner(session, engine=engine, out=tmp_path / "out", say=say)
+    with anyio.fail_after(120):
+        await runner.run()
+    assert said == [
+        "you> what does report.py do?",
+        "the session's duration (0.5 s) is up: stopping, and cancelling the turns still running",
+        "pair> (no answer: the swarm stopped before it came)",
+    ]
 
 
 CRASHY = '''
