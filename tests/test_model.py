@@ -162,7 +162,7 @@ def test_every_corrupt_header_is_one_line_naming_the_file(tiny_gguf: Path, tmp_p
     accept the file or refuse it with one line of the project's error tree naming the
     file. Before the checks about 1 corruption in 30 escaped as a ValueError from a
     reshape, a bare Exception from `tokenizers`, an IndexError or an OverflowError;
-    2,000 tries miss such a rate with odds under 1e-20 and take a few seconds."""
+    2,000 tries miss even a 1-in-70 escape with odds about 3e-13, in a few seconds."""
     from gpu.gguf_file import read_gguf
     from gpu.tokenizer import Tokenizer
     from runtime.errors import SlotswarmError
