@@ -20,6 +20,7 @@ import msgspec
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
+from runtime.errors import UsageError
 from runtime.files import write_private
 from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
@@ -56,6 +57,11 @@ class WorkspaceAgent(RecordingAgent):
         **kwargs: Any,
     ) -> None:
         check_max_tokens(name, max_tokens)
+        # Checked here, not at the first round: a parallel of 0 or less would start no worker and idle for good.
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise UsageError(f"agent {name!r}: parallel must be an int >= 1, got {parallel!r}")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0):
+            raise UsageError(f"agent {name!r}: rounds must be an int >= 0 or absent, got {rounds!r}")
         super().__init__(name, priority, log_text=log_text, **kwargs)
         self.workspace = Path(workspace).resolve()
         self.out = Path(out).resolve() / name

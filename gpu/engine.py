@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -81,6 +82,10 @@ RW = cl.mem_flags.READ_WRITE
 GPU_MAX_SPLITS = GPUFamily.MAX_SPLITS
 
 
+def say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def open_engine(model: str | Path | Model | None = None, device: str | Device | None = None, **options) -> OpenCLEngine:
     """The engine for a model file (None: the default model, fetched once) on a
     device (None: the first usable one). What run, bench and generate all use;
@@ -96,6 +101,8 @@ class OpenCLEngine:
     kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
     profile: time every launch with OpenCL profiling events (`last_profile`).
     gpu_tuning: the GPU kernels' attention span and lane sums (tests force them).
+    on_compile: told, in one line, when the kernels are not in the binary cache and
+    compile now (the long silence of a first run); None to say nothing.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class OpenCLEngine:
         max_batch_tokens: int = 256,
         profile: bool = False,
         gpu_tuning: GPUTuning | None = None,
+        on_compile: Callable[[str], None] | None = say_on_stderr,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         self.model_id = f"{self.model.path.name}:{self.model.path.stat().st_size}"
@@ -132,6 +140,7 @@ class OpenCLEngine:
         self.family = make_family(kernels, device, gpu_tuning)
         self.family.check(self)
         self.profile = profile
+        self.on_compile, self._compiling_said = on_compile, False
         self.blocking = True  # a step waits for the device
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
         self.whole_rows_read = 0  # top-p rows whose candidates fell short: read back whole (gpu.devicesampling)
@@ -171,13 +180,21 @@ class OpenCLEngine:
         ]
         while True:  # the GPU family may halve its work-groups, or give up subgroups, and build again
             try:
-                program = self.device.build(self.family.source(), options + self.family.options(self))
+                program = self.device.build(self.family.source(), options + self.family.options(self), on_compile=self._say_compiling)
             except DeviceError:
                 if self.family.name == "gpu" and self.family.fall_back():
                     continue
                 raise
             if self.family.name == "cpu" or self.family.fit(program, self.device):
                 return program
+
+    def _say_compiling(self) -> None:
+        if self.on_compile is not None and not self._compiling_said:
+            self._compiling_said = True
+            self.on_compile(
+                f"compiling the {self.family.name} kernels for {self.model_name} on {self.device_name.strip()}: "
+                f"the first run of a model on a device takes a while; later runs take them from the cache"
+            )
 
     def _allocate(self, t: int) -> None:
         """Buffers for a step of up to `t` tokens, made once."""

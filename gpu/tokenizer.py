@@ -53,6 +53,8 @@ _REGEX_SPLITTING = {
 _NFC = {"qwen2"}  # Qwen2's tokenizer.json normalizes to NFC first
 PRE_TOKENIZERS = sorted(_DIGIT_SPLITTING | _REGEX_SPLITTING.keys() | _PLAIN_GPT2 - {""})
 
+_KIND_NAMES = {str: "strings", int: "integers", (int, float): "numbers"}
+
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
@@ -93,7 +95,7 @@ class Tokenizer:
         self.eos_id = eos_id
         self.add_bos = add_bos
         if kind == "llama":
-            self._token_bytes = spm_token_bytes(tokens, token_types)
+            self._token_bytes = spm_token_bytes(tokens, token_types, name)
             self._hf = build_spm(tokens, token_types, scores, add_space_prefix, name)
             _add_special(self._hf, tokens, token_types)
         else:
@@ -131,24 +133,47 @@ class Tokenizer:
                 f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2' "
                 f"and SentencePiece 'llama')"
             )
-        tokens = need("tokenizer.ggml.tokens")
-        types = md.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens)  # type: ignore[arg-type]
-        if len(tokens) != model.config.vocab_size:  # type: ignore[arg-type]
+        def list_of(key: str, kinds: type | tuple[type, ...], length: int | None = None) -> list:
+            value = need(key)
+            if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} is not a list of {_KIND_NAMES[kinds]}")
+            if length is not None and len(value) != length:
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} has {len(value)} entries, the vocabulary {length}")
+            return value
+
+        def token_id(key: str) -> int:
+            value = need(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(tokens):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} = {value!r} is not a token id (0..{len(tokens) - 1})")
+            return value
+
+        def text(key: str, default: str | None) -> str | None:
+            value = md.get(key, default)
+            if value is not None and not isinstance(value, str):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} is not a string")
+            return value
+
+        tokens = list_of("tokenizer.ggml.tokens", str)
+        if len(tokens) != model.config.vocab_size:
             raise ModelFormatError(
-                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "  # type: ignore[arg-type]
+                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "
                 f"{model.config.vocab_size}"
             )
+        if "tokenizer.ggml.token_type" in md:
+            types = list_of("tokenizer.ggml.token_type", int, len(tokens))
+        else:
+            types = [int(gguf.TokenType.NORMAL)] * len(tokens)
         return cls(
-            tokens,  # type: ignore[arg-type]
-            types,  # type: ignore[arg-type]
-            need("tokenizer.ggml.merges") if kind == "gpt2" else (),  # type: ignore[arg-type]
-            bos_id=int(need("tokenizer.ggml.bos_token_id")),  # type: ignore[arg-type]
-            eos_id=int(need("tokenizer.ggml.eos_token_id")),  # type: ignore[arg-type]
-            pre=str(md.get("tokenizer.ggml.pre", "gpt2")),
-            chat_template=md.get("tokenizer.chat_template"),  # type: ignore[arg-type]
+            tokens,
+            types,
+            list_of("tokenizer.ggml.merges", str) if kind == "gpt2" else (),
+            bos_id=token_id("tokenizer.ggml.bos_token_id"),
+            eos_id=token_id("tokenizer.ggml.eos_token_id"),
+            pre=str(text("tokenizer.ggml.pre", "gpt2")),
+            chat_template=text("tokenizer.chat_template", None),
             name=str(model.path),
             kind=str(kind),
-            scores=need("tokenizer.ggml.scores") if kind == "llama" else None,  # type: ignore[arg-type]
+            scores=list_of("tokenizer.ggml.scores", (int, float), len(tokens)) if kind == "llama" else None,
             add_bos=bool(md.get("tokenizer.ggml.add_bos_token", kind == "llama")),
             add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
         )
@@ -264,6 +289,10 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
         a, sep, b = m.partition(" ")
         if not sep:
             raise ModelFormatError(f"{name}: malformed BPE merge {m!r}")
+        # `tokenizers` refuses such a merge with a bare Exception; say which one and where.
+        for piece in (a, b, a + b):
+            if piece not in vocab:
+                raise ModelFormatError(f"{name}: BPE merge {m!r} names {piece!r}, which is not in the vocabulary")
         pairs.append((a, b))
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

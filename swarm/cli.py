@@ -31,7 +31,30 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # not built yet
         module.add_parser(sub)
+    _show_defaults(parser)
     return parser
+
+
+class _ShowsDefaults(argparse.HelpFormatter):
+    """Ends a flag's help with its default, unless the help already says it (or
+    there is none to say)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        silent = action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+        if silent or "default" in text or isinstance(action, argparse._VersionAction):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every command's and subcommand's help, in the formatter its module chose."""
+    if not issubclass(parser.formatter_class, _ShowsDefaults):
+        parser.formatter_class = type(f"ShowsDefaults{parser.formatter_class.__name__}", (_ShowsDefaults, parser.formatter_class), {})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def _version() -> str:

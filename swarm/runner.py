@@ -18,7 +18,7 @@ from swarm.watch import WatchHub, create_app, follow_bus, serve_http
 
 
 class SessionRunner:
-    """Runs one session. `run()` is async; `events_path`, `agents` and `problems`
+    """Runs one session. `run()` is async; `events_path` and `agents`
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
     def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
@@ -34,8 +34,7 @@ class SessionRunner:
         self.socket = socket
         self.on_event = on_event
         self.say = say
-        loaded = build_agents(session, self.workspace, self.out, say)
-        self.agents, self.problems = loaded.agents, loaded.problems
+        self.agents = build_agents(session, self.workspace, self.out, say)
         self.started = self.stopped = None
         # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
         # served from before the model loads, so a browser opened right away waits
@@ -53,10 +52,14 @@ class SessionRunner:
 
     def model_spec(self) -> str | Path | None:
         """The session's model: a catalogue name, or a path relative to the session file."""
-        from gpu.fetch import is_model_name
+        from gpu.fetch import is_model_name, looks_like_a_name
 
         spec = self.session.model
-        return resolve_path(self.session, spec) if spec and not is_model_name(spec) else spec
+        if not spec or is_model_name(spec):
+            return spec
+        path = resolve_path(self.session, spec)
+        # A bare word that is no file next to the session is a (maybe misspelt) catalogue name.
+        return spec if looks_like_a_name(spec) and not path.exists() else path
 
     async def run(self) -> None:
         # A cluster's owners each open their own engine; else it is opened here.
@@ -103,11 +106,13 @@ class SessionRunner:
 
     async def _until_done(self, swarm: Any, foreground: list[Any]) -> None:
         """Until the duration is up, or every foreground agent has finished."""
-        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")):
+        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")) as timer:
             if not foreground:
                 await anyio.sleep_forever()
             for agent in foreground:
                 await swarm.join(agent)
+        if timer.cancelled_caught and self.say is not None:
+            self.say(f"the session's duration ({self.session.duration:g} s) is up: stopping, and cancelling the turns still running")
 
     async def _forward(self, sub: Any) -> None:
         async for item in sub:

@@ -20,8 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
 
     engine = sub.add_parser("engine", help="decode step time for 1-8 turns, prefill rate, bandwidth")
-    engine.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
-    engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    engine.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
+    engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)')
     engine.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     engine.add_argument("--profile", action="store_true", help="per-kernel device time from OpenCL profiling events")
     engine.add_argument("--steps", type=int, default=16, metavar="N", help="timed decode steps per batch size")

@@ -28,8 +28,8 @@ from swarm.watch import DEFAULT_PORT, bind_loopback
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a swarm from a session file (or the built-in demo)", description=__doc__)
     p.add_argument("session", nargs="?", help="session TOML file (default: the built-in demo)")
-    p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's)")
-    p.add_argument("--device", help="OpenCL device (overrides the session's)")
+    p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)")
+    p.add_argument("--device", help="OpenCL device (overrides the session's; env SWARM_DEVICE below it)")
     p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
@@ -61,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
         say=lambda text: console.print(text, style="bold cyan", markup=False),
         page_sockets=[bind_loopback(args.port)] if args.watch else [], cluster=args.cluster, owners=args.owners,
     )
-    for problem in runner.problems:
-        console.print(f"[bold red]warning:[/] {problem}", highlight=False)
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
     if runner.page_urls:
         console.print(f"page:   {runner.page_urls[0]}")
