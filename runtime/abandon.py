@@ -90,7 +90,7 @@ class StepAbandon:
         if ahead_bar is None and not worth_abandoning(plan, self.scheduler.cost, self.scheduler.config.slack):
             self._step_bar = None
             return None
-        bar = self.scheduler.priorities.top_level(plan.turns)
+        bar = self.scheduler.priorities.top_unaged(plan.turns)
         self._step_bar = bar if ahead_bar is None or bar is None else max(bar, ahead_bar)
         for request in waiting:
             self._notice(request)
@@ -101,7 +101,7 @@ class StepAbandon:
         if still is None or self._step_bar is None:
             self._step_bar = None
         else:
-            self._step_bar = self.scheduler.priorities.top_level(still.turns)
+            self._step_bar = self.scheduler.priorities.top_unaged(still.turns)
 
     def _notice(self, request: OwnerRequest) -> None:
         """A request came in while a step runs: abandon it if the request's turn outranks it."""
@@ -112,10 +112,10 @@ class StepAbandon:
         if not isinstance(request.agent, str) or not isinstance(request.priority, int) or isinstance(request.priority, bool):
             return
         try:
-            level = self.scheduler.priorities.arriving(request.priority, (request.agent, *request.lifts))
+            priority = self.scheduler.priorities.unaged_of(request.priority, (request.agent, *request.lifts))
         except TypeError:  # lifts that are not a sequence of names
             return
-        if level > bar:
+        if priority > bar:
             self._abandoned_by = request
             self._abandon.set()
 

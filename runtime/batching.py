@@ -22,11 +22,11 @@ from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import Work
 from runtime.prefix import PrefixCache
-from runtime.shaping import StepBudget, protected_level
+from runtime.shaping import StepBudget, protected_priority
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
 if TYPE_CHECKING:
-    from runtime.priorities import Priorities
+    from runtime.priority import Priorities
 
 
 class Batching:
@@ -46,8 +46,8 @@ class Batching:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
         turn above background priority is live, the step is shaped for it instead."""
-        level = self._protected_level()
-        if level is not None and self._batch_shaped(level, now, plan):
+        protected = self._protected_priority()
+        if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
         for turn in self._batch_order(self.running.values(), now):
@@ -59,10 +59,11 @@ class Batching:
             elif self._catch_up(turn, plan):
                 budget -= self._take(turn, min(turn.pending, budget), now, plan)
 
-    def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
+    def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
         """runtime.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
-        protected = [t for t in self.running.values() if self._level(t) >= level]
+        unaged = self.priorities.unaged
+        protected = [t for t in self.running.values() if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         for turn in self._batch_order(protected, now):
@@ -75,7 +76,7 @@ class Batching:
         budget.close_base()
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
-        others = [t for t in self.running.values() if self._level(t) < level]
+        others = [t for t in self.running.values() if unaged(t) < at]
         room = self.config.step_tokens
         for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
             if not self._catch_up(turn, plan):
@@ -154,11 +155,7 @@ class Batching:
         max_context = self.config.max_context
         return len(turn.output) >= turn.max_tokens or bool(max_context and turn.length >= max_context)
 
-    def _protected_level(self) -> int | None:
+    def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):
             return None
-        top = self.priorities.top_level(self.turns.values())
-        return protected_level([] if top is None else [top])
-
-    def _level(self, turn: Turn) -> int:
-        return self.priorities.level(turn)
+        return protected_priority(self.priorities.top_unaged(self.turns.values()))

@@ -20,7 +20,7 @@ from runtime.prefix import PrefixCache
 from runtime.turns import Copy, Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
 
 if TYPE_CHECKING:
-    from runtime.priorities import Priorities
+    from runtime.priority import Priorities
 
 
 class KVMoves:

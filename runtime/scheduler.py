@@ -14,7 +14,7 @@ Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
 This module decides who holds a slot: admission, preemption and resumption, and
-how a turn ends. Its parts: `runtime.priorities` (the effective priority: aged,
+how a turn ends. Its parts: `runtime.priority` (the effective priority: aged,
 or lent through `set_inherited`), `runtime.batching` (the work of the step) and
 `runtime.kvmoves` (K/V memory: growing blocks, swapping and dropping others'). A
 turn's `status` (runtime.turns.Status) is the one record of where it is.
@@ -37,7 +37,7 @@ from runtime.errors import UsageError
 from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Preempted, Queued, Recomputed, Resumed, SwappedIn
 from runtime.kvmoves import KVMoves
 from runtime.prefix import PrefixCache
-from runtime.priorities import Priorities
+from runtime.priority import Priorities
 from runtime.priority import BACKGROUND
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
@@ -65,7 +65,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         self.eos = frozenset(eos_token_ids)
         self.emit = emit
         self.step = 0
-        self.priorities = Priorities(config)
+        self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.swapped_blocks = 0
         self._ids = itertools.count(1)
@@ -164,7 +164,7 @@ class Scheduler(Accounting, Batching, KVMoves):
     def schedule(self, now: float) -> Plan:
         plan = Plan()
         waiting = [] if self._queue_stuck(now) else self.waiting
-        for turn in self.priorities.queue_order(waiting, now, self.policy):
+        for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
             free = self._free_slot()
             if free is None:
                 if not self.policy.preempts:
@@ -228,7 +228,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         recomputed = turn.status is Status.DROPPED
         if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
             turn.cached_tokens = self.prefix.reuse(turn, plan.moves)
-        turn.boost = self.priorities.aged(turn, now)
+        turn.aging_kept = self.priorities.aging_levels(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
         turn.last_admit = next(self._admissions)
         self._changes += 1
@@ -259,7 +259,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         policy's next step)."""
         turn.status, turn.slot = Status.PAUSED, None
         self._changes += 1
-        turn.boost = 0
+        turn.aging_kept = 0
         turn.waiting_since = now
         turn.enqueued = next(self._enqueues)
 
@@ -283,7 +283,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         if turn.owed:  # tokens a step in flight samples for it are thrown away
             del turn.output[-turn.owed :]
             turn.owed = 0
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self._level(turn)))
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self.priorities.unaged(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
@@ -298,16 +298,16 @@ class Scheduler(Accounting, Batching, KVMoves):
         return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.priorities.effective(turn, now), slot=turn.slot)
 
 
-def _latencies(turn: Turn, now: float, level: int) -> dict[str, Any]:
+def _latencies(turn: Turn, now: float, unaged: int) -> dict[str, Any]:
     """What the turn's reader felt: time to the first token (from the request) and
     the mean gap between tokens after it, pauses included; for a turn above
-    background priority (`level`: its own, or lent by whoever waits on it), also
+    background priority (`unaged`: its own, or lent by whoever waits on it), also
     every token's time, so the log can replay its pace."""
     if turn.first_token_at is None:
         return {}
     felt: dict[str, Any] = {"ttft_s": turn.first_token_at - turn.arrived}
     if len(turn.output) > 1:
         felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
-    if level > BACKGROUND:
+    if unaged > BACKGROUND:
         felt["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
     return felt

@@ -236,7 +236,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     def abandons(plan: Plan) -> bool:
         """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
         return (
-            workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_level(plan.turns) or BACKGROUND)
+            workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_unaged(plan.turns) or BACKGROUND)
             and worth_abandoning(plan, engine.cost, config.slack)
         )
 
