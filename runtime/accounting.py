@@ -27,7 +27,6 @@ class Accounting:
     prefix: PrefixCache
     eos: frozenset[int]
     step: int
-    in_flight: Plan | None
 
     def advance(self, plan: Plan) -> None:
         """Account a step that has just been launched as if it had run, before its
@@ -49,15 +48,12 @@ class Accounting:
                 turn.output.append(UNKNOWN)
                 turn.owed += 1
         plan.advanced = True
-        self.in_flight = plan
 
     def retract(self, plan: Plan) -> None:
         """Undo `advance` for a step that counts for nothing after all (abandoned,
         runtime.abandon: what it wrote is written again when its work runs again).
         Of two steps in flight, the later is retracted first."""
         self.step -= 1
-        if plan is self.in_flight:
-            self.in_flight = None
         for work, turn in zip(plan.works, plan.turns):
             if turn.status is Status.ENDED:
                 continue
@@ -76,8 +72,6 @@ class Accounting:
         advanced = plan.advanced
         if not advanced:
             self.step += 1
-        elif plan is self.in_flight:
-            self.in_flight = None
         delivered = []
         commit, eos, max_context = self.prefix.commit, self.eos, self.config.max_context  # (once per step, not per turn)
         for work, turn, token in zip(plan.works, plan.turns, tokens):

@@ -40,14 +40,13 @@ class Batching:
     priorities: Priorities
     turns: dict[int, Turn]
     step: int
-    in_flight: Plan | None
 
-    def _batch(self, now: float, plan: Plan) -> None:
+    def _batch(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
         turn above background priority is live, the step is shaped for it instead."""
         protected = self._protected_priority()
-        if protected is not None and self._batch_shaped(protected, now, plan):
+        if protected is not None and self._batch_shaped(protected, now, plan, in_flight):
             return
         budget = self.config.step_tokens
         for turn in self._batch_order(self.running.values(), now):
@@ -56,10 +55,10 @@ class Batching:
             pending = turn.pending
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan)
-            elif self._catch_up(turn, plan):
+            elif self._catch_up(turn, plan, in_flight):
                 budget -= self._take(turn, min(turn.pending, budget), now, plan)
 
-    def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
+    def _batch_shaped(self, at: int, now: float, plan: Plan, in_flight: Plan | None) -> bool:
         """runtime.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
         unaged = self.priorities.unaged
@@ -67,7 +66,7 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         for turn in self._batch_order(protected, now):
-            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
+            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan, in_flight) else 0
             if n:
                 budget.add(plan.works[-1].start, n)
                 chunk -= n if n > 1 else 0
@@ -79,7 +78,7 @@ class Batching:
         others = [t for t in self.running.values() if unaged(t) < at]
         room = self.config.step_tokens
         for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
-            if not self._catch_up(turn, plan):
+            if not self._catch_up(turn, plan, in_flight):
                 continue
             n = budget.largest(turn.computed, min(turn.pending, room))
             if n and self._take(turn, n, now, plan):
@@ -91,20 +90,20 @@ class Batching:
         effective = self.priorities.effective  # (the key runs for every turn at every step)
         return sorted(turns, key=lambda t: (len(t.prompt) + len(t.output) - t.computed > 1, -effective(t, now), t.last_admit))
 
-    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
+    def _catch_up(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
         gained since (runtime.prefix). False if the turn should wait this step,
         because a batch-mate computes its next block for the same tokens."""
         if turn.status is not Status.RUNNING or turn.pending <= 1 or not self.prefix.enabled:
             return True
         self.prefix.extend(turn)
-        if self._computed_alongside(turn, plan):
+        if self._computed_alongside(turn, plan, in_flight):
             plan.held.append(turn)
             return False
         self.prefix.copy_rows(turn, plan.moves)
         return True
 
-    def _computed_alongside(self, turn: Turn, plan: Plan) -> bool:
+    def _computed_alongside(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
         """Whether a turn already in this step, or in the step in flight, computes
         the full block the turn would compute next, for the same tokens: then it is registered after the
         step and the turn takes it by reference (turns that arrive together with
@@ -115,8 +114,7 @@ class Batching:
             return False
         key = turn.hashes[i]
         # (the step in flight too: what it computes is only shared once it is accounted)
-        flying = self.in_flight
-        pairs = zip(plan.works + flying.works, plan.turns + flying.turns) if flying is not None else zip(plan.works, plan.turns)
+        pairs = zip(plan.works + in_flight.works, plan.turns + in_flight.turns) if in_flight is not None else zip(plan.works, plan.turns)
         for work, other in pairs:
             if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
                 continue

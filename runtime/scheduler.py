@@ -76,7 +76,6 @@ class Scheduler(Accounting, Batching, KVMoves):
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
-        self.in_flight: Plan | None = None  # the last plan advanced and not yet accounted
 
     # ------------------------------------------------------------------ inputs
 
@@ -161,7 +160,10 @@ class Scheduler(Accounting, Batching, KVMoves):
 
     # ------------------------------------------------------------- schedule
 
-    def schedule(self, now: float) -> Plan:
+    def schedule(self, now: float, in_flight: Plan | None = None) -> Plan:
+        """This boundary's decisions. `in_flight` is the step launched (`advance`d)
+        and not yet accounted, if any: a prompt does not compute again a block it
+        computes."""
         plan = Plan()
         waiting = [] if self._queue_stuck(now) else self.waiting
         for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
@@ -176,7 +178,7 @@ class Scheduler(Accounting, Batching, KVMoves):
                 self.preempt(victim, turn, now, plan)
             if not self._admit(turn, free, now, plan):
                 break
-        self._batch(now, plan)
+        self._batch(now, plan, in_flight)
         return plan
 
     def _queue_stuck(self, now: float) -> bool:

@@ -99,7 +99,7 @@ class Swarm(AgentHost):
         return await self._stack.__aexit__(*exc_info)
 
     async def _stop_agents(self) -> None:
-        self.owner.closing = True
+        self.owner.intake.closing = True
         with anyio.CancelScope(shield=True):
             for name in self.system.names():
                 if name != self.owner.name:

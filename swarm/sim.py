@@ -28,7 +28,7 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.units import ceil_div, percentiles
-from runtime.abandon import stopped_after, worth_abandoning
+from runtime.abandon import abandon_bar, stopped_after
 from swarm.fastforward import account, stretch
 from runtime.turns import Plan, Policy, SchedulerConfig, Turn
 
@@ -214,7 +214,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     config = SchedulerConfig(
         slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,
-        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache,
+        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache, abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
@@ -235,10 +235,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     def abandons(plan: Plan) -> bool:
         """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
-        return (
-            workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_unaged(plan.turns) or BACKGROUND)
-            and worth_abandoning(plan, engine.cost, config.slack)
-        )
+        bar = abandon_bar(plan, sched)
+        return bar is not None and FOREGROUND > bar
 
     def submit_bg(agent: str, now: float) -> None:
         sched.submit(agent, BACKGROUND, prompt(agent, workload.background_prompt), bg_length(), now, ignore_eos=True)
