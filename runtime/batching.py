@@ -10,46 +10,59 @@ A prompt first takes what the prefix cache has gained since it was admitted
 (`_catch_up`), and waits a step rather than compute a block a batch-mate is
 computing for the same tokens.
 
-Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
-admits or pauses a turn, except through `_reserve` when memory runs short.
+`Batching` is a part the scheduler owns, with no state of its own between
+steps: it reads the running turns through the scheduler it is given, and
+grows their K/V through the scheduler's `KVMemory`. Nothing here admits or
+pauses a turn, except through `KVMemory.reserve` when memory runs short.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
-from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import Work
+from runtime.kvmoves import KVMemory
 from runtime.prefix import PrefixCache
+from runtime.priority import Priorities
 from runtime.shaping import StepBudget, protected_priority
-from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
-
-if TYPE_CHECKING:
-    from runtime.priority import Priorities
+from runtime.turns import Plan, SchedulerConfig, Status, Turn
 
 
-class Batching:
-    # The scheduler's state this part reads (besides `running` and `_reserve`,
-    # the scheduler's and its KV memory's).
-    config: SchedulerConfig
-    policy: Policy
-    cost: StepCost
-    pool: BlockPool
-    prefix: PrefixCache
-    priorities: Priorities
+class Running(Protocol):
+    """What the batch asks of the scheduler: the turns in a slot, every live
+    turn, and the step being planned."""
+
+    @property
+    def running(self) -> dict[int, Turn]: ...
+
     turns: dict[int, Turn]
     step: int
 
-    def _batch(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
+
+class Batching:
+    def __init__(
+        self, config: SchedulerConfig, cost: StepCost, prefix: PrefixCache, priorities: Priorities, memory: KVMemory, seats: Running,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.cost = cost
+        self.block_size = memory.pool.block_size
+        self.prefix = prefix
+        self.priorities = priorities
+        self.memory = memory
+        self.seats = seats
+
+    def fill(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
-        turn above background priority is live, the step is shaped for it instead."""
+        turn above background priority is live, the step is shaped for it instead.
+        `in_flight` is the step launched and not yet accounted, if any."""
         protected = self._protected_priority()
         if protected is not None and self._batch_shaped(protected, now, plan, in_flight):
             return
         budget = self.config.step_tokens
-        for turn in self._batch_order(self.running.values(), now):
+        for turn in self._batch_order(self.seats.running.values(), now):
             if budget <= 0:
                 break
             pending = turn.pending
@@ -62,7 +75,7 @@ class Batching:
         """runtime.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
         unaged = self.priorities.unaged
-        protected = [t for t in self.running.values() if unaged(t) >= at]
+        protected = [t for t in self.seats.running.values() if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         for turn in self._batch_order(protected, now):
@@ -75,7 +88,7 @@ class Batching:
         budget.close_base()
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
-        others = [t for t in self.running.values() if unaged(t) < at]
+        others = [t for t in self.seats.running.values() if unaged(t) < at]
         room = self.config.step_tokens
         for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
             if not self._catch_up(turn, plan, in_flight):
@@ -108,7 +121,7 @@ class Batching:
         the full block the turn would compute next, for the same tokens: then it is registered after the
         step and the turn takes it by reference (turns that arrive together with
         one system prompt compute it once)."""
-        size = self.pool.block_size
+        size = self.block_size
         i, rest = divmod(turn.computed, size)
         if rest or i >= len(turn.hashes):
             return False
@@ -136,7 +149,7 @@ class Batching:
             return 0  # its last token is being sampled: it ends when that step is accounted
         start = turn.computed
         end = start + n
-        if len(turn.blocks) * self.pool.block_size < end and not self._reserve(turn.blocks, end, now, plan, keep=turn):
+        if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == len(turn.prompt) + len(turn.output)
@@ -144,7 +157,7 @@ class Batching:
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
         plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling))
         plan.turns.append(turn)
-        turn.last_stepped = self.step
+        turn.last_stepped = self.seats.step
         return n
 
     def _owes_last(self, turn: Turn) -> bool:
@@ -156,4 +169,4 @@ class Batching:
     def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):
             return None
-        return protected_priority(self.priorities.top_unaged(self.turns.values()))
+        return protected_priority(self.priorities.top_unaged(self.seats.turns.values()))

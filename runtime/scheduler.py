@@ -14,9 +14,11 @@ Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
 This module decides who holds a slot: admission, preemption and resumption, and
-how a turn ends. Its parts: `runtime.priority` (the effective priority: aged,
-or lent through `set_inherited`), `runtime.batching` (the work of the step) and
-`runtime.kvmoves` (K/V memory: growing blocks, swapping and dropping others'). A
+how a turn ends. It is built from parts it owns, each in its own module:
+`Priorities` (runtime.priority: the effective priority, and what is lent
+through `set_inherited`), `Batching` (runtime.batching: the work of the step),
+`KVMemory` (runtime.kvmoves: growing blocks, swapping and dropping others') and
+`Accounting` (runtime.accounting: what a step's tokens do to their turns). A
 turn's `status` (runtime.turns.Status) is the one record of where it is.
 Preemption happens only for a strictly higher effective priority, and the victim
 is the lowest effective priority, latest admitted.
@@ -34,15 +36,14 @@ from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Preempted, Queued, Recomputed, Resumed, SwappedIn
-from runtime.kvmoves import KVMoves
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.kvmoves import KVMemory
 from runtime.prefix import PrefixCache
-from runtime.priority import Priorities
-from runtime.priority import BACKGROUND
+from runtime.priority import BACKGROUND, Priorities
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
 
-class Scheduler(Accounting, Batching, KVMoves):
+class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
@@ -62,12 +63,13 @@ class Scheduler(Accounting, Batching, KVMoves):
         self.policy = config.policy
         self.pool = blocks
         self.prefix = PrefixCache(blocks, config.prefix_cache)
-        self.eos = frozenset(eos_token_ids)
         self.emit = emit
         self.step = 0
-        self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
-        self.swapped_blocks = 0
+        self.priorities = Priorities(config.aging_s, config.aging_cap)
+        self.memory = KVMemory(config, blocks, self.prefix, self.priorities, self, emit, self._about)
+        self.batching = Batching(config, self.cost, self.prefix, self.priorities, self.memory, self)
+        self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
         self._enqueues = itertools.count(1)
@@ -131,6 +133,40 @@ class Scheduler(Accounting, Batching, KVMoves):
         self.priorities.lend(lift, priority)
         self._changes += 1
 
+    # ----------------------------------------------------- a step's accounts
+
+    def advance(self, plan: Plan) -> None:
+        """Account a step just launched as if it had run (runtime.accounting), so
+        the next can be planned while it runs."""
+        self.step += 1
+        self.accounting.advance(plan)
+
+    def retract(self, plan: Plan) -> None:
+        """Undo `advance` for a step that counts for nothing after all."""
+        self.step -= 1
+        self.accounting.retract(plan)
+
+    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
+        """Account one step; return the sampled tokens to deliver, in batch order."""
+        if not plan.advanced:
+            self.step += 1
+        return self.accounting.postprocess(plan, tokens, now)
+
+    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
+        """A KV move of this plan failed for the turn: it is re-prefilled (runtime.kvmoves)."""
+        turn = self.turns.get(turn_id)
+        if turn is not None:
+            self.memory.lose(turn, plan, now)
+
+    @property
+    def swapped_blocks(self) -> int:
+        """Host memory in use for swapped-out K/V, in blocks."""
+        return self.memory.swapped_blocks
+
+    @property
+    def eos(self) -> frozenset[int]:
+        return self.accounting.eos
+
     # ------------------------------------------------------------ the turns
 
     @property
@@ -178,7 +214,7 @@ class Scheduler(Accounting, Batching, KVMoves):
                 self.preempt(victim, turn, now, plan)
             if not self._admit(turn, free, now, plan):
                 break
-        self._batch(now, plan, in_flight)
+        self.batching.fill(now, plan, in_flight)
         return plan
 
     def _queue_stuck(self, now: float) -> bool:
@@ -219,13 +255,13 @@ class Scheduler(Accounting, Batching, KVMoves):
         victim.preemptions += 1
         plan.preemptions += 1
         if self.policy is Policy.SWAP:
-            self._evict(victim, now, plan)
+            self.memory.evict(victim, now, plan)
         elif self.policy is Policy.RECOMPUTE:
-            self._drop(victim, plan)
+            self.memory.drop(victim, plan)
 
     def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
         swapped = turn.status is Status.SWAPPED
-        if swapped and not self._swap_in(turn, now, plan):
+        if swapped and not self.memory.swap_in(turn, now, plan):
             return False
         recomputed = turn.status is Status.DROPPED
         if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
@@ -288,7 +324,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self.priorities.unaged(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
-            self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
+            self.memory.release_host(turn)
         turn.status, turn.slot = Status.ENDED, None
         self._changes += 1
         self.prefix.settle(turn)  # (its last block's rows stay findable for a turn that repeats it)
