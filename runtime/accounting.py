@@ -44,6 +44,18 @@ class Accounting:
                 turn.owed += 1
         plan.advanced = True
 
+    def repeat(self, plan: Plan, tokens: Sequence[int | None], times: int, now: float) -> None:
+        """The plan's step ran `times` more times, each item decoding its token
+        again (Scheduler.repeatable): before `postprocess` accounts the last."""
+        for work, turn, token in zip(plan.works, plan.turns, tokens):
+            if turn.status is not Status.RUNNING:
+                continue
+            turn.computed += times
+            if work.sample and token is not None:
+                if not turn.output:
+                    turn.first_token_at = now
+                turn.output.extend([token] * times)
+
     def retract(self, plan: Plan) -> None:
         """Undo `advance` for a step that counts for nothing after all (abandoned,
         runtime.abandon: what it wrote is written again when its work runs again).

@@ -146,11 +146,39 @@ class Scheduler:
         self.step -= 1
         self.accounting.retract(plan)
 
-    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
-        """Account one step; return the sampled tokens to deliver, in batch order."""
+    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
+        """Account one step; return the sampled tokens to deliver, in batch order.
+        `repeats` > 1 accounts the plan as that many identical steps, as
+        `repeatable` allowed (the simulator's fast-forward): the first
+        repeats - 1 decode their token again, the last is accounted as usual."""
         if not plan.advanced:
             self.step += 1
+        if repeats > 1:
+            self.step += repeats - 1
+            self.accounting.repeat(plan, tokens, repeats - 1, now)
         return self.accounting.postprocess(plan, tokens, now)
+
+    def repeatable(self, plan: Plan, steps: int) -> int:
+        """How many identical steps this plan can stand for, at most `steps`: its
+        first step, then decodes of every item until the first turn ends. Each
+        item must sample (the last chunk of a prefill does) and ignore eos, and
+        the blocks of every step must be reservable now; they are reserved. (The
+        simulator prices them at once: swarm.sim.)"""
+        if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
+            return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
+        for work, turn in zip(plan.works, plan.turns):
+            if not work.sample or not turn.ignore_eos:
+                return 1
+            steps = min(steps, turn.max_tokens - len(turn.output))
+        if steps <= 1:
+            return 1
+        size = self.pool.block_size
+        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
+        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns)) > self.pool.num_free:
+            return 1
+        for end, turn in zip(ends, plan.turns):
+            self.pool.grow(turn.blocks, end)
+        return steps
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
         """A KV move of this plan failed for the turn: it is re-prefilled (runtime.kvmoves)."""
