@@ -32,7 +32,7 @@ from typing import Iterable
 from runtime.bus import EventBus
 from runtime.cost import StepCost
 from runtime.events import StepAbandoned
-from runtime.messages import OwnerRequest, TurnRequest
+from runtime.messages import TurnRequest
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan
 
@@ -93,7 +93,7 @@ class StepAbandon:
     def raised(self) -> bool:
         return self.flag.is_set()
 
-    def arm(self, plan: Plan, waiting: Iterable[OwnerRequest], ahead: Plan | None = None) -> threading.Event | None:
+    def arm(self, plan: Plan, waiting: Iterable[TurnRequest], ahead: Plan | None = None) -> threading.Event | None:
         """The flag to hand the engine with this plan's step (None: it runs to the
         end); raised at once if a request that outranks it came in while it was
         planned (`waiting`: not yet taken in). A step planned while `ahead` runs
@@ -121,19 +121,13 @@ class StepAbandon:
         else:
             self._bar = self.scheduler.priorities.top_unaged(still.turns)
 
-    def notice(self, request: OwnerRequest) -> None:
-        """A request came in while a step runs: abandon it if the request's turn outranks it."""
+    def notice(self, request: TurnRequest) -> None:
+        """A turn request (checked: runtime.intake) came in while a step runs:
+        abandon the step if the request's turn outranks it."""
         bar = self._bar
-        if bar is None or self.flag.is_set() or not isinstance(request, TurnRequest):
+        if bar is None or self.flag.is_set():
             return
-        # (Checked properly when taken in: anything can be put in a mailbox.)
-        if not isinstance(request.agent, str) or not isinstance(request.priority, int) or isinstance(request.priority, bool):
-            return
-        try:
-            priority = self.scheduler.priorities.unaged_of(request.priority, (request.agent, *request.lifts))
-        except TypeError:  # lifts that are not a sequence of names
-            return
-        if priority > bar:
+        if self.scheduler.priorities.unaged_of(request.priority, (request.agent, *request.lifts)) > bar:
             self._by = request
             self.flag.set()
 

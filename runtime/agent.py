@@ -29,7 +29,7 @@ from runtime.channel import EMPTY
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
-from runtime.messages import Token, TurnChannel, TurnRequest
+from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from runtime.priority import BACKGROUND
 from runtime.serving import MAILBOX, lift_key, serving
 
@@ -101,11 +101,6 @@ class Agent(Actor):
     ) -> TurnHandle:
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
         user message (a str), or raw token ids. Use it as `async with`."""
-        check_max_tokens(self.name, max_tokens)
-        if not isinstance(sampling, Sampling):
-            raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
-        if not isinstance(ignore_eos, bool):
-            raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
         return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos)
 
     async def complete(self, prompt: Prompt, **kwargs: Any) -> str:
@@ -153,14 +148,19 @@ class TurnHandle:
     def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool) -> None:
         self.agent = agent
         self.prompt = prompt
-        self._gpu = agent._gpu()
-        self.id = self._gpu.new_turn_id()
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
             agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
         )
+        # Checked here, where it is built, so a bad argument is the caller's error
+        # at once (the owner checks what reaches its mailbox by the same rule).
+        problem = turn_request_problem(self._request)
+        if problem:
+            raise UsageError(f"agent {agent.name!r}: {problem}")
+        self._gpu = agent._gpu()
+        self.id = self._gpu.new_turn_id()
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
         self.tokens: list[int] = []

@@ -1,8 +1,8 @@
 """What reaches the GPU owner, taken in at a token boundary.
 
 The owner's one handler only queues a request (`put`); at the next boundary
-`drain` applies each to the scheduler: a turn request is checked again (anything
-can be put in a mailbox) and submitted, a cancel ends a turn or all of an
+`drain` applies each to the scheduler: a turn request, checked as it arrived
+(anything can be put in a mailbox; it was built checked, runtime.agent), is submitted, a cancel ends a turn or all of an
 agent's, a lent priority goes to the scheduler's one store of it. Nothing an
 agent sends may stop the owner: a request that cannot be taken ends its own
 turn, if it has one, and nothing else. A part the GPU owner owns.
@@ -36,39 +36,61 @@ class Intake:
         self.scheduler = scheduler
         self.bus = bus
         self.replies = replies  # the owner's: turn id -> where its updates go (a turn taken in gets one)
-        self.waiting: collections.deque[OwnerRequest] = collections.deque()  # taken at the next boundary
+        # Taken at the next boundary, each with why it cannot be taken (a turn
+        # request is checked once, as it arrives: anything can be put in a mailbox).
+        self._waiting: collections.deque[tuple[OwnerRequest, str | None]] = collections.deque()
         self._wakeup = anyio.Event()
         # Set when the swarm shuts down: the turns its stopping agents leave were
         # ended by the shutdown, and say so.
         self.closing = False
 
-    def put(self, request: OwnerRequest) -> None:
-        self.waiting.append(request)
+    def put(self, request: OwnerRequest) -> TurnRequest | None:
+        """Queue a request for the next boundary; returns it if it is a turn
+        request that can be taken (what may outrank the step in flight)."""
+        problem = None
+        if isinstance(request, TurnRequest):
+            if not isinstance(request.reply, TurnChannel):
+                problem = f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}"
+            else:
+                problem = turn_request_problem(request)
+        self._waiting.append((request, problem))
         self._wakeup.set()
+        return request if isinstance(request, TurnRequest) and problem is None else None
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for the next boundary."""
+        return len(self._waiting)
+
+    def waiting_turns(self) -> list[TurnRequest]:
+        """The turn requests waiting that can be taken."""
+        return [r for r, problem in self._waiting if isinstance(r, TurnRequest) and problem is None]
 
     async def wait(self) -> None:
         """Until a request has arrived."""
-        while not self.waiting:
+        while not self._waiting:
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
 
     def drain(self) -> None:
         """Take every request that has arrived into the scheduler."""
-        while self.waiting:
-            self._apply(self.waiting.popleft())
+        while self._waiting:
+            self._apply(*self._waiting.popleft())
 
     def hang_up(self) -> None:
         """The owner stops: a request never taken in has its turn's channel closed
         (read as TurnFailed "the GPU owner stopped"), not left hanging."""
-        for request in self.waiting:
+        for request, _ in self._waiting:
             if isinstance(request, TurnRequest) and isinstance(request.reply, TurnChannel):
                 request.reply.send.close()
-        self.waiting.clear()
+        self._waiting.clear()
 
-    def _apply(self, request: OwnerRequest) -> None:
+    def _apply(self, request: OwnerRequest, problem: str | None) -> None:
         """Take one request. Nothing an agent sends may stop the owner: a request
         that cannot be taken ends its own turn (if it has one) and nothing else."""
         try:
+            if problem:
+                raise UsageError(problem)
             self._take(request)
         except Exception as exc:
             log.exception("GPU owner: refused %r", request)
@@ -92,12 +114,7 @@ class Intake:
     def _take(self, request: OwnerRequest) -> None:
         now = self.bus.now()
         sched = self.scheduler
-        if isinstance(request, TurnRequest):
-            if not isinstance(request.reply, TurnChannel):
-                raise UsageError(f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}")
-            problem = turn_request_problem(request)
-            if problem:
-                raise UsageError(problem)
+        if isinstance(request, TurnRequest):  # (checked as it arrived: put)
             turn_id = request.reply.turn_id
             self.replies[turn_id] = request.reply.send
             # Arrival is when the agent asked, not this boundary: the wait a person

@@ -135,8 +135,9 @@ class GPUOwner(Actor):
         self._request(request)
 
     def _request(self, request: OwnerRequest) -> None:
-        self.intake.put(request)
-        self.abandon.notice(request)  # it may outrank the step in flight
+        turn = self.intake.put(request)
+        if turn is not None:
+            self.abandon.notice(turn)  # it may outrank the step in flight
 
     def on_undelivered(self, msg: msgspec.Struct) -> bool:
         # A request still in the mailbox at shutdown is taken by on_stop like the
@@ -233,7 +234,7 @@ class GPUOwner(Actor):
         wait for this loop. Returns the step that was in flight, to be landed."""
         self.scheduler.advance(plan)
         before = self._flight
-        flag = self.abandon.arm(plan, self.intake.waiting, before.plan if before is not None else None)
+        flag = self.abandon.arm(plan, self.intake.waiting_turns(), before.plan if before is not None else None)
         flight = StepInFlight(plan, planned_on, flag, chained=self._chained)
         flight.job = device.submit(self.device.run_step, flight)
         self._chained = True
