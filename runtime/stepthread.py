@@ -45,6 +45,9 @@ class Job(Generic[T]):
             result, error = self._fn(self._arg), None
         except BaseException as exc:  # (handed to whoever awaits the step, as a Future would)
             result, error = None, exc
+        # What it was handed may hold the job in turn (a StepInFlight does): let go
+        # of it, so the pair is freed by reference counting, not the cycle collector.
+        self._fn = self._arg = None  # type: ignore[assignment]
         if inline and self._loop is not None:
             self._settle(result, error)
             return
