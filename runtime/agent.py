@@ -29,6 +29,7 @@ from runtime.channel import EMPTY
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
+from runtime.latency import felt
 from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from runtime.priority import BACKGROUND
 from runtime.serving import MAILBOX, lift_key, serving
@@ -167,7 +168,6 @@ class TurnHandle:
         self.pieces: list[str] = []
         self.queued_t: float | None = None
         self.admitted_t: float | None = None
-        self.first_token_t: float | None = None
         self.token_times: list[float] = []  # when each token was decoded, on the swarm's clock
         self.ended: Ended | None = None
         self.pauses: list[PauseInfo] = []
@@ -186,17 +186,17 @@ class TurnHandle:
 
     @property
     def ttft_s(self) -> float | None:
-        return None if self.first_token_t is None else self.first_token_t - self.queued_t
+        return felt(self.queued_t, self.token_times).ttft_s
 
     @property
     def turn_s(self) -> float | None:
         """Request to last token: how long the person waited for the whole answer."""
-        return None if not self.token_times else self.token_times[-1] - self.queued_t
+        return felt(self.queued_t, self.token_times).turn_s
 
     @property
     def itl_s(self) -> list[float]:
         """The gaps between consecutive tokens."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return felt(self.queued_t, self.token_times).gaps_s
 
     async def __aenter__(self) -> TurnHandle:
         if self._channel is not None:
@@ -251,8 +251,6 @@ class TurnHandle:
         token, t = update.token, update.t
         self.tokens.append(token)
         self.token_times.append(t)
-        if self.first_token_t is None:
-            self.first_token_t = t
         piece = self._text.push(token) if self._text is not None else f"[{token}]"
         if piece:
             self.pieces.append(piece)

@@ -38,6 +38,7 @@ from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
 from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
 from runtime.kvmoves import KVMemory
+from runtime.latency import felt
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, Priorities
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
@@ -368,12 +369,13 @@ def _latencies(turn: Turn, now: float, unaged: int) -> dict[str, Any]:
     """What the turn's reader felt: time to the first token (from the request) and
     the mean gap between tokens after it, pauses included; for a turn above
     background priority (`unaged`: its own, or lent by whoever waits on it), also
-    every token's time, so the log can replay its pace."""
-    if turn.first_token_at is None:
+    every token's time, so the log can replay its pace (runtime.latency)."""
+    if not turn.token_times:
         return {}
-    felt: dict[str, Any] = {"ttft_s": turn.first_token_at - turn.arrived}
-    if len(turn.output) > 1:
-        felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
+    reader = felt(turn.arrived, turn.token_times, until=now)
+    out: dict[str, Any] = {"ttft_s": reader.ttft_s}
+    if reader.mean_gap_s is not None:
+        out["itl_s"] = reader.mean_gap_s
     if unaged > BACKGROUND:
-        felt["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
-    return felt
+        out["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
+    return out
