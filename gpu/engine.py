@@ -65,14 +65,13 @@ from runtime.units import ceil_div
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
-# once left the event loop waiting ~45 ms (median) per 50 ms step. So there a
-# step is enqueued in groups, the thread waiting (without the GIL) at each of
+# once leaves the event loop waiting for most of the step. So there a step is
+# enqueued in groups, the thread waiting (without the GIL) at each of
 # runtime.abandon's CHECK_POINTS for the launches before the previous point:
 # the loop runs during the waits, and the device always has a group queued.
-# (A sleep(0) every few launches let the loop hold the GIL while the device ran
-# dry, and each is ~60 us of timer slack whose wake-up takes a core from PoCL's
-# workers: against one every 32 launches, the groups' batch-1 step is 3-4% faster,
-# batch 8 the same, with or without a busy loop beside it.) The readback waits for
+# (A sleep(0) every few launches instead lets the loop hold the GIL while the
+# device runs dry, and each sleep's timer slack takes a core from PoCL's
+# workers when it wakes.) The readback waits for
 # the step in `finish`, which lets go of the GIL: PoCL's "non-blocking" read blocks
 # until the queue drains, and pyopencl holds the GIL through it, which froze the
 # event loop for the rest of every step.

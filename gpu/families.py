@@ -88,11 +88,9 @@ class CPUFamily:
     name = "cpu"
     SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/nibbles", "cpu/argmax")
     # Matmul work-groups of 64 work-items, each owning two rows. PoCL runs a work-group on
-    # one core, and each quantizes (or reads) its inputs once and meets a barrier or two:
-    # against groups of 16, in-process A/B on SmolLM2, the batch-1 step took 12% less time,
-    # batch 8 8.5% and a 128-token prefill 6%, though `out` and `down` (576 rows) are then
-    # five groups on two cores; Qwen2.5-Coder-0.5B 8%, 13% and 11%. 32 was in between,
-    # 128 and 256 no better than 64.
+    # one core, and each quantizes (or reads) its inputs once and meets a barrier or two,
+    # which smaller groups pay more often than the balance between cores is worth, even
+    # where a matrix (576 rows) makes only five groups. (Sizes compared: in the commit.)
     WG = 64
     LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
     ARGMAX_WG = 16  # common.cl's per-row kernels (sample_hot): a row's work-items share it

@@ -86,9 +86,8 @@ inline void rotate_pair(int d, float2 *x, int pos, __global const float *rope)
 
 /* x.x to element i0 of p, x.y to i1, as halves rounded to nearest even, as vstore_half
    rounds. PoCL's vstore_half is a software routine (vstore_half2 a call of some 80
-   instructions) where x86's F16C converts in one, and rope_store, a call per row pair,
-   is now inlined: the CPU family's QKV matmuls 0.63 -> 0.59 ms a batch-1 step, 2.07 ->
-   1.79 ms at batch 8 (SmolLM2, in-process A/B). */
+   instructions) where x86's F16C converts in one; rope_store is inlined, since a call
+   per row pair in the QKV matmul's epilogue costs more than the rotation itself. */
 #ifndef F16C_STORES  /* (tests build both) */
 #if defined(__F16C__)
 #define F16C_STORES 1

@@ -37,11 +37,12 @@ import msgspec
 
 from runtime.actors import Actor
 from runtime.channel import EMPTY
-from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint, constraint_problem
+from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed, ToolCalled
-from runtime.messages import Token, TurnChannel, TurnRequest
+from runtime.latency import felt
+from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from runtime.priority import BACKGROUND
 from runtime.serving import MAILBOX, lift_key, serving
 from runtime.toolcalls import HERMES, ToolCall, ToolCallFormat, ToolChoice
@@ -163,11 +164,6 @@ class Agent(Actor):
         With `tools` the prompt lists them and the output is held to calls of
         them (runtime.toolcalls) as `tool_choice` says; `turn.text` then holds
         the calls, which `self.tool_format.parse` reads."""
-        check_max_tokens(self.name, max_tokens)
-        if not isinstance(sampling, Sampling):
-            raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
-        if not isinstance(ignore_eos, bool):
-            raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
         if not isinstance(tool_choice, str) or not isinstance(parallel_tool_calls, bool):
             raise UsageError(f"agent {self.name!r}: tool_choice is auto, none, required or a tool's name, and parallel_tool_calls a bool")
         specs = [t if isinstance(t, ToolSpec) else Tool.of(t).spec for t in tools]
@@ -179,8 +175,6 @@ class Agent(Actor):
             if constraint is not None or len(shorthand) > 1:
                 raise UsageError(f"agent {self.name!r}: a turn takes one constraint (constraint, schema, regex, grammar, choices or tools)")
             constraint = shorthand[0]
-        if (problem := constraint_problem(constraint)) is not None:
-            raise UsageError(f"agent {self.name!r}: {problem}")
         return TurnHandle(self, self._encode(prompt, specs), max_tokens, sampling, ignore_eos, constraint)
 
     async def complete(self, prompt: Prompt, *, schema: Any = None, **kwargs: Any) -> Any:
@@ -323,8 +317,6 @@ class TurnHandle:
     def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None) -> None:
         self.agent = agent
         self.prompt = prompt
-        self._gpu = agent._gpu()
-        self.id = self._gpu.new_turn_id()
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
@@ -332,6 +324,13 @@ class TurnHandle:
             agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
             constraint=constraint,
         )
+        # Checked here, where it is built, so a bad argument is the caller's error
+        # at once (the owner checks what reaches its mailbox by the same rule).
+        problem = turn_request_problem(self._request)
+        if problem:
+            raise UsageError(f"agent {agent.name!r}: {problem}")
+        self._gpu = agent._gpu()
+        self.id = self._gpu.new_turn_id()
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
         self.tokens: list[int] = []
@@ -339,7 +338,6 @@ class TurnHandle:
         self.queued_t: float | None = None
         self.admitted_t: float | None = None
         self.cached_tokens = 0  # prompt positions the prefix cache supplied at admission
-        self.first_token_t: float | None = None
         self.token_times: list[float] = []  # when each token was decoded, on the swarm's clock
         self.ended: Ended | None = None
         self.pauses: list[PauseInfo] = []
@@ -358,17 +356,17 @@ class TurnHandle:
 
     @property
     def ttft_s(self) -> float | None:
-        return None if self.first_token_t is None else self.first_token_t - self.queued_t
+        return felt(self.queued_t, self.token_times).ttft_s
 
     @property
     def turn_s(self) -> float | None:
         """Request to last token: how long the person waited for the whole answer."""
-        return None if not self.token_times else self.token_times[-1] - self.queued_t
+        return felt(self.queued_t, self.token_times).turn_s
 
     @property
     def itl_s(self) -> list[float]:
         """The gaps between consecutive tokens."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return felt(self.queued_t, self.token_times).gaps_s
 
     async def __aenter__(self) -> TurnHandle:
         if self._channel is not None:
@@ -427,8 +425,6 @@ class TurnHandle:
         token, t = update.token, update.t
         self.tokens.append(token)
         self.token_times.append(t)
-        if self.first_token_t is None:
-            self.first_token_t = t
         piece = self._text.push(token) if self._text is not None else f"[{token}]"
         if piece:
             self.pieces.append(piece)

@@ -162,7 +162,7 @@ class Turn:
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
     last_stepped: int = 0  # the step it last had work in (shaping serves the longest-unserved first)
-    boost: int = 0  # aging levels earned by waiting, kept while it runs
+    aging_kept: int = 0  # aging levels earned by waiting, kept while it runs (runtime.priority)
     waiting_since: float = 0.0  # since it (re)joined the queue: aging, and how long a pause was
     first_token_at: float | None = None  # when its first output token was sampled
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled

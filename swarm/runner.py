@@ -6,7 +6,7 @@ import socket
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
@@ -15,6 +15,10 @@ from runtime.priority import FOREGROUND
 from swarm.agent_loading import build_agents, new_out_dir, resolve_path, workspace_of
 from swarm.session import Session
 from swarm.watch import WatchHub, create_app, follow_bus, serve_http
+
+if TYPE_CHECKING:
+    from swarm.api import Swarm
+    from swarm.cluster import ClusterSwarm
 
 
 class SessionRunner:
@@ -36,6 +40,7 @@ class SessionRunner:
         self.say = say
         self.agents = build_agents(session, self.workspace, self.out, say)
         self.started = self.stopped = None
+        self.swarm: Swarm | ClusterSwarm | None = None  # once it has started
         # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
         # served from before the model loads, so a browser opened right away waits
         # for the swarm instead of failing.
@@ -73,15 +78,17 @@ class SessionRunner:
 
     async def _run(self, engine: Any) -> None:
         from swarm.api import Swarm
+        from swarm.cluster import ClusterSwarm
 
         s = self.session
         common = dict(
             slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache,
             events=self.events_path, socket=self.socket,
         )
+        swarm: Swarm | ClusterSwarm
         if self.cluster is not None:
-            swarm = Swarm(
-                cluster="ray", owners=self.owners, address=None if self.cluster == "local" else self.cluster,
+            swarm = ClusterSwarm(
+                owners=self.owners, address=None if self.cluster == "local" else self.cluster,
                 model=self.model_spec(), device=s.device, kernels=s.kernels, **common,
             )
         else:

@@ -37,7 +37,7 @@ MARKERS = {
     "agents": "class Reviewer(Agent):",
     "openai": "from openai import OpenAI",
     "langchain": "from langchain_openai import ChatOpenAI",
-    "cluster": 'Swarm(cluster="ray"',
+    "cluster": 'ClusterSwarm(owners=2',
 }
 
 

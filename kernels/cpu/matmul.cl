@@ -55,14 +55,13 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 /* ======================================================================== */
 /* A matmul reads each weight once, in address order within a work-group (its
  * work-items' row pairs follow each other, and PoCL runs them one after another
- * on one core), yet the hardware prefetcher did not keep up: the Q8_0 output
- * head (32 MB) read at 17 GB/s against 30-45 GB/s for a kernel that only sums
- * its input, and under load at half that. So every row pair asks for the bytes
- * PREFETCH_AHEAD on from what it reads now (later rows of its work-group, or the
- * next work-group's), and its scales as many rows on. A prefetch is a hint: one
- * past the end of a buffer is dropped, never a fault. In-process A/B (load ~2):
- * the head 1.87 -> 0.92 ms, SmolLM2's batch-1 step 7.55 -> 5.72 ms, batch 8 20.3
- * -> 14.1 ms; 2 KiB or 8 KiB ahead did a little worse than 4 KiB. */
+ * on one core), yet the hardware prefetcher does not keep up with PoCL's
+ * work-groups: a large matrix reads well below what the memory gives a kernel
+ * that only sums its input, and worse under load. So every row pair asks for
+ * the bytes PREFETCH_AHEAD on from what it reads now (later rows of its
+ * work-group, or the next work-group's), and its scales as many rows on. A
+ * prefetch is a hint: one past the end of a buffer is dropped, never a fault.
+ * (The distance, and what it bought, are in the commit that brought it.) */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
 #endif

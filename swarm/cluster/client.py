@@ -28,6 +28,7 @@ import anyio
 import msgspec
 
 from runtime.bus import EventBus
+from runtime.client import GPUClient
 from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
 from runtime.errors import ConfigError, TurnCancelled
 from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
@@ -46,8 +47,8 @@ def _owner_lost(exc: BaseException) -> bool:
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
 
 
-class ClusterGPU:
-    """Implements the GPU client (runtime.client.GPUClient's interface) over Ray."""
+class ClusterGPU(GPUClient):
+    """The GPU client (runtime.client.GPUClient) of owners spread over Ray."""
 
     def __init__(
         self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,

@@ -1,6 +1,6 @@
 """`ClusterSwarm`: the agents here, one GPU owner per device as Ray actors.
 
-    async with Swarm(cluster="ray", owners=2, model=path) as swarm:   # or ClusterSwarm(...)
+    async with ClusterSwarm(owners=2, model=path) as swarm:
         await swarm.spawn(PairProgrammer("pair", FOREGROUND))
         ...
 

@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from runtime.events import read_events
+from runtime.turns import SchedulerConfig
+from swarm.api import Swarm
 from runtime.stream import default_socket_path
 from swarm import tail
 from swarm.runner import SessionRunner
@@ -73,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
     engine = runner.engine
-    config = getattr(getattr(runner, "swarm", None), "config", None)
-    owner = getattr(getattr(runner, "swarm", None), "owner", None)
-    overhead = statistics.median(owner.overhead_seconds) if owner is not None and owner.overhead_seconds else 0.0
-    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, getattr(config, "prefill_chunk", 512), overhead)
+    # (A cluster's owners are Ray actors: their own figures are not at hand here.)
+    local = runner.swarm if isinstance(runner.swarm, Swarm) else None
+    overhead = statistics.median(local.owner.overhead_seconds) if local is not None and local.owner.overhead_seconds else 0.0
+    prefill_chunk = (local.config if local is not None else SchedulerConfig()).prefill_chunk
+    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, prefill_chunk, overhead)
     print_summary(console, summary, runner)
     if interrupted:
         console.print("stopped by Ctrl-C")
@@ -108,7 +111,6 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     total = s.prompt_computed + s.prompt_reused
     if total:
         console.print(f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})")
-    owner = getattr(getattr(runner, "swarm", None), "owner", None)
-    if owner is not None and owner.step_seconds:
-        console.print(f"median decode step: {format_duration(statistics.median(owner.step_seconds), 0)}")
+    if isinstance(runner.swarm, Swarm) and runner.swarm.owner.step_seconds:
+        console.print(f"median decode step: {format_duration(statistics.median(runner.swarm.owner.step_seconds), 0)}")
     console.print(f"events: {runner.events_path}\nproposals: {runner.out}")
