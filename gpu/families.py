@@ -100,10 +100,11 @@ class CPUFamily:
     def __init__(self, device: Device):
         self.wg, self.argmax_wg = self.WG, self.ARGMAX_WG
         self.local_mem = int(device.device.local_mem_size)
-        # SLOTSWARM_VNNI=0 / SLOTSWARM_GEMM=0 turn the integer kernels' vpdpwssd and
-        # 32-column prompt tiles off (to compare; both give the same bits)
+        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off, SLOTSWARM_GEMM=1 their
+        # 32-column prompt tiles on (cpu/nibbles.cl says why they are off); either way
+        # the same bits, so the two can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
-        self.gemm = os.environ.get("SLOTSWARM_GEMM", "1") != "0"
+        self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)

@@ -68,7 +68,7 @@ def local_bytes(w: DeviceMatrix, tile: int) -> int:
     return 0
 
 
-GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches past 8)
+GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches past 8, where on)
 
 
 class CPUMatmul:
@@ -80,7 +80,7 @@ class CPUMatmul:
     NCOLS = 9  # index of the ncols argument
 
     def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple,
-                 local_mem: int = 0, gemm: bool = True):  # fmt: skip
+                 local_mem: int = 0, gemm: bool = False):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
         pairs = ceil_div(rows, 2)

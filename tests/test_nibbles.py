@@ -40,7 +40,7 @@ def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: in
     assert w.kind in LOWBIT_KINDS or cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
-                       local_mem=int(device.device.local_mem_size) - 4 * MAX_COLS)  # fmt: skip
+                       local_mem=int(device.device.local_mem_size) - 4 * MAX_COLS, gemm=True)  # fmt: skip
     assert launch.gemm_tile == (8 if w.kind in LOWBIT_KINDS else 32)
     launch.enqueue(device.queue, ncols)
     got = np.empty((ncols, ROWS), np.float32)
@@ -99,3 +99,21 @@ def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype) -> None:  # noqa: F81
     for ncols in (1, 5, 20):
         wg = CPUFamily.LOWBIT_WG if qtype in (Q.Q2_K, Q.Q3_K) else CPUFamily.WG
         assert run(device, vnni, raw, qtype, x[:ncols], g, 1, wg).tobytes() == run(device, madd, raw, qtype, x[:ncols], g, 1, wg).tobytes()
+
+
+@pytest.mark.model
+def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model) -> None:
+    """SLOTSWARM_GEMM's tile in the whole forward pass (Q4_1, and the Q8_0 head): a
+    40-token prompt's logits are the bits the 8-column tiles give."""
+    from gpu.engine import OpenCLEngine
+    from runtime.engine import Work
+
+    engine = OpenCLEngine(smollm2_model, num_blocks=8, kernels="cpu")
+    matmuls = [m for m in engine.launches.layers + [engine.launches.head] if isinstance(m, CPUMatmul)]
+    assert all(m.gemm_tile == 8 for m in matmuls)  # off unless asked
+    prompt = Work(turn=0, tokens=list(range(100, 140)), start=0, block_table=list(range(4)), sample=True)
+    eight = engine.step_logits([prompt])
+    for m in matmuls:
+        m.gemm = True
+    assert {m.gemm_tile for m in matmuls if m.name != "head"} == {32}
+    assert engine.step_logits([prompt]).tobytes() == eight.tobytes()

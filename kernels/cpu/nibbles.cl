@@ -240,7 +240,10 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
  * is quantized at once and walked in sub-tiles of MAX_TILE, so a row pair's weights,
  * read from memory for the first sub-tile, are in L1 for the rest, and the work-group
  * streams its rows once per 32 columns, not per 8. Each column is added exactly as in
- * an 8-column tile, so its bits do not depend on the width either. */
+ * an 8-column tile, so its bits do not depend on the width either. The host takes it
+ * only when asked (SLOTSWARM_GEMM=1): a row pair reads far more input bytes than weight
+ * bytes (16-bit inputs for two rows, half-byte weights for eight columns), and an
+ * 8-column tile's inputs stay in L1 for the whole work-group where 32 columns' do not. */
 __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
         __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
         __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
