@@ -117,3 +117,20 @@ def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model) 
         m.gemm = True
     assert {m.gemm_tile for m in matmuls if m.name != "head"} == {32}
     assert engine.step_logits([prompt]).tobytes() == eight.tobytes()
+
+
+@pytest.mark.model
+def test_a_decode_gives_the_same_bits_alone_and_among_batch_mates(smollm2_model) -> None:
+    """SmolLM2's matmuls are all integer ones (Q4_1, the Q8_0 head), and the swiglu's
+    activations are one 16-lane vector at every tile width: a turn's step alone (1-column
+    tiles) and beside four mates (8-column tiles) gives the same bits."""
+    from gpu.engine import OpenCLEngine
+    from runtime.engine import Work
+
+    engine = OpenCLEngine(smollm2_model, num_blocks=16, kernels="cpu")
+    engine.step_logits([Work(turn=0, tokens=list(range(200, 212)), start=0, block_table=[0], sample=True)])
+    turn = Work(turn=0, tokens=[300], start=12, block_table=[0], sample=True)
+    alone = engine.step_logits([turn])[0]
+    mates = [Work(turn=t, tokens=[400 + t], start=0, block_table=[t], sample=True) for t in range(1, 5)]
+    among = engine.step_logits(mates[:2] + [turn] + mates[2:])[2]
+    assert among.tobytes() == alone.tobytes()
