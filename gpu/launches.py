@@ -73,9 +73,9 @@ GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches p
 
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
-    qkv) in every tile variant; a work-item owns a pair of rows. `gemm` is whether
-    batches past 8 columns take the nibble kinds' 32-column tile where its local
-    buffer fits the device (`gemm_tile`: that width, or 8)."""
+    qkv) in every tile variant; a work-item owns a pair of rows. With `gemm`, batches
+    past 8 columns take the nibble kinds' 32-column tile where its local buffer fits
+    the device (`gemm_tile`: the widest tile taken)."""
 
     NCOLS = 9  # index of the ncols argument
 
@@ -86,17 +86,13 @@ class CPUMatmul:
         pairs = ceil_div(rows, 2)
         self.global_size = (ceil_div(pairs, wg) * wg,)
         self.tiles = {}
-        wide = w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
+        wide = gemm and w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
         for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
             k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
             k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
             self.tiles[tile] = k
         self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
-        self.gemm = gemm
-
-    @property
-    def gemm_tile(self) -> int:
-        return GEMM_TILE if self.gemm and GEMM_TILE in self.tiles else 8
+        self.gemm_tile = max(self.tiles)
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
         tile = _tile(ncols, self.gemm_tile)

@@ -102,21 +102,21 @@ def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype) -> None:  # noqa: F81
 
 
 @pytest.mark.model
-def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model) -> None:
+def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model, monkeypatch) -> None:
     """SLOTSWARM_GEMM's tile in the whole forward pass (Q4_1, and the Q8_0 head): a
     40-token prompt's logits are the bits the 8-column tiles give."""
     from gpu.engine import OpenCLEngine
     from runtime.engine import Work
 
-    engine = OpenCLEngine(smollm2_model, num_blocks=8, kernels="cpu")
-    matmuls = [m for m in engine.launches.layers + [engine.launches.head] if isinstance(m, CPUMatmul)]
-    assert all(m.gemm_tile == 8 for m in matmuls)  # off unless asked
     prompt = Work(turn=0, tokens=list(range(100, 140)), start=0, block_table=list(range(4)), sample=True)
-    eight = engine.step_logits([prompt])
-    for m in matmuls:
-        m.gemm = True
-    assert {m.gemm_tile for m in matmuls if m.name != "head"} == {32}
-    assert engine.step_logits([prompt]).tobytes() == eight.tobytes()
+    logits = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SLOTSWARM_GEMM", flag)
+        engine = OpenCLEngine(smollm2_model, num_blocks=8, kernels="cpu")
+        matmuls = [m for m in engine.launches.layers if isinstance(m, CPUMatmul)]
+        assert {m.gemm_tile for m in matmuls} == {32 if flag == "1" else 8}
+        logits[flag] = engine.step_logits([prompt])
+    assert logits["1"].tobytes() == logits["0"].tobytes()
 
 
 @pytest.mark.model
