@@ -31,6 +31,7 @@
  */
 
 #define NIB_GROUP 128  /* inputs (four blocks) per 16-bit quantization scale */
+#define GEMM_TILE 32   /* the widest tile (gpu/launches.py) */
 
 /* The local buffer, per column and group: a float16 of the blocks' input sums (a
    quarter of block b's in lanes 4b..4b + 3), four short32 of inputs (one per step),
@@ -48,8 +49,7 @@ inline void quantize_nibble_tile(__global const float *x, __global const int *xr
     __local float16 *xs = NIB_SUMS(xl, tile, ng);
     __local short32 *xq = NIB_INPUTS(xl, tile, ng);
     __local float *xd = NIB_SCALES(xl, tile, ng);
-    /* a wide tile's sub-tiles past the batch are skipped (pair_dot_nibbles), so their
-       columns are not needed */
+    /* a wide tile's columns past the batch, rounded up to 8, are skipped (pair_dot_nibbles) */
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int u = get_local_id(0); u < live * ng; u += get_local_size(0)) {
@@ -171,19 +171,17 @@ __attribute__((always_inline)) inline int16 nibble_half_dot(const int wtype, con
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile: the groups from
-   the local buffer (laid out for `layout` columns, this tile's from column `at0`), the
-   last nb % 4 blocks as pair_dot_tile does */
+   the local buffer (laid out for `layout` columns), the last nb % 4 blocks as
+   pair_dot_tile does, into the accumulators a0 and a1 (`tile` of each) */
 __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype, const int tile, const int layout,
-        const int at0, __global const uchar *qs, __global const float *dm, __global const float *g,
+        __global const uchar *qs, __global const float *dm, __global const float *g,
         __global const float *x, __global const int *xrows, int normalize, int r0, int r1, int k, int c0,
-        int ncols, __local uchar *xl, float *out0, float *out1)
+        int ncols, __local uchar *xl, float16 *a0, float16 *a1, float *out0, float *out1)
 {
     const int nb = k / 32, ng = k / NIB_GROUP;
-    __local const float16 *xs = NIB_SUMS(xl, layout, ng) + at0 * ng;
-    __local const short32 *xq = NIB_INPUTS(xl, layout, ng) + 4 * at0 * ng;
-    __local const float *xd = NIB_SCALES(xl, layout, ng) + at0 * ng;
-    c0 += at0;
-    float16 a0[MAX_TILE], a1[MAX_TILE];
+    __local const float16 *xs = NIB_SUMS(xl, layout, ng);
+    __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
+    __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
     for (int s = 0; s < ng; s++) {
@@ -236,26 +234,26 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     }
 }
 
-/* A prompt's many columns as a GEMM: a tile wider than the registers hold (32 columns)
- * is quantized at once and walked in sub-tiles of MAX_TILE, so a row pair's weights,
- * read from memory for the first sub-tile, are in L1 for the rest, and the work-group
- * streams its rows once per 32 columns, not per 8. Each column is added exactly as in
- * an 8-column tile, so its bits do not depend on the width either. The host takes it
- * only when asked (SLOTSWARM_GEMM=1): a row pair reads far more input bytes than weight
- * bytes (16-bit inputs for two rows, half-byte weights for eight columns), and an
- * 8-column tile's inputs stay in L1 for the whole work-group where 32 columns' do not. */
+/* A prompt's many columns as a GEMM: a 32-column tile is quantized at once, and each row
+ * pair decodes a group of blocks once for all of its (live) columns, not once per 8, and
+ * streams its weights once per 32 columns. Each column is added exactly as in an 8-column
+ * tile, so its bits do not depend on the width either. The host takes it only when asked
+ * (SLOTSWARM_GEMM=1): a row pair reads far more input bytes than weight bytes (16-bit
+ * inputs for two rows, half-byte weights for the tile's columns), and an 8-column tile's
+ * inputs stay in L1 for the whole work-group where 32 columns' do not. */
 __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
         __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
         __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
         __local uchar *xl, float *out0, float *out1)
 {
     if (tile <= MAX_TILE) {
-        pair_dot_nibble_cols(wtype, tile, tile, 0, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, out0, out1);
+        float16 a0[MAX_TILE], a1[MAX_TILE];
+        pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
         return;
     }
-    for (int at = 0; at < tile && c0 + at < ncols; at += MAX_TILE)
-        pair_dot_nibble_cols(wtype, MAX_TILE, tile, at, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl,
-                             out0 + at, out1 + at);
+    float16 a0[GEMM_TILE], a1[GEMM_TILE];
+    const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
+    pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
 }
 
 /* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
