@@ -23,6 +23,7 @@ correctly, only slower, so both are tested everywhere.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,13 +98,19 @@ class CPUFamily:
 
     def __init__(self, device: Device):
         self.wg, self.argmax_wg = self.WG, self.ARGMAX_WG
+        self.local_mem = int(device.device.local_mem_size)
+        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off, SLOTSWARM_GEMM=1 their
+        # 32-column prompt tiles on (cpu/nibbles.cl says why they are off); either way
+        # the same bits, so the two can be compared on any model
+        self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
+        self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
-                f"-DARGMAX_WG={self.argmax_wg}"]  # fmt: skip
+                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}"]  # fmt: skip
 
     def check(self, engine: OpenCLEngine) -> None:
         pass
@@ -112,9 +119,11 @@ class CPUFamily:
         cfg, W, b = e.config, e.weights, e.buffers
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
 
+        local_mem = self.local_mem - 4 * e.max_batch_tokens  # less the kernels' RMS scales
+
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
-            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
+            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm)
 
         def residual(name, w, x, post_norm):
             """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""
@@ -265,6 +274,19 @@ class GPUFamily:
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
+
+
+def host_has_vnni() -> bool:
+    """Whether this machine's CPU has AVX-512 VNNI (vpdpwssd): Linux's /proc/cpuinfo flags.
+    PoCL's CPU device is the host, and its compiler will not say (see cpu/lowbit.cl)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512_vnni" in line.split()
+    except OSError:
+        pass
+    return False
 
 
 def qk_norm(program: cl.Program, e: OpenCLEngine, L, layer: int) -> list[Launch]:
