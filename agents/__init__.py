@@ -5,6 +5,7 @@
     tester      TestWriter       background: pytest tests per Python file
     docs        DocWriter        background: docstrings per file
     reviewer    Reviewer         background reviews; answers `Review` asks from others
+                                 with a Verdict of typed findings (file, line, severity, message)
 
 Background agents read a workspace folder and write proposals to
 `<out>/<agent>/<file>.md`; they never touch the workspace's files.
@@ -12,7 +13,7 @@ Background agents read a workspace folder and write proposals to
 
 from agents.base import RecordingAgent, TurnRecord
 from agents.pair import PairProgrammer
-from agents.reviewer import Review, Reviewer, Verdict
+from agents.reviewer import Finding, Findings, Review, Reviewer, Verdict
 from agents.workspace import DocWriter, Refactorer, TestWriter, WorkspaceAgent
 
 BUILTIN = {
@@ -24,6 +25,6 @@ BUILTIN = {
 }
 
 __all__ = [
-    "BUILTIN", "DocWriter", "PairProgrammer", "RecordingAgent", "Refactorer", "Review", "Reviewer",
+    "BUILTIN", "DocWriter", "Finding", "Findings", "PairProgrammer", "RecordingAgent", "Refactorer", "Review", "Reviewer",
     "TestWriter", "TurnRecord", "Verdict", "WorkspaceAgent",
 ]

@@ -8,13 +8,17 @@ you would write your own: read them as examples.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from swarm import GREEDY, Agent, Sampling
 
 # The default model is tiny (SmolLM2-135M): short prompts, short answers.
 MAX_FILE_CHARS = 1200  # about 300 tokens of code
 MAX_TOKENS = 96
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,11 @@ class RecordingAgent(Agent):
         self.records: list[TurnRecord] = []
         self.log_text = log_text  # keep prompts and answers in the agent's own files
 
-    async def answer(self, system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY) -> str:
-        """One chat turn: a system prompt and a user message in, the reply out."""
+    async def answer(self, system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY, schema: Any = None) -> str:
+        """One chat turn: a system prompt and a user message in, the reply out
+        (held to `schema`'s JSON if one is given)."""
         prompt = self.chat(system, user)
-        async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling) as turn:
+        async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling, schema=schema) as turn:
             priority = self.turn_priority  # lent while someone waits on the request this serves
             async for _ in turn:
                 pass
@@ -53,6 +58,23 @@ class RecordingAgent(Agent):
             len(turn.prompt), turn.turn_s, tuple(turn.itl_s),
         ))
         return turn.text
+
+    async def answer_as(self, schema: type[T], system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY) -> tuple[T | None, str]:
+        """One chat turn whose answer is data for another agent or a file: held to
+        `schema` and decoded, with the text. The data is None where the engine
+        cannot hold a turn to a schema (the timing model), or the answer ran out
+        of tokens before its JSON closed; the text is then all there is."""
+        if not self.can_constrain:
+            return None, await self.answer(system, user, max_tokens=max_tokens, sampling=sampling)
+        text = await self.answer(system, user, max_tokens=max_tokens, sampling=sampling, schema=schema)
+        try:
+            return msgspec.json.decode(text, type=schema), text
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None, text
+
+    @property
+    def can_constrain(self) -> bool:
+        return self.tokenizer is not None and self._gpu().constraints is not None
 
     def chat(self, system: str, user: str) -> list[dict[str, str]] | list[int]:
         if self.tokenizer is None:

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, TypeVar
 import msgspec
 
 from agents.base import RecordingAgent, clip
-from runtime.events import ToolRan
+from runtime.events import ToolCalled
 from swarm.coding.tools import Toolbox
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class NewTests(msgspec.Struct, kw_only=True):
 
 class CodingAgent(RecordingAgent):
     """A RecordingAgent with the project's tools; each tool call becomes a
-    tool.ran event (name and duration only)."""
+    tool.called event (name, duration and status only)."""
 
     def __init__(self, name: str, priority: int, *, tools: Toolbox, **kwargs: Any) -> None:
         super().__init__(name, priority, **kwargs)
@@ -88,8 +88,8 @@ class CodingAgent(RecordingAgent):
         finally:
             if self._system is not None:
                 bus = self.system.bus
-                bus.emit(ToolRan(t=bus.now(), step=self.system.step_source(), agent=self.name, tool=tool,
-                                 duration_s=round(time.monotonic() - started, 4), ok=ok))
+                bus.emit(ToolCalled(t=bus.now(), step=self.system.step_source(), agent=self.name, tool=tool,
+                                    duration_s=round(time.monotonic() - started, 4), status="ok" if ok else "error"))
 
     async def source_files(self) -> dict[str, str]:
         """The project's own Python files (tests apart), path -> text."""

@@ -18,7 +18,7 @@ from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
 from runtime.files import open_private
 from agents.reviewer import Review, Verdict
-from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnFailed
+from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnCancelled, TurnFailed
 
 SYSTEM = "You are a friendly pair programmer. Answer briefly."
 
@@ -56,7 +56,12 @@ class PairProgrammer(RecordingAgent):
     async def run(self) -> None:
         async for message in self.messages():
             self.say(f"you> {message}")
-            reply = await self.handle(message)
+            try:
+                reply = await self.handle(message)
+            except (anyio.get_cancelled_exc_class(), TurnCancelled):
+                # The swarm is stopping (its duration, Ctrl-C): a question on screen gets a word.
+                self.say(f"{self.name}> (no answer: the swarm stopped before it came)")
+                raise
             self.say(f"{self.name}> {reply.strip()}")
             self.answered += 1
             if self.log_text and self.out is not None:

@@ -13,12 +13,14 @@ are computed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import anyio
+import msgspec
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
+from runtime.errors import UsageError
 from runtime.files import write_private
 from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
@@ -36,6 +38,9 @@ class WorkspaceAgent(RecordingAgent):
 
     role: ClassVar[str] = "You are a helpful coding assistant."
     task: ClassVar[str] = "Comment on this file."
+    # The answer's shape (a msgspec Struct), for an agent whose answer is data;
+    # None: free text.
+    answer_type: ClassVar[type | None] = None
 
     def __init__(
         self,
@@ -52,6 +57,11 @@ class WorkspaceAgent(RecordingAgent):
         **kwargs: Any,
     ) -> None:
         check_max_tokens(name, max_tokens)
+        # Checked here, not at the first round: a parallel of 0 or less would start no worker and idle for good.
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise UsageError(f"agent {name!r}: parallel must be an int >= 1, got {parallel!r}")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0):
+            raise UsageError(f"agent {name!r}: rounds must be an int >= 0 or absent, got {rounds!r}")
         super().__init__(name, priority, log_text=log_text, **kwargs)
         self.workspace = Path(workspace).resolve()
         self.out = Path(out).resolve() / name
@@ -79,8 +89,21 @@ class WorkspaceAgent(RecordingAgent):
         return f"File {name}:\n```\n{clip(text, self.max_file_chars)}\n```\n\n{self.role} {self.task}"
 
     async def ask_about(self, name: str, text: str) -> str:
-        """The model's answer about one file, as this agent."""
-        return await self.answer(TEAM_PROMPT, self.request(name, text), max_tokens=self.max_tokens)
+        """The model's answer about one file, as this agent: its data written out
+        as Markdown (`render`), or its text where there is no data."""
+        data, reply = await self.ask_for(name, text)
+        return reply if data is None else self.render(data)
+
+    async def ask_for(self, name: str, text: str) -> tuple[Any, str]:
+        """The model's answer about one file: decoded to `answer_type` where the
+        engine can hold it to one (None otherwise), and as text."""
+        if self.answer_type is None:
+            return None, await self.answer(TEAM_PROMPT, self.request(name, text), max_tokens=self.max_tokens)
+        return await self.answer_as(self.answer_type, TEAM_PROMPT, self.request(name, text), max_tokens=self.max_tokens)
+
+    def render(self, data: Any) -> str:
+        """An answer's data as the Markdown of its proposal file."""
+        return msgspec.json.format(msgspec.json.encode(data)).decode()
 
     async def propose(self, path: Path) -> Path:
         """Ask the model about one file and write its proposal."""
@@ -121,15 +144,51 @@ class WorkspaceAgent(RecordingAgent):
         return path
 
 
+Line = Annotated[str, msgspec.Meta(max_length=300)]
+
+
+class Refactoring(msgspec.Struct):
+    summary: Line
+    code: str
+
+
+class TestCase(msgspec.Struct):
+    __test__ = False  # not a pytest test class, whatever its name
+    name: Annotated[str, msgspec.Meta(pattern=r"^test_[a-z0-9_]{1,40}$")]
+    code: str
+
+
+class Tests(msgspec.Struct):
+    __test__ = False
+    tests: Annotated[list[TestCase], msgspec.Meta(min_length=1, max_length=3)]
+
+
+class Docstring(msgspec.Struct):
+    function: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,60}$")]
+    docstring: Line
+
+
+class Docstrings(msgspec.Struct):
+    docstrings: Annotated[list[Docstring], msgspec.Meta(max_length=8)]
+
+
 class Refactorer(WorkspaceAgent):
     role = "You are a careful Python engineer. You suggest small refactorings."
     task = "Suggest one refactoring for this file and show the changed code."
+    answer_type = Refactoring
+
+    def render(self, data: Refactoring) -> str:
+        return f"{data.summary}\n\n```python\n{data.code}\n```"
 
 
 class TestWriter(WorkspaceAgent):
     __test__ = False  # not a pytest test class, whatever its name
     role = "You write short pytest tests for Python code."
     task = "Write two pytest tests for this file."
+    answer_type = Tests
+
+    def render(self, data: Tests) -> str:
+        return "\n\n".join(f"## {t.name}\n\n```python\n{t.code}\n```" for t in data.tests)
 
     def files(self) -> list[Path]:
         return [f for f in super().files() if f.suffix == ".py"]
@@ -138,3 +197,7 @@ class TestWriter(WorkspaceAgent):
 class DocWriter(WorkspaceAgent):
     role = "You write clear, short docstrings and READMEs."
     task = "Write a short docstring for each function in this file."
+    answer_type = Docstrings
+
+    def render(self, data: Docstrings) -> str:
+        return "\n".join(f"- `{d.function}`: {d.docstring}" for d in data.docstrings) or "(no functions to document)"

@@ -21,6 +21,7 @@ Every architecture here is a pre-norm decoder with grouped-query attention and a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -146,6 +147,12 @@ def read_config(path: Path, md: dict[str, object], tensors: dict) -> ModelConfig
             raise ModelFormatError(f"{path}: metadata key '{a}.{key}' = {value!r} is not a positive integer")
         return value
 
+    def number(key: str, default: float | None = None) -> float:
+        value = md.get(f"{a}.{key}", default) if default is not None else need(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ModelFormatError(f"{path}: metadata key '{a}.{key}' = {value!r} is not a number")
+        return float(value)
+
     if f"{a}.expert_count" in md and md[f"{a}.expert_count"]:
         raise UnsupportedModelError(f"{path}: mixture-of-experts layers ({a}.expert_count) are not supported")
     d_model = integer("embedding_length")
@@ -164,7 +171,7 @@ def read_config(path: Path, md: dict[str, object], tensors: dict) -> ModelConfig
     linear = 1.0
     scaling = md.get(f"{a}.rope.scaling.type", "none")
     if scaling == "linear":
-        linear = float(need("rope.scaling.factor"))  # type: ignore[arg-type]
+        linear = number("rope.scaling.factor")
     elif scaling != "none":
         raise UnsupportedModelError(f"{path}: RoPE scaling {scaling!r} is not supported (only linear and Llama 3's)")
     factors = None
@@ -178,19 +185,22 @@ def read_config(path: Path, md: dict[str, object], tensors: dict) -> ModelConfig
         vocab_size = len(md["tokenizer.ggml.tokens"])  # type: ignore[arg-type]
     else:
         raise ModelFormatError(f"{path}: metadata key 'tokenizer.ggml.tokens' is missing")
+    n_layers = integer("block_count")
+    if n_layers > len(tensors):  # each layer has tensors of its own; a corrupt count must not build a huge table
+        raise ModelFormatError(f"{path}: metadata key '{a}.block_count' = {n_layers} but the file holds {len(tensors)} tensors")
     return ModelConfig(
-        n_layers=integer("block_count"),
+        n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
         d_ff=integer("feed_forward_length"),
         vocab_size=vocab_size,
-        rope_base=float(md.get(f"{a}.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
-        norm_eps=float(need("attention.layer_norm_rms_epsilon")),  # type: ignore[arg-type]
+        rope_base=number("rope.freq_base", 10000.0),
+        norm_eps=number("attention.layer_norm_rms_epsilon"),
         context_length=integer("context_length"),
         arch=arch,
-        sliding_window=int(md.get(f"{a}.attention.sliding_window", 0) or 0) if arch.swa_pattern else 0,  # type: ignore[arg-type]
+        sliding_window=(integer("attention.sliding_window", 0) if md.get(f"{a}.attention.sliding_window") else 0) if arch.swa_pattern else 0,
         rope_factors=factors,
         rope_linear_scale=linear,
     )

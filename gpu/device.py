@@ -16,12 +16,16 @@ Compiled programs are cached between runs by pyopencl's binary cache
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import platformdirs
 import pyopencl as cl
 
 from runtime.errors import DeviceError
@@ -53,15 +57,25 @@ class Device:
     def global_mem(self) -> int:
         return int(self.device.global_mem_size)
 
-    def build(self, source: str, options: list[str] | None = None) -> cl.Program:
-        """Compile `source`; a failure raises DeviceError carrying the build log."""
+    def build(self, source: str, options: list[str] | None = None, on_compile: Callable[[], None] | None = None) -> cl.Program:
+        """Compile `source`; a failure raises DeviceError carrying the build log.
+        `on_compile` is called first when this machine has not built this program
+        for this device before (see BUILT_DIR): the build compiles from scratch."""
         _enable_binary_cache()
+        record = _build_record(self.device, source, options or [])
+        if on_compile is not None and not record.exists():
+            on_compile()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", cl.CompilerWarning)
             try:
                 program = cl.Program(self.context, source).build(options=options or [])
             except cl.Error as exc:
                 raise DeviceError(f"OpenCL kernel build failed on {self.name}:\n{exc}") from exc
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.touch()
+        except OSError:
+            pass  # a read-only cache: the next run says it compiles once more, nothing worse
         for w in caught:
             if not _only_bogus(str(w.message)):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -94,6 +108,20 @@ def _only_bogus(message: str) -> bool:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     log = [line for line in lines if not line.endswith(":") and set(line) != {"="}]
     return bool(log) and all(any(n in line for n in _NVIDIA_NOISE) for line in log)
+
+
+# A record of each program this machine has built, one empty file per program and
+# device. The compiled binaries live in pyopencl's cache or the driver's own (PoCL's
+# and NVIDIA's; pyopencl then keeps none and cannot tell a hit from a miss), so
+# "not built here before" is the one way to know a build will compile from scratch.
+BUILT_DIR = Path(platformdirs.user_cache_dir("slotswarm")) / "built-kernels"
+
+
+def _build_record(device: cl.Device, source: str, options: list[str]) -> Path:
+    key = hashlib.sha256()
+    for part in (source, "\0".join(options), device.name, device.platform.name, device.driver_version, device.version):
+        key.update(part.encode() + b"\0")
+    return BUILT_DIR / key.hexdigest()
 
 
 def _enable_binary_cache() -> None:
@@ -159,7 +187,7 @@ def _pick(spec: str) -> cl.Device:
 
 def select_device(spec: str | None = None) -> Device:
     """Choose a device (see the module doc) and open a context and queue on it."""
-    spec = spec or os.environ.get("PYOPENCL_CTX") or None
+    spec = spec or os.environ.get("SWARM_DEVICE") or os.environ.get("PYOPENCL_CTX") or None
     if spec:
         device = _pick(spec)
     else:

@@ -1,10 +1,10 @@
 """Sampling at a temperature on the device: what a step reads back of such a row.
 
 A greedy row reads back one token id, its argmax taken on the device. A row
-sampled at a temperature used to read back its whole row of logits (the
-vocabulary's floats: 196 KB for SmolLM2's 49,152) for the host to softmax in
-float64, some 0.3 ms of host time a token. Now common.cl's `sample_hot` works
-on such a row where it lies, in one work-group:
+sampled at a temperature is not read back whole (the vocabulary's floats: 196 KB
+for SmolLM2's 49,152) for the host to softmax, which would cost more host time a
+token than a GPU's step: common.cl's `sample_hot` works on such a row where it
+lies, in one work-group:
 
 - without top-p, it draws the token itself: the step reads back only its id;
 - with top-p, it finds the candidates (every token whose probability is within

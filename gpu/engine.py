@@ -35,40 +35,43 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
 from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
+from gpu.grammar import ConstraintCompiler
 from gpu.families import GPUFamily, GPUTuning, make_family
 from gpu.fetch import resolve_model
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
+from gpu.masks import MaskTimes, TurnMasks
 from gpu.model import Model, load_model
 from gpu.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
 from runtime.abandon import CHECK_POINTS
 from runtime.cost import StepCost
-from runtime.engine import Work
+from runtime.engine import DeadEnd, Work
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.units import ceil_div
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
-# once left the event loop waiting ~45 ms (median) per 50 ms step. So there a
-# step is enqueued in groups, the thread waiting (without the GIL) at each of
+# once leaves the event loop waiting for most of the step. So there a step is
+# enqueued in groups, the thread waiting (without the GIL) at each of
 # runtime.abandon's CHECK_POINTS for the launches before the previous point:
 # the loop runs during the waits, and the device always has a group queued.
-# (A sleep(0) every few launches let the loop hold the GIL while the device ran
-# dry, and each is ~60 us of timer slack whose wake-up takes a core from PoCL's
-# workers: against one every 32 launches, the groups' batch-1 step is 3-4% faster,
-# batch 8 the same, with or without a busy loop beside it.) The readback waits for
+# (A sleep(0) every few launches instead lets the loop hold the GIL while the
+# device runs dry, and each sleep's timer slack takes a core from PoCL's
+# workers when it wakes.) The readback waits for
 # the step in `finish`, which lets go of the GIL: PoCL's "non-blocking" read blocks
 # until the queue drains, and pyopencl holds the GIL through it, which froze the
 # event loop for the rest of every step.
@@ -76,6 +79,10 @@ from runtime.units import ceil_div
 i32 = np.int32
 RW = cl.mem_flags.READ_WRITE
 GPU_MAX_SPLITS = GPUFamily.MAX_SPLITS
+
+
+def say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def open_engine(model: str | Path | Model | None = None, device: str | Device | None = None, **options) -> OpenCLEngine:
@@ -93,6 +100,8 @@ class OpenCLEngine:
     kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
     profile: time every launch with OpenCL profiling events (`last_profile`).
     gpu_tuning: the GPU kernels' attention span and lane sums (tests force them).
+    on_compile: told, in one line, when the kernels are not in the binary cache and
+    compile now (the long silence of a first run); None to say nothing.
     """
 
     def __init__(
@@ -107,6 +116,7 @@ class OpenCLEngine:
         max_batch_tokens: int = 256,
         profile: bool = False,
         gpu_tuning: GPUTuning | None = None,
+        on_compile: Callable[[str], None] | None = say_on_stderr,
     ):
         self.model = model if isinstance(model, Model) else load_model(model)
         self.model_id = f"{self.model.path.name}:{self.model.path.stat().st_size}"
@@ -129,6 +139,7 @@ class OpenCLEngine:
         self.family = make_family(kernels, device, gpu_tuning)
         self.family.check(self)
         self.profile = profile
+        self.on_compile, self._compiling_said = on_compile, False
         self.blocking = True  # a step waits for the device
         self.last_profile: list[tuple[str, int, cl.Event]] = []  # (name, weight bytes, event) of the last step
         self.whole_rows_read = 0  # top-p rows whose candidates fell short: read back whole (gpu.devicesampling)
@@ -143,6 +154,7 @@ class OpenCLEngine:
         self.launches = self.family.bind(self, self._build())
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device
         self.calibrated = False
+        self.mask_times = MaskTimes()  # what constrained rows' masks cost the host, and what the overlap hid
 
     @property
     def kernels(self) -> str:
@@ -167,13 +179,21 @@ class OpenCLEngine:
         ]
         while True:  # the GPU family may halve its work-groups, or give up subgroups, and build again
             try:
-                program = self.device.build(self.family.source(), options + self.family.options(self))
+                program = self.device.build(self.family.source(), options + self.family.options(self), on_compile=self._say_compiling)
             except DeviceError:
                 if self.family.name == "gpu" and self.family.fall_back():
                     continue
                 raise
             if self.family.name == "cpu" or self.family.fit(program, self.device):
                 return program
+
+    def _say_compiling(self) -> None:
+        if self.on_compile is not None and not self._compiling_said:
+            self._compiling_said = True
+            self.on_compile(
+                f"compiling the {self.family.name} kernels for {self.model_name} on {self.device_name.strip()}: "
+                f"the first run of a model on a device takes a while; later runs take them from the cache"
+            )
 
     def _allocate(self, t: int) -> None:
         """Buffers for a step of up to `t` tokens, made once."""
@@ -198,6 +218,7 @@ class OpenCLEngine:
             ones=const(ones),
             logits=f(t * cfg.vocab_size),
             found=f(t * (HEADER + 2 * CAP)),  # top-p rows' candidates (gpu.devicesampling)
+            masks=cl.Buffer(ctx, RW, 4 * t * ceil_div(cfg.vocab_size, 32)),  # constrained rows' token masks (gpu.masks)
         )  # fmt: skip
 
     # --------------------------------------------------------------- protocol
@@ -205,6 +226,15 @@ class OpenCLEngine:
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_model(self.model)
+
+    @functools.cached_property
+    def constraints(self) -> ConstraintCompiler:
+        return ConstraintCompiler(self.tokenizer, self.config.vocab_size)
+
+    @functools.cached_property
+    def masks(self) -> TurnMasks:
+        """Each constrained turn's place in its constraint (gpu.masks)."""
+        return TurnMasks(self.constraints)
 
     @property
     def vocab_size(self) -> int:
@@ -226,11 +256,23 @@ class OpenCLEngine:
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
-        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled])
+        masks = self._plan_masks(sampled)
+        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
         if ran is None:
             return None
         tokens = iter(ran[0].tolist())
-        return [next(tokens) if w.sample else None for w in batch]
+        out = [next(tokens) if w.sample else None for w in batch]
+        if masks is not None and masks.dead:
+            raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out)], masks.dead)
+        return out
+
+    def _plan_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
+        """The constrained rows, whose masks `_forward` computes while the device
+        runs the step's layers; None if no row is constrained (nothing is done)."""
+        at = [i for i, w in enumerate(sampled) if w.constraint is not None]
+        if not at:
+            return None
+        return _StepMasks(self.masks, [sampled[i] for i in at], at, self.mask_times)
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         self.kv.swap_out(turn, blocks, length)
@@ -240,6 +282,8 @@ class OpenCLEngine:
 
     def forget(self, turn: int) -> None:
         self.kv.forget(turn)
+        if "masks" in self.__dict__:
+            self.masks.forget(turn)
 
     def copy(self, source: int, target: int) -> None:
         self.kv.copy(source, target)
@@ -253,11 +297,12 @@ class OpenCLEngine:
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
-    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None,
+             masks: _StepMasks | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Enqueue the step; (the token ids of the sampled items, the logits rows
         of the sampled items where want_logits is set), or None if `abandon` was set
         before it was all enqueued. Without `samplings` (the sampled items') every
-        sampled item's id is its argmax."""
+        sampled item's id is its argmax. `masks` constrain some sampled items."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
@@ -282,7 +327,7 @@ class OpenCLEngine:
             chosen = np.flatnonzero(here)
             got = self._forward(
                 tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon,
-                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(),
+                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(), masks.part(chosen) if masks is not None else None,
             )
             if got is None:
                 return None
@@ -291,15 +336,22 @@ class OpenCLEngine:
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=()) -> tuple[np.ndarray, np.ndarray] | None:
+    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=(), masks=None) -> tuple[np.ndarray, np.ndarray] | None:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
         hot, params = plan_rows(samplings, positions)
-        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, tables=tables)  # finished below
+        masked = masks if masks is not None and len(masks.rows) else None
+        rows = masked.rows if masked is not None else np.zeros(0, i32)
+        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables)  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
             launches.append((step.head, n))
+        if masked is not None:
+            # Only this launch waits for the host's masks, computed while the
+            # layers above run (gpu.masks): their copy goes just before it.
+            launches.append((_MaskLaunch(step.mask, b.masks, masked), len(rows)))
+        mask_at = len(launches) - 1
         if not want_logits.all():
             launches.append((step.argmax, n))
         if len(hot):
@@ -309,16 +361,28 @@ class OpenCLEngine:
         # What was enqueued finishes; the K/V it wrote is rewritten when the batch
         # runs again.
         grouped, every = abandon is not None or self.device.is_cpu, -(-len(launches) // CHECK_POINTS)
+        # The masks are computed while the device has work queued to run meanwhile:
+        # grouped, a share at each check point from the third on (two groups
+        # queued: the waits give it no more), so the queue never runs dry for
+        # long; else once the layers are all enqueued, just before their launch.
+        fill_at = 2 * every if grouped else mask_at
+        if masked is not None and grouped:
+            share = -(-len(masked.picks) // max(1, len(range(fill_at, mask_at + 1, every))))
         checked: cl.Event | None = None
+        event = None
         for i, (launch, size) in enumerate(launches):
             if grouped and i % every == 0:
                 marker = cl.enqueue_marker(q)
+                if masked is not None and fill_at <= i <= mask_at:
+                    masked.fill(marker, share)
                 if checked is not None:
                     checked.wait()  # (lets go of the GIL)
                 checked = marker
                 if abandon is not None and abandon.is_set():
                     q.finish()
                     return None
+            if masked is not None and not grouped and i == fill_at:
+                masked.fill(event)
             event = launch.enqueue(q, size)
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))
@@ -335,3 +399,68 @@ class OpenCLEngine:
             cl.enqueue_copy(q, ids, b.ids, is_blocking=False)
         self.whole_rows_read += read_back(q, b, ids, hot, params, samplings, positions, vocab)  # (finishes the queue)
         return ids, logits
+
+
+class _StepMasks:
+    """A step's constrained rows (by index among its sampled items) and their masks."""
+
+    def __init__(self, masks: TurnMasks, works: list[Work], at: list[int], times: MaskTimes) -> None:
+        self.masks, self.works, self.at, self.times = masks, works, at, times
+        self.out = np.empty((len(works), masks.words), np.int32)
+        self.dead: dict[int, str] = {}
+        self.filled = 0  # rows whose masks are computed, from the first
+
+    def part(self, chosen: np.ndarray) -> _RowMasks:
+        """Those of one sub-step (`chosen`: its sampled items, by index)."""
+        where = {i: k for k, i in enumerate(self.at)}
+        mine = [(j, where[int(i)]) for j, i in enumerate(chosen) if int(i) in where]
+        return _RowMasks(self, np.array([j for j, _ in mine], dtype=i32), [k for _, k in mine])
+
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        """Compute the next `rows` masks (None: the rest), while the device runs
+        what was enqueued up to `busy`. If the device got there first, it waited
+        for them (their time counts as not hidden). A dead end's row is left
+        unmasked: its token is thrown away, and a row of nothing but -inf would
+        sample nonsense."""
+        a = self.filled
+        b = len(self.works) if rows is None else min(len(self.works), a + rows)
+        if a >= b:
+            return
+        started, cpu = time.perf_counter(), time.thread_time()
+        dead = self.masks.fill(self.works[a:b], self.out[a:b])
+        spent = time.perf_counter() - started
+        idle = busy is None or busy.command_execution_status == cl.command_execution_status.COMPLETE
+        self.times.note(b - a, spent, time.thread_time() - cpu, spent if idle else 0.0, first=a == 0)
+        for k in range(a, b):
+            if self.works[k].turn in dead:
+                self.out[k] = -1
+        self.dead.update(dead)
+        self.filled = b
+
+
+class _RowMasks:
+    """One sub-step's constrained rows (`rows`: their places among its sampled rows)."""
+
+    def __init__(self, step: _StepMasks, rows: np.ndarray, picks: list[int]) -> None:
+        self.step, self.rows, self.picks = step, rows, picks
+
+    def fill(self, busy: cl.Event | None, rows: int | None = None) -> None:
+        self.step.fill(busy, rows)
+
+    def get(self) -> np.ndarray:
+        self.step.fill(None)
+        return self.step.out[self.picks]
+
+
+class _MaskLaunch:
+    """The step's one launch that needs the host's masks: copy them in, apply them."""
+
+    name, weight_bytes = "mask", 0
+
+    def __init__(self, apply, buffer: cl.Buffer, masks: _RowMasks) -> None:
+        self.apply, self.buffer, self.masks = apply, buffer, masks
+
+    def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
+        self.host = np.ascontiguousarray(self.masks.get())  # (kept until the queue has read it: the step finishes it)
+        cl.enqueue_copy(queue, self.buffer, self.host, is_blocking=False)
+        return self.apply.enqueue(queue, rows)

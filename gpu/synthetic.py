@@ -107,6 +107,7 @@ def write_tiny_gguf(
     sliding_window: int = 8,
     llama3_rope: bool = False,
     v_type: gguf.GGMLQuantizationType | None = None,
+    without: str = "",
 ) -> Path:
     """Write a randomly initialised GGUF of architecture `arch` and return its path.
 
@@ -118,7 +119,8 @@ def write_tiny_gguf(
     multiples of the type's block (32, or 256 for the K-quants). An architecture the project
     does not describe gets llama's tensors. `llama3_rope` adds Llama 3's rope_freqs.weight;
     `sliding_window` applies to architectures with local layers (Gemma 3: 5 of every 6);
-    `v_type` gives attn_v its own type (default: weight_type).
+    `v_type` gives attn_v its own type (default: weight_type). `without` names
+    characters (ASCII) no token of the vocabulary holds (a constraint that needs one is a dead end).
 
     To test the loader's errors: `drop_tensor` leaves out the named tensor, `drop_key` the named
     metadata key, and `bad_shape` writes the named tensor with one row too many.
@@ -126,6 +128,11 @@ def write_tiny_gguf(
     path = Path(path)
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
+    if without:
+        lacking = {bytes_to_unicode()[ord(c)] for c in without}
+        keep = [i for i, t in enumerate(tokens) if i < len(SPECIAL_TOKENS) or not lacking & set(t)]
+        tokens, types = [tokens[i] for i in keep], [types[i] for i in keep]
+        merges = [m for m in merges if not lacking & set(m)]
     vocab = len(tokens)
     head_dim = head_dim or d_model // n_heads
     description = ARCHITECTURES.get(arch, ARCHITECTURES["llama"])

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.sandbox
 
 from runtime.errors import ConfigError, ModelFormatError
@@ -50,6 +51,8 @@ class ChatTemplate:
         env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
+            # A template that reads `tools` renders tool definitions, calls and results itself.
+            self.takes_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.TemplateError as e:
             raise ModelFormatError(f"{name}: tokenizer.chat_template does not compile ({e})") from e
 

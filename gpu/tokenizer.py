@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import codecs
 from functools import lru_cache
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
@@ -35,6 +35,8 @@ from gpu.model import Model
 from gpu.sentencepiece import build_spm, spm_token_bytes
 from gpu.templates import ChatTemplate, plain_prompt
 from runtime.errors import ModelFormatError, UnsupportedModelError
+from runtime.toolcalls import HERMES, ToolCallFormat, template_messages
+from runtime.tools import ToolSpec
 
 # Pre-tokenizers by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp groups them. The
 # StarCoder family (SmolLM among them) splits every digit on its own before GPT-2's regex.
@@ -50,6 +52,8 @@ _REGEX_SPLITTING = {
 }
 _NFC = {"qwen2"}  # Qwen2's tokenizer.json normalizes to NFC first
 PRE_TOKENIZERS = sorted(_DIGIT_SPLITTING | _REGEX_SPLITTING.keys() | _PLAIN_GPT2 - {""})
+
+_KIND_NAMES = {str: "strings", int: "integers", (int, float): "numbers"}
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -91,7 +95,7 @@ class Tokenizer:
         self.eos_id = eos_id
         self.add_bos = add_bos
         if kind == "llama":
-            self._token_bytes = spm_token_bytes(tokens, token_types)
+            self._token_bytes = spm_token_bytes(tokens, token_types, name)
             self._hf = build_spm(tokens, token_types, scores, add_space_prefix, name)
             _add_special(self._hf, tokens, token_types)
         else:
@@ -129,24 +133,47 @@ class Tokenizer:
                 f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2' "
                 f"and SentencePiece 'llama')"
             )
-        tokens = need("tokenizer.ggml.tokens")
-        types = md.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens)  # type: ignore[arg-type]
-        if len(tokens) != model.config.vocab_size:  # type: ignore[arg-type]
+        def list_of(key: str, kinds: type | tuple[type, ...], length: int | None = None) -> list:
+            value = need(key)
+            if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} is not a list of {_KIND_NAMES[kinds]}")
+            if length is not None and len(value) != length:
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} has {len(value)} entries, the vocabulary {length}")
+            return value
+
+        def token_id(key: str) -> int:
+            value = need(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(tokens):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} = {value!r} is not a token id (0..{len(tokens) - 1})")
+            return value
+
+        def text(key: str, default: str | None) -> str | None:
+            value = md.get(key, default)
+            if value is not None and not isinstance(value, str):
+                raise ModelFormatError(f"{model.path}: metadata key {key!r} is not a string")
+            return value
+
+        tokens = list_of("tokenizer.ggml.tokens", str)
+        if len(tokens) != model.config.vocab_size:
             raise ModelFormatError(
-                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "  # type: ignore[arg-type]
+                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "
                 f"{model.config.vocab_size}"
             )
+        if "tokenizer.ggml.token_type" in md:
+            types = list_of("tokenizer.ggml.token_type", int, len(tokens))
+        else:
+            types = [int(gguf.TokenType.NORMAL)] * len(tokens)
         return cls(
-            tokens,  # type: ignore[arg-type]
-            types,  # type: ignore[arg-type]
-            need("tokenizer.ggml.merges") if kind == "gpt2" else (),  # type: ignore[arg-type]
-            bos_id=int(need("tokenizer.ggml.bos_token_id")),  # type: ignore[arg-type]
-            eos_id=int(need("tokenizer.ggml.eos_token_id")),  # type: ignore[arg-type]
-            pre=str(md.get("tokenizer.ggml.pre", "gpt2")),
-            chat_template=md.get("tokenizer.chat_template"),  # type: ignore[arg-type]
+            tokens,
+            types,
+            list_of("tokenizer.ggml.merges", str) if kind == "gpt2" else (),
+            bos_id=token_id("tokenizer.ggml.bos_token_id"),
+            eos_id=token_id("tokenizer.ggml.eos_token_id"),
+            pre=str(text("tokenizer.ggml.pre", "gpt2")),
+            chat_template=text("tokenizer.chat_template", None),
             name=str(model.path),
             kind=str(kind),
-            scores=need("tokenizer.ggml.scores") if kind == "llama" else None,  # type: ignore[arg-type]
+            scores=list_of("tokenizer.ggml.scores", (int, float), len(tokens)) if kind == "llama" else None,
             add_bos=bool(md.get("tokenizer.ggml.add_bos_token", kind == "llama")),
             add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
         )
@@ -156,7 +183,9 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids for `text`, no BOS added. Control-token spellings in the text become control tokens.
         Bytes in `missing_bytes` are dropped."""
-        return self._hf.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: it lets go of the GIL while it works, so a long
+        # text tokenized in a worker thread does not stall the event loop.
+        return self._hf.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text for `ids`; the exact inverse of `encode` on valid UTF-8. Invalid byte runs
@@ -184,19 +213,39 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """The model's chat template over `messages` (a plain 'Role: text' format without one)."""
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
+        """The model's chat template over `messages` (a plain 'Role: text' format without one).
+        With `tools`, or with tool calls and results in the messages, the template renders
+        them if it knows tools; else they are written into plain messages first, in the
+        model's tool-call format (runtime.toolcalls)."""
+        uses_tools = bool(tools) or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+        if uses_tools and self._template is not None and self._template.takes_tools:
+            return self._template.render(
+                template_messages(messages), add_generation_prompt, tools=[t.as_openai() for t in tools] or None
+            )
+        if uses_tools:
+            messages = self.tool_format.fold(messages, tools)
         if self._template is None:
             return plain_prompt(messages, add_generation_prompt, self.name)
         return self._template.render(messages, add_generation_prompt)
 
-    def chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *, tools: Sequence[ToolSpec] = ()
+    ) -> list[int]:
         """The rendered chat, encoded; BOS first when the model asks for it and the template
         did not write it."""
-        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        ids = self.encode(self.render_chat(messages, add_generation_prompt, tools=tools))
         if self.add_bos and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
         return ids
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """How this model writes tool calls: every catalogue model's is Qwen2.5's
+        (see runtime.toolcalls for why SmolLM2 and Gemma share it)."""
+        return HERMES
 
 
 class TextStream:
@@ -240,6 +289,10 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
         a, sep, b = m.partition(" ")
         if not sep:
             raise ModelFormatError(f"{name}: malformed BPE merge {m!r}")
+        # `tokenizers` refuses such a merge with a bare Exception; say which one and where.
+        for piece in (a, b, a + b):
+            if piece not in vocab:
+                raise ModelFormatError(f"{name}: BPE merge {m!r} names {piece!r}, which is not in the vocabulary")
         pairs.append((a, b))
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -86,9 +86,8 @@ inline void rotate_pair(int d, float2 *x, int pos, __global const float *rope)
 
 /* x.x to element i0 of p, x.y to i1, as halves rounded to nearest even, as vstore_half
    rounds. PoCL's vstore_half is a software routine (vstore_half2 a call of some 80
-   instructions) where x86's F16C converts in one, and rope_store, a call per row pair,
-   is now inlined: the CPU family's QKV matmuls 0.63 -> 0.59 ms a batch-1 step, 2.07 ->
-   1.79 ms at batch 8 (SmolLM2, in-process A/B). */
+   instructions) where x86's F16C converts in one; rope_store is inlined, since a call
+   per row pair in the QKV matmul's epilogue costs more than the rotation itself. */
 #ifndef F16C_STORES  /* (tests build both) */
 #if defined(__F16C__)
 #define F16C_STORES 1
@@ -195,6 +194,41 @@ inline float activate(float g)
 #else
     return g / (1.0f + exp(-g));
 #endif
+}
+
+/* the same on 16 lanes (the CPU family's swiglu) */
+inline float16 activate16(float16 g)
+{
+#if ACT_GELU
+    return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g)));
+#else
+    return g / (1.0f + exp(-g));
+#endif
+}
+
+/* ======================================================================== */
+/* Constrained decoding: token masks                                         */
+/* ======================================================================== */
+/* logits[rows[k], j] = -INFINITY wherever bit j % 32 of masks[k * words + j / 32]
+ * is clear (gpu/masks.py: llguidance's layout), before argmax and sample_hot.
+ * One work-item per (MASK_WORDS words, constrained row); a word of all ones, a
+ * stretch of tokens all allowed, is skipped without touching the logits. */
+#define MASK_WORDS 16
+__kernel void apply_mask(__global float *logits, int n, __global const int *rows, __global const int *masks, int words)
+{
+    const int k = get_global_id(1);
+    __global float *z = logits + (size_t)rows[k] * n;
+    __global const int *m = masks + (size_t)k * words;
+    const int w0 = get_global_id(0) * MASK_WORDS, w1 = min(words, w0 + MASK_WORDS);
+    for (int w = w0; w < w1; w++) {
+        const uint bits = (uint)m[w];
+        if (bits == 0xffffffffu)
+            continue;
+        const int count = min(32, n - 32 * w);
+        for (int b = 0; b < count; b++)
+            if (!((bits >> b) & 1u))
+                z[32 * w + b] = -INFINITY;
+    }
 }
 
 /* ======================================================================== */

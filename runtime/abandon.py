@@ -13,21 +13,26 @@ lower one as usual. What is lost is the part of one background step already
 run; the engine's check points bound the wait to a fraction of a step. A step
 predicted to be short (`worth_abandoning`) is not armed at all.
 
+The simulator (swarm.sim) prices the same rule: `worth_abandoning`, and
+`stopped_after` for when a raised flag stops a step.
+
 Only the preempting policies abandon steps (under the others, an arrival waits
 for a slot anyway), and a lent priority (SetInherited) does not: it lifts a turn
-already queued, which the next boundary admits. Mixed into
-`runtime.owner.GPUOwner`; `_request` (runtime.intake) calls `_notice`.
+already queued, which the next boundary admits. `StepAbandon` is the owner's
+part that keeps the flag: the owner arms it at launch and tells it of every
+request as it arrives (`notice`).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from typing import Iterable
 
 from runtime.bus import EventBus
 from runtime.cost import StepCost
 from runtime.events import StepAbandoned
-from runtime.messages import OwnerRequest, TurnRequest
+from runtime.messages import TurnRequest
 from runtime.scheduler import Scheduler
 from runtime.turns import Plan
 
@@ -52,6 +57,16 @@ def worth_abandoning(plan: Plan, cost: StepCost, slack: float) -> bool:
     return cost.predict(tokens, kv) > (1 + slack) * cost.predict(1, kv // max(len(plan.works), 1))
 
 
+def abandon_bar(plan: Plan, scheduler: Scheduler) -> int | None:
+    """The priority a turn arriving during this plan's step must beat to have
+    it abandoned (None: it runs to its end). The owner arms each step by it,
+    and the simulator prices the same rule."""
+    config = scheduler.config
+    if not (config.abandon_steps and scheduler.policy.preempts) or not worth_abandoning(plan, scheduler.cost, config.slack):
+        return None
+    return scheduler.priorities.top_unaged(plan.turns)
+
+
 def stopped_after(raised: float, step_s: float) -> float | None:
     """When a step of `step_s` seconds stops if its flag is raised `raised`
     seconds in, at the engine's check points (None: it runs to its end first).
@@ -62,67 +77,64 @@ def stopped_after(raised: float, step_s: float) -> float | None:
 
 
 class StepAbandon:
-    # The owner's state this part uses.
-    bus: EventBus
-    scheduler: Scheduler
+    """The abandon flag the owner hands the engine with each step, and who may raise it."""
 
-    def _init_abandon(self) -> None:
-        self._abandon = threading.Event()
+    def __init__(self, scheduler: Scheduler, bus: EventBus) -> None:
+        self.scheduler = scheduler
+        self.bus = bus
+        self.flag = threading.Event()
         # The priority an arriving turn must beat to abandon the step in flight
         # (None: it may not be abandoned), and the first that did.
-        self._step_bar: int | None = None
-        self._abandoned_by: TurnRequest | None = None
+        self._bar: int | None = None
+        self._by: TurnRequest | None = None
         self.steps_abandoned = 0
 
-    def _arm(self, plan: Plan, waiting: list[OwnerRequest], ahead: Plan | None = None) -> threading.Event | None:
+    @property
+    def raised(self) -> bool:
+        return self.flag.is_set()
+
+    def arm(self, plan: Plan, waiting: Iterable[TurnRequest], ahead: Plan | None = None) -> threading.Event | None:
         """The flag to hand the engine with this plan's step (None: it runs to the
         end); raised at once if a request that outranks it came in while it was
         planned (`waiting`: not yet taken in). A step planned while `ahead` runs
         shares its flag if it has one: a step planned on a step abandoned is
         abandoned too, so the flag is not lowered, and a turn must outrank both."""
-        ahead_bar = self._step_bar if ahead is not None else None
+        ahead_bar = self._bar if ahead is not None else None
         if ahead is None:
-            self._abandon.clear()
-            self._abandoned_by = None
-        if not (self.scheduler.config.abandon_steps and self.scheduler.policy.preempts):
-            self._step_bar = None
-            return None
-        if ahead_bar is None and not worth_abandoning(plan, self.scheduler.cost, self.scheduler.config.slack):
-            self._step_bar = None
-            return None
-        bar = self.scheduler.priorities.top_level(plan.turns)
-        self._step_bar = bar if ahead_bar is None or bar is None else max(bar, ahead_bar)
-        for request in waiting:
-            self._notice(request)
-        return self._abandon
-
-    def _disarm(self, still: Plan | None = None) -> None:
-        """A step was taken in: the flag now guards `still`, the step in flight, alone."""
-        if still is None or self._step_bar is None:
-            self._step_bar = None
+            self.flag.clear()
+            self._by = None
+        if ahead_bar is None:
+            self._bar = abandon_bar(plan, self.scheduler)
+            if self._bar is None:
+                return None
         else:
-            self._step_bar = self.scheduler.priorities.top_level(still.turns)
+            bar = self.scheduler.priorities.top_unaged(plan.turns)
+            self._bar = ahead_bar if bar is None else max(bar, ahead_bar)
+        for request in waiting:
+            self.notice(request)
+        return self.flag
 
-    def _notice(self, request: OwnerRequest) -> None:
-        """A request came in while a step runs: abandon it if the request's turn outranks it."""
-        bar = self._step_bar
-        if bar is None or self._abandon.is_set() or not isinstance(request, TurnRequest):
-            return
-        # (Checked properly when taken in: anything can be put in a mailbox.)
-        if not isinstance(request.agent, str) or not isinstance(request.priority, int) or isinstance(request.priority, bool):
-            return
-        try:
-            level = self.scheduler.priorities.arriving(request.priority, (request.agent, *request.lifts))
-        except TypeError:  # lifts that are not a sequence of names
-            return
-        if level > bar:
-            self._abandoned_by = request
-            self._abandon.set()
+    def disarm(self, still: Plan | None = None) -> None:
+        """A step was taken in: the flag now guards `still`, the step in flight, alone."""
+        if still is None or self._bar is None:
+            self._bar = None
+        else:
+            self._bar = self.scheduler.priorities.top_unaged(still.turns)
 
-    def _abandoned(self, plan: Plan) -> None:
+    def notice(self, request: TurnRequest) -> None:
+        """A turn request (checked: runtime.intake) came in while a step runs:
+        abandon the step if the request's turn outranks it."""
+        bar = self._bar
+        if bar is None or self.flag.is_set():
+            return
+        if self.scheduler.priorities.unaged_of(request.priority, (request.agent, *request.lifts)) > bar:
+            self._by = request
+            self.flag.set()
+
+    def abandoned(self, plan: Plan) -> None:
         """The step stopped early: say so; nothing else changes."""
         self.steps_abandoned += 1
-        by = self._abandoned_by
+        by = self._by
         self.bus.emit(StepAbandoned(
             t=self.bus.now(), step=self.scheduler.step, turns=len(plan.works), tokens=sum(len(w.tokens) for w in plan.works),
             by_agent=by.agent if by is not None else None, by_priority=by.priority if by is not None else None,

@@ -5,29 +5,24 @@ registers the blocks it filled with the prefix cache, and ends a turn on
 end-of-sequence, `max_tokens` or the context. `advance` lets a step be
 accounted in two halves, so the next step can be planned while it runs.
 
-Mixed into `runtime.scheduler.Scheduler`, whose state it shares; it ends turns
-through the scheduler's `_end`.
+`Accounting` is a part the scheduler owns; it ends a turn through the
+`finish` it is given (the scheduler's), and the scheduler counts the steps.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Iterable, Sequence
 
-from runtime.events import Finished
+from runtime.prefix import PrefixCache
 from runtime.turns import UNKNOWN, Plan, SchedulerConfig, Status, Turn
-
-if TYPE_CHECKING:
-    from runtime.prefix import PrefixCache
 
 
 class Accounting:
-    # The scheduler's state this part reads and changes (besides `_end`, the
-    # scheduler's own).
-    config: SchedulerConfig
-    prefix: PrefixCache
-    eos: frozenset[int]
-    step: int
-    in_flight: Plan | None
+    def __init__(self, config: SchedulerConfig, prefix: PrefixCache, eos: Iterable[int], finish: Callable[[Turn, str, float], None]) -> None:
+        self.config = config
+        self.prefix = prefix
+        self.eos = frozenset(eos)
+        self._finish = finish  # ends a turn as Finished, for a reason
 
     def advance(self, plan: Plan) -> None:
         """Account a step that has just been launched as if it had run, before its
@@ -40,7 +35,6 @@ class Accounting:
         starts. A turn whose owed token is its last by length or context has no
         more work; one that ends on end-of-sequence is only known to at
         postprocess, and its work in the step after is thrown away."""
-        self.step += 1
         for work, turn in zip(plan.works, plan.turns):
             n = len(work.tokens)
             turn.computed += n
@@ -49,15 +43,23 @@ class Accounting:
                 turn.output.append(UNKNOWN)
                 turn.owed += 1
         plan.advanced = True
-        self.in_flight = plan
+
+    def repeat(self, plan: Plan, tokens: Sequence[int | None], times: int, now: float) -> None:
+        """The plan's step ran `times` more times, each item decoding its token
+        again (Scheduler.repeatable): before `postprocess` accounts the last."""
+        for work, turn, token in zip(plan.works, plan.turns, tokens):
+            if turn.status is not Status.RUNNING:
+                continue
+            turn.computed += times
+            if work.sample and token is not None:
+                if not turn.output:
+                    turn.first_token_at = now
+                turn.output.extend([token] * times)
 
     def retract(self, plan: Plan) -> None:
         """Undo `advance` for a step that counts for nothing after all (abandoned,
         runtime.abandon: what it wrote is written again when its work runs again).
         Of two steps in flight, the later is retracted first."""
-        self.step -= 1
-        if plan is self.in_flight:
-            self.in_flight = None
         for work, turn in zip(plan.works, plan.turns):
             if turn.status is Status.ENDED:
                 continue
@@ -74,12 +76,8 @@ class Accounting:
         A plan `advance`d is only given its tokens here; a turn paused since still
         takes its token (it was sampled before the pause), an ended one does not."""
         advanced = plan.advanced
-        if not advanced:
-            self.step += 1
-        elif plan is self.in_flight:
-            self.in_flight = None
         delivered = []
-        commit, eos, max_context = self.prefix.commit, self.eos, self.config.max_context  # (once per step, not per turn)
+        commit, eos, max_context, finish = self.prefix.commit, self.eos, self.config.max_context, self._finish  # (once per step, not per turn)
         for work, turn, token in zip(plan.works, plan.turns, tokens):
             status = turn.status
             if status is Status.ENDED:
@@ -107,9 +105,9 @@ class Accounting:
                 continue
             delivered.append((turn, token))
             if token in eos and not turn.ignore_eos:
-                self._end(turn, Finished, "eos", now)
+                finish(turn, "eos", now)
             elif len(turn.output) - turn.owed >= turn.max_tokens:
-                self._end(turn, Finished, "length", now)
+                finish(turn, "length", now)
             elif max_context and turn.length - turn.owed >= max_context:
-                self._end(turn, Finished, "context", now)
+                finish(turn, "context", now)
         return delivered

@@ -15,28 +15,75 @@ A turn's updates come back on its own channel, in order: queued, admitted,
 tokens, paused / resumed (handed to `on_pause` / `on_resume` as they are read),
 and exactly one end. Leaving the `async with` early, or the agent crashing,
 cancels the turn; its slot and KV are freed at the next token boundary.
+
+Typed answers and tools:
+
+    finding = await self.complete(prompt, schema=Finding)     # a Finding (msgspec Struct)
+    word = await self.complete(prompt, choices=["yes", "no"])
+    answer = await self.use_tools(prompt, tools=[self.read_file], max_rounds=3)
+
+The decoding is held to the schema (or regex, grammar, choices, tool calls), so
+the answer parses whatever the model: runtime.constraints, runtime.toolcalls.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 import anyio
+import msgspec
 
 from runtime.actors import Actor
 from runtime.channel import EMPTY
+from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
 from runtime.engine import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
-from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed
-from runtime.messages import Token, TurnChannel, TurnRequest
+from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed, ToolCalled
+from runtime.latency import felt
+from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from runtime.priority import BACKGROUND
 from runtime.serving import MAILBOX, lift_key, serving
+from runtime.toolcalls import HERMES, ToolCall, ToolCallFormat, ToolChoice
+from runtime.tools import Tool, ToolOutcome, ToolSpec, struct_schema, tools_by_name, unknown_tool
 
 if TYPE_CHECKING:
     from runtime.client import GPUClient
 
-Prompt = str | Sequence[dict[str, str]] | Sequence[int]
+Prompt = str | Sequence[dict[str, Any]] | Sequence[int]
+
+
+def _constraint_from(*, schema: Any, regex: str | None, grammar: str | None, choices: Sequence[str] | None) -> list[Constraint]:
+    """The constraints the shorthand keywords of `generate` ask for."""
+    found: list[Constraint] = []
+    if schema is not None:
+        if isinstance(schema, dict):
+            text = json.dumps(schema)
+        else:
+            try:
+                text = json.dumps(struct_schema(schema))
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"schema {schema!r} has no JSON Schema ({exc})") from None
+        found.append(JsonSchema(text))
+    if regex is not None:
+        found.append(Regex(regex))
+    if grammar is not None:
+        found.append(Grammar(grammar))
+    if choices is not None:
+        if isinstance(choices, str):
+            raise UsageError("choices is a list of strings, not one string")
+        found.append(Choices(tuple(choices)))
+    return found
+
+
+def _round_choice(tool_choice: ToolChoice, round_: int, max_rounds: int) -> ToolChoice:
+    """The tool choice of one round of a tool loop: the caller's for the first,
+    "auto" after it (a required or named call would never let the model answer),
+    and "none" for the last, when the rounds of calls are spent."""
+    if round_ == max_rounds or tool_choice == "none":
+        return "none"
+    return tool_choice if round_ == 0 else "auto"
 
 
 def check_max_tokens(agent: str, max_tokens: object) -> None:
@@ -98,22 +145,125 @@ class Agent(Actor):
         max_tokens: int = 256,
         sampling: Sampling = GREEDY,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: str | None = None,
+        choices: Sequence[str] | None = None,
+        tools: Sequence[Callable | Tool | ToolSpec] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
     ) -> TurnHandle:
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
-        user message (a str), or raw token ids. Use it as `async with`."""
-        check_max_tokens(self.name, max_tokens)
-        if not isinstance(sampling, Sampling):
-            raise UsageError(f"agent {self.name!r}: sampling must be a Sampling, got {sampling!r}")
-        if not isinstance(ignore_eos, bool):
-            raise UsageError(f"agent {self.name!r}: ignore_eos must be a bool, got {ignore_eos!r}")
-        return TurnHandle(self, self._encode(prompt), max_tokens, sampling, ignore_eos)
+        user message (a str), or raw token ids. Use it as `async with`.
 
-    async def complete(self, prompt: Prompt, **kwargs: Any) -> str:
-        """Run a turn to its end and return its text."""
-        async with self.generate(prompt, **kwargs) as turn:
+        Its output may be held to a `constraint` (runtime.constraints), or, said
+        shorter, to a `schema` (a type msgspec describes, e.g. a Struct, or a JSON
+        Schema dict), a `regex`, a Lark `grammar` or one of `choices`: one the
+        engine cannot follow is a UsageError on entry, before the turn is queued.
+        With `tools` the prompt lists them and the output is held to calls of
+        them (runtime.toolcalls) as `tool_choice` says; `turn.text` then holds
+        the calls, which `self.tool_format.parse` reads."""
+        if not isinstance(tool_choice, str) or not isinstance(parallel_tool_calls, bool):
+            raise UsageError(f"agent {self.name!r}: tool_choice is auto, none, required or a tool's name, and parallel_tool_calls a bool")
+        specs = [t if isinstance(t, ToolSpec) else Tool.of(t).spec for t in tools]
+        shorthand = _constraint_from(schema=schema, regex=regex, grammar=grammar, choices=choices)
+        if specs:
+            tool_grammar = self.tool_format.grammar(specs, tool_choice, parallel=parallel_tool_calls)
+            shorthand = (shorthand or []) + ([Grammar(tool_grammar)] if tool_grammar is not None else [])
+        if shorthand:
+            if constraint is not None or len(shorthand) > 1:
+                raise UsageError(f"agent {self.name!r}: a turn takes one constraint (constraint, schema, regex, grammar, choices or tools)")
+            constraint = shorthand[0]
+        return TurnHandle(self, self._encode(prompt, specs), max_tokens, sampling, ignore_eos, constraint)
+
+    async def complete(self, prompt: Prompt, *, schema: Any = None, **kwargs: Any) -> Any:
+        """Run a turn to its end and return its text; with a `schema`, the answer
+        decoded to it (a Struct for a Struct type; JSON values for a schema dict)."""
+        async with self.generate(prompt, schema=schema, **kwargs) as turn:
             async for _ in turn:
                 pass
-        return turn.text
+        if schema is None:
+            return turn.text
+        try:
+            return msgspec.json.decode(turn.text, type=Any if isinstance(schema, dict) else schema)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # Held to the schema, the text is valid so far: it only stops short when
+            # the turn ran out of tokens (or of context) before the JSON closed.
+            reason = f"the answer ended ({turn.ended.reason}) before it was whole JSON of its schema: {exc}"
+            raise TurnFailed(f"turn {turn.id} of agent {self.name!r}: {reason}", turn=turn.id, agent=self.name, reason=reason) from None
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """How this agent's model writes tool calls."""
+        return getattr(self.tokenizer, "tool_format", HERMES)
+
+    async def use_tools(
+        self,
+        prompt: Prompt,
+        *,
+        tools: Sequence[Callable | Tool],
+        max_rounds: int = 4,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        tool_timeout_s: float | None = 60.0,
+        max_tokens: int = 256,
+        sampling: Sampling = GREEDY,
+        transcript: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Let the model call `tools` until it answers; return the answer. Pass a
+        `transcript` list to get the whole conversation in it: the prompt's
+        messages, each round's calls and the tools' results.
+
+        Each round is a turn of its own: the model's calls are parsed, the tools
+        run (the turn has ended, so its slot is free for others meanwhile), and
+        their results join the conversation for the next round. A tool that
+        raises, times out (`tool_timeout_s`, unless the tool sets its own) or is
+        given arguments that do not fit answers with the error instead. After
+        `max_rounds` rounds of calls the model is asked to answer without tools.
+        `tool_choice` binds the first round only (`required` or a tool's name
+        would otherwise never let it answer)."""
+        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+            raise UsageError(f"agent {self.name!r}: max_rounds must be an int >= 1, got {max_rounds!r}")
+        by_name = tools_by_name(list(tools))
+        specs = [t.spec for t in by_name.values()]
+        messages = transcript if transcript is not None else []
+        messages += self._messages(prompt)
+        for round_ in range(max_rounds + 1):
+            choice = _round_choice(tool_choice, round_, max_rounds)
+            async with self.generate(
+                messages, tools=specs, tool_choice=choice, parallel_tool_calls=parallel_tool_calls, max_tokens=max_tokens, sampling=sampling,
+            ) as turn:
+                async for _ in turn:
+                    pass
+            content, calls = self.tool_format.parse(turn.text)
+            if not calls or choice == "none":
+                return turn.text.strip()
+            messages.append({"role": "assistant", "content": content or None, "tool_calls": [c.as_openai() for c in calls]})
+            outcomes = await self.run_tool_calls(calls, by_name, timeout_s=tool_timeout_s)
+            messages += [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": o.text} for c, o in zip(calls, outcomes)]
+        raise AssertionError("unreachable: the last round takes no calls")
+
+    async def run_tool_calls(self, calls: Sequence[ToolCall], tools: Mapping[str, Tool], *, timeout_s: float | None = 60.0) -> list[ToolOutcome]:
+        """Run a round's calls side by side; each outcome in its call's place, and
+        one `tool.called` event each (name, duration, status: never arguments or results)."""
+        outcomes: list[ToolOutcome | None] = [None] * len(calls)
+
+        async def run(i: int, call: ToolCall) -> None:
+            known = tools.get(call.name)
+            outcome = unknown_tool(call.name, list(tools)) if known is None else await known.run(call.arguments, timeout_s=timeout_s)
+            outcomes[i] = outcome
+            if self._system is not None:
+                bus = self.system.bus
+                bus.emit(ToolCalled(
+                    t=bus.now(), step=self.system.step_source(), agent=self.name, tool=call.name,
+                    duration_s=round(outcome.duration_s, 6), status=outcome.status,
+                ))
+
+        async with anyio.create_task_group() as group:
+            for i, call in enumerate(calls):
+                group.start_soon(run, i, call)
+        return [o for o in outcomes if o is not None]
 
     def waiting_on(self, agent: str) -> ContextManager[object]:
         """`with self.waiting_on("aider"):` lends this agent's priority to another
@@ -122,7 +272,14 @@ class Agent(Actor):
         Raises WaitCycle if that would close a cycle."""
         return self.system.waits.waiting(self.name, agent, MAILBOX, "a wait")
 
-    def _encode(self, prompt: Prompt) -> list[int]:
+    def _messages(self, prompt: Prompt) -> list[dict[str, Any]]:
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}]
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            return [dict(m) for m in prompt]
+        raise UsageError(f"agent {self.name!r}: a conversation is a str or a list of messages, not {type(prompt).__name__}")
+
+    def _encode(self, prompt: Prompt, tools: Sequence[ToolSpec] = ()) -> list[int]:
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if not isinstance(prompt, (list, tuple)):
@@ -130,9 +287,16 @@ class Agent(Actor):
         if prompt and all(isinstance(m, dict) for m in prompt):
             if self.tokenizer is None:
                 raise ActorError(f"agent {self.name!r}: this engine has no tokenizer; pass token ids")
-            if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
-                raise UsageError(f"agent {self.name!r}: each message needs a str 'role' and a str 'content'")
+            for m in prompt:
+                # An assistant message that calls tools may have no text.
+                text_ok = isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls"))
+                if not isinstance(m.get("role"), str) or not text_ok:
+                    raise UsageError(f"agent {self.name!r}: each message needs a str 'role' and a str 'content'")
+            if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in prompt):
+                return self.tokenizer.chat(list(prompt), tools=tools)
             return self.tokenizer.chat(list(prompt))
+        if tools:
+            raise UsageError(f"agent {self.name!r}: tools need a chat prompt (messages or a str), not token ids")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             raise UsageError(f"agent {self.name!r}: a list prompt holds messages (dicts) or token ids (ints >= 0), not a mix or strings")
         return list(prompt)
@@ -150,24 +314,30 @@ class TurnHandle:
     """One turn, seen from its agent. Iterate it for text pieces; afterwards
     `tokens`, `text` and the timings say what happened."""
 
-    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool) -> None:
+    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None) -> None:
         self.agent = agent
         self.prompt = prompt
-        self._gpu = agent._gpu()
-        self.id = self._gpu.new_turn_id()
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
             agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
+            constraint=constraint,
         )
+        # Checked here, where it is built, so a bad argument is the caller's error
+        # at once (the owner checks what reaches its mailbox by the same rule).
+        problem = turn_request_problem(self._request)
+        if problem:
+            raise UsageError(f"agent {agent.name!r}: {problem}")
+        self._gpu = agent._gpu()
+        self.id = self._gpu.new_turn_id()
         tokenizer = agent.tokenizer
         self._text = tokenizer.stream() if tokenizer is not None else None
         self.tokens: list[int] = []
         self.pieces: list[str] = []
         self.queued_t: float | None = None
         self.admitted_t: float | None = None
-        self.first_token_t: float | None = None
+        self.cached_tokens = 0  # prompt positions the prefix cache supplied at admission
         self.token_times: list[float] = []  # when each token was decoded, on the swarm's clock
         self.ended: Ended | None = None
         self.pauses: list[PauseInfo] = []
@@ -186,21 +356,25 @@ class TurnHandle:
 
     @property
     def ttft_s(self) -> float | None:
-        return None if self.first_token_t is None else self.first_token_t - self.queued_t
+        return felt(self.queued_t, self.token_times).ttft_s
 
     @property
     def turn_s(self) -> float | None:
         """Request to last token: how long the person waited for the whole answer."""
-        return None if not self.token_times else self.token_times[-1] - self.queued_t
+        return felt(self.queued_t, self.token_times).turn_s
 
     @property
     def itl_s(self) -> list[float]:
         """The gaps between consecutive tokens."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return felt(self.queued_t, self.token_times).gaps_s
 
     async def __aenter__(self) -> TurnHandle:
         if self._channel is not None:
             raise UsageError(f"agent {self.agent.name!r}: turn {self.id} was already started; call generate() again for another")
+        try:
+            await check_constraint(self._gpu.constraints, self._request.constraint)
+        except UsageError as exc:
+            raise UsageError(f"agent {self.agent.name!r}: {exc}") from None
         self._channel = await self._gpu.submit(self.id, self._request)
         return self
 
@@ -251,8 +425,6 @@ class TurnHandle:
         token, t = update.token, update.t
         self.tokens.append(token)
         self.token_times.append(t)
-        if self.first_token_t is None:
-            self.first_token_t = t
         piece = self._text.push(token) if self._text is not None else f"[{token}]"
         if piece:
             self.pieces.append(piece)
@@ -266,6 +438,7 @@ class TurnHandle:
                 self.queued_t = t
             case Admitted(t=t):
                 self.admitted_t = t
+                self.cached_tokens = update.cached_tokens
             case Preempted():
                 info = PauseInfo(update.turn, update.tokens, update.by_turn, update.by_agent, update.by_priority, update.t)
                 self.pauses.append(info)

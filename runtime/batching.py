@@ -10,63 +10,76 @@ A prompt first takes what the prefix cache has gained since it was admitted
 (`_catch_up`), and waits a step rather than compute a block a batch-mate is
 computing for the same tokens.
 
-Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
-admits or pauses a turn, except through `_reserve` when memory runs short.
+`Batching` is a part the scheduler owns, with no state of its own between
+steps: it reads the running turns through the scheduler it is given, and
+grows their K/V through the scheduler's `KVMemory`. Nothing here admits or
+pauses a turn, except through `KVMemory.reserve` when memory runs short.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
-from runtime.blocks import BlockPool
 from runtime.cost import StepCost
 from runtime.engine import Work
+from runtime.kvmoves import KVMemory
 from runtime.prefix import PrefixCache
-from runtime.shaping import StepBudget, protected_level
-from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
+from runtime.priority import Priorities
+from runtime.shaping import StepBudget, protected_priority
+from runtime.turns import Plan, SchedulerConfig, Status, Turn
 
-if TYPE_CHECKING:
-    from runtime.priorities import Priorities
+
+class Running(Protocol):
+    """What the batch asks of the scheduler: the turns in a slot, every live
+    turn, and the step being planned."""
+
+    @property
+    def running(self) -> dict[int, Turn]: ...
+
+    turns: dict[int, Turn]
+    step: int
 
 
 class Batching:
-    # The scheduler's state this part reads (besides `running` and `_reserve`,
-    # the scheduler's and its KV memory's).
-    config: SchedulerConfig
-    policy: Policy
-    cost: StepCost
-    pool: BlockPool
-    prefix: PrefixCache
-    priorities: Priorities
-    turns: dict[int, Turn]
-    step: int
-    in_flight: Plan | None
+    def __init__(
+        self, config: SchedulerConfig, cost: StepCost, prefix: PrefixCache, priorities: Priorities, memory: KVMemory, seats: Running,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.cost = cost
+        self.block_size = memory.pool.block_size
+        self.prefix = prefix
+        self.priorities = priorities
+        self.memory = memory
+        self.seats = seats
 
-    def _batch(self, now: float, plan: Plan) -> None:
+    def fill(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
-        turn above background priority is live, the step is shaped for it instead."""
-        level = self._protected_level()
-        if level is not None and self._batch_shaped(level, now, plan):
+        turn above background priority is live, the step is shaped for it instead.
+        `in_flight` is the step launched and not yet accounted, if any."""
+        protected = self._protected_priority()
+        if protected is not None and self._batch_shaped(protected, now, plan, in_flight):
             return
         budget = self.config.step_tokens
-        for turn in self._batch_order(self.running.values(), now):
+        for turn in self._batch_order(self.seats.running.values(), now):
             if budget <= 0:
                 break
             pending = turn.pending
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan)
-            elif self._catch_up(turn, plan):
+            elif self._catch_up(turn, plan, in_flight):
                 budget -= self._take(turn, min(turn.pending, budget), now, plan)
 
-    def _batch_shaped(self, level: int, now: float, plan: Plan) -> bool:
+    def _batch_shaped(self, at: int, now: float, plan: Plan, in_flight: Plan | None) -> bool:
         """runtime.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
-        protected = [t for t in self.running.values() if self._level(t) >= level]
+        unaged = self.priorities.unaged
+        protected = [t for t in self.seats.running.values() if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         for turn in self._batch_order(protected, now):
-            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
+            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan, in_flight) else 0
             if n:
                 budget.add(plan.works[-1].start, n)
                 chunk -= n if n > 1 else 0
@@ -75,10 +88,10 @@ class Batching:
         budget.close_base()
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
-        others = [t for t in self.running.values() if self._level(t) < level]
+        others = [t for t in self.seats.running.values() if unaged(t) < at]
         room = self.config.step_tokens
         for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
-            if not self._catch_up(turn, plan):
+            if not self._catch_up(turn, plan, in_flight):
                 continue
             n = budget.largest(turn.computed, min(turn.pending, room))
             if n and self._take(turn, n, now, plan):
@@ -90,32 +103,31 @@ class Batching:
         effective = self.priorities.effective  # (the key runs for every turn at every step)
         return sorted(turns, key=lambda t: (len(t.prompt) + len(t.output) - t.computed > 1, -effective(t, now), t.last_admit))
 
-    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
+    def _catch_up(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
         gained since (runtime.prefix). False if the turn should wait this step,
         because a batch-mate computes its next block for the same tokens."""
         if turn.status is not Status.RUNNING or turn.pending <= 1 or not self.prefix.enabled:
             return True
         self.prefix.extend(turn)
-        if self._computed_alongside(turn, plan):
+        if self._computed_alongside(turn, plan, in_flight):
             plan.held.append(turn)
             return False
         self.prefix.copy_rows(turn, plan.moves)
         return True
 
-    def _computed_alongside(self, turn: Turn, plan: Plan) -> bool:
+    def _computed_alongside(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
         """Whether a turn already in this step, or in the step in flight, computes
         the full block the turn would compute next, for the same tokens: then it is registered after the
         step and the turn takes it by reference (turns that arrive together with
         one system prompt compute it once)."""
-        size = self.pool.block_size
+        size = self.block_size
         i, rest = divmod(turn.computed, size)
         if rest or i >= len(turn.hashes):
             return False
         key = turn.hashes[i]
         # (the step in flight too: what it computes is only shared once it is accounted)
-        flying = self.in_flight
-        pairs = zip(plan.works + flying.works, plan.turns + flying.turns) if flying is not None else zip(plan.works, plan.turns)
+        pairs = zip(plan.works + in_flight.works, plan.turns + in_flight.turns) if in_flight is not None else zip(plan.works, plan.turns)
         for work, other in pairs:
             if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
                 continue
@@ -137,15 +149,15 @@ class Batching:
             return 0  # its last token is being sampled: it ends when that step is accounted
         start = turn.computed
         end = start + n
-        if len(turn.blocks) * self.pool.block_size < end and not self._reserve(turn.blocks, end, now, plan, keep=turn):
+        if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == len(turn.prompt) + len(turn.output)
         tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling))
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint))
         plan.turns.append(turn)
-        turn.last_stepped = self.step
+        turn.last_stepped = self.seats.step
         return n
 
     def _owes_last(self, turn: Turn) -> bool:
@@ -154,11 +166,7 @@ class Batching:
         max_context = self.config.max_context
         return len(turn.output) >= turn.max_tokens or bool(max_context and turn.length >= max_context)
 
-    def _protected_level(self) -> int | None:
+    def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):
             return None
-        top = self.priorities.top_level(self.turns.values())
-        return protected_level([] if top is None else [top])
-
-    def _level(self, turn: Turn) -> int:
-        return self.priorities.level(turn)
+        return protected_priority(self.priorities.top_unaged(self.seats.turns.values()))

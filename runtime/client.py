@@ -3,18 +3,22 @@
     turn = client.new_turn_id()
     channel = await client.submit(turn, request)   # into the GPU owner's mailbox
     await client.cancel(turn, reason)
-    client.now(), client.tokenizer
+    client.now(), client.tokenizer, client.constraints
 
-It is the single source of turn ids, and it reaches the owner only through the
-owner's actor mailbox, like any other actor would. One client serves a swarm;
-every agent spawned into it (and `swarm generate`, and the HTTP gateway) shares it.
+`GPUClient` is the interface; `LocalGPU` implements it for one owner in this
+process, `swarm.cluster.client.ClusterGPU` for owners spread over Ray (a test
+checks both against it). A client is the single source of its swarm's turn
+ids. `LocalGPU` reaches the owner only through the owner's actor mailbox, like
+any other actor would. One client serves a swarm; every agent spawned into it
+(and `swarm generate`, and the HTTP gateway) shares it.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
+from runtime.constraints import ConstraintChecker
 from runtime.engine import TextCodec
 from runtime.errors import ActorError, TurnCancelled
 from runtime.messages import CancelTurn, TurnChannel, TurnRequest
@@ -23,13 +27,40 @@ if TYPE_CHECKING:
     from runtime.system import ActorSystem
 
 
-class GPUClient:
-    def __init__(self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None) -> None:
+@runtime_checkable
+class GPUClient(Protocol):
+    """What an agent holds of the GPU, wherever the GPU is."""
+
+    now: Callable[[], float]  # the swarm's clock: what every event's `t` is on
+    tokenizer: TextCodec | None
+    constraints: ConstraintChecker | None  # checks a turn's constraint before it is queued
+
+    def new_turn_id(self) -> int:
+        """A turn id no other turn of this swarm has."""
+        ...
+
+    async def submit(self, turn: int, request: TurnRequest) -> TurnChannel:
+        """Hand a turn to the GPU; returns the channel its tokens and events come
+        back on. Raises TurnCancelled if the GPU has stopped."""
+        ...
+
+    async def cancel(self, turn: int, reason: str) -> None:
+        """End a turn at the next token boundary (nothing if it has ended)."""
+        ...
+
+
+class LocalGPU(GPUClient):
+    """The GPU client of one owner in this process, through its mailbox."""
+
+    def __init__(
+        self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None, constraints: ConstraintChecker | None = None,
+    ) -> None:
         self._system = system
         self._owner = owner
         self._ids = itertools.count(1)
         self.now = clock  # the swarm's clock: what every event's `t` is on
         self.tokenizer = tokenizer
+        self.constraints = constraints  # checks a turn's constraint before it is queued
 
     def new_turn_id(self) -> int:
         return next(self._ids)

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 import msgspec
 
-from runtime.errors import UsageError
+from runtime.constraints import ConstraintChecker, TurnConstraint
+from runtime.errors import EngineError, UsageError
 
 if TYPE_CHECKING:
     from runtime.cost import StepCost
@@ -71,13 +72,28 @@ class Work(msgspec.Struct):
     block_table: list[int]  # the turn's KV blocks, covering start + len(tokens)
     sample: bool  # return a next token for this item
     sampling: Sampling = GREEDY
+    # Its turn's constraint, if it has one: the token sampled is one it allows.
+    constraint: TurnConstraint | None = None
+
+
+class DeadEnd(EngineError):
+    """What `Engine.step` raises when some of its turns' constraints allow no next
+    token: the step ran for the others. `tokens` is its result (None for the
+    dead turns' items), `reasons` why each dead turn cannot go on (its turn.failed
+    reason)."""
+
+    def __init__(self, tokens: list[int | None], reasons: dict[int, str]) -> None:
+        super().__init__("; ".join(f"turn {turn}: {why}" for turn, why in reasons.items()))
+        self.tokens = tokens
+        self.reasons = reasons
 
 
 class TextCodec(Protocol):
     """An engine's tokenizer, as agents use it (gpu.tokenizer.Tokenizer is one)."""
 
-    def chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt for a chat, its template applied."""
+    def chat(self, messages: list[dict[str, Any]], *, tools: Sequence[Any] = ()) -> list[int]:
+        """The prompt for a chat, its template applied; with tools (runtime.tools.ToolSpec)
+        and tool calls in the model's own format."""
         ...
 
     def stream(self) -> TextStream:
@@ -112,6 +128,9 @@ class Engine(Protocol):
     # returns at once (the timing model, not in real time) it calls inline, since
     # a thread would only add two wake-ups to every step.
     blocking: bool
+    # Compiles and checks constraints (runtime.constraints) for the agents' side
+    # before a turn is queued; None: this engine cannot constrain a turn.
+    constraints: ConstraintChecker | None
     # What a step costs on this engine (runtime.cost): the scheduler's step shaping
     # reads it, the GPU owner feeds it every measured step.
     cost: StepCost

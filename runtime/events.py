@@ -40,8 +40,8 @@ means something:
 | agent.crashed       | an actor died; the swarm goes on       | agent, reason                             |
 | step.abandoned      | the step in flight stopped early for a | turns, tokens (its work, run again later),|
 |                     | turn that outranks all of it           | by_agent, by_priority                     |
-| tool.ran            | an agent ran a tool (tests, a patch)   | agent, tool, duration_s, ok (never its    |
-|                     |                                        | arguments or results)                     |
+| tool.called         | an agent ran a tool its model called   | agent, tool, duration_s, status ("ok",    |
+|                     | (never its arguments or result)        | "error", "timeout" or "unknown")          |
 
 `priority` is always the *effective* priority (base, aged, or inherited) at the time
 of the event. `slot` is absent while a turn holds none. On the terminal events,
@@ -201,14 +201,14 @@ class StepAbandoned(Event, kw_only=True, tag="step.abandoned"):
     by_priority: int | None = None
 
 
-class ToolRan(Event, kw_only=True, tag="tool.ran"):
-    """An agent's tool call (swarm.coding.tools): which and how long, never what
-    it was given or gave back, as prompts are never logged."""
+class ToolCalled(Event, kw_only=True, tag="tool.called"):
+    """An agent ran a tool its model called, between two of its turns. Like a
+    prompt, what the tool was given and what it answered stay out of the log."""
 
     agent: str
     tool: str
     duration_s: float
-    ok: bool = True
+    status: str  # "ok", "error" (it raised, or the arguments did not fit), "timeout", "unknown" (no such tool)
 
 
 class Unrecognized(msgspec.Struct):
@@ -228,7 +228,7 @@ class Unrecognized(msgspec.Struct):
 KINDS: tuple[type[Event], ...] = (
     SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Finished,
     Cancelled, Failed, Inherited, Restored, SwappedOut, SwappedIn, Recomputed,
-    AgentCrashed, StepAbandoned, ToolRan,
+    AgentCrashed, StepAbandoned, ToolCalled,
 )
 AnyEvent = Union[KINDS]  # type: ignore[valid-type]
 _BY_NAME = {kind.__struct_config__.tag: kind for kind in KINDS}

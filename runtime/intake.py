@@ -1,18 +1,17 @@
 """What reaches the GPU owner, taken in at a token boundary.
 
-The owner's one handler only queues a request (`_request`); at the next boundary
-`_drain` applies each to the scheduler: a turn request is checked again (anything
-can be put in a mailbox) and submitted, a cancel ends a turn or all of an
+The owner's one handler only queues a request (`put`); at the next boundary
+`drain` applies each to the scheduler: a turn request, checked as it arrived
+(anything can be put in a mailbox; it was built checked, runtime.agent), is submitted, a cancel ends a turn or all of an
 agent's, a lent priority goes to the scheduler's one store of it. Nothing an
 agent sends may stop the owner: a request that cannot be taken ends its own
-turn, if it has one, and nothing else. Mixed into `runtime.owner.GPUOwner`.
+turn, if it has one, and nothing else. A part the GPU owner owns.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Callable
 
 import anyio
 
@@ -31,47 +30,81 @@ STOPPED = "swarm stopped"
 
 
 class Intake:
-    # The owner's state this part uses.
-    bus: EventBus
-    scheduler: Scheduler
-    closing: bool
-    _arrived: collections.deque[OwnerRequest]
-    _wakeup: anyio.Event
-    _replies: dict[int, UpdateSender[TurnUpdate]]
-    _notice: Callable[[OwnerRequest], None]
+    """The requests that arrived and wait for the next token boundary."""
 
-    def _request(self, request: OwnerRequest) -> None:
-        self._arrived.append(request)
+    def __init__(self, scheduler: Scheduler, bus: EventBus, replies: dict[int, UpdateSender[TurnUpdate]]) -> None:
+        self.scheduler = scheduler
+        self.bus = bus
+        self.replies = replies  # the owner's: turn id -> where its updates go (a turn taken in gets one)
+        # Taken at the next boundary, each with why it cannot be taken (a turn
+        # request is checked once, as it arrives: anything can be put in a mailbox).
+        self._waiting: collections.deque[tuple[OwnerRequest, str | None]] = collections.deque()
+        self._wakeup = anyio.Event()
+        # Set when the swarm shuts down: the turns its stopping agents leave were
+        # ended by the shutdown, and say so.
+        self.closing = False
+
+    def put(self, request: OwnerRequest) -> TurnRequest | None:
+        """Queue a request for the next boundary; returns it if it is a turn
+        request that can be taken (what may outrank the step in flight)."""
+        problem = None
+        if isinstance(request, TurnRequest):
+            if not isinstance(request.reply, TurnChannel):
+                problem = f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}"
+            else:
+                problem = turn_request_problem(request)
+        self._waiting.append((request, problem))
         self._wakeup.set()
-        self._notice(request)  # runtime.abandon: it may outrank the step in flight
+        return request if isinstance(request, TurnRequest) and problem is None else None
 
-    async def _wait_for_request(self) -> None:
-        while not self._arrived:
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for the next boundary."""
+        return len(self._waiting)
+
+    def waiting_turns(self) -> list[TurnRequest]:
+        """The turn requests waiting that can be taken."""
+        return [r for r, problem in self._waiting if isinstance(r, TurnRequest) and problem is None]
+
+    async def wait(self) -> None:
+        """Until a request has arrived."""
+        while not self._waiting:
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
 
-    def _drain(self) -> None:
-        while self._arrived:
-            self._apply(self._arrived.popleft())
+    def drain(self) -> None:
+        """Take every request that has arrived into the scheduler."""
+        while self._waiting:
+            self._apply(*self._waiting.popleft())
 
-    def _apply(self, request: OwnerRequest) -> None:
+    def hang_up(self) -> None:
+        """The owner stops: a request never taken in has its turn's channel closed
+        (read as TurnFailed "the GPU owner stopped"), not left hanging."""
+        for request, _ in self._waiting:
+            if isinstance(request, TurnRequest) and isinstance(request.reply, TurnChannel):
+                request.reply.send.close()
+        self._waiting.clear()
+
+    def _apply(self, request: OwnerRequest, problem: str | None) -> None:
         """Take one request. Nothing an agent sends may stop the owner: a request
         that cannot be taken ends its own turn (if it has one) and nothing else."""
         try:
+            if problem:
+                raise UsageError(problem)
             self._take(request)
         except Exception as exc:
             log.exception("GPU owner: refused %r", request)
             self._refuse(request, f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, request: object, reason: str) -> None:
-        reply = getattr(request, "reply", None)
-        if not isinstance(request, TurnRequest) or not isinstance(reply, TurnChannel) or reply.turn_id in self.scheduler.turns:
+        if not isinstance(request, TurnRequest) or not isinstance(request.reply, TurnChannel) or request.reply.turn_id in self.scheduler.turns:
             return  # no turn of its own to end
+        reply = request.reply
         agent = request.agent if isinstance(request.agent, str) else repr(request.agent)
         priority = request.priority if isinstance(request.priority, int) else 0
         failed = Failed(t=self.bus.now(), step=self.scheduler.step, turn=reply.turn_id, agent=agent, priority=priority, tokens=0, reason=reason)
         self.bus.emit(failed)
-        self._replies.pop(reply.turn_id, None)
+        self.replies.pop(reply.turn_id, None)
         try:
             reply.send.send_nowait(failed)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -81,19 +114,15 @@ class Intake:
     def _take(self, request: OwnerRequest) -> None:
         now = self.bus.now()
         sched = self.scheduler
-        if isinstance(request, TurnRequest):
-            if not isinstance(request.reply, TurnChannel):
-                raise UsageError(f"a TurnRequest needs a TurnChannel to reply on, got {request.reply!r}")
-            problem = turn_request_problem(request)
-            if problem:
-                raise UsageError(problem)
+        if isinstance(request, TurnRequest):  # (checked as it arrived: put)
             turn_id = request.reply.turn_id
-            self._replies[turn_id] = request.reply.send
+            self.replies[turn_id] = request.reply.send
             # Arrival is when the agent asked, not this boundary: the wait a person
             # sees includes the rest of the step that was running.
             sched.submit(
                 request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
                 sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
+                constraint=request.constraint, prior_output=request.prior_output,
             )
         elif isinstance(request, CancelTurn):
             sched.cancel(request.turn, now, STOPPED if self.closing else request.reason)

@@ -6,42 +6,55 @@ swapped out to host memory while the room there lasts (`swap_blocks`), else
 dropped and recomputed on resume. Every copy is a move in the plan, run before
 the step in the order decided.
 
-Mixed into `runtime.scheduler.Scheduler`, whose state it shares; nothing here
-decides who runs, only whose K/V stays.
+`KVMemory` is a part the scheduler owns. It keeps the count of host blocks in
+use; it reads who runs and who waits, and pauses a running turn for memory,
+through the scheduler it is given (`Seats`). Nothing here decides who runs,
+only whose K/V stays.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 from runtime.blocks import BlockPool
 from runtime.events import Event, Recomputed, SwappedOut
 from runtime.prefix import PrefixCache
+from runtime.priority import Priorities
 from runtime.turns import Copy, Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
 
-if TYPE_CHECKING:
-    from runtime.priorities import Priorities
+
+class Seats(Protocol):
+    """What the K/V memory asks of the scheduler: who holds a slot, who waits,
+    and pausing a running turn to free memory."""
+
+    @property
+    def running(self) -> dict[int, Turn]: ...
+
+    @property
+    def waiting(self) -> list[Turn]: ...
+
+    def preempt(self, victim: Turn, by: Turn | None, now: float, plan: Plan, *, memory: bool = False) -> None: ...
 
 
-class KVMoves:
-    # The scheduler's state this part reads and changes (besides `running`,
-    # `waiting`, `preempt` and `_about`, the scheduler's own).
-    config: SchedulerConfig
-    policy: Policy
-    pool: BlockPool
-    prefix: PrefixCache
-    priorities: Priorities
-    emit: Callable[[Event], None]
-    turns: dict[int, Turn]
-    swapped_blocks: int  # host memory in use, in blocks
+class KVMemory:
+    def __init__(
+        self, config: SchedulerConfig, pool: BlockPool, prefix: PrefixCache, priorities: Priorities, seats: Seats,
+        emit: Callable[[Event], None], about: Callable[[Turn, float], dict[str, Any]],
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.pool = pool
+        self.prefix = prefix
+        self.priorities = priorities
+        self.seats = seats
+        self.emit = emit
+        self._about = about  # the fields every event about a turn carries
+        self.swapped_blocks = 0  # host memory in use, in blocks
 
-    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
+    def lose(self, turn: Turn, plan: Plan, now: float) -> None:
         """A KV move of this plan failed for the turn: whatever copy it had is gone.
         It is re-prefilled from its tokens (nothing is lost but time), and its share
         of this plan's step is dropped, since that assumed the cache."""
-        turn = self.turns.get(turn_id)
-        if turn is None:
-            return
         if turn in plan.turns:
             i = plan.turns.index(turn)
             del plan.turns[i], plan.works[i]
@@ -57,7 +70,11 @@ class KVMoves:
             if turn.status is Status.RUNNING:
                 self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
 
-    def _swap_in(self, turn: Turn, now: float, plan: Plan) -> bool:
+    def release_host(self, turn: Turn) -> None:
+        """A swapped-out turn ended: its host copy is freed."""
+        self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
+
+    def swap_in(self, turn: Turn, now: float, plan: Plan) -> bool:
         """Bring a swapped-out turn's KV back: the shared blocks it left on the device
         by their keys, the rest from host memory into fresh blocks. False if the pool
         cannot make room now. If a block it left behind has been evicted since, the
@@ -70,7 +87,7 @@ class KVMoves:
             turn.computed, turn.flying, turn.swap_kept, turn.status = 0, 0, [], Status.DROPPED
             return True
         fresh: list[int] = []
-        if not self._reserve(fresh, turn.host_blocks(size) * size, now, plan, keep=turn):
+        if not self.reserve(fresh, turn.host_blocks(size) * size, now, plan, keep=turn):
             self.pool.release(kept)
             return False
         self.swapped_blocks -= len(fresh)
@@ -82,28 +99,28 @@ class KVMoves:
         turn.status, turn.committed = Status.PAUSED, 0
         return True
 
-    def _reserve(self, table: list[int], positions: int, now: float, plan: Plan, keep: Turn) -> bool:
+    def reserve(self, table: list[int], positions: int, now: float, plan: Plan, keep: Turn) -> bool:
         """Grow `table` to `positions`, evicting lower-priority KV when the pool is
         short: paused turns first, then running ones not yet batched. If the turn
         asking is itself the lowest, it is paused instead (and False returned)."""
         victim_of = self.priorities.victim
         while not self.pool.grow(table, positions):
-            paused = [t for t in self.waiting if t.blocks and t is not keep]
+            paused = [t for t in self.seats.waiting if t.blocks and t is not keep]
             victim = victim_of(paused, now)
             if victim is None or self.priorities.effective(victim, now) > self.priorities.effective(keep, now):
                 batched = set(plan.turns)
-                candidates = [t for t in self.running.values() if t not in batched and self.priorities.effective(t, now) <= self.priorities.effective(keep, now)]
+                candidates = [t for t in self.seats.running.values() if t not in batched and self.priorities.effective(t, now) <= self.priorities.effective(keep, now)]
                 victim = victim_of(candidates, now)
                 if victim is None:
                     return False
                 if victim.status is Status.RUNNING:
-                    self.preempt(victim, None if victim is keep else keep, now, plan, memory=True)
-            self._evict(victim, now, plan)
+                    self.seats.preempt(victim, None if victim is keep else keep, now, plan, memory=True)
+            self.evict(victim, now, plan)
             if victim is keep:
                 return False
         return True
 
-    def _evict(self, turn: Turn, now: float, plan: Plan) -> None:
+    def evict(self, turn: Turn, now: float, plan: Plan) -> None:
         """Free a turn's device blocks: swap them out while host room lasts, else drop."""
         if not turn.blocks:
             return
@@ -129,9 +146,9 @@ class KVMoves:
             self.pool.release(turn.blocks)
             self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
         else:
-            self._drop(turn, plan)
+            self.drop(turn, plan)
 
-    def _drop(self, turn: Turn, plan: Plan) -> None:
+    def drop(self, turn: Turn, plan: Plan) -> None:
         """Free a turn's device blocks, and forget what they hold: it is recomputed
         when it resumes."""
         # A copy this plan made into its blocks is taken back: it would fill a

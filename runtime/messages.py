@@ -12,6 +12,7 @@ from typing import Any, Union
 import msgspec
 
 from runtime.channel import UpdateReceiver, UpdateSender, open_channel
+from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem  # noqa: F401 (the constraints are part of a request)
 from runtime.engine import GREEDY, Sampling
 from runtime.events import TurnEvent
 
@@ -25,6 +26,11 @@ class TurnRequest(msgspec.Struct, tag="turn", kw_only=True):
     max_tokens: int
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
+    # What the output must be (runtime.constraints); None: free text.
+    constraint: Constraint | None = None
+    # Tokens at the prompt's end that this turn generated before, on an owner it
+    # was moved from: its constraint resumes after them.
+    prior_output: int = 0
     # Lift keys (runtime.serving.lift_key) of the requests this turn serves: the
     # priority lent to any of them is lent to the turn.
     lifts: list[str] = []
@@ -73,6 +79,10 @@ def turn_request_problem(request: TurnRequest) -> str | None:
         return f"sampling must be a Sampling, got {request.sampling!r}"
     if not isinstance(request.ignore_eos, bool):
         return f"ignore_eos must be a bool, got {request.ignore_eos!r}"
+    if (problem := constraint_problem(request.constraint)) is not None:
+        return problem
+    if not _int(request.prior_output) or not 0 <= request.prior_output <= len(request.prompt):
+        return f"prior_output must be an int in [0, len(prompt)], got {request.prior_output!r}"
     if not isinstance(request.t, (int, float)) or request.t != request.t:
         return f"t must be a time in seconds, got {request.t!r}"
     if not isinstance(request.lifts, list) or not all(isinstance(k, str) and k.startswith(f"{request.agent}/") for k in request.lifts):

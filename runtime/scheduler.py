@@ -14,9 +14,11 @@ Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`
 Every decision is reported through `emit` as one of `runtime.events`' kinds.
 
 This module decides who holds a slot: admission, preemption and resumption, and
-how a turn ends. Its parts: `runtime.priorities` (the effective priority: aged,
-or lent through `set_inherited`), `runtime.batching` (the work of the step) and
-`runtime.kvmoves` (K/V memory: growing blocks, swapping and dropping others'). A
+how a turn ends. It is built from parts it owns, each in its own module:
+`Priorities` (runtime.priority: the effective priority, and what is lent
+through `set_inherited`), `Batching` (runtime.batching: the work of the step),
+`KVMemory` (runtime.kvmoves: growing blocks, swapping and dropping others') and
+`Accounting` (runtime.accounting: what a step's tokens do to their turns). A
 turn's `status` (runtime.turns.Status) is the one record of where it is.
 Preemption happens only for a strictly higher effective priority, and the victim
 is the lowest effective priority, latest admitted.
@@ -31,18 +33,19 @@ from typing import Any, Callable, Iterable, Sequence
 from runtime.accounting import Accounting
 from runtime.batching import Batching
 from runtime.blocks import BlockPool
+from runtime.constraints import Constraint, TurnConstraint
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Preempted, Queued, Recomputed, Resumed, SwappedIn
-from runtime.kvmoves import KVMoves
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.kvmoves import KVMemory
+from runtime.latency import felt
 from runtime.prefix import PrefixCache
-from runtime.priorities import Priorities
-from runtime.priority import BACKGROUND
+from runtime.priority import BACKGROUND, Priorities
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
 
 
-class Scheduler(Accounting, Batching, KVMoves):
+class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
@@ -62,12 +65,13 @@ class Scheduler(Accounting, Batching, KVMoves):
         self.policy = config.policy
         self.pool = blocks
         self.prefix = PrefixCache(blocks, config.prefix_cache)
-        self.eos = frozenset(eos_token_ids)
         self.emit = emit
         self.step = 0
-        self.priorities = Priorities(config)
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
-        self.swapped_blocks = 0
+        self.priorities = Priorities(config.aging_s, config.aging_cap)
+        self.memory = KVMemory(config, blocks, self.prefix, self.priorities, self, emit, self._about)
+        self.batching = Batching(config, self.cost, self.prefix, self.priorities, self.memory, self)
+        self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
         self._enqueues = itertools.count(1)
@@ -76,7 +80,6 @@ class Scheduler(Accounting, Batching, KVMoves):
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
-        self.in_flight: Plan | None = None  # the last plan advanced and not yet accounted
 
     # ------------------------------------------------------------------ inputs
 
@@ -92,9 +95,13 @@ class Scheduler(Accounting, Batching, KVMoves):
         ignore_eos: bool = False,
         turn_id: int | None = None,
         lifts: Sequence[str] = (),
+        constraint: Constraint | None = None,
+        prior_output: int = 0,
     ) -> Turn:
         """Queue a turn. A turn that can never run ends at once in turn.failed.
-        `lifts` name the requests it serves (see `set_inherited`)."""
+        `lifts` name the requests it serves (see `set_inherited`). A `constraint`
+        holds its output to a grammar, from its prompt's last `prior_output`
+        tokens on (output it made on an owner it was moved from)."""
         turn_id = next(self._ids) if turn_id is None else turn_id
         if turn_id in self.turns:
             raise UsageError(f"turn id {turn_id} is already live")
@@ -102,6 +109,8 @@ class Scheduler(Accounting, Batching, KVMoves):
             turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos,
             arrived=now, waiting_since=now, lifts=(agent, *lifts), enqueued=next(self._enqueues),
         )
+        if constraint is not None:
+            turn.constraint = TurnConstraint(constraint, len(turn.prompt) - prior_output, turn.tokens)
         self.turns[turn.id] = turn
         self._changes += 1
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
@@ -132,6 +141,68 @@ class Scheduler(Accounting, Batching, KVMoves):
         self.priorities.lend(lift, priority)
         self._changes += 1
 
+    # ----------------------------------------------------- a step's accounts
+
+    def advance(self, plan: Plan) -> None:
+        """Account a step just launched as if it had run (runtime.accounting), so
+        the next can be planned while it runs."""
+        self.step += 1
+        self.accounting.advance(plan)
+
+    def retract(self, plan: Plan) -> None:
+        """Undo `advance` for a step that counts for nothing after all."""
+        self.step -= 1
+        self.accounting.retract(plan)
+
+    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
+        """Account one step; return the sampled tokens to deliver, in batch order.
+        `repeats` > 1 accounts the plan as that many identical steps, as
+        `repeatable` allowed (the simulator's fast-forward): the first
+        repeats - 1 decode their token again, the last is accounted as usual."""
+        if not plan.advanced:
+            self.step += 1
+        if repeats > 1:
+            self.step += repeats - 1
+            self.accounting.repeat(plan, tokens, repeats - 1, now)
+        return self.accounting.postprocess(plan, tokens, now)
+
+    def repeatable(self, plan: Plan, steps: int) -> int:
+        """How many identical steps this plan can stand for, at most `steps`: its
+        first step, then decodes of every item until the first turn ends. Each
+        item must sample (the last chunk of a prefill does) and ignore eos, and
+        the blocks of every step must be reservable now; they are reserved. (The
+        simulator prices them at once: swarm.sim.)"""
+        if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
+            return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
+        for work, turn in zip(plan.works, plan.turns):
+            if not work.sample or not turn.ignore_eos:
+                return 1
+            steps = min(steps, turn.max_tokens - len(turn.output))
+        if steps <= 1:
+            return 1
+        size = self.pool.block_size
+        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
+        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns)) > self.pool.num_free:
+            return 1
+        for end, turn in zip(ends, plan.turns):
+            self.pool.grow(turn.blocks, end)
+        return steps
+
+    def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
+        """A KV move of this plan failed for the turn: it is re-prefilled (runtime.kvmoves)."""
+        turn = self.turns.get(turn_id)
+        if turn is not None:
+            self.memory.lose(turn, plan, now)
+
+    @property
+    def swapped_blocks(self) -> int:
+        """Host memory in use for swapped-out K/V, in blocks."""
+        return self.memory.swapped_blocks
+
+    @property
+    def eos(self) -> frozenset[int]:
+        return self.accounting.eos
+
     # ------------------------------------------------------------ the turns
 
     @property
@@ -161,10 +232,13 @@ class Scheduler(Accounting, Batching, KVMoves):
 
     # ------------------------------------------------------------- schedule
 
-    def schedule(self, now: float) -> Plan:
+    def schedule(self, now: float, in_flight: Plan | None = None) -> Plan:
+        """This boundary's decisions. `in_flight` is the step launched (`advance`d)
+        and not yet accounted, if any: a prompt does not compute again a block it
+        computes."""
         plan = Plan()
         waiting = [] if self._queue_stuck(now) else self.waiting
-        for turn in self.priorities.queue_order(waiting, now, self.policy):
+        for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
             free = self._free_slot()
             if free is None:
                 if not self.policy.preempts:
@@ -176,7 +250,7 @@ class Scheduler(Accounting, Batching, KVMoves):
                 self.preempt(victim, turn, now, plan)
             if not self._admit(turn, free, now, plan):
                 break
-        self._batch(now, plan)
+        self.batching.fill(now, plan, in_flight)
         return plan
 
     def _queue_stuck(self, now: float) -> bool:
@@ -217,18 +291,18 @@ class Scheduler(Accounting, Batching, KVMoves):
         victim.preemptions += 1
         plan.preemptions += 1
         if self.policy is Policy.SWAP:
-            self._evict(victim, now, plan)
+            self.memory.evict(victim, now, plan)
         elif self.policy is Policy.RECOMPUTE:
-            self._drop(victim, plan)
+            self.memory.drop(victim, plan)
 
     def _admit(self, turn: Turn, slot: int, now: float, plan: Plan) -> bool:
         swapped = turn.status is Status.SWAPPED
-        if swapped and not self._swap_in(turn, now, plan):
+        if swapped and not self.memory.swap_in(turn, now, plan):
             return False
         recomputed = turn.status is Status.DROPPED
         if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
             turn.cached_tokens = self.prefix.reuse(turn, plan.moves)
-        turn.boost = self.priorities.aged(turn, now)
+        turn.aging_kept = self.priorities.aging_levels(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
         turn.last_admit = next(self._admissions)
         self._changes += 1
@@ -259,7 +333,7 @@ class Scheduler(Accounting, Batching, KVMoves):
         policy's next step)."""
         turn.status, turn.slot = Status.PAUSED, None
         self._changes += 1
-        turn.boost = 0
+        turn.aging_kept = 0
         turn.waiting_since = now
         turn.enqueued = next(self._enqueues)
 
@@ -283,10 +357,10 @@ class Scheduler(Accounting, Batching, KVMoves):
         if turn.owed:  # tokens a step in flight samples for it are thrown away
             del turn.output[-turn.owed :]
             turn.owed = 0
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self._level(turn)))
+        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self.priorities.unaged(turn)))
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
-            self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
+            self.memory.release_host(turn)
         turn.status, turn.slot = Status.ENDED, None
         self._changes += 1
         self.prefix.settle(turn)  # (its last block's rows stay findable for a turn that repeats it)
@@ -298,16 +372,17 @@ class Scheduler(Accounting, Batching, KVMoves):
         return dict(t=now, step=self.step, turn=turn.id, agent=turn.agent, priority=self.priorities.effective(turn, now), slot=turn.slot)
 
 
-def _latencies(turn: Turn, now: float, level: int) -> dict[str, Any]:
+def _latencies(turn: Turn, now: float, unaged: int) -> dict[str, Any]:
     """What the turn's reader felt: time to the first token (from the request) and
     the mean gap between tokens after it, pauses included; for a turn above
-    background priority (`level`: its own, or lent by whoever waits on it), also
-    every token's time, so the log can replay its pace."""
-    if turn.first_token_at is None:
+    background priority (`unaged`: its own, or lent by whoever waits on it), also
+    every token's time, so the log can replay its pace (runtime.latency)."""
+    if not turn.token_times:
         return {}
-    felt: dict[str, Any] = {"ttft_s": turn.first_token_at - turn.arrived}
-    if len(turn.output) > 1:
-        felt["itl_s"] = (now - turn.first_token_at) / (len(turn.output) - 1)
-    if level > BACKGROUND:
-        felt["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
-    return felt
+    reader = felt(turn.arrived, turn.token_times, until=now)
+    out: dict[str, Any] = {"ttft_s": reader.ttft_s}
+    if reader.mean_gap_s is not None:
+        out["itl_s"] = reader.mean_gap_s
+    if unaged > BACKGROUND:
+        out["token_s"] = [round(t - turn.arrived, 4) for t in turn.token_times]
+    return out

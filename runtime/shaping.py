@@ -60,8 +60,7 @@ class StepBudget:
         return lo
 
 
-def protected_level(levels: list[int]) -> int | None:
+def protected_priority(top_unaged: int | None) -> int | None:
     """The priority the step is shaped for: the highest unaged priority among
-    the live turns, if it is above background."""
-    top = max(levels, default=BACKGROUND)
-    return top if top > BACKGROUND else None
+    the live turns (runtime.priority), if it is above background."""
+    return top_unaged if top_unaged is not None and top_unaged > BACKGROUND else None

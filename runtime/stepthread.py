@@ -4,9 +4,9 @@ step at a time. (An engine whose steps never block is called inline instead:
 
 A step's device work blocks, so it runs off the event loop, while the loop
 delivers the previous step's tokens. A ThreadPoolExecutor awaited through
-asyncio.wrap_future costs two futures, a lock and a chain of done-callbacks per
-step, some 10 us of the owner's host time; here, on asyncio, the thread sets the
-awaiting future itself with one call_soon_threadsafe. On another event loop
+asyncio.wrap_future would cost two futures, a lock and a chain of done-callbacks
+per step, a notable share of the owner's host time; here, on asyncio, the thread
+sets the awaiting future itself with one call_soon_threadsafe. On another event loop
 (trio) the owner waits for a plain Future in a worker thread, as before.
 """
 
@@ -45,6 +45,9 @@ class Job(Generic[T]):
             result, error = self._fn(self._arg), None
         except BaseException as exc:  # (handed to whoever awaits the step, as a Future would)
             result, error = None, exc
+        # What it was handed may hold the job in turn (a StepInFlight does): let go
+        # of it, so the pair is freed by reference counting, not the cycle collector.
+        self._fn = self._arg = None  # type: ignore[assignment]
         if inline and self._loop is not None:
             self._settle(result, error)
             return

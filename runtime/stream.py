@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -34,7 +35,15 @@ from runtime.events import Dropped, Event, encode
 from runtime.sockets import default_socket_dir, default_socket_path, live_sockets, prepare_socket_path
 
 # (where sockets live is runtime.sockets; its public names are served from here too)
-__all__ = ["CLIENT_BUFFER", "default_socket_dir", "default_socket_path", "encode_line", "live_sockets", "serve_events"]
+__all__ = [
+    "CLIENT_BUFFER",
+    "RoomWaits",
+    "default_socket_dir",
+    "default_socket_path",
+    "encode_line",
+    "live_sockets",
+    "serve_events",
+]
 
 log = logging.getLogger("slotswarm.stream")
 
@@ -54,6 +63,16 @@ _CLIENT_GONE = (
 )
 
 
+@dataclass
+class RoomWaits:
+    """How the viewers of one server wait for room in their sockets. A viewer that
+    stops reading must cost the swarm nothing: it waits without being woken until
+    it reads again, so `wakeups` stays still however long it is stuck."""
+
+    waiting: int = 0  # viewers waiting for room now
+    wakeups: int = 0  # times a waiting viewer was woken to look again
+
+
 def encode_line(item: Event | Dropped) -> bytes:
     """One item of a subscription as one line of the stream."""
     return encode(item) + b"\n"
@@ -68,13 +87,16 @@ async def serve_events(
     *,
     max_buffer: int = CLIENT_BUFFER,
     grace_s: float = SHUTDOWN_GRACE_S,
+    waits: RoomWaits | None = None,
     task_status: anyio.abc.TaskStatus[Path] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `bus` on a Unix socket at `path` until cancelled or until the bus is
-    closed. `task_status.started` reports the path once clients can connect."""
+    closed. `task_status.started` reports the path once clients can connect.
+    `waits`, if given, counts how the viewers wait for room in their sockets."""
     path = Path(path)
     prepare_socket_path(path)
     closing = _CloseWatch(bus)
+    waits = waits if waits is not None else RoomWaits()
     try:
         listener = await anyio.create_unix_listener(path, mode=0o600)
     except OSError as exc:
@@ -85,7 +107,7 @@ async def serve_events(
     try:
         async with listener, anyio.create_task_group() as clients:
             accepting = anyio.CancelScope()
-            clients.start_soon(_accept_clients, listener, bus, max_buffer, clients, accepting)
+            clients.start_soon(_accept_clients, listener, bus, max_buffer, waits, clients, accepting)
             # A viewer's connect completes in the kernel before accept() runs; events
             # emitted in between would be lost to it. So before each event goes out,
             # take in (and subscribe) every viewer already connected.
@@ -99,7 +121,7 @@ async def serve_events(
                     except OSError as exc:
                         log.warning("event stream: accept failed: %s", exc)
                         return
-                    clients.start_soon(_adopt, conn, bus.subscribe(max_buffer), bus.last_started)
+                    clients.start_soon(_adopt, conn, bus.subscribe(max_buffer), bus.last_started, waits)
 
             bus.before_fanout.append(admit_connected)
             task_status.started(path)
@@ -119,6 +141,7 @@ async def _accept_clients(
     listener: anyio.abc.SocketListener,
     bus: EventBus,
     max_buffer: int,
+    waits: RoomWaits,
     clients: anyio.abc.TaskGroup,
     scope: anyio.CancelScope,
 ) -> None:
@@ -137,21 +160,23 @@ async def _accept_clients(
             # from the moment it connected; a viewer that attaches late still
             # learns the slots, policy and model from the replayed swarm.started.
             sub = bus.subscribe(max_buffer)
-            clients.start_soon(_serve_client, stream, sub, bus.last_started)
+            clients.start_soon(_serve_client, stream, sub, bus.last_started, waits)
 
 
-async def _adopt(conn: socket.socket, sub: Subscription, started: Event | None) -> None:
+async def _adopt(conn: socket.socket, sub: Subscription, started: Event | None, waits: RoomWaits) -> None:
     try:
         stream = await anyio.abc.UNIXSocketStream.from_socket(conn)
     except BaseException:
         conn.close()
         sub.close()
         raise
-    await _serve_client(stream, sub, started)
+    await _serve_client(stream, sub, started, waits)
 
 
-async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None) -> None:
-    room = _Room(stream.extra(anyio.abc.SocketAttribute.raw_socket))
+async def _serve_client(
+    stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None, waits: RoomWaits
+) -> None:
+    room = _Room(stream.extra(anyio.abc.SocketAttribute.raw_socket), waits)
     try:
         async with stream, anyio.create_task_group() as tg:
             tg.start_soon(_hang_up_on_eof, stream, tg.cancel_scope)
@@ -189,12 +214,17 @@ async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, start
 class _Room:
     """Room in a Unix socket's send buffer, kept so that a last, short line always
     fits. Linux tells how much of the buffer is in use (SIOCOUTQ); elsewhere the
-    check is skipped and a send simply waits."""
+    check is skipped and a send simply waits.
+
+    A viewer short of room sleeps until the kernel calls its socket writable, which
+    for a Unix socket means at most a quarter of the buffer is still unread: a
+    viewer that stops reading is never woken, whatever the swarm emits meanwhile."""
 
     RESERVE = 4096  # bytes of buffer kept free: one Dropped line with its overhead
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, waits: RoomWaits) -> None:
         self.sock = sock
+        self.waits = waits
         try:
             self.size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             self._used()
@@ -212,8 +242,17 @@ class _Room:
         if self.size is None:
             return
         # Each queued line costs its length and about a kilobyte of bookkeeping.
-        while self._used() + n + 1024 + self.RESERVE > self.size:
-            await anyio.sleep(0.005)
+        if self._used() + n + 1024 + self.RESERVE <= self.size:
+            return
+        if self._used() * 4 > self.size:  # not writable: sleep until the viewer reads
+            self.waits.waiting += 1
+            try:
+                await anyio.wait_writable(self.sock)
+            finally:
+                self.waits.waiting -= 1
+            self.waits.wakeups += 1
+        # Writable: three quarters of the buffer are free, room for any line but
+        # one longer than most of it, which goes out as the send finds room.
 
 
 async def _hang_up_on_eof(stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:

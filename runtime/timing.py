@@ -56,6 +56,7 @@ class TimingEngine:
         self.num_blocks = num_blocks
         self.eos_token_ids: frozenset[int] = frozenset()
         self.tokenizer = None  # prompts are token ids
+        self.constraints = None  # (no vocabulary to hold a turn to)
         self.max_batch_tokens: int | None = None
         self.max_context: int | None = None
         self.vocab_size: int | None = None
@@ -94,7 +95,7 @@ class TimingEngine:
 
     def step_s(self, plan: Plan, steps: int = 1) -> float:
         """Seconds for `steps` steps of the plan, KV moves and flushes excluded: its
-        first step as given, the rest (the simulator's fast-forward, swarm.fastforward)
+        first step as given, the rest (the simulator's fast-forward, Scheduler.repeatable)
         as one-token decodes whose attention reads one more position per item each step."""
         rest = steps - 1
         # Fast-forwarded step k (1 .. rest) reads k - 1 more positions per item than the first of them.

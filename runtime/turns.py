@@ -7,6 +7,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from runtime.constraints import TurnConstraint
 from runtime.cost import step_features
 from runtime.engine import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
@@ -143,6 +144,7 @@ class Turn:
     sampling: Sampling = GREEDY
     ignore_eos: bool = False
     arrived: float = 0.0
+    constraint: TurnConstraint | None = None  # what its output must be (runtime.constraints)
     lifts: tuple[str, ...] = ()  # names a priority may be lent under: its agent, the requests it serves
     output: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V is in the cache
@@ -160,7 +162,7 @@ class Turn:
     admitted_at: float | None = None  # first admission: the end of the wait
     last_admit: int = 0  # admission order; the latest admitted is preempted first
     last_stepped: int = 0  # the step it last had work in (shaping serves the longest-unserved first)
-    boost: int = 0  # aging levels earned by waiting, kept while it runs
+    aging_kept: int = 0  # aging levels earned by waiting, kept while it runs (runtime.priority)
     waiting_since: float = 0.0  # since it (re)joined the queue: aging, and how long a pause was
     first_token_at: float | None = None  # when its first output token was sampled
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled

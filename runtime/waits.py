@@ -25,7 +25,7 @@ It keeps the waits and each agent's base priority, nothing else: every lent
 priority is derived when asked, so there is no second copy to keep in step.
 What the scheduler needs travels as `on_lift(agent, via, priority)` calls
 (exactly when the priority lent to one part changes; None: no longer lifted)
-and is kept there (runtime.priorities), the one store of lent priority. It is
+and is kept there (runtime.priority), the one store of lent priority. It is
 a plain synchronous object that emits nothing itself; `on_change(agent,
 effective, inherited, from_agent)` is called exactly when `inherited(agent)`
 changes, `from_agent` being the origin of the chain, not the direct waiter.

@@ -38,9 +38,13 @@ from runtime.errors import (  # the whole tree (see runtime/errors.py)
     UsageError,
     WaitCycle,
 )
+from runtime.constraints import Choices, Grammar, JsonSchema, Regex
+from runtime.toolcalls import ToolCall
+from runtime.tools import Tool, tool
 from swarm.api import Swarm
 
 __all__ = [
+    "Choices", "Grammar", "JsonSchema", "Regex", "Tool", "ToolCall", "tool",
     "Actor", "ActorCrashed", "ActorError", "Agent", "AskTimeout", "BACKGROUND", "ConfigError", "DeviceError",
     "EngineError", "Event", "FOREGROUND", "GREEDY", "Lock", "ModelError", "ModelFormatError", "PauseInfo", "Policy",
     "RequestError", "ResumeInfo", "Sampling", "SlotswarmError", "Swarm", "TurnCancelled", "TurnError", "TurnFailed",

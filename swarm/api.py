@@ -22,7 +22,7 @@ from runtime.engine import Engine
 from runtime.errors import ConfigError
 from runtime.bus import EventBus
 from runtime.events import SwarmStarted, SwarmStopped
-from runtime.client import GPUClient
+from runtime.client import LocalGPU
 from runtime.owner import GPUOwner
 from runtime.stream import serve_events
 from runtime.system import ActorSystem
@@ -31,14 +31,8 @@ from swarm.hosting import AgentHost
 
 
 class Swarm(AgentHost):
-    def __new__(cls, engine: Engine | None = None, *, cluster: str | None = None, **options: Any) -> Any:
-        # Swarm(cluster="ray", owners=2, model=...) spans several GPU owners: the
-        # same agents and API, each owner a Ray actor (swarm.cluster).
-        if cluster is not None:
-            from swarm.cluster import ClusterSwarm
-
-            return ClusterSwarm(cluster=cluster, **options)
-        return super().__new__(cls)
+    """One GPU owner in this process. A swarm over several owners, each a Ray
+    actor, is swarm.cluster.ClusterSwarm: the same agents and API."""
 
     def __init__(
         self,
@@ -80,7 +74,7 @@ class Swarm(AgentHost):
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
         self.owner = GPUOwner(engine, self.config, self.bus)
-        self.client = GPUClient(self.system, self.owner.name, self.bus.now, engine.tokenizer)  # what agents hold
+        self.client = LocalGPU(self.system, self.owner.name, self.bus.now, engine.tokenizer, engine.constraints)  # what agents hold
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Swarm:
@@ -105,7 +99,7 @@ class Swarm(AgentHost):
         return await self._stack.__aexit__(*exc_info)
 
     async def _stop_agents(self) -> None:
-        self.owner.closing = True
+        self.owner.intake.closing = True
         with anyio.CancelScope(shield=True):
             for name in self.system.names():
                 if name != self.owner.name:

@@ -5,9 +5,9 @@ so the owner calls it inline: runtime.engine's `blocking`), so every
 microsecond measured is the owner's own work, and the agents': draining
 requests, scheduling, delivering each token to its agent, publishing events.
 The same runs again through the step thread a blocking engine's steps go to,
-which adds the hand-over each way: two thread wake-ups a step, 15 to 50 us on
-the 2-core VM as its host's load varies. With a real device that hand-over
-overlaps the step on the device (the idle figure below).
+which adds the hand-over each way: two thread wake-ups a step, whose cost
+varies with the host's load. With a real device that hand-over overlaps the
+step on the device (the idle figure below).
 
 Two figures per configuration:
 - host ms per step: all of that work, 1 / steps per second;

@@ -44,15 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=Policy.RESIDENT.value, help="the server's policy: " + ", ".join(p.value for p in Policy))
     parser.add_argument("--slots", type=int, default=8, help="slots, and background streams")
     parser.add_argument("--model", help="GGUF model file (default: the default model)")
-    parser.add_argument("--device", help="OpenCL device (default: the first one)")
-    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument("--device", help="OpenCL device (default: a GPU if any, else the first usable; env SWARM_DEVICE)")
+    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
     parser.add_argument("--fg-tokens", type=int, default=48, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths")
     parser.add_argument("--step-tokens", type=int, default=16, help="tokens one step may process")
     parser.add_argument("--prompt", type=int, default=300, help="mean prompt tokens per turn")
     parser.add_argument("--warmup", type=float, default=60.0, help="at most this many seconds for every stream to start first")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the load")
     parser.add_argument("--no-compare", action="store_true", help="skip the in-process `bench swarm` run")
 
 

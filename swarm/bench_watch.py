@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A B B A cycles (default 2)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each round (default 20)")
     parser.add_argument("--model", metavar="PATH", help="GGUF file (default: the demo's model)")
-    parser.add_argument("--device", metavar="D", help="OpenCL device")
+    parser.add_argument("--device", metavar="D", help="OpenCL device (default: a GPU if any, else the first usable; env SWARM_DEVICE)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

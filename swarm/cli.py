@@ -31,7 +31,30 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # not built yet
         module.add_parser(sub)
+    _show_defaults(parser)
     return parser
+
+
+class _ShowsDefaults(argparse.HelpFormatter):
+    """Ends a flag's help with its default, unless the help already says it (or
+    there is none to say)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        silent = action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+        if silent or "default" in text or isinstance(action, argparse._VersionAction):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every command's and subcommand's help, in the formatter its module chose."""
+    if not issubclass(parser.formatter_class, _ShowsDefaults):
+        parser.formatter_class = type(f"ShowsDefaults{parser.formatter_class.__name__}", (_ShowsDefaults, parser.formatter_class), {})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def _version() -> str:
@@ -44,7 +67,15 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        try:
+            return args.func(args) or 0
+        except BaseExceptionGroup as group:
+            # An error raised inside a task group arrives wrapped: alone, it is
+            # handled below as itself, so it is one line and its exit code too.
+            alone = _alone(group)
+            if alone is group:
+                raise
+            raise alone from None
     except (ConfigError, UsageError) as exc:
         print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -61,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file that cannot be read or written, a socket refused
         print(f"swarm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _alone(group: BaseExceptionGroup) -> BaseException:
+    """The one error inside `group` (and its nested groups), or the group itself
+    when it holds several."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return group if isinstance(exc, BaseExceptionGroup) else exc
 
 
 def _one_line(exc: BaseException) -> str:

@@ -6,9 +6,9 @@ to an agent they are the same, so both take agents here.
 
 from __future__ import annotations
 
-from typing import Any
 
 from runtime.agent import Agent
+from runtime.client import GPUClient
 from runtime.errors import UsageError
 from runtime.system import ActorSystem
 
@@ -17,7 +17,7 @@ class AgentHost:
     # The swarm's own: the agents' actor system, and the GPU client they reach
     # the owner (or owners) through.
     system: ActorSystem
-    client: Any
+    client: GPUClient | None
 
     async def spawn(self, agent: Agent) -> Agent:
         if not isinstance(agent, Agent):

@@ -6,7 +6,7 @@ import socket
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
@@ -16,9 +16,13 @@ from swarm.agent_loading import build_agents, new_out_dir, resolve_path, workspa
 from swarm.session import Session
 from swarm.watch import WatchHub, create_app, follow_bus, serve_http
 
+if TYPE_CHECKING:
+    from swarm.api import Swarm
+    from swarm.cluster import ClusterSwarm
+
 
 class SessionRunner:
-    """Runs one session. `run()` is async; `events_path`, `agents` and `problems`
+    """Runs one session. `run()` is async; `events_path` and `agents`
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
     def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
@@ -34,9 +38,9 @@ class SessionRunner:
         self.socket = socket
         self.on_event = on_event
         self.say = say
-        loaded = build_agents(session, self.workspace, self.out, say)
-        self.agents, self.problems = loaded.agents, loaded.problems
+        self.agents = build_agents(session, self.workspace, self.out, say)
         self.started = self.stopped = None
+        self.swarm: Swarm | ClusterSwarm | None = None  # once it has started
         # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
         # served from before the model loads, so a browser opened right away waits
         # for the swarm instead of failing.
@@ -53,10 +57,14 @@ class SessionRunner:
 
     def model_spec(self) -> str | Path | None:
         """The session's model: a catalogue name, or a path relative to the session file."""
-        from gpu.fetch import is_model_name
+        from gpu.fetch import is_model_name, looks_like_a_name
 
         spec = self.session.model
-        return resolve_path(self.session, spec) if spec and not is_model_name(spec) else spec
+        if not spec or is_model_name(spec):
+            return spec
+        path = resolve_path(self.session, spec)
+        # A bare word that is no file next to the session is a (maybe misspelt) catalogue name.
+        return spec if looks_like_a_name(spec) and not path.exists() else path
 
     async def run(self) -> None:
         # A cluster's owners each open their own engine; else it is opened here.
@@ -70,15 +78,17 @@ class SessionRunner:
 
     async def _run(self, engine: Any) -> None:
         from swarm.api import Swarm
+        from swarm.cluster import ClusterSwarm
 
         s = self.session
         common = dict(
             slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache,
             events=self.events_path, socket=self.socket,
         )
+        swarm: Swarm | ClusterSwarm
         if self.cluster is not None:
-            swarm = Swarm(
-                cluster="ray", owners=self.owners, address=None if self.cluster == "local" else self.cluster,
+            swarm = ClusterSwarm(
+                owners=self.owners, address=None if self.cluster == "local" else self.cluster,
                 model=self.model_spec(), device=s.device, kernels=s.kernels, **common,
             )
         else:
@@ -103,11 +113,13 @@ class SessionRunner:
 
     async def _until_done(self, swarm: Any, foreground: list[Any]) -> None:
         """Until the duration is up, or every foreground agent has finished."""
-        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")):
+        with anyio.move_on_after(self.session.duration if self.session.duration is not None else float("inf")) as timer:
             if not foreground:
                 await anyio.sleep_forever()
             for agent in foreground:
                 await swarm.join(agent)
+        if timer.cancelled_caught and self.say is not None:
+            self.say(f"the session's duration ({self.session.duration:g} s) is up: stopping, and cancelling the turns still running")
 
     async def _forward(self, sub: Any) -> None:
         async for item in sub:

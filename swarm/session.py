@@ -22,7 +22,8 @@ A session file (TOML) says which model, how many slots, which agents:
     options = { parallel = 2 }
 
 Bad fields are errors naming the field and its line (swarm.toml_lines). Agents
-are built from it by swarm.agent_loading.
+are built from it by swarm.agent_loading, which refuses an agent it cannot build
+the same way.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agents: list[AgentSpec] = []
     # Where the file was read from: relative paths resolve against it.
     base: str = msgspec.field(default=".", name="__base__")
+    # The file's name and text, so the agents' checks (swarm.agent_loading) can name a line.
+    where: str = msgspec.field(default="<session>", name="__where__")
+    text: str = msgspec.field(default="", name="__text__")
 
 
 def load_session(path: str | Path) -> Session:
@@ -84,10 +88,11 @@ def parse_session(text: str, *, where: str = "<session>", base: str | Path = "."
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    if "__base__" in data:
-        raise ConfigError(f"{where}: unknown field `__base__`")
+    for key in data:
+        if key.startswith("__"):
+            raise ConfigError(f"{where}{line_suffix(text, [key])}: unknown field `{key}`")
     try:
-        session = msgspec.convert({**data, "__base__": str(base)}, Session)
+        session = msgspec.convert({**data, "__base__": str(base), "__where__": where, "__text__": text}, Session)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}{locate(text, str(exc))}: {exc}") from None
     seen: dict[str, int] = {}

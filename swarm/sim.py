@@ -5,7 +5,7 @@ the policy measured here is the policy that ships. Background agents run closed
 loops (a new turn the moment the last one ends) and keep every slot busy; the
 foreground agent's turns arrive at random. Between events (an arrival, a turn
 ending, an aging tick) every step is the same decode step, so the simulator
-stretches one plan over many steps and skips ahead (swarm.fastforward).
+stretches one plan over many steps and skips ahead (Scheduler.repeatable).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.units import ceil_div, percentiles
-from runtime.abandon import stopped_after, worth_abandoning
-from swarm.fastforward import account, stretch
+from runtime.abandon import abandon_bar, stopped_after
 from runtime.turns import Plan, Policy, SchedulerConfig, Turn
 
 POLICIES = [p.value for p in Policy]
@@ -214,7 +213,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     config = SchedulerConfig(
         slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,
-        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache,
+        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache, abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
@@ -235,10 +234,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     def abandons(plan: Plan) -> bool:
         """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
-        return (
-            workload.abandon_steps and config.policy.preempts and FOREGROUND > (sched.priorities.top_level(plan.turns) or BACKGROUND)
-            and worth_abandoning(plan, engine.cost, config.slack)
-        )
+        bar = abandon_bar(plan, sched)
+        return bar is not None and FOREGROUND > bar
 
     def submit_bg(agent: str, now: float) -> None:
         sched.submit(agent, BACKGROUND, prompt(agent, workload.background_prompt), bg_length(), now, ignore_eos=True)
@@ -262,7 +259,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         step_s = engine.cost.predict(workload.slots, sum(t.length + 1 for t in sched.running.values()) + workload.slots)
         steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
         plan = sched.schedule(now)
-        steps = stretch(sched, plan, steps)
+        steps = sched.repeatable(plan, steps)
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
@@ -285,7 +282,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         first = now + engine.overhead_s(plan) + engine.first_step_s(plan)
         now += engine.overhead_s(plan) + engine.step_s(plan, steps)
         rest = (now - first) / (steps - 1) if steps > 1 else 0.0
-        for turn, _ in account(sched, plan, tokens, steps, now):
+        for turn, _ in sched.postprocess(plan, tokens, now, repeats=steps):
             if turn.agent == "fg":
                 if turn.id in last_token:
                     result.fg_itl.append(first - last_token[turn.id])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Resumed
+from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Restored, Resumed, TurnEvent
+from agents.base import RecordingAgent
 from runtime.priority import FOREGROUND
 
 
@@ -53,10 +54,14 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
                 # computed only part of it)
                 reused += cached
                 computed += prefilled
-        agent = getattr(e, "agent", None)
-        if agent is None or agent == "gpu":
+        # An agent is whoever runs turns (or was given): the GPU owner, an actor
+        # too, may crash but runs none.
+        if isinstance(e, TurnEvent):
+            s = per.setdefault(e.agent, AgentSummary())
+        elif isinstance(e, (Inherited, Restored, AgentCrashed)) and e.agent in per:
+            s = per[e.agent]
+        else:
             continue
-        s = per.setdefault(agent, AgentSummary())
         match e:
             case Queued():
                 s.turns += 1
@@ -74,7 +79,7 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
                 fg_wait.append(waited_s)
     # Agents that keep TurnRecords time from the request leaving the agent, which
     # the event log cannot (a request is logged at the next token boundary).
-    records = [r for a in agents for r in getattr(a, "records", []) if r.priority >= FOREGROUND and r.ttft_s is not None]
+    records = [r for a in agents if isinstance(a, RecordingAgent) for r in a.records if r.priority >= FOREGROUND and r.ttft_s is not None]
     if records:
         fg_wait = [r.waited_s for r in records]
     ttft = [r.ttft_s for r in records]
@@ -83,8 +88,8 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
         agents=per,
         fg_wait_s=fg_wait,
         fg_ttft_s=ttft,
-        fg_itl_s=[gap for r in records for gap in getattr(r, "itl_s", ())],
-        fg_turn_s=[r.turn_s for r in records if getattr(r, "turn_s", None) is not None],
+        fg_itl_s=[gap for r in records for gap in r.itl_s],
+        fg_turn_s=[r.turn_s for r in records if r.turn_s is not None],
         idle_ttft_s=[i[0] for i in idle],
         idle_itl_s=[i[1] for i in idle],
         idle_turn_s=[i[2] for i in idle],

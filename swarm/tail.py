@@ -211,7 +211,7 @@ STYLES: dict[type, str] = {
     ev.Recomputed: "red",
     ev.AgentCrashed: "bold red",
     ev.StepAbandoned: "yellow",
-    ev.ToolRan: "dim green",
+    ev.ToolCalled: "green",
 }
 
 
@@ -258,7 +258,7 @@ PHRASES: dict[type, str] = {
     ev.Recomputed: "{who} KV dropped, re-prefilling {e.tokens} tokens{cached}",
     ev.AgentCrashed: "agent {e.agent} crashed: {e.reason}",
     ev.StepAbandoned: "step of {e.turns} turns ({e.tokens} tokens) stopped early for {e.by_agent} (prio {e.by_priority}); it runs again",
-    ev.ToolRan: "{e.agent} ran {e.tool} in {e.duration_s:.2f} s (ok: {e.ok})",
+    ev.ToolCalled: "{e.agent} ran tool {e.tool} ({e.status}) in {duration}",
 }
 
 CACHED = {  # what the prefix cache gave, where it gave some
@@ -278,6 +278,6 @@ def describe(e: Event | Unrecognized) -> str:
     if phrase is None:  # an event newer than this viewer: its fields, plainly
         return " ".join(f"{k}={v}" for k, v in ev.fields_of(e).items() if v is not None)
     who = f"turn {e.turn} ({e.agent})" if isinstance(e, ev.TurnEvent) else ""
-    waited, paused = (format_duration(getattr(e, name, None)) for name in ("waited_s", "paused_s"))
+    waited, paused, duration = (format_duration(getattr(e, name, None)) for name in ("waited_s", "paused_s", "duration_s"))
     cached = getattr(e, "cached_tokens", None)
-    return phrase.format(e=e, who=who, waited=waited, paused=paused, cached=CACHED.get(type(e), "").format(cached) if cached else "")
+    return phrase.format(e=e, who=who, waited=waited, paused=paused, duration=duration, cached=CACHED.get(type(e), "").format(cached) if cached else "")

@@ -38,7 +38,9 @@ def find_line(text: str, path: list[str | int]) -> int | None:
             headers = [n for n in range(start, end) if re.match(rf"\s*\[\[\s*{re.escape(part)}\s*\]\]", lines[n])]
             if nxt < len(headers):
                 start = headers[nxt]
-                end = next((n for n in range(start + 1, len(lines)) if re.match(r"\s*\[", lines[n])), len(lines))
+                # Up to the next header that is not one of this table's own sub-tables ([part.options]).
+                own = re.compile(rf"\s*\[\s*{re.escape(part)}\.")
+                end = next((n for n in range(start + 1, len(lines)) if re.match(r"\s*\[", lines[n]) and not own.match(lines[n])), len(lines))
                 i += 2
                 continue
             return _key_line(lines, start, end, part)
@@ -54,7 +56,7 @@ def find_line(text: str, path: list[str | int]) -> int | None:
 
 
 def _key_line(lines: list[str], start: int, end: int, key: str) -> int | None:
-    pattern = re.compile(rf"^\s*(\"?){re.escape(key)}\1\s*=|[{{,]\s*{re.escape(key)}\s*=|^\s*\[+\s*{re.escape(key)}\s*\]")
+    pattern = re.compile(rf"^\s*(\"?){re.escape(key)}\1\s*=|[{{,]\s*{re.escape(key)}\s*=|^\s*\[+\s*(?:[\w-]+\.)*{re.escape(key)}\s*\]")
     for n in range(start, end):
         if pattern.search(lines[n]):
             return n + 1

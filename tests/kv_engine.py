@@ -53,6 +53,7 @@ class KVEngine:
         self.eos_every = eos_every  # sample end-of-sequence about once in this many tokens
         self.eos_token_ids = frozenset({EOS} if eos or eos_every else ())
         self.tokenizer = None
+        self.constraints = None
         self.blocking = True  # a stand-in for a device: its steps run in the owner's step thread
         self.max_batch_tokens = self.max_context = None
         self.device_name, self.model_name, self.model_id = "kv test engine", None, "kv test engine"

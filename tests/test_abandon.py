@@ -192,9 +192,9 @@ async def test_what_does_not_abandon_a_step(case, options, arriving):
             bg = await s.spawn(Asker("bg", BACKGROUND, 3))
             await held_step(s, engine)
             other = await s.spawn(Asker("fg" if arriving == FOREGROUND else "bg2", arriving, 2))
-            while not s.owner._arrived:  # the owner has heard the request
+            while not s.owner.intake.waiting:  # the owner has heard the request
                 await anyio.sleep(0.005)
-            assert not s.owner._abandon.is_set(), case
+            assert not s.owner.abandon.raised, case
             engine.free.set()
             await s.join(bg)
             await s.join(other)
@@ -210,9 +210,9 @@ async def test_an_arrival_at_the_steps_own_priority_does_not_abandon_it():
             first = await s.spawn(Asker("fg1", FOREGROUND, 3))
             await held_step(s, engine)
             second = await s.spawn(Asker("fg2", FOREGROUND, 2))
-            while not s.owner._arrived:
+            while not s.owner.intake.waiting:
                 await anyio.sleep(0.005)
-            assert not s.owner._abandon.is_set()
+            assert not s.owner.abandon.raised
             engine.free.set()
             await s.join(first)
             await s.join(second)

@@ -34,7 +34,7 @@ def held(s: Swarm) -> dict[str, int]:
         "wait-graph bases": len(s.system.waits._base),
         "wait-graph parts": len(s.system.waits._parts),  # (lent priorities are derived from them)
         "priority loans": len(s.owner.scheduler.priorities.lent),
-        "reply channels": len(s.owner._replies),
+        "reply channels": len(s.owner.replies),
         "live turns": len(s.owner.scheduler.turns),
     }
 

@@ -15,6 +15,8 @@ import anyio
 import msgspec
 import pytest
 
+from runtime.constraints import Constraint, JsonSchema
+from runtime.errors import TurnError, TurnFailed
 from runtime.events import Admitted, Ended, Inherited, Preempted, Queued, read_events
 from swarm import BACKGROUND, FOREGROUND, Agent, bench_swarm, handler
 from swarm.cluster import ClusterSwarm, Pinned
@@ -115,16 +117,17 @@ async def test_routing_affinity_inheritance_across_owners_and_preemption_on_each
 
 
 class Mover(Pausable):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, constraint: Constraint | None = None) -> None:
         super().__init__(name)
         self.halfway = anyio.Event()
         self.go_on = anyio.Event()
+        self.constraint = constraint
 
     @handler
     async def go(self, msg: Go) -> list[int]:
         """The first TOKENS tokens of a turn too long to end on its own, so its
         owner is surely mid-turn when the test kills it, however fast it runs."""
-        async with self.generate(PROMPT, max_tokens=10**6, ignore_eos=True) as turn:
+        async with self.generate(PROMPT, max_tokens=10**6, ignore_eos=True, constraint=self.constraint) as turn:
             async for _ in turn:
                 if len(turn.tokens) >= msg.pause_after and not self.halfway.is_set():
                     self.halfway.set()
@@ -135,21 +138,24 @@ class Mover(Pausable):
 
 
 PROMPT, TOKENS = [3, 1, 4, 1, 5], 24
+# An answer longer than TOKENS: a turn held to it is mid-array when its owner dies.
+NUMBERS = JsonSchema(json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 64}))
 
 
-async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(local_ray, tiny_gguf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("constraint", [None, NUMBERS], ids=["free", "constrained"])
+async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(local_ray, tiny_gguf: Path, tmp_path: Path, constraint) -> None:
     with anyio.fail_after(LIMIT_S):
         async with cluster(tiny_gguf, tmp_path) as swarm, anyio.create_task_group() as tg:
             expected = await swarm.spawn(Agent("ref"))
             asked = swarm.bus.now()
-            async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True) as turn:
+            async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True, constraint=constraint) as turn:
                 entered = swarm.bus.now()  # before the request can have crossed to an owner
                 async for _ in turn:
                     pass
             reference = turn.tokens
             # The wait starts when the agent asked, not when its owner heard of it.
             assert asked <= turn.queued_t <= entered
-            mover = await swarm.spawn(Mover("mover"))
+            mover = await swarm.spawn(Mover("mover", constraint))
             result: list[list[int]] = []
 
             async def go() -> None:
@@ -170,6 +176,57 @@ async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(loca
         assert len(moved) == 1 and moved[0].owner == home
         ended = [e for e in events if isinstance(e, Ended) and e.turn == moved[0].turn]
         assert len(ended) == 1 and ended[0].owner != home  # it ended where it moved to, left by its agent
+        ends_once(tmp_path / "events.jsonl")
+
+
+class Runner(Agent):
+    """Runs turns on request, noting each turn's id and what its agent was told."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.told: dict[int, type | None] = {}  # turn id -> the error it raised (None: finished)
+        self.decoding = anyio.Event()
+
+    async def run_turn(self, max_tokens: int) -> None:
+        async with self.generate(PROMPT, max_tokens=max_tokens, ignore_eos=True) as turn:
+            try:
+                async for _ in turn:
+                    self.decoding.set()
+                self.told[turn.id] = None
+            except TurnError as exc:
+                self.told[turn.id] = type(exc)
+
+
+async def test_when_the_last_owner_dies_every_turn_still_ends_once_in_the_log(local_ray, tiny_gguf: Path, tmp_path: Path) -> None:
+    with anyio.fail_after(LIMIT_S):
+        # One long turn decoding and one queued behind it on each owner (one slot each).
+        pins = Pinned(owners={"run0": "gpu0", "wait0": "gpu0", "run1": "gpu1", "wait1": "gpu1"})
+        async with cluster(tiny_gguf, tmp_path, placement=pins) as swarm:
+            agents = {name: await swarm.spawn(Runner(name)) for name in pins.owners}
+            watch = swarm.bus.subscribe()
+            async with anyio.create_task_group() as tg:
+                for name in ("run0", "run1"):
+                    tg.start_soon(agents[name].run_turn, 10**6)
+                    await agents[name].decoding.wait()
+                for name in ("wait0", "wait1"):
+                    tg.start_soon(agents[name].run_turn, 8)
+                waiting = set()
+                async for event in watch:  # each owner has queued its second turn
+                    if isinstance(event, Queued) and event.agent.startswith("wait"):
+                        waiting.add(event.agent)
+                        if len(waiting) == 2:
+                            break
+                for owner in ("gpu0", "gpu1"):
+                    swarm.kill_owner(owner)
+            assert swarm.client.router.live == set()
+            # Turns asked for once no owner is left fail at once, and are logged too.
+            for agent in agents.values():
+                await agent.run_turn(8)
+        told = {turn: error for agent in agents.values() for turn, error in agent.told.items()}
+        assert len(told) == 8 and set(told.values()) == {TurnFailed}
+        events = list(read_events(tmp_path / "events.jsonl"))
+        ended = Counter(e.turn for e in events if isinstance(e, Ended))
+        assert ended == Counter(set(told)), (ended, told)  # each turn asked for: one terminal event
         ends_once(tmp_path / "events.jsonl")
 
 

@@ -14,7 +14,7 @@ import pexpect
 import pytest
 
 from gpu.synthetic import write_tiny_gguf
-from runtime.events import ToolRan, read_events
+from runtime.events import ToolCalled, read_events
 from swarm.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,9 +65,9 @@ def test_a_run_leaves_the_project_as_it_was_and_reports(tmp_path: Path, roomy_gg
     report = (run / "report.md").read_text()
     assert "## test_calc.py::test_add" in report and "before: 1 failed, 1 passed" in report
     assert "bubblewrap" in report or "resource limits" in report
-    tools = [e for e in read_events(run / "events.jsonl") if isinstance(e, ToolRan)]
+    tools = [e for e in read_events(run / "events.jsonl") if isinstance(e, ToolCalled)]
     assert {"run_tests", "read_file", "list_files"} <= {e.tool for e in tools}
-    assert all(e.duration_s >= 0 and e.agent for e in tools)
+    assert all(e.duration_s >= 0 and e.agent and e.status == "ok" for e in tools)
     assert snapshot(project) == before  # files and .git: the worktree is gone again
     assert subprocess.run(["git", "worktree", "list"], cwd=project, capture_output=True, text=True).stdout.count("\n") == 1
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -44,6 +46,30 @@ def test_build_failure_carries_the_build_log() -> None:
     device = select_device()
     with pytest.raises(DeviceError, match=r"(?s)kernel build failed.*undeclared_thing"):
         device.build("__kernel void broken(__global float *x) { x[0] = undeclared_thing; }")
+
+
+def test_a_build_says_when_it_compiles_and_not_when_the_cache_has_it(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program this machine has not built before (its source names this test's
+    own nonce) says so before it compiles; built again, it says nothing."""
+    monkeypatch.setattr("gpu.device.BUILT_DIR", tmp_path)
+    device = select_device()
+    source = f"__kernel void nonce_{uuid.uuid4().hex}(__global int *x) {{ x[0] = 1; }}"
+    said: list[str] = []
+    device.build(source, on_compile=lambda: said.append("cold"))
+    assert said == ["cold"]
+    device.build(source, on_compile=lambda: said.append("warm"))
+    assert said == ["cold"]
+
+
+def test_an_engine_says_nothing_of_compiling_when_its_kernels_are_cached(tiny_model) -> None:
+    from gpu.engine import OpenCLEngine
+
+    first: list[str] = []
+    OpenCLEngine(tiny_model, num_blocks=8, on_compile=first.append)
+    assert len(first) <= 1 and all("compiling the" in line and "takes a while" in line for line in first)
+    again: list[str] = []
+    OpenCLEngine(tiny_model, num_blocks=8, on_compile=again.append)
+    assert again == []
 
 
 def test_build_succeeds_and_the_program_runs() -> None:

@@ -36,7 +36,8 @@ def test_generate_seeded_sampling_is_reproducible_and_matches_the_reference(
     argv = ["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "10", "--json",
             "--temperature", "1.0", "--top-p", "0.9", "--seed", "5"]  # fmt: skip
     first, second = run_json(capsys, argv), run_json(capsys, argv)
-    assert first == second
+    timings = ("ttft_s", "turn_s", "tokens_per_s")  # the run's, not the answer's
+    assert {k: v for k, v in first.items() if k not in timings} == {k: v for k, v in second.items() if k not in timings}
     model = load_model(tiny_gguf)
     sampling = Sampling(temperature=1.0, top_p=0.9, seed=5)
     eos = Tokenizer.from_model(model).eos_ids
@@ -48,6 +49,19 @@ def test_generate_streams_text(tiny_gguf: Path, capsys: pytest.CaptureFixture[st
     streamed = capsys.readouterr().out
     want = run_json(capsys, ["generate", "hello", "--model", str(tiny_gguf), "--max-tokens", "8", "--json"])
     assert streamed == want["text"] + "\n"
+
+
+def test_generate_json_gives_timings_and_why_it_stopped(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, ["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "4", "--json"])
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 4  # the tiny model never ends "hi" this early
+    assert 0 < out["ttft_s"] <= out["turn_s"] and out["tokens_per_s"] > 0
+
+
+def test_generate_says_when_the_answer_is_cut_off_at_max_tokens(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()  # a cold kernel cache's one line may come first
+    assert out.endswith("\n") and lines[-1] == "(the answer was cut off at 4 tokens: --max-tokens N for more)" and len(lines) <= 2
 
 
 def test_generate_rejects_greedy_with_a_temperature(tiny_gguf: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpu.catalogue import CATALOGUE, CatalogueEntry, Part
 from gpu.fetch import fetch, resolve_model
-from runtime.errors import ModelError, ModelFormatError
+from runtime.errors import ConfigError, ModelError, ModelFormatError
 
 
 def wheel(folder: Path, package: str, member: str, data: bytes) -> Path:
@@ -79,8 +79,10 @@ def test_catalogue_pins_add_up() -> None:
 
 
 def test_unknown_model_spec_names_the_catalogue() -> None:
-    with pytest.raises(ModelFormatError, match="qwen2.5-coder-0.5b"):
+    with pytest.raises(ConfigError, match="unknown model 'no-such-model'.*qwen2.5-coder-0.5b"):  # a bare word: a name, misspelt
         resolve_model("no-such-model")
+    with pytest.raises(ModelFormatError, match="qwen2.5-coder-0.5b"):  # a path: a file that is not there
+        resolve_model("models/no-such-model.gguf")
 
 
 def test_hugging_face_spec_from_a_laid_out_cache(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ innocent turn running alongside ends exactly as it would have."""
 from __future__ import annotations
 
 import math
+import re
 
 import anyio
 import msgspec
@@ -204,15 +205,15 @@ def test_a_session_file_that_would_crash_swarm_run_is_refused_naming_the_field(b
         parse_session(text, base=tmp_path)
 
 
-@pytest.mark.parametrize("options", ["{ max_tokens = \"5\" }", "{ max_tokens = 0 }", "{ max_tokens = true }"])
-def test_a_bad_max_tokens_in_a_session_files_options_leaves_that_agent_out_at_start(options: str, tmp_path) -> None:
+@pytest.mark.parametrize("options, says", [("{ max_tokens = \"5\" }", "Expected `int`, got `str`"), ("{ max_tokens = 0 }", "max_tokens must be an int >= 1"),
+                                           ("{ max_tokens = true }", "Expected `int`, got `bool`")])
+def test_a_bad_max_tokens_in_a_session_files_options_is_refused_at_start(options: str, says: str, tmp_path) -> None:
     from swarm.runner import SessionRunner
     from swarm.session import parse_session
 
     session = parse_session(f'[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\noptions = {options}\n', base=tmp_path)
-    runner = SessionRunner(session, out=tmp_path / "out")
-    assert [a.name for a in runner.agents] == ["docs"]
-    assert "max_tokens must be an int >= 1" in runner.problems[0]
+    with pytest.raises(ConfigError, match=r"line 5: agents\[1\] .*" + re.escape(says)):
+        SessionRunner(session, out=tmp_path / "out")
 
 
 def test_swarm_run_on_a_bad_session_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:

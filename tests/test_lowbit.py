@@ -9,7 +9,7 @@ import pyopencl as cl
 import pytest
 
 from gpu.device import select_device
-from gpu.families import CPUFamily
+from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import CPUMatmul
 from gpu.model import WeightTensor
 from gpu.weights import upload_matrix
@@ -19,6 +19,7 @@ from test_quants import random_blocks
 Q = gguf.GGMLQuantizationType
 ROWS, COLS, EPS = 67, 512, 1e-6  # an odd row count: the last work-item's pair is one row
 WIDTHS = {512: "__AVX512BW__", 256: "__AVX2__", 0: None}
+MAX_COLS = 40  # room for two of the nibble kinds' 32-column tiles
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,11 @@ def device():
     return select_device()
 
 
-def build(device, width: int) -> cl.Program:
+def build(device, width: int, vnni: bool = False) -> cl.Program:
+    """The CPU family at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
     macro = WIDTHS[width]
+    if vnni and not (device.is_cpu and host_has_vnni() and width == 512):
+        pytest.skip("vpdpwssd needs an AVX-512 VNNI CPU and the 512-bit build")
     if macro and not device.is_cpu:
         pytest.skip("x86 pmaddwd widths are for CPU devices")
     if macro:
@@ -36,15 +40,17 @@ def build(device, width: int) -> cl.Program:
         except Exception:
             pytest.skip(f"this device's compiler does not target {macro}")
     family = CPUFamily(device)
-    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", "-DMAX_COLS=16", f"-DMADD_WIDTH={width}"]
+    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DMADD_WIDTH={width}",
+               f"-DDOT_VNNI={int(vnni)}"]  # fmt: skip
     return device.build(family.source(), SHAPE + options)
 
 
+@pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
 @pytest.mark.parametrize("width", sorted(WIDTHS))
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("ncols", [1, 5])
-def test_lowbit_matmul_matches_numpy(device, qtype, width: int, ncols: int) -> None:
-    program = build(device, width)
+def test_lowbit_matmul_matches_numpy(device, qtype, width: int, ncols: int, vnni: bool) -> None:
+    program = build(device, width, vnni)
     raw = random_blocks(qtype, ROWS * COLS // 256, seed=width + ncols).reshape(ROWS, -1)
     tensor = WeightTensor("w", qtype, ROWS, COLS, raw)
     rng = np.random.default_rng(ncols)

@@ -1,8 +1,10 @@
 """The CPU family's integer 32-weight-block matmuls (kernels/cpu/nibbles.cl: q4_1, q5, q6, q8_0)
 against NumPy: gguf's dequantized weights times the RMS-normalized inputs, with every pmaddwd
-width the device can build, at one, two and five columns (the 8-column tile), for rows of
-whole groups of four blocks, rows with blocks past the last group (decoded as floats), and
-rows shorter than a group; and a column's results are the same bits at every tile width."""
+width the device can build (and vpdpwssd where the CPU has AVX-512 VNNI), at one, two and
+five columns (the 8-column tile) and twenty (the 32-column GEMM tile: two full sub-tiles, a
+partial one and one skipped), for rows of whole groups of four blocks, rows with blocks past
+the last group (decoded as floats), and rows shorter than a group; and a column's results
+are the same bits at every tile width, and with vpdpwssd or without."""
 
 import gguf
 import numpy as np
@@ -10,11 +12,11 @@ import pyopencl as cl
 import pytest
 
 from gpu.families import CPUFamily
-from gpu.launches import NIBBLE_VARIANTS, CPUMatmul, cpu_variant
+from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, CPUMatmul, cpu_variant
 from gpu.model import WeightTensor
 from gpu.weights import upload_matrix
 from test_device_quants import SHAPE
-from test_lowbit import EPS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
+from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
 from test_quants import random_blocks
 
 Q = gguf.GGMLQuantizationType
@@ -28,27 +30,30 @@ CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), 
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int) -> np.ndarray:
+def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG) -> np.ndarray:
     """The matmul kernel on x's columns: (columns, ROWS)."""
     ncols, cols = x.shape
     ctx, flags = device.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
     y = cl.Buffer(ctx, flags.WRITE_ONLY, ncols * ROWS * 4)
     w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)])
-    assert cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
+    assert w.kind in LOWBIT_KINDS or cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
-    launch = CPUMatmul("t", program, "matmul", CPUFamily.WG, w, head, (np.int32(normalize), np.int32(0)))
+    launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
+                       local_mem=int(device.device.local_mem_size) - 4 * MAX_COLS, gemm=True)  # fmt: skip
+    assert launch.gemm_tile == (8 if w.kind in LOWBIT_KINDS else 32)
     launch.enqueue(device.queue, ncols)
     got = np.empty((ncols, ROWS), np.float32)
     cl.enqueue_copy(device.queue, got, y)
     return got
 
 
+@pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
 @pytest.mark.parametrize("width", sorted(WIDTHS))
 @pytest.mark.parametrize(("qtype", "cols", "normalize"), CASES, ids=lambda c: getattr(c, "name", str(c)))
-@pytest.mark.parametrize("ncols", [1, 2, 5])
-def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols: int, normalize: int) -> None:  # noqa: F811
-    program = build(device, width)
+@pytest.mark.parametrize("ncols", [1, 2, 5, 20])
+def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols: int, normalize: int, vnni: bool) -> None:  # noqa: F811
+    program = build(device, width, vnni)
     per_block = 256 if qtype in K_QUANTS else 32
     raw = random_blocks(qtype, ROWS * cols // per_block, seed=width + ncols + cols).reshape(ROWS, -1)
     rng = np.random.default_rng(ncols + cols)
@@ -67,12 +72,65 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype) -> 
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
     family = CPUFamily(device)  # the width the device's own build takes
-    program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", "-DMAX_COLS=16"])
+    program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}"])
     cols = 576 if qtype not in K_QUANTS else 512  # 32-weight blocks: with blocks past the last group
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((8, cols)).astype(np.float32)
+    x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-    alone = run(device, program, raw, qtype, x[:1], g, 1)[0]
-    for ncols in (2, 3, 8):  # tiles of 2, 4 and 8
-        assert run(device, program, raw, qtype, x[:ncols], g, 1)[0].tobytes() == alone.tobytes()
+    alone = run(device, program, raw, qtype, x[:1], g, 1)
+    for ncols in (2, 3, 8, 20, MAX_COLS):  # tiles of 2, 4, 8 and 32 (one, and two: its column 33 the second's first)
+        batch = run(device, program, raw, qtype, x[:ncols], g, 1)
+        assert batch[0].tobytes() == alone[0].tobytes()
+        for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
+            assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1)[0].tobytes()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K], ids=lambda q: q.name)
+def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype) -> None:  # noqa: F811
+    """The VNNI build is one instruction where the other takes two, in the same integers:
+    a host with and one without AVX-512 VNNI sample the same tokens."""
+    madd, vnni = build(device, 512), build(device, 512, vnni=True)
+    cols = 576 if qtype not in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 512
+    raw = random_blocks(qtype, ROWS * cols // (256 if cols == 512 else 32), seed=5).reshape(ROWS, -1)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((20, cols)).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    for ncols in (1, 5, 20):
+        wg = CPUFamily.LOWBIT_WG if qtype in (Q.Q2_K, Q.Q3_K) else CPUFamily.WG
+        assert run(device, vnni, raw, qtype, x[:ncols], g, 1, wg).tobytes() == run(device, madd, raw, qtype, x[:ncols], g, 1, wg).tobytes()
+
+
+@pytest.mark.model
+def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model, monkeypatch) -> None:
+    """SLOTSWARM_GEMM's tile in the whole forward pass (Q4_1, and the Q8_0 head): a
+    40-token prompt's logits are the bits the 8-column tiles give."""
+    from gpu.engine import OpenCLEngine
+    from runtime.engine import Work
+
+    prompt = Work(turn=0, tokens=list(range(100, 140)), start=0, block_table=list(range(4)), sample=True)
+    logits = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SLOTSWARM_GEMM", flag)
+        engine = OpenCLEngine(smollm2_model, num_blocks=8, kernels="cpu")
+        matmuls = [m for m in engine.launches.layers if isinstance(m, CPUMatmul)]
+        assert {m.gemm_tile for m in matmuls} == {32 if flag == "1" else 8}
+        logits[flag] = engine.step_logits([prompt])
+    assert logits["1"].tobytes() == logits["0"].tobytes()
+
+
+@pytest.mark.model
+def test_a_decode_gives_the_same_bits_alone_and_among_batch_mates(smollm2_model) -> None:
+    """SmolLM2's matmuls are all integer ones (Q4_1, the Q8_0 head), and the swiglu's
+    activations are one 16-lane vector at every tile width: a turn's step alone (1-column
+    tiles) and beside four mates (8-column tiles) gives the same bits."""
+    from gpu.engine import OpenCLEngine
+    from runtime.engine import Work
+
+    engine = OpenCLEngine(smollm2_model, num_blocks=16, kernels="cpu")
+    engine.step_logits([Work(turn=0, tokens=list(range(200, 212)), start=0, block_table=[0], sample=True)])
+    turn = Work(turn=0, tokens=[300], start=12, block_table=[0], sample=True)
+    alone = engine.step_logits([turn])[0]
+    mates = [Work(turn=t, tokens=[400 + t], start=0, block_table=[t], sample=True) for t in range(1, 5)]
+    among = engine.step_logits(mates[:2] + [turn] + mates[2:])[2]
+    assert among.tobytes() == alone.tobytes()

@@ -159,7 +159,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         for turn_id, at in cancel_at.items():
             if at == boundary:
                 sched.cancel(turn_id, now)
-        plan = sched.schedule(now)
+        plan = sched.schedule(now, in_flight=flight[0] if flight is not None else None)
         if plan.moves:
             land()
             for move in plan.moves:

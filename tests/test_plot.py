@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Preempted, Queued, Resumed, SwappedOut, SwarmStarted, read_events
-from runtime.priority import FOREGROUND
+from runtime.events import (
+    Admitted, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, read_events,
+)
+from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.units import format_duration
 from swarm import plot
 from swarm.cli import main
 
@@ -91,6 +94,64 @@ def test_a_clusters_merged_stream_gets_one_lane_group_per_owner(tmp_path: Path) 
     assert tl.lane_names == ["gpu0 slot 0", "gpu1 slot 0", "gpu1 slot 1"]
     assert sorted((s.turn, s.slot) for s in tl.runs) == [(1, 0), (1, 1), (2, 2)]  # turn 1 moved from gpu0 to gpu1
     assert is_png(plot.plot_timeline(events, tmp_path / "cluster.png"))
+
+
+# ---------------------------------------------------------------- what the timeline draws
+
+# Two slots: a background turn in slot 1 all along; in slot 0 a foreground turn
+# waits 1 s for its slot (a labelled wait just above slot 1), and the reviewer
+# is lent the pair's priority from 0.5 s to 3 s.
+LENT = [
+    SwarmStarted(t=0.0, step=0, slots=2, policy="preempt"),
+    Queued(t=0.0, step=0, turn=1, agent="bg", priority=BACKGROUND, tokens=3),
+    Admitted(t=0.0, step=0, turn=1, agent="bg", priority=BACKGROUND, slot=1, waited_s=0.0),
+    Queued(t=0.0, step=0, turn=2, agent="other", priority=BACKGROUND, tokens=3),
+    Admitted(t=0.0, step=0, turn=2, agent="other", priority=BACKGROUND, slot=0, waited_s=0.0),
+    Inherited(t=0.5, step=5, agent="reviewer", priority=FOREGROUND, by_agent="pair", base_priority=BACKGROUND),
+    Queued(t=1.0, step=10, turn=3, agent="reviewer", priority=FOREGROUND, tokens=3),
+    Finished(t=2.0, step=20, turn=2, agent="other", priority=BACKGROUND, slot=0, tokens=20, reason="length"),
+    Admitted(t=2.0, step=20, turn=3, agent="reviewer", priority=FOREGROUND, slot=0, waited_s=1.0),
+    Finished(t=2.9, step=29, turn=3, agent="reviewer", priority=FOREGROUND, slot=0, tokens=9, reason="length"),
+    Restored(t=3.0, step=30, agent="reviewer", priority=BACKGROUND, base_priority=BACKGROUND),
+    Finished(t=4.0, step=40, turn=1, agent="bg", priority=BACKGROUND, slot=1, tokens=40, reason="length"),
+]
+
+
+def drawn(events):
+    """The timeline's figure, laid out as it is saved, and its main axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot.draw_timeline(events)
+    FigureCanvasAgg(fig).draw()
+    return fig, fig.axes[0]
+
+
+def lane(ax, row: int) -> tuple[float, float]:
+    """A lane's extent on the figure, in display points (bottom, top)."""
+    (_, a), (_, b) = ax.transData.transform([(0, row - 0.5), (0, row + 0.5)])
+    return min(a, b), max(a, b)
+
+
+def test_the_timeline_marks_lent_priority_as_the_page_does() -> None:
+    fig, ax = drawn(LENT)
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows[-1] == "reviewer lifted"  # a lane of its own, below the slots
+    (band,) = [c for c in ax.collections if c.get_gid() == "lent priority"]
+    (extent,) = [path.get_extents() for path in band.get_paths()]
+    assert (extent.x0, extent.x1) == pytest.approx((0.5, 3.0))
+    assert len(rows) - 1 - 0.5 < extent.y0 < extent.y1 < len(rows) - 1 + 0.5
+    (label,) = [t for t in ax.texts if t.get_gid() == "lent priority"]
+    assert label.get_text() == f"p{FOREGROUND}: pair waits on it"
+    assert "lent priority" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_a_wait_label_stays_in_its_own_lane() -> None:
+    fig, ax = drawn(LENT)
+    renderer = fig.canvas.get_renderer()
+    (label,) = [t for t in ax.texts if t.get_text() == format_duration(1.0)]
+    box = label.get_window_extent(renderer)
+    bottom, top = lane(ax, 0)  # slot 0's lane, above slot 1's
+    assert bottom <= box.y0 < box.y1 <= top, (box, (bottom, top))
 
 
 # ---------------------------------------------------------------- pictures

@@ -11,7 +11,6 @@ from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.scheduler import Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.turns import Policy, SchedulerConfig, Status, Turn
-from swarm.fastforward import account, stretch
 
 EOS = 2
 STEP = 0.025
@@ -284,8 +283,8 @@ def test_fast_forward_equals_single_steps():
             if sched.step == 20:
                 turns.append(sched.submit("fg", FOREGROUND, [1] * 3, 9, now, ignore_eos=True))
             plan = sched.schedule(now)
-            steps = stretch(sched, plan, k if sched.step >= 20 or sched.step + k <= 20 else 20 - sched.step)
-            account(sched, plan, engine.step(plan.works), steps, (sched.step + steps) * STEP)
+            steps = sched.repeatable(plan, k if sched.step >= 20 or sched.step + k <= 20 else 20 - sched.step)
+            sched.postprocess(plan, engine.step(plan.works), (sched.step + steps) * STEP, repeats=steps)
         return [(type(e), e.turn, e.step, e.slot) for e in events], [len(t.output) for t in turns]
 
     assert run(1) == run(1000)

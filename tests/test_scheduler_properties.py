@@ -156,12 +156,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         """With a turn above background priority live, background work in a step
         (decodes, prefill) stays within (1 + slack) of the cost of the step without it."""
         sched = self.sched
-        levels = [sched._level(t) for t in sched.turns.values()]
+        levels = [sched.priorities.unaged(t) for t in sched.turns.values()]
         top = max(levels, default=0)
         if not sched.policy.preempts or top <= 0:
             return
-        mine = [w for w, t in zip(plan.works, plan.turns) if sched._level(t) >= top]
-        theirs = [w for w, t in zip(plan.works, plan.turns) if sched._level(t) < top]
+        mine = [w for w, t in zip(plan.works, plan.turns) if sched.priorities.unaged(t) >= top]
+        theirs = [w for w, t in zip(plan.works, plan.turns) if sched.priorities.unaged(t) < top]
         if not mine:
             return  # nothing protected could run (memory): the step is unshaped
         assert sum(len(w.tokens) for w in theirs if len(w.tokens) > 1) <= sched.config.step_tokens
@@ -224,7 +224,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def priority_is_the_loan_or_the_aged_base(self):
         cap = self.sched.config.aging_cap
         for turn in self.sched.turns.values():
-            levels = turn.boost if turn.slot is not None else int((self.now - turn.waiting_since) / 0.5)
+            levels = turn.aging_kept if turn.slot is not None else int((self.now - turn.waiting_since) / 0.5)
             aged = max(turn.priority, min(cap, turn.priority + levels))
             assert self.sched.effective(turn, self.now) == max(aged, self.lent.get(turn.agent, aged))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -127,6 +128,10 @@ def test_callers_are_named_by_header_else_user_else_connection(server: ServerPro
 def test_models_and_health(client: openai.OpenAI, server: ServerProcess) -> None:
     assert server.host == "127.0.0.1"  # loopback unless --host says otherwise
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4")
+    assert missing.value.code == "model_not_found"
     status, _, body = server.request("GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
 
@@ -148,7 +153,7 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     [
         (b"{not json", {}, 400, "invalid_json", None),
         (b"[1, 2]", {}, 400, None, None),
-        ({**GOOD, "tools": []}, {}, 400, "unsupported_parameter", "tools"),
+        ({**GOOD, "tools": []}, {}, 400, None, "tools"),
         ({**GOOD, "frobnicate": 1}, {}, 400, "unsupported_parameter", "frobnicate"),
         ({**GOOD, "n": 2}, {}, 400, "unsupported_parameter", "n"),
         ({**GOOD, "logprobs": True}, {}, 400, "unsupported_parameter", "logprobs"),
@@ -158,7 +163,7 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
         ({**GOOD, "max_tokens": "2"}, {}, 400, None, "max_tokens"),
         ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, {}, 400, None, "stop"),
         ({**GOOD, "messages": []}, {}, 400, None, "messages"),
-        ({**GOOD, "messages": [{"role": "tool", "content": "x"}]}, {}, 400, None, "messages[0].role"),
+        ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, {}, 400, None, "messages[0].role"),
         ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, {}, 400, None, "messages[0].content"),
         ({**GOOD, "priority": "high"}, {}, 400, None, "priority"),
         ({**GOOD, "priority": 10**9}, {}, 400, "invalid_priority", "priority"),
@@ -171,6 +176,10 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
         ({**GOOD, "messages": [{"role": "user", "content": "x " * 5000}]}, {}, 400, "context_length_exceeded", "messages"),
         ({**GOOD, "model": "gpt-4"}, {}, 404, "model_not_found", "model"),
         ({**GOOD, "stream_options": {"include_usage": True}}, {}, 400, None, "stream_options"),
+        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": ' + b"[" * 1000 + b"]" * 1000 + b"}]}", {}, 400, "invalid_json", None,
+                     id="content-nested-1000-deep"),
+        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": [' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"]}]}", {}, 400, "invalid_json", None,
+                     id="content-part-nested-5000-deep"),
     ],
 )
 def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, body: Any, headers: dict[str, str], status: int, code: str | None, param: str | None) -> None:
@@ -189,6 +198,12 @@ def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, bod
 def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: str | None) -> None:
     status, _, data = server.request("POST", "/v1/completions", body)
     assert status == 400 and error_of(status, data)["param"] == param
+
+
+def test_a_deeply_nested_prompt_is_a_400_too(server: ServerProcess) -> None:
+    body = b'{"model": "tiny-serve", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    status, _, data = server.request("POST", "/v1/completions", body)
+    assert status == 400 and error_of(status, data)["code"] == "invalid_json"
 
 
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
@@ -217,6 +232,11 @@ def test_no_request_body_gets_a_500(server: ServerProcess, path: str, body: dict
 def test_unknown_routes_and_methods_are_error_objects_too(server: ServerProcess) -> None:
     status, _, data = server.request("GET", "/v1/nothing")
     assert status == 404 and error_of(status, data)["code"] == "not_found"
+    # What other servers serve gets a 404 saying what this one does.
+    for path in ("/v1/embeddings", "/api/chat"):
+        status, _, data = server.request("POST", path, {"model": MODEL, "input": "x", "messages": []})
+        message = error_of(status, data)["message"]
+        assert status == 404 and "POST /v1/chat/completions" in message and "GET /v1/models" in message, message
     status, _, data = server.request("GET", "/v1/chat/completions")
     assert status == 405 and error_of(status, data)["code"] == "method_not_allowed"
     status, _, data = server.request("POST", "/v1/chat/completions", b"x" * (5 * 1024 * 1024))
@@ -269,3 +289,59 @@ def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) 
     assert m["slotswarm_http_responses_total{path=/v1/chat/completions,status=400}"] >= 1
     for name in ("slotswarm_preemptions_total", "slotswarm_priority_inheritances_total", "slotswarm_waiting_turns"):
         assert name in m
+
+
+def test_a_repeated_prompt_says_how_much_of_it_the_prefix_cache_served(client: openai.OpenAI) -> None:
+    messages = chat("a prompt long enough to fill several KV blocks " * 8)
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    cached = [reply.usage.prompt_tokens_details.cached_tokens for reply in (first, again)]
+    assert cached[1] > cached[0] and cached[1] <= again.usage.prompt_tokens
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True})
+    usage = [chunk.usage for chunk in stream if chunk.usage][-1]
+    assert usage.prompt_tokens_details.cached_tokens == cached[1]
+
+
+def test_the_body_priority_runs_lower_first_as_in_vllm(server: ServerProcess) -> None:
+    for agent, priority, headers in (("vllm-urgent", -10, {}), ("vllm-later", 5, {}), ("vllm-default", None, {}), ("both", -10, FG)):
+        body = {**GOOD, **({} if priority is None else {"priority": priority})}
+        status, _, data = server.request("POST", "/v1/chat/completions", body, {"X-Swarm-Agent": agent, **headers})
+        assert status == 200, data
+    queued = {e.agent: e.priority for e in server.events() if isinstance(e, Queued)}
+    assert (queued["vllm-urgent"], queued["vllm-later"], queued["vllm-default"], queued["both"]) == (10, -5, 0, 10)
+
+
+def test_a_json_body_must_say_it_is_json(server: ServerProcess) -> None:
+    # A web page may POST text/plain anywhere without a preflight: never taken as JSON.
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", ""):
+        status, _, data = server.request("POST", "/v1/chat/completions", json.dumps(GOOD).encode(), {"content-type": content_type})
+        assert status == 415 and error_of(status, data)["code"] == "unsupported_media_type"
+    assert server.request("POST", "/v1/chat/completions", GOOD, {"content-type": "application/json; charset=utf-8"})[0] == 200
+
+
+def test_a_host_header_naming_another_site_is_refused(server: ServerProcess) -> None:
+    # A DNS-rebinding page reaches a loopback server under its own name.
+    for path in ("/v1/models", "/", "/watch/events", "/metrics"):
+        assert server.request("GET", path, headers={"Host": f"evil.example:{server.port}"})[0] == 400
+    assert server.request("GET", "/v1/models", headers={"Host": f"localhost:{server.port}"})[0] == 200
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_2_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from swarm.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # (no such model: the port is checked first)
+        assert main(["serve", "--port", str(port), "--model", str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"port {port} is already in use" in err, err
+
+
+def test_an_error_inside_the_servers_task_group_is_one_line(serve_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from swarm.cli import main
+
+    assert main(["serve", "--port", "0", "--model", str(serve_gguf), "--grace", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--grace must be at least 0" in err, err

@@ -117,16 +117,39 @@ def test_a_caller_waiting_on_another_outside_agent_lends_it_its_priority(server:
     assert restored.priority == 0
 
 
-def test_the_api_key_guards_v1_only(server: ServerProcess) -> None:
+def test_the_api_key_guards_every_path_but_health(server: ServerProcess) -> None:
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         status, _, data = server.request("POST", "/v1/chat/completions", body, headers)
         assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
-    assert server.request("GET", "/v1/models")[0] == 401
-    assert server.request("GET", "/v1/models", headers=AUTH)[0] == 200
+    for path in ("/v1/models", "/v1/events", "/watch/events", "/metrics", "/", "/v1/nothing"):
+        status, _, data = server.request("GET", path)
+        assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key", path
+    for path in ("/v1/models", "/metrics", "/"):
+        assert server.request("GET", path, headers=AUTH)[0] == 200, path
+    page_events = SSE(server, "/watch/events", method="GET", headers=AUTH)
+    assert page_events.status == 200
+    page_events.hang_up()
     assert server.request("GET", "/health")[0] == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_a_browser_opens_the_guarded_page_with_the_key_once(server: ServerProcess) -> None:
+    # /?key=KEY sets a cookie and leads on to /, whose page and event stream then
+    # need nothing more; the cookie is not the key, and it opens no /v1 path.
+    assert server.request("GET", "/?key=wrong")[0] == 401
+    status, headers, _ = server.request("GET", f"/?key={KEY}")
+    assert status == 303 and headers["location"] == "/"
+    cookie = headers["set-cookie"].split(";")[0]
+    assert KEY not in cookie and "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
+    status, _, page = server.request("GET", "/", headers={"Cookie": cookie})
+    assert status == 200 and b"<html" in page.lower()
+    events = SSE(server, "/watch/events", method="GET", headers={"Cookie": cookie})
+    assert events.status == 200
+    events.hang_up()
+    assert server.request("GET", "/v1/models", headers={"Cookie": cookie})[0] == 401
+    assert server.request("GET", "/", headers={"Cookie": "swarm_page=forged"})[0] == 401
 
 
 # ------------------------------------------------------------------- shutdown

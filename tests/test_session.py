@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import textwrap
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -119,27 +120,80 @@ def test_relative_paths_resolve_against_the_session_file(tmp_path: Path, workspa
     assert runner.workspace == workspace.resolve()
 
 
-def test_an_agent_class_that_fails_to_import_is_reported_and_left_out(tmp_path: Path, workspace: Path):
-    text = session_text("""
-        [[agents]]
-        class = "no_such_module_xyz:Agent"
-        name = "ghost"
-        [[agents]]
-        class = "docs"
-        [[agents]]
-        class = "reviewer"
-        options = { not_an_option = 1 }
-    """)
-    session = parse_session(text, base=tmp_path)
+@pytest.mark.parametrize("agent, line, says", [
+    ('class = "reveiwer"', 8, "unknown agent class 'reveiwer' (did you mean 'reviewer'?): use a built-in name (pair, refactorer, tester, docs, reviewer)"),
+    ('class = "no_such_module_xyz:Agent"', 8, "cannot import no_such_module_xyz: ModuleNotFoundError"),
+    ('class = "agents:Reveiwer"', 8, "module agents has no Reveiwer (did you mean 'Reviewer'?)"),
+    ('class = "reviewer"\noptions = { paralel = 2 }', 9, "unknown option 'paralel' (did you mean 'parallel'?); it takes log_text, "),
+    ('class = "reviewer"\noptions = { parallel = "two" }', 9, "option parallel = 'two': Expected `int`, got `str`"),
+    ('class = "reviewer"\noptions = { parallel = -1 }', 9, "parallel must be an int >= 1, got -1"),
+    ('class = "reviewer"\noptions = { max_tokens = 0 }', 9, "max_tokens must be an int >= 1, got 0"),
+    ('class = "reviewer"\n[agents.options]\nmax_tokens = true', 10, "option max_tokens = True: Expected `int`, got `bool`"),
+])
+def test_an_agent_that_cannot_be_built_exits_2_naming_its_line_and_the_choices(agent, line, says, tmp_path, workspace, capsys):
+    """Never a warning and a session idling without the agent, nor a crash once it runs."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'workspace = "{workspace}"\nduration = 5\n\n[[agents]]\nclass = "docs"\n\n[[agents]]\n{agent}\n')
+    assert main(["run", str(path), "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"swarm run: error: {path}, line {line}: agents[1] ") and says in err, err
+    assert err.count("\n") == 1 and "warning" not in out + err
+
+
+def test_an_agent_class_of_a_session_built_in_code_is_refused_at_start(tmp_path: Path, workspace: Path):
+    session = parse_session('[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\noptions = { not_an_option = 1 }\n', where="s.toml", base=tmp_path)
     session.workspace = str(workspace)
-    runner = SessionRunner(session, out=tmp_path / "out")
-    assert [a.name for a in runner.agents] == ["docs"]
-    assert len(runner.problems) == 2
-    assert "ghost" in runner.problems[0] and "no_such_module_xyz" in runner.problems[0]
-    assert "reviewer" in runner.problems[1] and "not_an_option" in runner.problems[1]
+    with pytest.raises(ConfigError, match=r"s.toml, line 5: agents\[1\] \('reviewer', class 'reviewer'\): unknown option 'not_an_option'"):
+        SessionRunner(session, out=tmp_path / "out")
 
 
 # ------------------------------------------------------------ real sessions
+
+
+class HeldSteps:
+    """An engine whose steps wait until `released`: no answer can come before
+    then, however fast the machine."""
+
+    def __init__(self, engine) -> None:
+        self._engine, self.released = engine, threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def step(self, batch, abandon=None):
+        self.released.wait(timeout=10)  # a bound, should nothing release it
+        return self._engine.step(batch, abandon)
+
+
+@pytest.mark.asyncio
+async def test_a_question_the_duration_cut_short_says_so_and_why(tmp_path, workspace, tiny_engine):
+    text = session_text("""
+        duration = 0.5
+        interval = 0
+        script = ["what does report.py do?"]
+        [[agents]]
+        class = "pair"
+        priority = "foreground"
+        options = { max_tokens = 64 }
+    """)
+    session = parse_session(text, base=tmp_path)
+    session.workspace = str(workspace)
+    engine = HeldSteps(tiny_engine)
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "duration" in line:
+            engine.released.set()  # only now may the steps (and the answer) go on
+
+    runner = SessionRunner(session, engine=engine, out=tmp_path / "out", say=say)
+    with anyio.fail_after(120):
+        await runner.run()
+    assert said == [
+        "you> what does report.py do?",
+        "the session's duration (0.5 s) is up: stopping, and cancelling the turns still running",
+        "pair> (no answer: the swarm stopped before it came)",
+    ]
 
 
 CRASHY = '''

@@ -15,7 +15,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from runtime.bus import EventBus
 from runtime.events import Dropped, Event, Queued, SwarmStarted, SwarmStopped
-from runtime.stream import serve_events
+from runtime.stream import RoomWaits, serve_events
 from swarm import tail
 from fake_session import Clock, emit_session
 
@@ -119,6 +119,44 @@ async def test_a_viewer_that_never_reads_only_loses_events(sock_path: Path) -> N
         await stuck.stream.aclose()
         tg.cancel_scope.cancel()
     assert bus.counts[Queued] == flood
+
+
+@pytest.mark.anyio
+async def test_viewers_that_never_read_cost_nothing_while_the_swarm_steps(sock_path: Path) -> None:
+    bus = EventBus()
+    waits = RoomWaits()
+    stuck_viewers, steps = 50, 40
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(serve_events, bus, sock_path, max_buffer=10_000, waits=waits))
+        bus.emit(STARTED)
+        viewers = [await attach(bus, sock_path) for _ in range(stuck_viewers)]
+        # Flood until every viewer's socket is full and its task waits for room.
+        flooded = 0
+        while waits.waiting < stuck_viewers:
+            for _ in range(500):
+                bus.emit(Queued(t=0.0, step=flooded, turn=flooded, agent="a", priority=0, tokens=7))
+                flooded += 1
+            await anyio.wait_all_tasks_blocked()
+        assert waits.wakeups == 0
+        # A decode loop steps on while the viewers read nothing: each step emits
+        # and then waits on its device (real time passes, as it does on a GPU).
+        for step in range(steps):
+            bus.emit(Queued(t=1.0, step=flooded + step, turn=step, agent="a", priority=0, tokens=7))
+            await anyio.sleep(0.005)
+        await anyio.wait_all_tasks_blocked()
+        # Not one of the stuck viewers was woken, all of them still wait.
+        assert waits.wakeups == 0 and waits.waiting == stuck_viewers
+        # A viewer that reads again is woken by its socket's room and catches up,
+        # skipping what it lost.
+        bus.emit(SwarmStopped(t=2.0, step=flooded + steps))
+        reader = viewers[0]
+        with anyio.fail_after(60):  # a hang guard, not a speed check
+            while not isinstance(item := await reader.read(), SwarmStopped):
+                assert isinstance(item, (Queued, Dropped))
+        assert waits.wakeups >= 1 and waits.waiting == stuck_viewers - 1
+        for viewer in viewers:
+            await viewer.stream.aclose()
+        tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio

@@ -136,6 +136,90 @@ async def test_unknown_event_kinds_are_ignored_and_a_drop_is_shown(browser):
     assert "lost: 7" in badge
 
 
+DISPLAYED = "getComputedStyle(document.getElementById('replay')).display"
+
+
+@pytest.mark.asyncio
+async def test_the_replay_controls_show_on_a_replay_and_not_on_a_live_page(browser):
+    for mode, shown in (("live", "none"), ("replay", "flex")):
+        hub = WatchHub(mode=mode, source="test")
+        async with page_server(hub) as url:
+            hub.publish(line("swarm.started", unix_time=5.0, slots=2))
+            await on_page(browser.get, url)
+            await on_page(wait_for, browser, f"window.swarmState.mode == '{mode}'")
+            assert await on_page(browser.execute_script, f"return {DISPLAYED}") == shown, mode
+
+
+@pytest.mark.asyncio
+async def test_an_agents_tokens_count_before_its_turn_ends(browser):
+    hub = WatchHub(source="test")
+    turn = dict(turn=1, agent="bg", priority=BACKGROUND)
+    cell = "document.getElementById('agent-rows').rows[0].cells[4].textContent"
+    async with page_server(hub) as url:
+        hub.publish(line("swarm.started", unix_time=5.0, slots=1))
+        await on_page(browser.get, url)
+        hub.publish(line("turn.queued", t=0.1, **turn, tokens=3))
+        hub.publish(line("turn.admitted", t=0.2, **turn, slot=0))
+        hub.publish(line("turn.preempted", t=1.0, **turn, slot=0, tokens=5, by_turn=2, by_agent="fg", by_priority=FOREGROUND))
+        await on_page(wait_for, browser, "window.swarmState.agents.bg && window.swarmState.agents.bg.tokens == 5")
+        assert await on_page(wait_for, browser, f"{cell} == '5' && {cell}")  # the table, too
+        hub.publish(line("turn.resumed", t=2.0, **turn, slot=0, paused_s=1.0))
+        hub.publish(line("turn.finished", t=3.0, **turn, slot=0, tokens=12, reason="length"))
+        ended = await on_page(wait_for, browser, "window.swarmState.counts.finished == 1 && window.swarmState.agents.bg")
+        assert ended["tokens"] == 12  # the end's count replaces the live one, not added to it
+        assert await on_page(wait_for, browser, f"{cell} == '12' && {cell}")
+
+
+@pytest.mark.asyncio
+async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
+    pick_all = "const w = document.getElementById('window'); w.value = '0'; w.onchange();"
+    hub = WatchHub(mode="replay", source="test")
+    async with page_server(hub) as url:
+        hub.publish(line("swarm.started", unix_time=5.0, slots=1))
+        hub.publish(line("turn.queued", t=0.5, turn=1, agent="a", priority=0, tokens=3))
+        hub.publish(line("turn.admitted", t=0.6, turn=1, agent="a", priority=0, slot=0))
+        hub.publish(line("turn.finished", t=41.8, turn=1, agent="a", priority=0, slot=0, tokens=9, reason="length"))
+        await on_page(browser.get, url)
+        await on_page(wait_for, browser, "window.swarmState.replay && window.swarmState.replay.loaded == 4")
+        for moment in ("at the start", "at the end"):
+            if moment == "at the end":
+                await on_page(browser.find_element("id", "to-end").click)
+            frames = (await on_page(state, browser))["drawing"]["frames"]
+            await on_page(browser.execute_script, pick_all)
+            drawn = await on_page(wait_for, browser, f"window.swarmState.drawing.frames > {frames} && window.swarmState.drawing")
+            assert drawn["axis"] == pytest.approx([0.0, 41.8]), moment
+    hub = WatchHub(source="test")  # live, until the swarm stops
+    async with page_server(hub) as url:
+        hub.publish(line("swarm.started", unix_time=6.0, slots=1))
+        hub.publish(line("turn.queued", t=0.5, turn=1, agent="a", priority=0, tokens=3))
+        hub.publish(line("swarm.stopped", t=41.8, unix_time=47.8))
+        await on_page(browser.get, url)
+        await on_page(wait_for, browser, "window.swarmState.stopped")
+        frames = (await on_page(state, browser))["drawing"]["frames"]
+        await on_page(browser.execute_script, pick_all)
+        drawn = await on_page(wait_for, browser, f"window.swarmState.drawing.frames > {frames} && window.swarmState.drawing")
+        assert drawn["axis"] == pytest.approx([0.0, 41.8])
+
+
+@pytest.mark.asyncio
+async def test_a_page_whose_run_ended_and_took_its_server_says_only_that_it_stopped(browser):
+    hub = WatchHub(source="swarm run")
+    async with page_server(hub) as url:
+        hub.set_status("live", live=True)
+        hub.publish(line("swarm.started", unix_time=5.0, slots=1, policy="resident"))
+        await on_page(browser.get, url)
+        await on_page(wait_for, browser, "window.swarmState.connected && window.swarmState.status.live")
+        hub.publish(line("swarm.stopped", t=3.0, unix_time=8.0))
+        hub.set_status("the swarm stopped", live=False)
+        await on_page(wait_for, browser, "window.swarmState.stopped && !window.swarmState.status.live")
+    # The run is over and its page server gone, as at the end of `swarm run --watch`.
+    await on_page(wait_for, browser, "!window.swarmState.connected")
+    header = await on_page(
+        wait_for, browser, "document.getElementById('status').textContent != 'the swarm stopped' && document.querySelector('header').textContent"
+    )
+    assert "stopped" in header and "reconnecting" not in header and "disconnected" not in header, header
+
+
 # ------------------------------------------------ the demo with a page open
 
 

@@ -52,6 +52,26 @@ inline int16 madd(short32 a, short32 b)
 #endif
 }
 
+/* acc + madd(a, b): one vpdpwssd where the host says the CPU has AVX-512 VNNI (DOT_VNNI=1,
+   gpu/families.py). The distribution's PoCL compiles for its kernel library's CPU
+   (skylake-avx512, no VNNI, whatever POCL_LLVM_CPU_NAME says), so the compiler never
+   emits it, but its assembler takes the instruction inline. Integer adds wrap alike in
+   any order, so both forms give the same bits. */
+#ifndef DOT_VNNI
+#define DOT_VNNI 0
+#endif
+inline int16 madd_add(int16 acc, short32 a, short32 b)
+{
+#if DOT_VNNI && MADD_WIDTH == 512
+    typedef int v16i __attribute__((__vector_size__(64)));
+    v16i s = __builtin_astype(acc, v16i);
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(s) : "v"(__builtin_astype(a, v16i)), "v"(__builtin_astype(b, v16i)));
+    return __builtin_astype(s, int16);
+#else
+    return acc + madd(a, b);
+#endif
+}
+
 /* The local buffer: [tile][k] inputs as shorts in the quants' order, [tile][k/256]
    int16 per-16 sums, [tile][k/256] float scales. */
 #define LOWBIT_INPUTS(xl, tile, k) ((__local short *)(xl))
@@ -166,10 +186,14 @@ __attribute__((always_inline)) inline void read_super(const int wtype, __global 
 __attribute__((always_inline)) inline int16 lowbit_dot(const int wtype, short32 w, short32 h,
                                                        __local const int16 *xv)
 {
-    return madd(LOWBIT_Q(0), as_short32(xv[0])) + madd(LOWBIT_Q(1), as_short32(xv[1]))
-         + madd(LOWBIT_Q(2), as_short32(xv[2])) + madd(LOWBIT_Q(3), as_short32(xv[3]))
-         + madd(LOWBIT_Q(4), as_short32(xv[4])) + madd(LOWBIT_Q(5), as_short32(xv[5]))
-         + madd(LOWBIT_Q(6), as_short32(xv[6])) + madd(LOWBIT_Q(7), as_short32(xv[7]));
+    int16 sum = madd(LOWBIT_Q(0), as_short32(xv[0]));
+    sum = madd_add(sum, LOWBIT_Q(1), as_short32(xv[1]));
+    sum = madd_add(sum, LOWBIT_Q(2), as_short32(xv[2]));
+    sum = madd_add(sum, LOWBIT_Q(3), as_short32(xv[3]));
+    sum = madd_add(sum, LOWBIT_Q(4), as_short32(xv[4]));
+    sum = madd_add(sum, LOWBIT_Q(5), as_short32(xv[5]));
+    sum = madd_add(sum, LOWBIT_Q(6), as_short32(xv[6]));
+    return madd_add(sum, LOWBIT_Q(7), as_short32(xv[7]));
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile, from the local

@@ -55,14 +55,13 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 /* ======================================================================== */
 /* A matmul reads each weight once, in address order within a work-group (its
  * work-items' row pairs follow each other, and PoCL runs them one after another
- * on one core), yet the hardware prefetcher did not keep up: the Q8_0 output
- * head (32 MB) read at 17 GB/s against 30-45 GB/s for a kernel that only sums
- * its input, and under load at half that. So every row pair asks for the bytes
- * PREFETCH_AHEAD on from what it reads now (later rows of its work-group, or the
- * next work-group's), and its scales as many rows on. A prefetch is a hint: one
- * past the end of a buffer is dropped, never a fault. In-process A/B (load ~2):
- * the head 1.87 -> 0.92 ms, SmolLM2's batch-1 step 7.55 -> 5.72 ms, batch 8 20.3
- * -> 14.1 ms; 2 KiB or 8 KiB ahead did a little worse than 4 KiB. */
+ * on one core), yet the hardware prefetcher does not keep up with PoCL's
+ * work-groups: a large matrix reads well below what the memory gives a kernel
+ * that only sums its input, and worse under load. So every row pair asks for
+ * the bytes PREFETCH_AHEAD on from what it reads now (later rows of its
+ * work-group, or the next work-group's), and its scales as many rows on. A
+ * prefetch is a hint: one past the end of a buffer is dropped, never a fault.
+ * (The distance, and what it bought, are in the commit that brought it.) */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
 #endif
@@ -163,6 +162,25 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     const int r = 2 * get_global_id(0);                                         \
     if (r >= rows) return;
 
+/* y[(c8 + j) * rows + {0, 1}] = act(gate) * up for the row pair and columns c8 + j, j < n
+   (n <= 8): the activations as one 16-lane vector whatever the tile's width, so a column's
+   bits do not depend on it (and its exp is one vector's work, not sixteen scalars'). */
+inline void store_swiglu8(const float *g0, const float *g1, const float *u0, const float *u1, int c8, int n,
+                          __local const float *inv, __global float *y, int rows)
+{
+    float16 gate = 0.0f, up = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float s = inv[c8 + j];
+        gate[2 * j] = g0[c8 + j] * s;
+        gate[2 * j + 1] = g1[c8 + j] * s;
+        up[2 * j] = u0[c8 + j] * s;
+        up[2 * j + 1] = u1[c8 + j] * s;
+    }
+    const float16 h = activate16(gate) * up;
+    for (int j = 0; j < n; j++)
+        *(__global float2 *)(y + (size_t)(c8 + j) * rows) = (float2)(h[2 * j], h[2 * j + 1]);
+}
+
 /* The three fused kernels of one weight type and tile, as hooks fill them in:
  *   BEGIN(normalize)        starts the kernel (the RMS scales, then r, the row pair)
  *   TILE_BEGIN(TILE, norm.) starts each tile of columns c0..
@@ -198,11 +216,8 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS EXTRA)                                 
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
         DOT(WTYPE, TILE, 1, r, r + 1, g0, g1);                                  \
         DOT(WTYPE, TILE, 1, rows + r, rows + r + 1, u0, u1);                    \
-        for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
-            const float s = inv[c0 + c];                                        \
-            float2 gate = (float2)(g0[c], g1[c]) * s, up = (float2)(u0[c], u1[c]) * s; \
-            *(__global float2 *)(y + (size_t)(c0 + c) * rows + r) = (float2)(activate(gate.x), activate(gate.y)) * up; \
-        }                                                                       \
+        for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
+            store_swiglu8(g0, g1, u0, u1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0, y + (size_t)c0 * rows + r, rows); \
     }                                                                           \
 }                                                                               \
                                                                                 \

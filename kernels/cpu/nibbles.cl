@@ -31,6 +31,7 @@
  */
 
 #define NIB_GROUP 128  /* inputs (four blocks) per 16-bit quantization scale */
+#define GEMM_TILE 32   /* the widest tile (gpu/launches.py) */
 
 /* The local buffer, per column and group: a float16 of the blocks' input sums (a
    quarter of block b's in lanes 4b..4b + 3), four short32 of inputs (one per step),
@@ -48,8 +49,10 @@ inline void quantize_nibble_tile(__global const float *x, __global const int *xr
     __local float16 *xs = NIB_SUMS(xl, tile, ng);
     __local short32 *xq = NIB_INPUTS(xl, tile, ng);
     __local float *xd = NIB_SCALES(xl, tile, ng);
+    /* a wide tile's columns past the batch, rounded up to 8, are skipped (pair_dot_nibbles) */
+    const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int u = get_local_id(0); u < tile * ng; u += get_local_size(0)) {
+    for (int u = get_local_id(0); u < live * ng; u += get_local_size(0)) {
         const int c = u / ng, s = u % ng;
         __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + NIB_GROUP * s;
         float16 v[8];
@@ -159,26 +162,26 @@ __attribute__((always_inline)) inline short32 step_quants(const int wtype, const
 }
 
 /* lane u: block u / 4's partial sum of quant * input over one half of each block (the
-   first for `second` 0, steps 0 and 2; else steps 1 and 3) */
+   first for `second` 0, steps 0 and 2; else steps 1 and 3), added to `acc` */
 __attribute__((always_inline)) inline int16 nibble_half_dot(const int wtype, const int second, short32 w, short32 w2,
-        ushort32 h0, ushort32 h1, __local const short32 *xv)
+        ushort32 h0, ushort32 h1, __local const short32 *xv, int16 acc)
 {
-    return madd(step_quants(wtype, second, w, w2, h0, h1), xv[second])
-         + madd(step_quants(wtype, second + 2, w, w2, h0, h1), xv[second + 2]);
+    acc = madd_add(acc, step_quants(wtype, second, w, w2, h0, h1), xv[second]);
+    return madd_add(acc, step_quants(wtype, second + 2, w, w2, h0, h1), xv[second + 2]);
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile: the groups from
-   the local buffer, the last nb % 4 blocks as pair_dot_tile does */
-__attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
-        __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
-        __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
-        __local uchar *xl, float *out0, float *out1)
+   the local buffer (laid out for `layout` columns), the last nb % 4 blocks as
+   pair_dot_tile does, into the accumulators a0 and a1 (`tile` of each) */
+__attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype, const int tile, const int layout,
+        __global const uchar *qs, __global const float *dm, __global const float *g,
+        __global const float *x, __global const int *xrows, int normalize, int r0, int r1, int k, int c0,
+        int ncols, __local uchar *xl, float16 *a0, float16 *a1, float *out0, float *out1)
 {
     const int nb = k / 32, ng = k / NIB_GROUP;
-    __local const float16 *xs = NIB_SUMS(xl, tile, ng);
-    __local const short32 *xq = NIB_INPUTS(xl, tile, ng);
-    __local const float *xd = NIB_SCALES(xl, tile, ng);
-    float16 a0[MAX_TILE], a1[MAX_TILE];
+    __local const float16 *xs = NIB_SUMS(xl, layout, ng);
+    __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
+    __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
     for (int s = 0; s < ng; s++) {
@@ -193,18 +196,23 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
             const int at = c * ng + s;
             __local const short32 *xv = xq + (size_t)at * 4;
             const float dx = xd[at];
-            const int16 p0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv), q0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv);
-            const int16 p1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv), q1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv);
             if (wtype == WT_Q6) {  /* a scale a half, no offset */
+                const int16 p0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0), q0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, 0);
+                const int16 p1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0), q1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, 0);
                 a0[c] += convert_float16(p0) * (d0 * dx) + convert_float16(q0) * (m0 * dx);
                 a1[c] += convert_float16(p1) * (d1 * dx) + convert_float16(q1) * (m1 * dx);
-            } else if (wtype == WT_Q8_0) {  /* no offset */
-                a0[c] += convert_float16(p0 + q0) * (d0 * dx);
-                a1[c] += convert_float16(p1 + q1) * (d1 * dx);
+                continue;
+            }
+            /* both halves in one chain of multiply-adds */
+            const int16 i0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0));
+            const int16 i1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0));
+            if (wtype == WT_Q8_0) {  /* no offset */
+                a0[c] += convert_float16(i0) * (d0 * dx);
+                a1[c] += convert_float16(i1) * (d1 * dx);
             } else {
                 const float16 sums = xs[at];
-                a0[c] += convert_float16(p0 + q0) * (d0 * dx) + m0 * sums;
-                a1[c] += convert_float16(p1 + q1) * (d1 * dx) + m1 * sums;
+                a0[c] += convert_float16(i0) * (d0 * dx) + m0 * sums;
+                a1[c] += convert_float16(i1) * (d1 * dx) + m1 * sums;
             }
         }
     }
@@ -226,6 +234,28 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     }
 }
 
+/* A prompt's many columns as a GEMM: a 32-column tile is quantized at once, and each row
+ * pair decodes a group of blocks once for all of its (live) columns, not once per 8, and
+ * streams its weights once per 32 columns. Each column is added exactly as in an 8-column
+ * tile, so its bits do not depend on the width either. The host takes it only when asked
+ * (SLOTSWARM_GEMM=1): a row pair reads far more input bytes than weight bytes (16-bit
+ * inputs for two rows, half-byte weights for the tile's columns), and an 8-column tile's
+ * inputs stay in L1 for the whole work-group where 32 columns' do not. */
+__attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
+        __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
+        __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
+        __local uchar *xl, float *out0, float *out1)
+{
+    if (tile <= MAX_TILE) {
+        float16 a0[MAX_TILE], a1[MAX_TILE];
+        pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+        return;
+    }
+    float16 a0[GEMM_TILE], a1[GEMM_TILE];
+    const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
+    pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+}
+
 /* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
    q6 and q8_0 as "nib", "nib5", "nib6" and "nib8") */
 #define NIBBLE_TILE_BEGIN(TILE, normalize)                                      \
@@ -239,7 +269,8 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     DEFINE_FUSED(NAME, WTYPE, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 4, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
+    DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 32, WG, LOWBIT_ARGS, LOWBIT_BEGIN, NIBBLE_TILE_BEGIN, NIBBLE_DOT)
 
 DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1)
 DEFINE_NIBBLE_MATMULS(nib5, WT_Q5)

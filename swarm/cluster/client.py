@@ -12,11 +12,13 @@ turn is resubmitted elsewhere with its prompt plus the tokens generated so far
 (recompute), and `on_resume` follows at its admission there. Greedy (and seeded)
 output is unchanged, since sampling is a pure function of logits, seed and
 position.
+
+Every turn ends in exactly one terminal event in the merged log, however its
+owners fare (`TurnEnds`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -26,6 +28,7 @@ import anyio
 import msgspec
 
 from runtime.bus import EventBus
+from runtime.client import GPUClient
 from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
 from runtime.errors import ConfigError, TurnCancelled
 from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
@@ -44,12 +47,12 @@ def _owner_lost(exc: BaseException) -> bool:
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
 
 
-class ClusterGPU:
-    """Implements the GPU client (runtime.client.GPUClient's interface) over Ray."""
+class ClusterGPU(GPUClient):
+    """The GPU client (runtime.client.GPUClient) of owners spread over Ray."""
 
     def __init__(
         self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,
-        lent: Callable[[str], int | None],
+        lent: Callable[[str], int | None], constraints: Any = None,
     ) -> None:
         self.handles = handles  # owner name -> Ray actor handle
         self.offsets = offsets  # owner name -> its clock zero minus ours, in seconds
@@ -57,6 +60,7 @@ class ClusterGPU:
         self.now = bus.now
         self.bus = bus
         self.tokenizer = tokenizer
+        self.constraints = constraints  # checks a turn's constraint before it is queued
         self.closed = False
         self.moves = 0  # turns moved off a lost owner
         self._tasks = tasks
@@ -65,6 +69,7 @@ class ClusterGPU:
         self._agents: dict[int, str] = {}  # live turn -> its agent
         self._cancelled: dict[int, str] = {}  # live turn -> why its agent cancelled it
         self._inboxes: dict[int, tuple[str, Any]] = {}  # turn -> (its owner now, its pump's inbox)
+        self.ends = TurnEnds(bus)
         self.eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset()
 
     def new_turn_id(self) -> int:
@@ -115,54 +120,99 @@ class ClusterGPU:
         return lambda: max([request.priority, *(p for p in map(self._lent, keys) if p is not None)])
 
     async def _pump(self, request: TurnRequest) -> None:
+        """Run one turn wherever it can run, moving it when its owner is lost, until
+        it ends; the agent is told everything, and the end exactly once."""
         turn_id, out = request.reply.turn_id, request.reply.send
         tokens: list[int] = []  # generated so far, on whichever owners
         moved_at: float | None = None  # when this turn lost its owner, until it resumes
         owner = None
+        placed = False  # started on an owner, which logged it as queued
+        told_end = False
         inbox, updates = anyio.create_memory_object_stream[Any](math.inf)
+
+        def tell(update: Any) -> None:
+            nonlocal told_end
+            told_end = told_end or isinstance(update, Ended)
+            try:
+                out.send_nowait(update)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                # The agent stopped listening before its cancel could reach an
+                # owner: cancel the turn, and go on pumping until it ends.
+                if turn_id not in self._cancelled:
+                    self._cancelled[turn_id] = "agent stopped listening"
+                    if owner in self.router.live:
+                        self.handles[owner].cancel.remote(turn_id, "agent stopped listening")
+
+        def end_here(end: Ended) -> None:
+            # An end the driver decides; but if the lost owner's own end reached
+            # the log first, that is the end, and the one the agent hears.
+            if not placed:  # no owner ever queued it: the log shows it asked, and ended
+                self.bus.emit(Queued(t=request.t, step=0, turn=turn_id, agent=request.agent, priority=request.priority, tokens=len(request.prompt)))
+            logged = self.ends.decided_here(end)
+            tell(end if logged is None else _as_told(logged, len(tokens)))
+
+        def lose() -> bool:
+            """The owner is lost: True if it had ended the turn after all (and the
+            agent is told so), else the turn is set to move."""
+            nonlocal moved_at
+            if (logged := self.ends.owner_lost(owner, turn_id)) is not None:
+                self._owner_gone(owner)
+                tell(_as_told(logged, len(tokens)))
+                return True
+            moved_at = self._lose(owner, turn_id, request, tokens, tell)
+            return False
+
         try:
-            while (end := self._settled(request, tokens)) is None:
+            while (settled := self._settled(request, tokens)) is None:
                 owner = self.router.owner_for(request.agent)
                 self.router.started(turn_id, owner, self._priority_of(request))
                 self._inboxes[turn_id] = (owner, inbox)
                 # On the owner's clock: its wait starts when the agent asked, crossing included.
                 asked = (request.t if moved_at is None else moved_at) - self.offsets[owner]
-                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), t=asked)
+                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), prior_output=request.prior_output + len(tokens), t=asked)
                 lifts = {key: p for key in request.lifts if (p := self._lent(key)) is not None}
+                placed = True
                 try:
                     await self.handles[owner].start.remote(turn_id, remote, lifts)
                 except Exception as exc:
                     if not _owner_lost(exc):
                         raise
-                    moved_at = self._lose(owner, turn_id, request, tokens, out)
+                    if lose():
+                        return
                     continue
                 async for update in updates:
-                    if update == GONE:
-                        return  # the stream ended without an end: the owner stopped
+                    if update == GONE:  # the stream ended without an end: the owner stopped
+                        end_here(_ended(Failed, self.now(), request, len(tokens), GONE))
+                        return
                     if update == LOST:
-                        moved_at = self._lose(owner, turn_id, request, tokens, out)
+                        if lose():
+                            return
                         break
                     if isinstance(update, Token):
                         tokens.append(update.token)
-                        update = msgspec.structs.replace(update, t=update.t + self.offsets[owner])
-                    else:
-                        update = self._local(update, owner, moved_at, tokens)
-                        if update is None:
-                            continue
-                        moved_at = None if isinstance(update, Resumed) else moved_at
-                    out.send_nowait(update)
+                        tell(msgspec.structs.replace(update, t=update.t + self.offsets[owner]))
+                        continue
+                    local = self._local(update, owner, moved_at, tokens)
                     if isinstance(update, Ended):
+                        self.ends.pump_heard(msgspec.structs.replace(update, t=local.t, owner=owner))
+                        tell(local)
                         return
-            out.send_nowait(end)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            # The agent stopped listening before its cancel could reach an owner.
-            if owner in self.router.live:
-                self.handles[owner].cancel.remote(turn_id, "agent stopped listening")
+                    if local is not None:
+                        moved_at = None if isinstance(local, Resumed) else moved_at
+                        tell(local)
+            end_here(settled)
         except ConfigError as exc:  # no owner left to run it
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                out.send_nowait(_ended(Failed, self.now(), request, len(tokens), str(exc)))
+            end_here(_ended(Failed, self.now(), request, len(tokens), str(exc)))
+        except BaseException as exc:
+            if not told_end:  # the cluster stopped before an owner ended it, or a fault here
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    end_here(_ended(Cancelled, self.now(), request, len(tokens), "the cluster stopped"))
+                else:
+                    end_here(_ended(Failed, self.now(), request, len(tokens), f"{type(exc).__name__}: {exc}"))
+            raise
         finally:
             self.router.ended(turn_id)
+            self.ends.forget(turn_id)
             self._agents.pop(turn_id, None)
             self._cancelled.pop(turn_id, None)
             self._inboxes.pop(turn_id, None)
@@ -212,15 +262,18 @@ class ClusterGPU:
             return msgspec.structs.replace(event, t=t, tokens=len(tokens))
         return msgspec.structs.replace(event, t=t)
 
-    def _lose(self, owner: str, turn_id: int, request: TurnRequest, tokens: list[int], out: Any) -> float:
+    def _owner_gone(self, owner: str) -> None:
         if owner in self.router.live:
             log.warning("GPU owner %s is lost; moving its turns", owner)
             self.router.lost(owner)
+
+    def _lose(self, owner: str, turn_id: int, request: TurnRequest, tokens: list[int], tell: Callable[[Any], None]) -> float:
+        self._owner_gone(owner)
         self.moves += 1
         now = self.bus.now()
         paused = Preempted(t=now, step=0, turn=turn_id, agent=request.agent, priority=self._priority_of(request)(), tokens=len(tokens), reason=f"owner {owner} lost")
         self.bus.emit(msgspec.structs.replace(paused, owner=owner))
-        out.send_nowait(paused)
+        tell(paused)
         return now
 
     # ---------------------------------------------------------------- events
@@ -231,11 +284,94 @@ class ClusterGPU:
             async for ref in self.handles[owner].events.remote():
                 for line in (await ref).splitlines():
                     event = decode(line)
-                    if isinstance(event, Event):
+                    if isinstance(event, Ended):
+                        pumping = self._inboxes.get(event.turn, (None,))[0] == owner
+                        self.ends.owner_said(msgspec.structs.replace(event, t=event.t + self.offsets[owner], owner=owner), pumping)
+                    elif isinstance(event, Event):
                         self.bus.emit(msgspec.structs.replace(event, t=event.t + self.offsets[owner], owner=owner))
         except Exception as exc:  # its turns' own streams say what became of them
             if not _owner_lost(exc):
                 log.exception("lost the event stream of GPU owner %s", owner)
+        finally:
+            self.ends.owner_done(owner)
+
+
+class TurnEnds:
+    """Puts each turn's end in the merged log exactly once.
+
+    An owner's end of a turn reaches the driver twice: in the owner's event
+    stream (`follow`, which logs it, in the owner's order) and in the turn's own
+    updates (its pump, which tells the agent). A dying owner can take either with
+    it. So an end the pump hears first is logged when the event stream brings it,
+    or when that stream ends without it; an end the event stream brings first is
+    the turn's end even if its owner is lost before the pump hears it; and once the
+    pump gives up on a lost owner, that owner's word on the turn no longer counts.
+    Ends no owner made (a turn settled or failed by the driver) are logged at once.
+    Every record is dropped when its turn's pump or its owner's stream ends."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self._awaited: dict[int, Ended] = {}  # heard by the pump, not yet in the log
+        self._logged: dict[int, Ended] = {}  # in the log, not yet heard by the pump
+        self._disowned: dict[str, set[int]] = {}  # owner -> turns the pump gave up on it
+        self._done: set[str] = set()  # owners whose event streams have ended
+
+    # ---- from an owner's event stream
+
+    def owner_said(self, end: Ended, pumping: bool) -> None:
+        """An end in `end.owner`'s event stream; `pumping`: the turn's pump still
+        waits on that owner."""
+        if end.turn in self._disowned.get(end.owner, ()):
+            return  # moved off (or settled without) that owner: its end is logged elsewhere
+        if self._awaited.pop(end.turn, None) is None and pumping:
+            self._logged[end.turn] = end
+        self.bus.emit(end)
+
+    def owner_done(self, owner: str) -> None:
+        """The owner's event stream ended (it stopped, or died): log the ends
+        it told the pumps but took with it."""
+        self._done.add(owner)
+        self._disowned.pop(owner, None)
+        for turn, end in list(self._awaited.items()):
+            if end.owner == owner:
+                del self._awaited[turn]
+                self.bus.emit(end)
+
+    # ---- from a turn's pump
+
+    def pump_heard(self, end: Ended) -> None:
+        """The turn's owner ended it (`end` stamped as the log has it)."""
+        if self._logged.pop(end.turn, None) is None:
+            if end.owner in self._done:
+                self.bus.emit(end)  # its stream is over: it will never bring this
+            else:
+                self._awaited[end.turn] = end
+
+    def owner_lost(self, owner: str, turn: int) -> Ended | None:
+        """The turn's owner is lost before the pump heard its end: the end, if its
+        event stream brought one (the turn is over), else None and the owner is
+        disowned for the turn."""
+        if (end := self._logged.pop(turn, None)) is not None:
+            return end
+        if owner not in self._done:
+            self._disowned.setdefault(owner, set()).add(turn)
+        return None
+
+    def decided_here(self, end: Ended) -> Ended | None:
+        """An end the driver made; logs it, unless an owner's end is logged
+        already, which is returned."""
+        if (logged := self._logged.pop(end.turn, None)) is not None:
+            return logged
+        self.bus.emit(end)
+        return None
+
+    def forget(self, turn: int) -> None:
+        self._logged.pop(turn, None)
+
+
+def _as_told(logged: Ended, tokens: int) -> Ended:
+    """A logged end as the turn's agent hears it."""
+    return msgspec.structs.replace(logged, owner=None, tokens=tokens)
 
 
 def _failed(now: float, turn: int, agent: str, reason: str) -> Ended:

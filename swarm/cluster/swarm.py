@@ -1,6 +1,6 @@
 """`ClusterSwarm`: the agents here, one GPU owner per device as Ray actors.
 
-    async with Swarm(cluster="ray", owners=2, model=path) as swarm:   # or ClusterSwarm(...)
+    async with ClusterSwarm(owners=2, model=path) as swarm:
         await swarm.spawn(PairProgrammer("pair", FOREGROUND))
         ...
 
@@ -115,11 +115,13 @@ class ClusterSwarm(AgentHost):
             self.infos = {info.name: info for info in infos}
             tasks = await stack.enter_async_context(anyio.create_task_group())
             tokenizer = await anyio.to_thread.run_sync(self._tokenizer)  # agents encode their prompts here
+            from gpu.grammar import ConstraintCompiler  # (the owners' model's vocabulary: constraints are checked here)
+
             zero = time.time() - self.bus.now()
             self.client = ClusterGPU(
                 self.handles, {name: info.unix_start - zero for name, info in self.infos.items()},
                 Router({name: info.model for name, info in self.infos.items()}, self.placement), self.bus, tokenizer, tasks,
-                lent=self.system.waits.lent,
+                lent=self.system.waits.lent, constraints=ConstraintCompiler(tokenizer, tokenizer.vocab_size),
             )
             stack.push_async_callback(self._stop_owners, tasks)
             self.system.on_lift.append(self.client.lifted)

@@ -7,7 +7,7 @@
     propose_patch(diff)       a unified diff: `git apply --check`, then the tests, on its own scratch copy
 
 Everything that touches the disk or runs a process runs off the event loop. An
-agent reports each call as a tool.ran event (agents.coding.CodingAgent.use): its
+agent reports each call as a tool.called event (agents.coding.CodingAgent.use): its
 name and duration, never its arguments or results, as with prompts. When tool
 calls land (issue 24) these are the functions a model would call.
 """

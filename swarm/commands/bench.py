@@ -21,12 +21,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
 
     engine = sub.add_parser("engine", help="decode step time for 1-8 turns, prefill rate, bandwidth")
-    engine.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
-    engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    engine.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
+    engine.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)')
     engine.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     engine.add_argument("--profile", action="store_true", help="per-kernel device time from OpenCL profiling events")
     engine.add_argument("--steps", type=int, default=16, metavar="N", help="timed decode steps per batch size")
     engine.add_argument("--quants", action="store_true", help="instead: each tensor type's matmul time per weight byte against Q4_1's, at the model's shape")
+    engine.add_argument("--constrained", action="store_true", help="instead: inter-token latency of 8 turns held to a JSON schema against 8 free ones, and the masks' host time")
+    engine.add_argument("--validity", type=int, metavar="N", help="instead: N JSON-schema generations (several schemas, greedy and sampled): how many parse and validate")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(bench_run=run_engine)
 
@@ -63,6 +65,20 @@ def run_engine(args: argparse.Namespace) -> int:
         config = load_model(resolve_model(args.model)).config
         report = run_quant_bench(config, device=args.device, kernels=args.kernels, steps=args.steps)
         print(json.dumps(report) if args.json else format_quant_report(report))
+        return 0
+    if args.constrained or args.validity:
+        from gpu import bench_constrained as bc
+
+        if args.validity is not None and args.validity < 1:
+            raise ConfigError(f"--validity must be at least 1, got {args.validity}")
+        steps = args.steps if args.steps != 16 else 64  # (a longer default: masks vary along an answer)
+        engine = open_engine(args.model, args.device, kernels=args.kernels, num_blocks=max(bc.blocks_needed(steps), 8 * 32))
+        if args.constrained:
+            report = bc.run_constrained_bench(engine, steps=steps)
+            print(json.dumps(report) if args.json else bc.format_constrained(report))
+        if args.validity:
+            report = bc.run_validity(engine, generations=args.validity)
+            print(json.dumps(report) if args.json else bc.format_validity(report))
         return 0
     engine = open_engine(
         args.model, args.device, kernels=args.kernels, profile=args.profile, num_blocks=kv_blocks_needed(args.steps),

@@ -2,8 +2,10 @@
 
 The chat template is applied to the single user message and the turn runs like any
 agent's, through a one-slot swarm: prefilled in chunks, then decoded a token a step
-until an end-of-turn token or --max-tokens. With --json nothing streams; one JSON object is printed at the end:
-{"prompt_ids": [...], "tokens": [...], "text": "..."}.
+until an end-of-turn token or --max-tokens (an answer cut off there says so on stderr).
+With --json nothing streams; one JSON object is printed at the end:
+{"prompt_ids": [...], "tokens": [...], "text": "...", "finish_reason": "eos" | "length" | "context",
+ "ttft_s": ..., "turn_s": ..., "tokens_per_s": ...} (seconds from the request; tokens a second after the first).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ BLOCK_SIZE = 16
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="run one chat turn on the model and stream the answer")
-    parser.add_argument("message", help="the user message")
+    parser.add_argument("message", help="the user message; - reads it from stdin")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most new tokens (default 256)")
     parser.add_argument("--greedy", action="store_true", help="always take the likeliest token (the default)")
     parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
     parser.add_argument("--top-p", type=float, metavar="P", help="with --temperature: nucleus sampling mass (default 1)")
     parser.add_argument("--seed", type=int, metavar="S", help="with --temperature: sampling seed (default 0)")
-    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE")
-    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part')
+    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
+    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)')
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     parser.set_defaults(func=run)
@@ -59,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from(args)
+    message = sys.stdin.read() if args.message == "-" else args.message
     model = load_model(resolve_model(args.model))
-    prompt = Tokenizer.from_model(model).chat([{"role": "user", "content": args.message}])
+    prompt = Tokenizer.from_model(model).chat([{"role": "user", "content": message}])
     limit = model.config.context_length
     max_tokens = min(args.max_tokens, limit - len(prompt))
     if max_tokens < 1:
@@ -69,12 +72,34 @@ def run(args: argparse.Namespace) -> int:
     blocks = ceil_div(len(prompt) + max_tokens, BLOCK_SIZE)
     engine = open_engine(model, args.device, kernels=args.kernels, block_size=BLOCK_SIZE, num_blocks=blocks)
     turn = anyio.run(_generate, engine, prompt, max_tokens, sampling, not args.json)
+    reason = turn.ended.reason if turn.ended is not None else None
     if args.json:
         text = engine.tokenizer.decode(turn.tokens, skip_special=True)
-        print(json.dumps({"prompt_ids": prompt, "tokens": turn.tokens, "text": text}))
+        print(json.dumps({"prompt_ids": prompt, "tokens": turn.tokens, "text": text, "finish_reason": reason, **timings(turn)}))
     else:
         sys.stdout.write("\n")
+        sys.stdout.flush()  # the answer first, then the note on it
+        if reason in CUT_OFF:
+            print(CUT_OFF[reason].format(n=max_tokens), file=sys.stderr)
     return 0
+
+
+CUT_OFF = {
+    "length": "(the answer was cut off at {n} tokens: --max-tokens N for more)",
+    "context": "(the answer was cut off at the end of the model's context, after {n} tokens)",
+}
+
+
+def timings(turn: TurnHandle) -> dict[str, float | None]:
+    """Seconds from the request to the first token and to the last, and the decode
+    rate after the first token (None with fewer than two tokens)."""
+    times = turn.token_times
+    decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {
+        "ttft_s": turn.ttft_s,
+        "turn_s": turn.turn_s,
+        "tokens_per_s": (len(times) - 1) / decode_s if decode_s > 0 else None,
+    }
 
 
 async def _generate(engine: Engine, prompt: list[int], max_tokens: int, sampling: Sampling, stream: bool) -> TurnHandle:

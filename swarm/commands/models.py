@@ -25,14 +25,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpu.catalogue import CATALOGUE, DEFAULT_MODEL
-    from gpu.fetch import cache_dir, cached, fetch
+    from gpu.fetch import cache_dir, cached, fetch, unknown_model
 
     if args.hollow:
         return write_hollow(*args.hollow)
 
     for name in args.fetch or ():
         if name not in CATALOGUE:
-            raise ConfigError(f"no catalogue model {name!r} (have: {', '.join(CATALOGUE)})")
+            raise ConfigError(unknown_model(name))
         fetch(CATALOGUE[name], cache_dir())
     print(f"model cache: {cache_dir()}")
     for name, entry in CATALOGUE.items():

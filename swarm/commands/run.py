@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from runtime.events import read_events
+from runtime.turns import SchedulerConfig
+from swarm.api import Swarm
 from runtime.stream import default_socket_path
 from swarm import tail
 from swarm.coding import command as coding
@@ -29,8 +31,8 @@ from swarm.watch import DEFAULT_PORT, bind_loopback
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a swarm from a session file (or the built-in demo)", description=__doc__)
     p.add_argument("session", nargs="?", help="session TOML file (default: the coding team on the built-in sample project)")
-    p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's)")
-    p.add_argument("--device", help="OpenCL device (overrides the session's)")
+    p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)")
+    p.add_argument("--device", help="OpenCL device (overrides the session's; env SWARM_DEVICE below it)")
     p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
@@ -65,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         say=lambda text: console.print(text, style="bold cyan", markup=False),
         page_sockets=[bind_loopback(args.port)] if args.watch else [], cluster=args.cluster, owners=args.owners,
     )
-    for problem in runner.problems:
-        console.print(f"[bold red]warning:[/] {problem}", highlight=False)
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
     if runner.page_urls:
         console.print(f"page:   {runner.page_urls[0]}")
@@ -79,10 +79,11 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     events = list(read_events(runner.events_path)) if runner.events_path.exists() else []
     engine = runner.engine
-    config = getattr(getattr(runner, "swarm", None), "config", None)
-    owner = getattr(getattr(runner, "swarm", None), "owner", None)
-    overhead = statistics.median(owner.overhead_seconds) if owner is not None and owner.overhead_seconds else 0.0
-    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, getattr(config, "prefill_chunk", 512), overhead)
+    # (A cluster's owners are Ray actors: their own figures are not at hand here.)
+    local = runner.swarm if isinstance(runner.swarm, Swarm) else None
+    overhead = statistics.median(local.owner.overhead_seconds) if local is not None and local.owner.overhead_seconds else 0.0
+    prefill_chunk = (local.config if local is not None else SchedulerConfig()).prefill_chunk
+    summary = summarize(events, runner.agents, engine.cost if engine is not None else None, prefill_chunk, overhead)
     print_summary(console, summary, runner)
     if interrupted:
         console.print("stopped by Ctrl-C")
@@ -114,7 +115,6 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     total = s.prompt_computed + s.prompt_reused
     if total:
         console.print(f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})")
-    owner = getattr(getattr(runner, "swarm", None), "owner", None)
-    if owner is not None and owner.step_seconds:
-        console.print(f"median decode step: {format_duration(statistics.median(owner.step_seconds), 0)}")
+    if isinstance(runner.swarm, Swarm) and runner.swarm.owner.step_seconds:
+        console.print(f"median decode step: {format_duration(statistics.median(runner.swarm.owner.step_seconds), 0)}")
     console.print(f"events: {runner.events_path}\nproposals: {runner.out}")

@@ -18,15 +18,53 @@ from runtime.units import format_duration
 from swarm.sim import POLICIES, Workload, load_workload, simulate
 
 
-def _workload_flags(struct: type, prefix: str = "") -> list[tuple[str, type]]:
-    """Every leaf field of the workload as a dotted flag name, e.g. background.mean."""
+_LENGTHS = {
+    "dist": "turn-length distribution of {who} turns: lognormal or pareto",
+    "mean": "mean new tokens of a {who} turn",
+    "sigma": "lognormal shape of {who} turn lengths",
+    "alpha": "pareto shape of {who} turn lengths (smaller: heavier tail)",
+    "min": "fewest new tokens of a {who} turn",
+    "max": "most new tokens of a {who} turn",
+}
+WORKLOAD_FIELDS = {
+    "slots": "turns decoded together",
+    "background_agents": "background agents, each one turn after another",
+    "background_prompt": "prompt tokens of a background turn",
+    "foreground_prompt": "prompt tokens of a foreground turn",
+    "foreground_interval_s": "mean seconds between foreground turns (exponential gaps)",
+    "prefix_share": "share of each prompt that repeats the agent's earlier prompts (what the prefix cache can hit)",
+    "prefix_cache": "share the K/V of prompts that start alike",
+    "arrivals": "foreground turns simulated",
+    "warmup_s": "seconds the background runs before the first foreground turn",
+    "step_tokens": "tokens one step may process",
+    "block_size": "positions per KV block",
+    "aging_s": "seconds a waiting turn takes to gain one priority level",
+    "timing.decode_step_s": "simulated GPU: seconds of one turn's decode step",
+    "timing.prefill_tok_per_s": "simulated GPU: tokens per second a step computes past its first",
+    "timing.kv_read_s": "simulated GPU: seconds of attention per KV position read",
+    "timing.flush_s": "simulated GPU: seconds a preemption costs (drain and re-launch)",
+    "timing.kv_bytes_per_token": "simulated GPU: KV bytes per token",
+    "timing.swap_gb_s": "simulated GPU: host link GB/s for KV swaps",
+    "timing.copy_gb_s": "simulated GPU: device memory GB/s for a block copy",
+    "shaping": "build each step for the foreground turn",
+    "slack": "how much longer than the foreground's own step a shaped step may be (0.25: 25%%)",
+    "abandon_steps": "a foreground arrival stops the step in flight",
+    "seed": "random seed of the arrivals and lengths",
+    **{f"{who}.{key}": text.format(who=who) for who in ("background", "foreground") for key, text in _LENGTHS.items()},
+}
+
+
+def _workload_flags(workload: msgspec.Struct, prefix: str = "") -> list[tuple[str, type, object]]:
+    """Every leaf field of the workload as a dotted flag name, e.g. background.mean,
+    with its type and its value in `workload`."""
     flags = []
-    for field in msgspec.structs.fields(struct):
+    for field in msgspec.structs.fields(workload):
         name = prefix + field.name
-        if isinstance(field.default, msgspec.Struct):
-            flags += _workload_flags(type(field.default), name + ".")
+        value = getattr(workload, field.name)
+        if isinstance(value, msgspec.Struct):
+            flags += _workload_flags(value, name + ".")
         else:
-            flags.append((name, type(field.default)))
+            flags.append((name, type(value), value))
     return flags
 
 
@@ -38,11 +76,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--samples", action="store_true", help="with --json, include every foreground wait (for swarm plot)")
     p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel processes")
     group = p.add_argument_group("workload fields (override the workload)")
-    for name, kind in _workload_flags(Workload):
+    for name, kind, seed in _workload_flags(Workload()):
+        text = f"{WORKLOAD_FIELDS.get(name, 'the workload field ' + name)} (default: {seed} in the seed workload)"
         if kind is bool:  # --shaping / --no-shaping
-            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", action=argparse.BooleanOptionalAction)
+            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", action=argparse.BooleanOptionalAction, help=text)
         else:
-            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", type=kind, metavar=kind.__name__.upper())
+            group.add_argument(f"--{name.replace('_', '-')}", dest=f"w:{name}", type=kind, metavar=kind.__name__.upper(), help=text)
     p.set_defaults(func=run)
 
 

@@ -19,10 +19,12 @@ import msgspec
 from runtime.errors import ConfigError
 from runtime.events import Event
 from swarm.plot.bench import plot_bench
-from swarm.plot.timeline import Timeline, build_timeline, foreground_answers, plot_timeline
+from swarm.plot.timeline import Timeline, build_timeline, draw_timeline, foreground_answers, plot_timeline
 from swarm.tail import read_file
 
-__all__ = ["Timeline", "build_timeline", "foreground_answers", "load", "plot_bench", "plot_file", "plot_timeline"]
+__all__ = [
+    "Timeline", "build_timeline", "draw_timeline", "foreground_answers", "load", "plot_bench", "plot_file", "plot_timeline",
+]
 
 
 # ---------------------------------------------------------------- input

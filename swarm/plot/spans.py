@@ -2,18 +2,19 @@
 
 Each stretch a turn ran in a slot is a run, each stretch it was paused (holding
 no slot) a pause; each foreground turn's wait for its first slot is a wait, and
-each preemption a point. A cluster's merged stream gets one lane group per owner.
+each preemption a point; each stretch an agent ran at a priority lent by a
+waiter is a band. A cluster's merged stream gets one lane group per owner.
 `foreground_answers` gives each foreground turn's tokens over time, as its
 reader saw them arrive.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
-from runtime.events import Admitted, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, fields_of
+from runtime.events import Admitted, Ended, Event, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, fields_of
 from runtime.priority import FOREGROUND
 
 
@@ -39,6 +40,16 @@ class Wait:
 
 
 @dataclass
+class Band:
+    agent: str  # the agent lent the priority
+    by_agent: str  # the waiter it was lent by
+    priority: int
+    start: float
+    end: float
+    open: bool = False  # still lent when the file ended
+
+
+@dataclass
 class Timeline:
     runs: list[Span]
     pauses: list[Span]
@@ -50,6 +61,7 @@ class Timeline:
     end: float
     started: SwarmStarted | None
     lane_names: list[str] | None = None  # a cluster's "gpu0 slot 0", ... (None: "slot N")
+    bands: list[Band] = field(default_factory=list)  # lent priority, in order of start
 
 
 @dataclass
@@ -96,6 +108,8 @@ def build_timeline(events: list[Event]) -> Timeline:
     preemptions: list[tuple[float, int]] = []
     turns: dict[int, _Turn] = {}
     agents: dict[str, None] = {}
+    bands: list[Band] = []
+    lent: dict[str, Band] = {}  # agent -> its band still open
     started = next((e for e in events if isinstance(e, SwarmStarted)), None)
     max_slot = -1
 
@@ -112,6 +126,13 @@ def build_timeline(events: list[Event]) -> Timeline:
             agents.setdefault(fields["agent"], None)
         if fields.get("slot") is not None:
             max_slot = max(max_slot, fields["slot"])
+        if isinstance(e, (Inherited, Restored)):
+            if (band := lent.pop(e.agent, None)) is not None:  # a new lift replaces the last
+                band.end = e.t
+            if isinstance(e, Inherited):
+                lent[e.agent] = Band(e.agent, e.by_agent, e.priority, e.t, e.t)
+                bands.append(lent[e.agent])
+            continue
         if not isinstance(e, (Queued, Admitted, Preempted, Resumed, Ended)):
             continue
         state = turns.get(e.turn)
@@ -142,9 +163,12 @@ def build_timeline(events: list[Event]) -> Timeline:
     end = max(e.t for e in events)
     for turn_id, state in turns.items():
         close(turn_id, state, end, open_=True)
+    for band in lent.values():
+        band.end, band.open = end, True
     slots = max(started.slots if started and started.slots else 0, max_slot + 1, 1)
     return Timeline(
-        runs, pauses, waits, preemptions, max(slots, len(lane_names or ())), list(agents), min(e.t for e in events), end, started, lane_names
+        runs, pauses, waits, preemptions, max(slots, len(lane_names or ())), list(agents), min(e.t for e in events), end, started, lane_names,
+        bands,
     )
 
 

@@ -5,7 +5,9 @@ colour, pale for background turns and solid with a black edge for foreground one
 (priority >= FOREGROUND when queued). A paused turn holds no slot, so its pause is
 drawn hatched on a lane of its own agent below the slots. Each foreground wait
 (queued -> admitted) is a dark line on the slot it got, ending in a tick labelled
-with the wait. Preemptions are small red triangles.
+with the wait. Preemptions are small red triangles. Priority lent by a waiter is
+a band on a lane of the agent it was lent to, naming the waiter, as on the live
+page (swarm watch).
 """
 
 from __future__ import annotations
@@ -24,26 +26,35 @@ from runtime.units import format_duration, percentiles
 from swarm.plot.common import save
 from swarm.plot.spans import Span, Timeline, build_timeline, foreground_answers
 
-__all__ = ["Timeline", "build_timeline", "foreground_answers", "plot_timeline"]
+__all__ = ["Timeline", "build_timeline", "draw_timeline", "foreground_answers", "plot_timeline"]
 
 MAX_WAIT_LABELS = 40  # label at most this many foreground waits (the longest)
 MAX_TURN_LABELS = 200  # and at most this many turns by number
 MAX_PAUSE_LEVELS = 6  # turns of one agent paused at once, stacked in its lane
+LENT_FILL, LENT_EDGE, LENT_TEXT = (0.78, 0.24, 0.78, 0.25), "#aa33aa", "#660066"  # the page's colours
 
 
 # ---------------------------------------------------------------- drawing
 
 
 def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str | None = None) -> Path:
+    return save(draw_timeline(events, title), out)
+
+
+def draw_timeline(events: list[Event], title: str | None = None) -> Figure:
     tl = build_timeline(events)
     if not tl.runs and not tl.pauses:
         raise ConfigError("no turn ever got a slot in these events: nothing to draw")
     colours = _agent_colours(tl.agents)
     paused_agents = [a for a in tl.agents if any(p.agent == a for p in tl.pauses)]
-    # Rows top to bottom: slot 0..n-1, then one paused lane per agent that paused.
+    lifted_agents = list(dict.fromkeys(b.agent for b in tl.bands))
+    # Rows top to bottom: slot 0..n-1, one paused lane per agent that paused, one
+    # lifted lane per agent lent a priority.
     labels = (tl.lane_names or [f"slot {s}" for s in range(tl.slots)]) + [f"{a} paused" for a in paused_agents]
+    labels += [f"{a} lifted" for a in lifted_agents]
     row = {("slot", s): i for i, s in enumerate(range(tl.slots))}
     row.update({("paused", a): tl.slots + i for i, a in enumerate(paused_agents)})
+    row.update({("lifted", a): tl.slots + len(paused_agents) + i for i, a in enumerate(lifted_agents)})
 
     answers = foreground_answers(events)
     height = 1.6 + 0.45 * len(labels)
@@ -59,6 +70,7 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
             marker="v", s=18, color="red", zorder=3,
         )
     _draw_waits(ax, tl, row)
+    _draw_bands(ax, tl, row)
 
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.7)  # slot 0 on top
@@ -76,6 +88,8 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
         Line2D([], [], color="black", marker="|", label="foreground wait"),
         Line2D([], [], color="red", marker="v", linestyle="none", label="preemption"),
     ]
+    if tl.bands:
+        handles.append(Patch(facecolor=LENT_FILL, edgecolor=LENT_EDGE, label="lent priority"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     if grid is not None:
         below = fig.add_subplot(grid[1], sharex=ax)
@@ -84,7 +98,7 @@ def plot_timeline(events: list[Event], out: str | os.PathLike[str], title: str |
         below.set_ylabel("tokens received")
         below.set_title("foreground turns' tokens over time")
         below.grid(alpha=0.3)
-    return save(fig, out)
+    return fig
 
 
 def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
@@ -149,10 +163,25 @@ def _draw_waits(ax: Any, tl: Timeline, row: dict) -> None:
     ax.hlines(ys, [w.queued for w in tl.waits], [w.admitted for w in tl.waits], color="black", linewidth=1.0, zorder=3)
     ax.plot([w.admitted for w in tl.waits], ys, color="black", marker="|", markersize=9, linestyle="none", zorder=3)
     for w in sorted(tl.waits, key=lambda w: w.waited, reverse=True)[:MAX_WAIT_LABELS]:
+        # Above the wait's line and left of its tick: inside the slot's own lane
+        # (the line runs along its foot), never over the lane below.
         ax.annotate(
             format_duration(w.waited),
             (w.admitted, row[("slot", w.slot)] + 0.42),
-            xytext=(2, -1), textcoords="offset points", fontsize=7, va="top",
+            xytext=(-2, 1), textcoords="offset points", fontsize=7, ha="right", va="bottom",
+        )
+
+
+def _draw_bands(ax: Any, tl: Timeline, row: dict) -> None:
+    for band in tl.bands:
+        y = row[("lifted", band.agent)]
+        ax.broken_barh(
+            [(band.start, max(band.end - band.start, 1e-9))], (y - 0.3, 0.6),
+            facecolors=LENT_FILL, edgecolors=LENT_EDGE, linewidths=0.8, gid="lent priority",
+        )
+        ax.annotate(
+            f"p{band.priority}: {band.by_agent} waits on it", (band.start, y), xytext=(3, 0), textcoords="offset points",
+            ha="left", va="center", fontsize=6, color=LENT_TEXT, annotation_clip=True, clip_on=True, gid="lent priority",
         )
 
 

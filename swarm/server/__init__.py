@@ -17,6 +17,7 @@ its client gets an error), and `serve` returns. A second signal skips the grace.
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import socket
 from pathlib import Path
@@ -34,7 +35,7 @@ from swarm.server.gateway import Gateway
 from swarm.server.metrics import Metrics
 from swarm.watch import WatchHub, follow_bus, watch_routes
 
-__all__ = ["ServerHandle", "serve"]
+__all__ = ["ServerHandle", "listen", "serve"]
 
 
 class ServerHandle:
@@ -64,10 +65,13 @@ async def serve(
     log_prompts: str | Path | None = None,
     handle_signals: bool = True,
     routes: Sequence[BaseRoute] = (),
+    sock: socket.socket | None = None,
     task_status: anyio.abc.TaskStatus[ServerHandle] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `swarm` over HTTP until shut down. Port 0 picks a free port; the
-    handle given to `task_status` has the URL. `routes` are served beside the API."""
+    handle given to `task_status` has the URL. `routes` are served beside the API.
+    `sock`, from `listen(host, port)`, is the socket to serve on when it is bound
+    ahead (so a port in use is an error before the model loads)."""
     if max_queue is not None and max_queue < 0:
         raise ConfigError(f"--max-queue must be at least 0, got {max_queue}")
     if grace_s < 0:
@@ -75,8 +79,8 @@ async def serve(
     gateway = Gateway(swarm, model_id=model_id, max_queue=max_queue, log_prompts=log_prompts)
     metrics = gateway.metrics = Metrics(swarm)
     hub = WatchHub(source="swarm serve")
-    app = build_app(gateway, metrics, api_key=api_key, routes=[*watch_routes(hub), *routes])  # the live page at /
-    sock = _listen(host, port)
+    app = build_app(gateway, metrics, api_key=api_key, host=host, routes=[*watch_routes(hub), *routes])  # the live page at /
+    sock = sock or listen(host, port)
     config = uvicorn.Config(
         app, log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none",
         timeout_graceful_shutdown=grace_s + 10,  # a backstop: the gateway ends every turn by grace_s
@@ -104,7 +108,11 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host`:`port` (0: any free port), or a ConfigError
+    saying why not."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be between 0 and 65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -112,7 +120,9 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} is already in use on {host}; choose another with --port") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock

@@ -1,8 +1,11 @@
 """The Starlette app: routes, auth and errors. The turn logic is the gateway's.
 
-    POST /v1/chat/completions   POST /v1/completions   (stream or not)
-    GET  /v1/models             GET  /v1/events        (server-sent events)
+    POST /v1/chat/completions   POST /v1/completions   (stream or not; JSON bodies only)
+    GET  /v1/models[/ID]        GET  /v1/events        (server-sent events)
     GET  /health                GET  /metrics
+
+With an API key, every path but /health needs it (`_Guard`). The Host header must
+name the address served (`swarm.watch.trusted_hosts`), against DNS rebinding.
 
 Every error is an OpenAI error object, `{"error": {"message", "type", "param",
 "code"}}`. A request runs inside a response that listens for the client hanging
@@ -12,6 +15,7 @@ More routes (a page at `/`) come in through `build_app(..., routes=[...])`.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -20,38 +24,47 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bus import Subscription
 from runtime.errors import RequestError
 from runtime.stream import CLIENT_BUFFER, encode_line
+from runtime.toolcalls import ToolCall
+from swarm.server.calls import CallSplitter, call_deltas
 from swarm.server.gateway import Gateway
 from swarm.server.turn import ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
 from swarm.server.protocol import SSE_DONE, Reply, TurnSpec, encode, error_body, parse_chat, parse_completion, sse
+from swarm.watch import trusted_hosts
 
 MAX_BODY = 4 * 1024 * 1024
 EVENTS_PING_S = 15.0
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 JSON = [(b"content-type", b"application/json")]
+SERVED = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/events, GET /health, GET /metrics "
+          "and the live page at /")
 
 
-def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None, routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The app; `routes` are served next to the API (a page at `/`, say)."""
-    api = _Api(gateway, metrics, api_key)
+def build_app(
+    gateway: Gateway, metrics: Metrics, *, api_key: str | None = None, host: str = "127.0.0.1", routes: Sequence[BaseRoute] = ()
+) -> Starlette:
+    """The app; `routes` are served next to the API (a page at `/`, say). `host`
+    is the address it listens on, which the Host header must name."""
+    api = _Api(gateway, metrics)
     app = Starlette(
         routes=[*routes, 
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completion, methods=["POST"]),
             Route("/v1/models", api.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
             Route("/v1/events", api.events, methods=["GET"]),
             Route("/health", api.health, methods=["GET"]),
             Route("/metrics", api.metrics, methods=["GET"]),
         ],
         exception_handlers={RequestError: _request_error, HTTPException: _http_error, Exception: _server_error},
-        middleware=[Middleware(_CountResponses, metrics=metrics)],
+        middleware=[Middleware(_CountResponses, metrics=metrics), trusted_hosts(host), Middleware(_Guard, api_key=api_key)],
     )
     app.state.gateway = gateway
     app.state.metrics = metrics
@@ -59,17 +72,9 @@ def build_app(gateway: Gateway, metrics: Metrics, *, api_key: str | None = None,
 
 
 class _Api:
-    def __init__(self, gateway: Gateway, metrics: Metrics, api_key: str | None) -> None:
+    def __init__(self, gateway: Gateway, metrics: Metrics) -> None:
         self.gateway = gateway
         self.metrics_ = metrics
-        self.api_key = api_key
-
-    def authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise RequestError("invalid API key: send `Authorization: Bearer KEY` with the server's --api-key", status=401, code="invalid_api_key")
 
     async def chat(self, request: Request) -> Response:
         return await self._complete(request, parse_chat)
@@ -79,8 +84,9 @@ class _Api:
 
     async def _complete(self, request: Request, parse: Callable[[bytes], TurnSpec]) -> Response:
         arrived = self.gateway.clock()
-        self.authorize(request)
-        spec = parse(await _read_body(request))
+        _check_json(request)
+        # In a worker thread: decoding scales with the body, and this loop drives the GPU owner.
+        spec = await anyio.to_thread.run_sync(parse, await _read_body(request), limiter=self.gateway.workers)
         if spec.model != self.gateway.model_id:
             raise RequestError(f"model {spec.model!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
         caller = self.gateway.caller(request.headers, spec, request.client and (request.client.host, request.client.port))
@@ -104,9 +110,16 @@ class _Api:
         return _Watched(run)
 
     async def models(self, request: Request) -> Response:
-        self.authorize(request)
-        model = {"id": self.gateway.model_id, "object": "model", "created": 0, "owned_by": "slotswarm"}
-        return _json({"object": "list", "data": [model]})
+        return _json({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id != self.gateway.model_id:
+            raise RequestError(f"model {model_id!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
+        return _json(self._model())
+
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.gateway.model_id, "object": "model", "created": 0, "owned_by": "slotswarm"}
 
     async def health(self, request: Request) -> Response:
         status = "shutting_down" if self.gateway.closing else "ok"
@@ -117,7 +130,6 @@ class _Api:
 
     async def events(self, request: Request) -> Response:
         """The swarm's events, one JSON object per `data:` line, as in `swarm tail --json`."""
-        self.authorize(request)
         bus, closed = self.gateway.swarm.bus, self.gateway.closed
 
         async def run(out: _Out) -> None:
@@ -152,10 +164,23 @@ async def _stream(out: _Out, served: ServedTurn) -> None:
     await out.start(200, SSE_HEADERS)
     if spec.kind == "chat":
         await out.body(sse(reply.chunk("", first=True)))
+    splitter = CallSplitter(served.gateway.tokenizer.tool_format) if spec.tools.may_call else None
+
+    async def send(items: list[str | ToolCall]) -> None:
+        for item in items:
+            if isinstance(item, ToolCall):  # two chunks, as OpenAI sends a call
+                for delta in call_deltas(splitter.calls.index(item), item):
+                    await out.body(sse(reply.calls_chunk([delta])))
+            elif item:
+                await out.body(sse(reply.chunk(item, usage=served.usage() if spec.continuous_usage else None)))
+
     async for text in served:
-        await out.body(sse(reply.chunk(text, usage=served.usage() if spec.continuous_usage else None)))
+        await send([text] if splitter is None else splitter.push(text))
+    if splitter is not None:
+        await send(splitter.finish())
     usage = served.usage()
-    await out.body(sse(reply.chunk(None, served.finish_reason, usage if spec.continuous_usage else None)))
+    finish_reason = "tool_calls" if splitter is not None and splitter.calls and served.finish_reason == "stop" else served.finish_reason
+    await out.body(sse(reply.chunk(None, finish_reason, usage if spec.continuous_usage else None)))
     if spec.include_usage:
         await out.body(sse(reply.usage_chunk(usage)))
     await out.body(SSE_DONE, more=False)
@@ -163,8 +188,15 @@ async def _stream(out: _Out, served: ServedTurn) -> None:
 
 async def _whole(out: _Out, served: ServedTurn) -> None:
     reply = Reply(served.spec.kind, served.gateway.model_id)
-    text = [piece async for piece in served]
-    body = reply.whole("".join(text), served.finish_reason or "stop", served.usage())
+    text = "".join([piece async for piece in served])
+    finish_reason = served.finish_reason or "stop"
+    calls = None
+    if served.spec.tools.may_call:
+        text, found = served.gateway.tokenizer.tool_format.parse(text)
+        calls = [c.as_openai() for c in found]
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+    body = reply.whole(text, finish_reason, served.usage(), calls)
     await out.start(200, JSON)
     await out.body(encode(body), more=False)
 
@@ -254,6 +286,64 @@ class _CountResponses:
         await self.app(scope, receive, counted)
 
 
+class _Guard:
+    """With an API key, every path but /health needs `Authorization: Bearer KEY`.
+    A browser cannot send that header for the live page and its event stream, so
+    `/?key=KEY` sets a cookie (HttpOnly, SameSite=Strict, a digest of the key, not
+    the key) and sends the browser on to `/`; the page's own GETs carry it."""
+
+    OPEN = frozenset({"/health"})
+    COOKIE = "swarm_page"
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.page_token = None if api_key is None else hmac.new(api_key.encode(), b"swarm serve page", hashlib.sha256).hexdigest()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.api_key is None or scope["type"] != "http" or scope["path"] in self.OPEN:
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        if self._bearer_ok(request) or (_is_page(request) and self._cookie_ok(request)):
+            return await self.app(scope, receive, send)
+        if request.url.path == "/" and _same(request.query_params.get("key", ""), self.api_key):
+            response: Response = RedirectResponse("/", status_code=303)
+            response.set_cookie(self.COOKIE, self.page_token, httponly=True, samesite="strict")
+        else:
+            error = RequestError(
+                "invalid API key: send `Authorization: Bearer KEY` with the server's --api-key (in a browser, open /?key=KEY)",
+                status=401, code="invalid_api_key",
+            )
+            response = _json(error_body(error), 401)
+        await response(scope, receive, send)
+
+    def _bearer_ok(self, request: Request) -> bool:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and _same(token.strip(), self.api_key)
+
+    def _cookie_ok(self, request: Request) -> bool:
+        return _same(request.cookies.get(self.COOKIE, ""), self.page_token)
+
+
+def _is_page(request: Request) -> bool:
+    return request.method == "GET" and (request.url.path == "/" or request.url.path.startswith("/watch/"))
+
+
+def _same(given: str, expected: str | None) -> bool:
+    return expected is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _check_json(request: Request) -> None:
+    # A web page can POST text/plain (or a typeless body) to any address without
+    # asking first (no CORS preflight): only a JSON content type is taken as JSON.
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise RequestError(
+            f"the body must be JSON, sent with `Content-Type: application/json`; got {media or 'no content type'!r}",
+            status=415, code="unsupported_media_type",
+        )
+
+
 async def _read_body(request: Request) -> bytes:
     chunks, size = [], 0
     try:
@@ -284,6 +374,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    if exc.status_code == 404:
+        message += f"; slotswarm serves {SERVED}"
     return _json(error_body(RequestError(message, status=exc.status_code, code=kind)), exc.status_code, dict(exc.headers or {}))
 
 

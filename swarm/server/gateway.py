@@ -8,8 +8,9 @@ named, so priority inheritance crosses the HTTP boundary both ways: an outside
 agent lends its priority to an in-process one, and an in-process agent waiting on
 an outside one (`Agent.waiting_on("aider")`) lends it its own.
 
-Admission: background requests past `max_queue` waiting turns are refused (429),
-foreground ones never are; once closing, every new request is refused (503).
+Admission: a background request that would wait for a slot behind `max_queue`
+others already waiting is refused (429), one that finds a slot free never is, nor
+is a foreground one; once closing, every new request is refused (503).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import anyio
 import msgspec
 
 from runtime.agent import Agent, TurnHandle
+from runtime.files import open_private
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
 from runtime.priority import BACKGROUND, FOREGROUND
 from runtime.serving import MAILBOX, on_behalf
@@ -60,7 +62,11 @@ class Gateway:
         self.hurry = anyio.Event()  # set to cut the grace period short
         self._changed = anyio.Event()
         self._in_flight: dict[str, list[int]] = {}  # agent -> priorities of its requests in flight
-        self._prompt_log: IO[str] | None = open(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
+        # Work that scales with a request's size (decoding its body, tokenizing) runs in
+        # worker threads, two at a time: it is CPU work, and the owner's step thread needs a core.
+        self.workers = anyio.CapacityLimiter(2)
+        self._longest_token = _longest_token(self.tokenizer)
+        self._prompt_log: IO[str] | None = open_private(log_prompts, "a", buffering=1, encoding="utf-8") if log_prompts else None
 
     # --------------------------------------------------------------- callers
 
@@ -77,7 +83,10 @@ class Gateway:
             raise RequestError(f"agent name {name!r} belongs to an in-process agent of this swarm; choose another", param="X-Swarm-Agent", code="invalid_agent")
         header = parse_priority(headers.get("x-swarm-priority"))
         if header is not None and spec.priority is not None and header != spec.priority:
-            raise RequestError(f"the body's priority ({spec.priority}) and X-Swarm-Priority ({header}) disagree", param="priority", code="invalid_priority")
+            raise RequestError(
+                f"the body's priority ({-spec.priority}, lower first as in vLLM) and X-Swarm-Priority ({header}, higher first) disagree",
+                param="priority", code="invalid_priority",
+            )
         priority = spec.priority if spec.priority is not None else header if header is not None else BACKGROUND
         waits_on = headers.get("x-swarm-waits-on")
         if waits_on is not None:
@@ -86,20 +95,16 @@ class Gateway:
 
     # ----------------------------------------------------------------- turns
 
-    def prompt_ids(self, spec: TurnSpec) -> tuple[list[int], int]:
-        """The prompt's token ids and the max_tokens to run, or a 400."""
+    async def prompt_ids(self, spec: TurnSpec) -> tuple[list[int], int]:
+        """The prompt's token ids and the max_tokens to run, or a 400. Tokenizing and
+        the chat template scale with the body, so they run in a worker thread: this
+        event loop drives the GPU owner, and with it every other stream."""
         if self.tokenizer is None:
             raise RequestError("this engine has no tokenizer", status=503, type="server_error")
+        pool = self.swarm.owner.scheduler.pool
+        limit = min(self.context, pool.num_blocks * pool.block_size)  # positions a prompt must stay under
         try:
-            if spec.messages is not None:
-                ids = self.tokenizer.chat(spec.messages)
-            elif spec.text is not None:
-                ids = self.tokenizer.encode(spec.text)
-            else:
-                ids = spec.token_ids or []
-                vocab = self.tokenizer.vocab_size
-                if any(not 0 <= t < vocab for t in ids):
-                    raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
+            ids = await anyio.to_thread.run_sync(self._tokenize, spec, limit, limiter=self.workers)
         except SlotswarmError as exc:
             if isinstance(exc, RequestError):
                 raise
@@ -109,12 +114,8 @@ class Gateway:
         room = self.context - len(ids)
         if room < 1 or (spec.max_tokens is not None and spec.max_tokens > room):
             asked = f" plus {spec.max_tokens} to generate" if spec.max_tokens is not None else ""
-            raise RequestError(
-                f"this model's context is {self.context} tokens; the prompt is {len(ids)}{asked}",
-                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
-            )
+            raise self._too_long(spec, f"the prompt is {len(ids)}{asked}")
         max_tokens = spec.max_tokens if spec.max_tokens is not None else int(room)
-        pool = self.swarm.owner.scheduler.pool
         if pool.blocks_for(len(ids) + max_tokens) > pool.num_blocks:
             raise RequestError(
                 f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has ({pool.num_blocks * pool.block_size} positions)",
@@ -122,18 +123,57 @@ class Gateway:
             )
         return ids, max_tokens
 
+    def _tokenize(self, spec: TurnSpec, limit: float) -> list[int]:
+        """In a worker thread. A text too long for `limit` positions even at the
+        longest token per position is refused before any work on it."""
+        if spec.messages is not None:
+            # (an assistant message that only calls tools has no content)
+            self._check_size(spec, sum(len((m["content"] or "").encode()) for m in spec.messages), limit)
+            if spec.tools.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in spec.messages):
+                return self.tokenizer.chat(spec.messages, tools=spec.tools.tools)
+            return self.tokenizer.chat(spec.messages)
+        if spec.text is not None:
+            self._check_size(spec, len(spec.text.encode()), limit)
+            return self.tokenizer.encode(spec.text)
+        ids = spec.token_ids or []
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
+        return ids
+
+    def _check_size(self, spec: TurnSpec, size: int, limit: float) -> None:
+        at_least = -(-size // self._longest_token) if self._longest_token else 0
+        if at_least >= limit:
+            raise RequestError(
+                f"the prompt's text is {size} bytes, at least {at_least} tokens; this server takes prompts under {int(limit)}",
+                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+            )
+
+    def _too_long(self, spec: TurnSpec, what: str) -> RequestError:
+        return RequestError(
+            f"this model's context is {self.context} tokens; {what}",
+            param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+        )
+
     def waiting(self) -> int:
-        """Requests still waiting for their first slot."""
-        return sum(1 for t in self.turns.values() if t.handle.admitted_t is None)
+        """Requests that wait for their first slot: those not admitted yet, past the
+        slots free for them (a request that will take a free slot does not wait)."""
+        scheduler = self.swarm.owner.scheduler
+        unadmitted = 0
+        for turn_id, served in self.turns.items():
+            turn = scheduler.turns.get(turn_id)  # None: not taken in by the owner yet, or ended
+            if served.handle.ended is None and (turn.admitted_at is None if turn is not None else served.handle.admitted_t is None):
+                unadmitted += 1
+        return unadmitted - (scheduler.config.slots - len(scheduler.running))
 
     @asynccontextmanager
     async def turn(self, caller: Caller, spec: TurnSpec, arrived: float) -> AsyncIterator[ServedTurn]:
         if self.closing:
             raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
-        prompt, max_tokens = self.prompt_ids(spec)
-        if self.max_queue is not None and caller.priority < FOREGROUND and self.waiting() >= self.max_queue:
+        prompt, max_tokens = await self.prompt_ids(spec)
+        if self.max_queue is not None and caller.priority < FOREGROUND and (waiting := self.waiting()) >= self.max_queue:
             raise RequestError(
-                f"{self.waiting()} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
+                f"{waiting} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
                 status=429, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"},
             )
         waits = self.swarm.system.waits
@@ -152,7 +192,8 @@ class Gateway:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
                 with on_behalf(MAILBOX):
-                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos)
+                    constraint = spec.tools.constraint(self.tokenizer.tool_format)
+                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint)
             except UsageError as exc:
                 raise RequestError(str(exc)) from None
             served = ServedTurn(self, caller, handle, spec, arrived)
@@ -161,6 +202,9 @@ class Gateway:
                     await stack.enter_async_context(handle)
                 except TurnError as exc:  # the GPU owner has stopped
                     raise RequestError(str(exc), status=503, type="server_error", code="shutting_down") from None
+                except UsageError as exc:  # a schema the grammar engine cannot follow, named
+                    param = "tools" if spec.tools.may_call else "response_format"
+                    raise RequestError(str(exc), param=param, code="unsupported_schema") from None
                 self._track(handle.id, served)
                 try:
                     yield served
@@ -168,13 +212,22 @@ class Gateway:
                     self._untrack(handle.id)
                     self._log(served)
         finally:
-            if edge is not None:
-                waits.release(edge)
             mine = self._in_flight[caller.agent]
             mine.remove(caller.priority)
             waits.set_base(caller.agent, max(mine, default=BACKGROUND))
             if not mine:
                 del self._in_flight[caller.agent]
+            if edge is not None:
+                waits.release(edge)
+                self._forget_if_gone(edge.holder)  # a caller it waited on may have gone before it
+            self._forget_if_gone(caller.agent)
+
+    def _forget_if_gone(self, agent: str) -> None:
+        """A caller with no request in flight leaves nothing in the wait graph
+        (`forget` keeps it while someone still waits on it). In-process agents
+        keep theirs: they are alive."""
+        if agent not in self._in_flight and agent not in self.swarm.system.names():
+            self.swarm.system.waits.forget(agent)
 
     def ended_early(self, handle: TurnHandle, exc: Exception) -> RequestError:
         reason = handle.ended.reason if handle.ended else str(exc)
@@ -226,6 +279,14 @@ class Gateway:
         if self._prompt_log is not None:
             self._prompt_log.close()
             self._prompt_log = None
+
+
+def _longest_token(tokenizer: Any) -> int | None:
+    """The most bytes of text one token stands for: a text of n bytes is at least
+    n / this many tokens (None: the tokenizer does not say)."""
+    if tokenizer is None or not hasattr(tokenizer, "token_bytes"):
+        return None
+    return max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=0) or None
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -20,6 +20,7 @@ import msgspec
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import RequestError
 from runtime.priority import BACKGROUND, FOREGROUND
+from swarm.server.calls import MessageToolCall, NamedToolChoice, ResponseFormat, ToolDef, ToolPlan, message_calls, plan_tools
 
 MAX_STOPS = 4
 PRIORITY_RANGE = 1_000_000  # |priority| above this is surely a mistake
@@ -34,6 +35,9 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
 class Message(msgspec.Struct, forbid_unknown_fields=True):
     role: str
     content: str | list[Any] | None = None
+    name: str | None = None  # passed on to the chat template, which may show it
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +63,11 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # Tool calls and structured output: swarm.server.calls.
+    tools: list[ToolDef] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Request):
@@ -76,7 +85,7 @@ class TurnSpec:
 
     kind: Literal["chat", "text"]
     model: str
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     text: str | None = None
     token_ids: list[int] | None = None
     max_tokens: int | None = None
@@ -88,6 +97,7 @@ class TurnSpec:
     continuous_usage: bool = False
     priority: int | None = None
     user: str | None = None
+    tools: ToolPlan = field(default_factory=ToolPlan)  # tools and the answer's format
 
 
 # ------------------------------------------------------------------- requests
@@ -104,6 +114,7 @@ def parse_chat(body: bytes) -> TurnSpec:
         raise RequestError("`max_tokens` and `max_completion_tokens` disagree; send one", param="max_tokens")
     spec = _common(req, "chat", req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
     spec.messages = messages
+    spec.tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
     return spec
 
 
@@ -176,6 +187,8 @@ def _decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         raise RequestError(f"invalid request body: {text}", param=param) from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply", code="invalid_json") from None
 
 
 def _unsupported(name: str) -> RequestError:
@@ -185,19 +198,32 @@ def _unsupported(name: str) -> RequestError:
     )
 
 
-def _message(i: int, m: Message) -> dict[str, str]:
+def _message(i: int, m: Message) -> dict[str, Any]:
     role = "system" if m.role == "developer" else m.role
-    if role not in ("system", "user", "assistant"):
-        raise RequestError(f"messages[{i}].role must be system, developer, user or assistant, got {m.role!r}", param=f"messages[{i}].role")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise RequestError(f"messages[{i}].role must be system, developer, user, assistant or tool, got {m.role!r}", param=f"messages[{i}].role")
+    if m.tool_calls is not None and role != "assistant":
+        raise RequestError(f"messages[{i}]: only an assistant message has tool_calls", param=f"messages[{i}].tool_calls")
+    if (role == "tool") != (m.tool_call_id is not None):
+        raise RequestError(f"messages[{i}]: a tool message, and only one, needs tool_call_id", param=f"messages[{i}].tool_call_id")
+    extra: dict[str, Any] = {}
+    if m.name is not None:
+        extra["name"] = m.name
+    if m.tool_call_id is not None:
+        extra["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        extra["tool_calls"] = message_calls(m.tool_calls)
+        if m.content is None:
+            return {"role": role, "content": None, **extra}
     if isinstance(m.content, str):
-        return {"role": role, "content": m.content}
+        return {"role": role, "content": m.content, **extra}
     if isinstance(m.content, list):
         texts = []
         for part in m.content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}):
                 raise RequestError(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported", param=f"messages[{i}].content")
             texts.append(part["text"])
-        return {"role": role, "content": "".join(texts)}
+        return {"role": role, "content": "".join(texts), **extra}
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
 
 
@@ -230,7 +256,9 @@ def _common(req: _Request, kind: Literal["chat", "text"], max_tokens: int | None
         kind=kind, model=req.model, max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=req.ignore_eos,
         stream=req.stream, include_usage=options.include_usage or options.continuous_usage_stats,
         continuous_usage=options.continuous_usage_stats,
-        priority=None if req.priority is None else check_priority(req.priority, "priority"),
+        # vLLM's convention, so its clients work unchanged: lower values first, 0 by
+        # default. Negated, it is slotswarm's (higher first, background 0).
+        priority=None if req.priority is None else -check_priority(req.priority, "priority"),
         user=None if req.user is None else check_agent_name(req.user, "user"),
     )
 
@@ -264,9 +292,12 @@ class Reply:
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
+    def whole(self, text: str, finish_reason: str, usage: dict[str, Any], calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text or None if calls else text}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -285,6 +316,11 @@ class Reply:
         if usage is not None:
             out["usage"] = usage
         return out
+
+    def calls_chunk(self, deltas: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk of tool-call deltas (swarm.server.calls.call_deltas)."""
+        choice = {"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"

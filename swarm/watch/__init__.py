@@ -6,7 +6,7 @@ server-sent events. Three pieces, each usable alone:
 - `WatchHub`: one source's events, served to any number of pages (hub.py);
 - `follow_bus`, `follow_socket`, `load_file`: where the events come from (sources.py);
 - `watch_routes`, `create_app`, `bind_loopback`, `serve_http`: the page on Starlette, served on
-  loopback by uvicorn (app.py).
+  loopback by uvicorn (app.py); `trusted_hosts`, its Host header check against DNS rebinding.
 
 To serve the page at `/` of another Starlette app (as `swarm serve` does):
 
@@ -16,7 +16,7 @@ To serve the page at `/` of another Starlette app (as `swarm serve` does):
     await tg.start(follow_bus, hub, swarm.bus)    # before the swarm starts
 """
 
-from swarm.watch.app import DEFAULT_PORT, bind_loopback, create_app, serve_http, watch_routes
+from swarm.watch.app import DEFAULT_PORT, bind_loopback, create_app, serve_http, trusted_hosts, watch_routes
 from swarm.watch.hub import WatchHub
 from swarm.watch.sources import follow_bus, follow_socket, load_file
 
@@ -29,5 +29,6 @@ __all__ = [
     "follow_socket",
     "load_file",
     "serve_http",
+    "trusted_hosts",
     "watch_routes",
 ]

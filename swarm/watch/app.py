@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import socket
 from pathlib import Path
 
@@ -72,10 +73,28 @@ def _local(request: Request) -> bool:
 
 def create_app(hub: WatchHub) -> Starlette:
     """An app serving only the page: what `swarm watch` and `swarm run --watch` run."""
-    return Starlette(
-        routes=watch_routes(hub),
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=LOCAL_HOSTS)],
-    )
+    return Starlette(routes=watch_routes(hub), middleware=[trusted_hosts(LOOPBACK)])
+
+
+def trusted_hosts(host: str) -> Middleware:
+    """The Host header check for an app listening on `host`: on loopback only the
+    names a browser on this machine uses; on another address those and the
+    address itself. On every address (0.0.0.0, ::) any name a client knows the
+    machine by is fair, so none is refused: there only an API key guards."""
+    if host in ("0.0.0.0", "::", ""):
+        allowed = ["*"]
+    elif _loopback(host):
+        allowed = LOCAL_HOSTS
+    else:
+        allowed = [*LOCAL_HOSTS, f"[{host}]" if ":" in host else host]
+    return Middleware(TrustedHostMiddleware, allowed_hosts=allowed)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class _Server(uvicorn.Server):

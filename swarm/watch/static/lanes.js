@@ -3,7 +3,8 @@
 //
 // The lanes sweep rather than scroll: the time axis stays put while "now" moves
 // right across it, and jumps back by half a window when it reaches the right
-// edge (a window of "all" doubles instead). So a frame has to repaint only the
+// edge (a window of "all" doubles instead, and fits the events once they are
+// all there: a recording, or a swarm that stopped). So a frame has to repaint only the
 // strip of the canvas between the oldest time its news touched (the model's
 // `redrawFrom`) and now: cleared, and the whole scene drawn again clipped to it,
 // which gives exactly the pixels a full redraw would. A scrolling view moves
@@ -21,7 +22,7 @@ const EDGE = 6; // pixels a strip reaches past its times: marks, strokes and a r
 const sweep = { model: null, key: "", start: 0, span: 1, drawnTo: -Infinity, open: [], labelled: new WeakSet(),
                 frames: 0, full: 0, pixels: 0 };
 
-function drawLanes(m, end, win) {
+function drawLanes(m, end, win, last) {
   const canvas = document.getElementById("lanes");
   const lifted = [...new Set(m.bands.map((b) => b.agent))];
   const rows = Math.max(m.slots.length, 1);
@@ -32,7 +33,7 @@ function drawLanes(m, end, win) {
     canvas.width = Math.round(width * dpr); canvas.height = Math.round(height * dpr);
     canvas.style.height = height + "px";
   }
-  moveAxis(m, end, win);
+  moveAxis(m, end, win, last);
   const key = [width, height, dpr, win, rows, lifted.join("\n"), sweep.start, sweep.span].join("|");
   let from = Math.min(m.redrawFrom, sweep.drawnTo);
   if (sweep.model !== m || sweep.key !== key) {
@@ -75,11 +76,14 @@ function drawLanes(m, end, win) {
   sweep.pixels += (x1 - x0) * height;
 }
 
-function moveAxis(m, end, win) {
+function moveAxis(m, end, win, last) {
   if (win > 0) {
     if (sweep.span !== win || end > sweep.start + win || end < sweep.start) {
       sweep.span = win; sweep.start = end - win / 2;
     }
+  } else if (last !== null) { // all of it, and no more will come: from 0 to the last event
+    sweep.start = Math.min(0, end);
+    sweep.span = Math.max(last - sweep.start, 1);
   } else { // all of it, from time 0 (or from now, for a clock before 0)
     const start = Math.min(0, end);
     if (sweep.start !== start || sweep.span < 1 || end > start + sweep.span) {

@@ -19,7 +19,7 @@ function newModel() {
   return {
     started: null, stopped: false, t: 0, step: 0,
     slots: [],          // slot -> the run holding it, or null
-    turns: new Map(),   // live turns: id -> {id, agent, priority, slot, paused, run, pause}
+    turns: new Map(),   // live turns: id -> {id, agent, priority, slot, paused, run, pause, tokens}
     agents: new Map(),  // name -> row of the agents table
     runs: [],           // {turn, agent, slot, start, end, foreground}
     pauses: [],         // {turn, agent, slot, t, by_agent, resumed_slot, resumed_t, ended_t, received_at, shown_at}
@@ -106,7 +106,7 @@ function apply(m, e, receivedAt) {
   const turn = e.turn != null ? m.turns.get(e.turn) : undefined;
   if (a && turn === undefined && e.turn != null && e.event !== "turn.queued" && !TERMINAL.has(e.event)) {
     // A turn queued before this page started listening: known from here on.
-    m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null });
+    m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null, tokens: 0 });
     a.waiting += 1;
   }
   const tr = e.turn != null ? m.turns.get(e.turn) : undefined;
@@ -125,7 +125,7 @@ function apply(m, e, receivedAt) {
       if (!a) break;
       a.turns += 1; a.waiting += 1;
       if (!a.inherited_by && typeof e.priority === "number") a.base_priority = e.priority;
-      m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null });
+      m.turns.set(e.turn, { id: e.turn, agent: e.agent, priority: e.priority, slot: null, paused: false, run: null, pause: null, tokens: 0 });
       break;
     case "turn.admitted":
       c.admitted += 1;
@@ -143,6 +143,7 @@ function apply(m, e, receivedAt) {
       const slot = e.slot ?? tr.slot;
       closeRun(m, tr, e.t);
       tr.paused = true;
+      if (typeof e.tokens === "number") tr.tokens = e.tokens; // generated so far: counted before the turn ends
       tr.pause = { turn: e.turn, agent: e.agent, slot, t: e.t, by_agent: e.by_agent ?? null, by_turn: e.by_turn ?? null,
                    resumed_slot: null, resumed_t: null, ended_t: null, received_at: receivedAt, shown_at: null };
       m.pauses.push(tr.pause); trim(m.pauses);
@@ -196,7 +197,7 @@ function apply(m, e, receivedAt) {
       c.crashes += 1;
       if (a) a.crashed = e.reason || "crashed";
       break;
-    case "kv.swapped_out": case "kv.swapped_in": case "kv.recomputed": case "step.abandoned":
+    case "kv.swapped_out": case "kv.swapped_in": case "kv.recomputed": case "step.abandoned": case "tool.called":
       break;
     default:
       c.unknown += 1; // a kind newer than this page: counted, otherwise ignored
@@ -222,6 +223,14 @@ function closeBand(m, a, t, receivedAt) {
     const b = m.bands[i];
     if (b.agent === a.name && b.end === null) { b.end = t; b.cleared_at = receivedAt ?? null; return; }
   }
+}
+
+// An agent's tokens: its ended turns' and what its live turns are known to have
+// generated so far (a pause says how many), so a long turn counts before it ends.
+function agentTokens(m, a) {
+  let n = a.tokens;
+  for (const tr of m.turns.values()) if (tr.agent === a.name) n += tr.tokens;
+  return n;
 }
 
 function agentState(a) {
@@ -422,10 +431,18 @@ function viewEnd() {
   return m.t;
 }
 
+// Where the events end for good, or null while more may come: the axis of the
+// window "all" then fits them.
+function finalEnd() {
+  const m = page.model;
+  if (page.mode === "replay") return replayEnd();
+  return page.status.live && !m.stopped ? null : m.t;
+}
+
 function draw() {
   const m = page.model;
   page.drawnLanes = m.slots.length;
-  drawLanes(m, viewEnd(), Number(document.getElementById("window").value));
+  drawLanes(m, viewEnd(), Number(document.getElementById("window").value), finalEnd());
 }
 
 function esc(s) {
@@ -472,7 +489,9 @@ function render() {
   put("swarm", "textContent", st
     ? `${st.slots} slots · ${st.policy}${st.model ? " · " + st.model : ""}${st.device ? " · " + st.device : ""}${m.stopped ? " · stopped" : ""}`
     : (page.mode === "replay" ? "recording" : "no swarm yet"));
-  put("status", "textContent", page.connected ? page.status.text : "disconnected, reconnecting…");
+  // A run that ended takes its page server with it: that is its end, not a fault.
+  put("status", "textContent", page.connected ? page.status.text
+    : m.stopped ? "the swarm stopped; its page server has closed" : "disconnected, reconnecting…");
   put("status", "className", "status " + (page.connected && page.status.live ? "live" : page.connected ? "" : "off"));
   const c = m.counts;
   put("drops", "hidden", c.drop_notices === 0);
@@ -485,7 +504,7 @@ function render() {
   fillRows("agent-rows", agents.map((a) => {
     const eff = effectivePriority(m, a);
     return [a.crashed ? "crashed" : a.inherited_by ? "lifted" : "", a.name, agentState(a), a.base_priority ?? "–",
-            `${eff ?? "–"}${a.inherited_by ? ` (${a.inherited_by} waits)` : ""}`, a.tokens, a.paused_s.toFixed(1) + " s",
+            `${eff ?? "–"}${a.inherited_by ? ` (${a.inherited_by} waits)` : ""}`, agentTokens(m, a), a.paused_s.toFixed(1) + " s",
             a.preemptions, a.turns];
   }), (tr, i) => {
     const swatch = document.createElement("i");
@@ -521,7 +540,7 @@ function snapshot() {
   const agents = {};
   for (const a of m.agents.values()) {
     agents[a.name] = { state: agentState(a), base_priority: a.base_priority, priority: effectivePriority(m, a),
-                       inherited_by: a.inherited_by, tokens: a.tokens, paused_s: a.paused_s, preemptions: a.preemptions,
+                       inherited_by: a.inherited_by, tokens: agentTokens(m, a), paused_s: a.paused_s, preemptions: a.preemptions,
                        turns: a.turns, running: a.running, paused: a.paused, waiting: a.waiting, crashed: a.crashed };
   }
   const copy = (o) => Object.assign({}, o);
@@ -536,7 +555,8 @@ function snapshot() {
     slots: m.slots.map((r) => r && { turn: r.turn, agent: r.agent, foreground: r.foreground, since: r.start }),
     drawn_lanes: page.drawnLanes,
     drawing: { frames: drawing.frames, frame_ms: drawing.frameMs, interval_ms: drawing.intervalMs,
-               lanes_frames: sweep.frames, lanes_full: sweep.full, lanes_pixels: sweep.pixels },
+               lanes_frames: sweep.frames, lanes_full: sweep.full, lanes_pixels: sweep.pixels,
+               axis: [sweep.start, sweep.start + sweep.span] },
     agents,
     counts: copy(m.counts),
     pauses: m.pauses.map((p) => mark(p, p.t)),

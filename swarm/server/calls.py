@@ -1,0 +1,213 @@
+"""Tool calls and structured output over the OpenAI API.
+
+In: a chat request's `tools`, `tool_choice`, `parallel_tool_calls` and
+`response_format` become one constraint on the turn (runtime.toolcalls writes
+the grammar: a call always parses and names a real tool; a `json_schema`
+answer always validates). A schema the grammar engine cannot follow is a 400
+naming what it lacks, raised when the turn is checked, before it is queued.
+
+Out: the model's text is split back into content and tool calls, whole or as it
+streams (`CallSplitter`): a call goes out as soon as its block closes, in
+OpenAI's two deltas (id, type and name with empty arguments, then the
+arguments), and a turn that made calls finishes with "tool_calls".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from runtime.constraints import Constraint, Grammar, JsonSchema
+from runtime.errors import RequestError
+from runtime.toolcalls import ToolCall, ToolCallFormat, ToolChoice, read_call
+from runtime.tools import ToolSpec
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+class FunctionDef(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # every call is held to the schema, strict or not
+
+
+class ToolDef(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    function: NamedFunction
+
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None  # the answer is held to the schema, strict or not
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+@dataclass
+class ToolPlan:
+    """What a request asks of the turn's output, validated."""
+
+    tools: list[ToolSpec] = field(default_factory=list)
+    choice: ToolChoice = "auto"
+    parallel: bool = True
+    answer_schema: dict[str, Any] | None = None  # response_format's, if JSON
+
+    @property
+    def may_call(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    def constraint(self, fmt: ToolCallFormat) -> Constraint | None:
+        if self.may_call:
+            return Grammar(fmt.grammar(self.tools, self.choice, parallel=self.parallel, answer_schema=self.answer_schema))
+        if self.answer_schema is not None:
+            return JsonSchema(json.dumps(self.answer_schema))
+        return None
+
+
+def plan_tools(
+    tools: list[ToolDef] | None, tool_choice: str | NamedToolChoice | None, parallel: bool | None, response_format: ResponseFormat | None,
+) -> ToolPlan:
+    """The request's tool and format parameters, checked (a 400 naming the parameter)."""
+    plan = ToolPlan()
+    if tools is not None:
+        if not tools:
+            raise RequestError("`tools` must hold at least one tool (leave it out for none)", param="tools")
+        seen: set[str] = set()
+        for i, t in enumerate(tools):
+            if t.type != "function":
+                raise RequestError(f"tools[{i}].type must be 'function', got {t.type!r}", param=f"tools[{i}].type")
+            name = t.function.name
+            if not _FUNCTION_NAME.fullmatch(name):
+                raise RequestError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name!r}", param=f"tools[{i}].function.name")
+            if name in seen:
+                raise RequestError(f"two tools are named {name!r}", param=f"tools[{i}].function.name")
+            seen.add(name)
+            parameters = t.function.parameters if t.function.parameters is not None else _EMPTY_PARAMETERS
+            if parameters.get("type", "object") != "object":
+                raise RequestError(f"tools[{i}].function.parameters must be a JSON Schema of an object", param=f"tools[{i}].function.parameters")
+            plan.tools.append(ToolSpec(name, t.function.description or "", parameters))
+    if tool_choice is not None:
+        if not plan.tools:
+            raise RequestError("`tool_choice` needs `tools`", param="tool_choice")
+        if isinstance(tool_choice, NamedToolChoice):
+            if tool_choice.type != "function":
+                raise RequestError(f"tool_choice.type must be 'function', got {tool_choice.type!r}", param="tool_choice.type")
+            if tool_choice.function.name not in seen:
+                raise RequestError(f"tool_choice names {tool_choice.function.name!r}, which is not one of the tools", param="tool_choice")
+            plan.choice = tool_choice.function.name
+        elif tool_choice in ("auto", "none", "required"):
+            plan.choice = tool_choice
+        else:
+            raise RequestError(f"`tool_choice` must be auto, none, required or a named function, got {tool_choice!r}", param="tool_choice")
+    if parallel is not None:
+        if not plan.tools:
+            raise RequestError("`parallel_tool_calls` needs `tools`", param="parallel_tool_calls")
+        plan.parallel = parallel
+    if response_format is not None:
+        kind = response_format.type
+        if kind == "json_object":
+            plan.answer_schema = {"type": "object"}
+        elif kind == "json_schema":
+            spec = response_format.json_schema
+            if spec is None or spec.schema is None:
+                raise RequestError("response_format json_schema needs `json_schema.schema`", param="response_format.json_schema")
+            plan.answer_schema = spec.schema
+        elif kind != "text":
+            raise RequestError(f"response_format.type must be text, json_object or json_schema, got {kind!r}", param="response_format.type")
+    return plan
+
+
+def message_calls(calls: list[MessageToolCall]) -> list[dict[str, Any]]:
+    """An assistant message's calls, as OpenAI dicts (for the chat template)."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls]
+
+
+class CallSplitter:
+    """Splits a streamed answer into content and tool calls. The grammar makes an
+    answer either text that never opens a call block, or call blocks only; until
+    the first characters say which, they are held back."""
+
+    def __init__(self, fmt: ToolCallFormat) -> None:
+        self.fmt = fmt
+        self.calls: list[ToolCall] = []
+        self._mode: str | None = None  # "text" or "calls", once known
+        self._held = ""
+        self._close = fmt.call_close.strip()
+
+    def push(self, piece: str) -> list[str | ToolCall]:
+        """What can go out now: text pieces and whole calls."""
+        if self._mode == "text":
+            return [piece] if piece else []
+        self._held += piece
+        if self._mode is None:
+            starts = self.fmt.starts_call(self._held)
+            if starts is None:
+                return []
+            self._mode = "calls" if starts else "text"
+            if self._mode == "text":
+                out, self._held = self._held, ""
+                return [out]
+        return self._take_calls()
+
+    def finish(self) -> list[str | ToolCall]:
+        """What is left at the turn's end. A call block the turn ran out of tokens
+        in is dropped after whole calls (as `ToolCallFormat.parse` does), and sent
+        as the text the model wrote when it is all there is."""
+        out: list[str | ToolCall] = self._take_calls() if self._mode == "calls" else []
+        if self._held and not self.calls:
+            out.append(self._held)
+        self._held = ""
+        return out
+
+    def _take_calls(self) -> list[str | ToolCall]:
+        out: list[str | ToolCall] = []
+        opening = self.fmt.call_open.strip()
+        while (end := self._held.find(self._close)) >= 0:
+            block, self._held = self._held[: end + len(self._close)], self._held[end + len(self._close):]
+            body = block.strip().removeprefix(opening).removesuffix(self._close)
+            call = read_call(body.strip())
+            if call is None:  # not a call after all (an unconstrained turn): text
+                out.append(block)
+                continue
+            self.calls.append(call)
+            out.append(call)
+        return out
+
+
+def call_deltas(index: int, call: ToolCall) -> list[dict[str, Any]]:
+    """A call as OpenAI streams it: its id, type and name first, then its arguments."""
+    return [
+        {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}},
+        {"index": index, "function": {"arguments": call.arguments}},
+    ]
