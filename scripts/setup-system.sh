@@ -6,13 +6,15 @@
 #   distribution's can, and gpu/device.py passes over a device that cannot compile.
 # - chromium, chromium-driver: the real browser the tests of `swarm watch`'s page
 #   run in (headless, driven by selenium).
+# - bubblewrap: the sandbox a coding session's test runs go in (no network, no
+#   writes outside their scratch copy); without it they run with resource limits only.
 #
 # Idempotent and cheap when everything is there (one dpkg query, no network). Where
 # apt-get is missing (not Debian) or we may not use it, it says so and carries on:
 # pip's PoCL or a GPU driver may still be enough.
 set -euo pipefail
 
-PACKAGES=(pocl-opencl-icd chromium chromium-driver)
+PACKAGES=(pocl-opencl-icd chromium chromium-driver bubblewrap)
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
     exit 0

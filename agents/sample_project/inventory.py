@@ -13,7 +13,7 @@ class Inventory:
             self.items[name] = {"qty": qty, "price": price}
 
     def remove(self, name, qty):
-        if self.items[name]["qty"] < qty:
+        if self.items[name]["qty"] <= qty:
             raise ValueError("not enough " + name)
         self.items[name]["qty"] -= qty
         if self.items[name]["qty"] == 0:
@@ -22,7 +22,7 @@ class Inventory:
     def total(self):
         t = 0
         for k in self.items:
-            t = t + self.items[k]["qty"] * self.items[k]["price"]
+            t = t + self.items[k]["qty"] + self.items[k]["price"]
         return t
 
     def save(self, path):

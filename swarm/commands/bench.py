@@ -5,6 +5,7 @@
     swarm bench serve    the same load over HTTP through the openai client (swarm/bench_serve.py)
     swarm bench watch    decode step time with and without pages open (swarm/bench_watch.py)
     swarm bench owner    the owner's host work per step, zero-cost engine (swarm/bench_owner.py)
+    swarm bench fix      bug-fix tasks solved, fixer swarm vs single shot (swarm/bench_fix.py)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm import bench_owner, bench_serve, bench_swarm, bench_watch
+from swarm import bench_fix, bench_owner, bench_serve, bench_swarm, bench_watch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ("serve", bench_serve, "the same load over HTTP: 8 background streams and a foreground client through the openai client"),
         ("owner", bench_owner, "the GPU owner's host time per step, with an engine that costs nothing"),
         ("watch", bench_watch, "decode step time with no page open and with many (a real headless chromium)"),
+        ("fix", bench_fix, "bug-fix tasks solved (tests/fixtasks): the fixer swarm against one greedy shot"),
     ):
         bench = sub.add_parser(name, help=text)
         module.add_arguments(bench)

@@ -1,8 +1,8 @@
 """`swarm run [session.toml]`: run a swarm of agents from a session file.
 
-Without a file it runs the built-in demo: the ready-made coding agents on the
-sample project, a scripted foreground asking questions while the background
-agents keep every slot busy. It ends by itself in a few minutes.
+With --project PATH (or without a file, on the built-in sample project) it runs
+the coding team: fixers find patches for the project's failing tests, verified in
+a sandbox on a private copy, while the planner answers your questions.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from runtime.turns import SchedulerConfig
 from swarm.api import Swarm
 from runtime.stream import default_socket_path
 from swarm import tail
+from swarm.coding import command as coding
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
 from runtime.units import format_duration, percentiles
@@ -29,7 +30,7 @@ from swarm.watch import DEFAULT_PORT, bind_loopback
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a swarm from a session file (or the built-in demo)", description=__doc__)
-    p.add_argument("session", nargs="?", help="session TOML file (default: the built-in demo)")
+    p.add_argument("session", nargs="?", help="session TOML file (default: the coding team on the built-in sample project)")
     p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)")
     p.add_argument("--device", help="OpenCL device (overrides the session's; env SWARM_DEVICE below it)")
     p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
@@ -43,10 +44,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", nargs="?", const="local", metavar="ADDRESS",
                    help="run the GPU owners as Ray actors: a local Ray instance, or the cluster at ADDRESS (needs the cluster extra)")
     p.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2; one per GPU where the cluster has GPUs)")
+    coding.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.project or not args.session:
+        return coding.run_team(args)
     session = load_session(args.session or DEMO_SESSION)
     for flag in ("model", "device", "kernels", "duration", "prefix_cache"):
         if getattr(args, flag) is not None:
