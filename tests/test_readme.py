@@ -35,6 +35,7 @@ def block(marker: str) -> str:
 
 MARKERS = {
     "agents": "class Reviewer(Agent):",
+    "tools": "class Coder(Agent):",
     "openai": "from openai import OpenAI",
     "langchain": "from langchain_openai import ChatOpenAI",
     "cluster": 'ClusterSwarm(owners=2',
@@ -65,6 +66,17 @@ def test_writing_agents_runs_and_waits_for_the_pair(tiny_gguf: Path, tmp_path: P
     events = list(read_events(tmp_path / "events.jsonl"))
     ended = [e for e in events if isinstance(e, Finished) and e.agent == "reviewer"]
     assert len(ended) == 1  # the review was answered before the swarm stopped
+
+
+def test_typed_answers_and_tools_run_as_written(serve_gguf: Path, tmp_path: Path) -> None:
+    """Substituted: open_engine()'s default model, by the tiny one with a context
+    that holds the tool list (noise weights: whatever it says, the schema, the
+    choices and the tool calls hold)."""
+    done = run_snippet(block(MARKERS["tools"]), tmp_path, {"open_engine()": f"open_engine({str(serve_gguf)!r})"})
+    assert done.returncode == 0, done.stderr
+    finding, word = done.stdout.splitlines()[:2]
+    assert finding.startswith("Finding(file=") and word in ("yes", "no"), done.stdout
+    assert "crashed" not in done.stderr, done.stderr
 
 
 def test_the_openai_client_streams_from_swarm_serve(tiny_gguf: Path, tmp_path: Path) -> None:
