@@ -173,6 +173,8 @@ async def test_an_agents_tokens_count_before_its_turn_ends(browser):
 @pytest.mark.asyncio
 async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
     pick_all = "const w = document.getElementById('window'); w.value = '0'; w.onchange();"
+    # A frame due before the pick still draws the 30 s window: wait for one drawn after it.
+    drawn_all = "window.swarmState.drawing.frames > {frames} && window.swarmState.drawing.axis[1] - window.swarmState.drawing.axis[0] != 30 && window.swarmState.drawing"
     hub = WatchHub(mode="replay", source="test")
     async with page_server(hub) as url:
         hub.publish(line("swarm.started", unix_time=5.0, slots=1))
@@ -186,7 +188,7 @@ async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
                 await on_page(browser.find_element("id", "to-end").click)
             frames = (await on_page(state, browser))["drawing"]["frames"]
             await on_page(browser.execute_script, pick_all)
-            drawn = await on_page(wait_for, browser, f"window.swarmState.drawing.frames > {frames} && window.swarmState.drawing")
+            drawn = await on_page(wait_for, browser, drawn_all.format(frames=frames))
             assert drawn["axis"] == pytest.approx([0.0, 41.8]), moment
     hub = WatchHub(source="test")  # live, until the swarm stops
     async with page_server(hub) as url:
@@ -197,7 +199,7 @@ async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
         await on_page(wait_for, browser, "window.swarmState.stopped")
         frames = (await on_page(state, browser))["drawing"]["frames"]
         await on_page(browser.execute_script, pick_all)
-        drawn = await on_page(wait_for, browser, f"window.swarmState.drawing.frames > {frames} && window.swarmState.drawing")
+        drawn = await on_page(wait_for, browser, drawn_all.format(frames=frames))
         assert drawn["axis"] == pytest.approx([0.0, 41.8])
 
 
