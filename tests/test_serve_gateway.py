@@ -176,6 +176,29 @@ async def test_ten_thousand_callers_come_and_go_and_leave_nothing_behind(tokeniz
         assert not swarm.owner.scheduler.turns
 
 
+@pytest.mark.asyncio
+async def test_a_caller_an_agent_waits_on_leaves_nothing_once_the_wait_ends(tokenizer: Tokenizer) -> None:
+    from swarm import Agent, FOREGROUND
+
+    engine = kv_engine(tokenizer)
+    async with Swarm(engine, slots=2) as swarm:
+        gateway = Gateway(swarm, model_id=MODEL)
+        waits = swarm.system.waits
+        planner = await swarm.spawn(Agent("planner", FOREGROUND))
+        for _ in range(3):
+            spec = parse_completion(json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1}).encode())
+            caller = gateway.caller({"x-swarm-agent": "aider"}, spec, None)
+            with planner.waiting_on("aider"):
+                async with gateway.turn(caller, spec, gateway.clock()) as served:
+                    async for _ in served:
+                        pass
+                # The caller's last request has ended; the agent still waits on it.
+                assert waits.effective("aider") == FOREGROUND
+        assert "aider" not in waits._base and not waits._holders and not waits._parts
+        await anyio.wait_all_tasks_blocked()  # (the owner takes the lift's end in)
+        assert not swarm.owner.scheduler.priorities.lent
+
+
 # ------------------------------------------------------------------ the queue bound
 
 
