@@ -32,7 +32,7 @@ from typing import Sequence
 import llguidance
 import numpy as np
 
-from gpu.grammar import ConstraintCompiler, describe, one_line
+from gpu.grammar import ConstraintCompiler, describe, short_error
 from runtime.constraints import Constraint
 from runtime.engine import Work
 from runtime.errors import UsageError
@@ -99,7 +99,7 @@ class TurnMasks:
         matcher = place.matcher
         if matcher.is_error():
             self._places.pop(work.turn, None)  # (no use keeping: the next try replays)
-            return f"{describe(place.constraint)} cannot follow the turn's output so far ({_short(matcher.get_error())})"
+            return f"{describe(place.constraint)} cannot follow the turn's output so far ({short_error(matcher.get_error())})"
         if matcher.is_stopped():
             row[:] = self._end_only
             return None
@@ -107,7 +107,7 @@ class TurnMasks:
         if not matcher.is_error() and (row & self._end_only).any():  # the grammar may end here: any of the model's ends will do
             row |= self._end_only
         if matcher.is_error() or not row.any():
-            why = f": {_short(matcher.get_error())}" if matcher.is_error() else ""
+            why = f": {short_error(matcher.get_error())}" if matcher.is_error() else ""
             self._places.pop(work.turn, None)
             return f"dead end: {describe(place.constraint)} allows no token after {len(place.consumed)} tokens of output{why}"
         return None
@@ -172,6 +172,3 @@ class MaskTimes:
         self.steps += first
 
 
-def _short(error: str) -> str:
-    """llguidance's error without the parser state it appends."""
-    return one_line(error.split("<state>")[0]).rstrip(" :")

@@ -45,6 +45,12 @@ class Choices(msgspec.Struct, tag="choices", frozen=True):
 Constraint = Union[JsonSchema, Regex, Grammar, Choices]
 CONSTRAINTS = (JsonSchema, Regex, Grammar, Choices)
 
+# The most characters a constraint's text may have. Compiling grows faster than
+# the text (100,000 choices take tens of seconds of a core), and a compile cannot
+# be stopped once begun: the size is what keeps its time bounded. 128 tools with
+# a schema of a few properties each come to a fifth of it.
+MAX_CONSTRAINT_CHARS = 256 * 1024
+
 
 def constraint_problem(constraint: object) -> str | None:
     """Why this is not a well-formed constraint (its types), or None. Whether its
@@ -62,7 +68,18 @@ def constraint_problem(constraint: object) -> str | None:
             return f"Grammar needs a str text and syntax 'lark' or 'gbnf', got {type(text).__name__} and {syntax!r}"
         case Choices(options=options) if not isinstance(options, (tuple, list)) or not options or not all(isinstance(o, str) and o for o in options):
             return "Choices.options must be one or more non-empty strs"
+    if (size := _size(constraint)) > MAX_CONSTRAINT_CHARS:
+        return f"the constraint is {size} characters long; at most {MAX_CONSTRAINT_CHARS} are taken (compiling it would take too long)"
     return None
+
+
+def _size(constraint: Constraint) -> int:
+    match constraint:
+        case JsonSchema(schema=text) | Regex(pattern=text) | Grammar(text=text):
+            return len(text)
+        case Choices(options=options):
+            return sum(len(o) + 1 for o in options)
+    return 0
 
 
 class ConstraintChecker(Protocol):

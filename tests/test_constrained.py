@@ -356,3 +356,71 @@ async def test_a_bad_constraint_sent_past_the_agents_check_fails_only_its_turn(e
                 ends = [u async for u in channel.receive if isinstance(u, Ended)]
     assert isinstance(ends[-1], Failed) and "the regex '[a-'" in ends[-1].reason and "engine error" not in ends[-1].reason
     assert answers[0] in ("yes", "no")
+
+
+# ------------------------------------------------- hostile and careless input
+
+
+def nested(levels: int) -> str:
+    return '{"type": "array", "items": ' * levels + '{"type": "string"}' + "}" * levels
+
+
+@pytest.mark.asyncio
+async def test_hostile_constraints_are_one_usage_error_each_and_the_swarm_goes_on(engine: OpenCLEngine) -> None:
+    cycle = json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}})
+    holds_itself: dict = {"type": "object"}
+    holds_itself["properties"] = {"me": holds_itself}
+    deep: dict = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=2) as s:
+            sub = s.bus.subscribe(max_buffer=10**6)
+            agent = await s.spawn(Pausable("a"))
+            for kwargs, says in [
+                ({"constraint": JsonSchema(nested(5000))}, "nests too deeply"),
+                ({"schema": deep}, "nests too deeply"),
+                ({"schema": holds_itself}, "has no JSON Schema"),
+                ({"constraint": JsonSchema(cycle)}, "matches nothing"),
+                ({"regex": "[^\\x00-\\U0010ffff]"}, "matches nothing"),
+                ({"choices": [f"option {i}" for i in range(100_000)]}, "characters long"),
+                ({"grammar": "start: " + " | ".join(f'"w{i}"' for i in range(50_000))}, "characters long"),
+                ({"choices": ["yes", ""]}, "non-empty"),
+            ]:
+                with pytest.raises(UsageError, match=says):
+                    async with agent.generate("hi", **kwargs):
+                        pass
+            assert await agent.complete("hi", max_tokens=30, choices=["yes", "no"]) in ("yes", "no")
+            assert [type(e).__name__ for e in sub.take_ready() if isinstance(e, (Queued, Ended))] == ["Queued", "Finished"]
+
+
+@pytest.mark.asyncio
+async def test_a_checked_constraint_is_copied_for_each_turn_never_compiled_again(tiny_model) -> None:
+    # Compiling a large constraint takes seconds; in the step thread, every
+    # stream would wait that long. Its turns get copies of what the check compiled.
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}, "additionalProperties": False}
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=2) as s:
+            agent = await s.spawn(Pausable("a"))
+            for _ in range(3):
+                async with agent.generate("hi", max_tokens=4, schema=wide) as turn:
+                    async for _ in turn:
+                        pass
+                assert turn.text.startswith("{")
+    assert engine.constraints.built == 1 and len(engine.masks) == 0
+
+
+def test_the_compiled_constraints_kept_are_bounded_least_recently_used_first(tiny_model) -> None:
+    from gpu.grammar import CACHED
+
+    compiler = OpenCLEngine(tiny_model, num_blocks=16).constraints
+    compiler.check(Regex("kept"))
+    for i in range(CACHED + 20):
+        compiler.check(Regex(f"r{i}"))
+        compiler.check(Regex("kept"))  # used again: never the one dropped
+    assert len(compiler) == CACHED
+    built = compiler.built
+    compiler.check(Regex("kept"))
+    compiler.check(Regex("r0"))  # dropped long since: compiled again
+    assert compiler.built == built + 1
