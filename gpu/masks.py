@@ -48,17 +48,22 @@ class _Place:
 
 
 class TurnMasks:
-    """The matchers of the engine's constrained turns. `fill` runs in one thread at
-    a time (the engine's step thread); `forget` may come from any thread."""
+    """The matchers of the engine's constrained turns. `fill`, `begin_step` and
+    `end_step` run in one thread at a time (the engine's step thread); `forget`
+    may come from any thread."""
 
     def __init__(self, compiler: ConstraintCompiler) -> None:
         self.compiler = compiler
         self.words = (compiler.vocab_size + 31) // 32
         self._places: dict[int, _Place] = {}
         self._lock = threading.Lock()
-        # Turns forgotten since the last fill began: dropped again when the next
-        # ends, since a step launched before the forget may still bring them back.
-        self._forgotten: set[int] = set()
+        # Turns forgotten, with the count of steps begun then: a step planned
+        # before the forget (the one running, or the one after it) may still
+        # hold a turn's work and bring its place back, in any of the fills it
+        # makes, so the place is dropped again at the end of each fill, until a
+        # step that began after the forget has ended (`begin_step`, `end_step`).
+        self._forgotten: dict[int, int] = {}
+        self._steps_begun = 0
         self._end_only = np.zeros(self.words, i32)  # allows every end-of-sequence token, nothing else
         for eos in compiler.eos_ids:
             self._end_only[eos // 32] |= i32(np.uint32(1 << (eos % 32)).view(i32))
@@ -80,19 +85,36 @@ class TurnMasks:
                 if why is not None:
                     dead[work.turn] = why
         finally:
-            with self._lock:
-                for turn in self._forgotten:
-                    self._places.pop(turn, None)
-                self._forgotten.clear()
+            self._drop_forgotten()
         return dead
+
+    def begin_step(self) -> int:
+        """A step begins (the engine calls this, and `end_step` with what it
+        returns once the step has ended, however it ended)."""
+        with self._lock:
+            self._steps_begun += 1
+            return self._steps_begun
+
+    def end_step(self, step: int) -> None:
+        """Step `step` has ended: a turn forgotten before it began has no work in
+        any step to come."""
+        self._drop_forgotten(before=step)
+
+    def _drop_forgotten(self, *, before: int = 0) -> None:
+        with self._lock:
+            for turn in self._forgotten:
+                self._places.pop(turn, None)
+            for turn in [t for t, begun in self._forgotten.items() if begun < before]:
+                del self._forgotten[turn]
 
     def forget(self, turn: int) -> None:
         """The turn ended (or lost its place): drop its matcher, now and again at
-        the end of the next fill (the step in flight when a turn ends may still
-        hold its work, planned before it ended)."""
+        the end of every fill until a step begun after this one has ended (the
+        step in flight when a turn ends may still hold its work, planned before
+        it ended)."""
         with self._lock:
-            if self._places.pop(turn, None) is not None:
-                self._forgotten.add(turn)
+            self._places.pop(turn, None)
+            self._forgotten[turn] = self._steps_begun  # (even with no place yet: the step in flight may be its first)
 
     def _fill(self, work: Work, row: np.ndarray) -> str | None:
         place = self._reach(work)

@@ -424,3 +424,30 @@ def test_the_compiled_constraints_kept_are_bounded_least_recently_used_first(tin
     compiler.check(Regex("kept"))
     compiler.check(Regex("r0"))  # dropped long since: compiled again
     assert compiler.built == built + 1
+
+
+def test_a_turn_forgotten_while_a_step_holds_its_work_leaves_no_matcher(engine: OpenCLEngine) -> None:
+    # The owner forgets a turn that ended while the step after it is in flight
+    # (planned before the end was known), in any order with that step's fills:
+    # before its first constrained step made it a matcher, or between the fills
+    # of a step that masks its rows a few at a time.
+    masks = engine.masks
+    a = Decoding(25, [40, 41], JsonSchema(POINT))
+    b = Decoding(26, [42, 43], JsonSchema(POINT))
+    c = Decoding(27, [44, 45], JsonSchema(POINT))
+    masks.forget(b.turn)  # ended before its first step, which was already planned
+    for d, token in zip([a, b, c], engine.step([a.work(), b.work(), c.work()])):
+        d.out.append(token)
+    assert len(masks) == 2  # a's and c's
+    masks.forget(c.turn)
+    step = masks.begin_step()
+    out = np.empty((2, masks.words), np.int32)
+    masks.fill([a.work()], out[:1])  # the step's first share, then the forget's step ends...
+    masks.fill([c.work()], out[1:])  # ...and its second brings c's place back, for this step
+    masks.end_step(step)
+    engine.step([a.work()])
+    assert len(masks) == 1  # a's alone
+    engine.forget(a.turn)
+    engine.step([Decoding(28, [46], None).work()])
+    assert len(masks) == 0
+    engine.forget(28)
