@@ -281,3 +281,27 @@ async def test_the_prompt_log_is_private_whatever_the_umask(tokenizer: Tokenizer
         os.umask(old)
     assert "a secret" in log.read_text()
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+@pytest.mark.asyncio
+async def test_careless_tool_requests_are_one_400_each_and_the_server_goes_on(tokenizer: Tokenizer) -> None:
+    engine = kv_engine(tokenizer)
+    tool = lambda i: {"type": "function", "function": {"name": f"tool_{i}"}}  # noqa: E731
+    called = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # fmt: skip
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            for body, param, says in [
+                (chat("hi", tools=[tool(i) for i in range(3000)]), "tools", "at most 128"),
+                ({**chat("hi", max_tokens=2), "messages": called}, "messages", "arguments must be the JSON text of an object"),
+                (chat("hi", response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format.json_schema", "needs"),
+                (chat("hi", tools=[tool(1)], tool_choice={"type": "function", "function": {"name": "tool_2"}}), "tool_choice", "not one of the tools"),
+            ]:
+                reply = await http.post("/v1/chat/completions", json=body)
+                error = reply.json()["error"]
+                assert reply.status_code == 400 and error["param"] == param and says in error["message"], error
+            reply = await http.post("/v1/chat/completions", json=chat("hello", max_tokens=2))
+            assert reply.status_code == 200
+        handle.shutdown()
