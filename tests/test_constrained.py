@@ -451,3 +451,66 @@ def test_a_turn_forgotten_while_a_step_holds_its_work_leaves_no_matcher(engine: 
     engine.step([Decoding(28, [46], None).work()])
     assert len(masks) == 0
     engine.forget(28)
+
+
+@pytest.mark.asyncio
+async def test_a_churn_of_constrained_turns_ending_every_way_leaves_no_matcher(tiny_model) -> None:
+    """Constrained turns that finish, are left mid-stream by their agent, are
+    cancelled with the task reading them (a client that hangs up), are paused
+    and their steps abandoned for a foreground turn, and are cut off by the
+    swarm stopping: each ends in exactly one terminal event, and no matcher is
+    left behind."""
+    from runtime.errors import TurnCancelled
+
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    forever = Regex("[a-z ]+")  # never complete: only a cut ends it
+    kinds = [JsonSchema(POINT), Choices(("yes", "no")), forever]
+    ended: list[str] = []
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as outside:
+            async with Swarm(engine, slots=2) as s:
+                sub = s.bus.subscribe(max_buffer=10**6)
+                bg = [await s.spawn(Pausable(f"bg{i}")) for i in range(3)]
+                fg = await s.spawn(Pausable("fg", FOREGROUND))
+
+                async def one(agent: Pausable, i: int) -> None:
+                    constraint = kinds[i % len(kinds)]
+                    how = i % 4
+                    with anyio.CancelScope() as scope:
+                        async with agent.generate([40 + i % 7, 41], max_tokens=12 if constraint is forever else 60, constraint=constraint) as turn:
+                            async for _ in turn:
+                                if how == 1 and len(turn.tokens) >= 2:
+                                    break  # left by its agent
+                                if how == 2 and len(turn.tokens) >= 3:
+                                    scope.cancel()  # the task reading it is cancelled
+                    ended.append(f"{how}")
+
+                async def foreground(i: int) -> None:
+                    await fg.complete([60 + i], max_tokens=3, constraint=Regex("[0-9]{2,}"))
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(24):
+                        tg.start_soon(one, bg[i % 3], i)
+                        if i % 6 == 5:
+                            tg.start_soon(foreground, i)
+                # Two turns that never end on their own, running when the swarm stops.
+                started = [anyio.Event(), anyio.Event()]
+
+                async def cut(k: int) -> None:
+                    with pytest.raises((TurnCancelled, TurnFailed)):
+                        async with bg[k].generate([50, 51], max_tokens=4000, constraint=forever) as turn:
+                            async for _ in turn:
+                                started[k].set()
+
+                for k in range(2):
+                    outside.start_soon(cut, k)
+                for event in started:
+                    await event.wait()
+                events = sub
+            # (the swarm has stopped)
+    log = events.take_ready()
+    queued = [e.turn for e in log if isinstance(e, Queued)]
+    ends = [e.turn for e in log if isinstance(e, Ended)]
+    assert len(queued) == 24 + 4 + 2 and sorted(ends) == sorted(queued) and len(set(ends)) == len(ends)
+    assert any(isinstance(e, Preempted) for e in log)
+    assert len(engine.masks) == 0
