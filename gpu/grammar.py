@@ -86,6 +86,11 @@ class ConstraintCompiler:
             with self._compiling:
                 self._prototype(constraint)
 
+    def compiled(self, constraint: Constraint) -> bool:
+        """Whether `check` would find the constraint compiled (or refused)."""
+        with self._lock:
+            return constraint in self._compiled
+
     def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
         """A fresh matcher at the start of the constraint."""
         return self._prototype(constraint).deep_copy()

@@ -21,6 +21,7 @@ from typing import Callable, Literal, Protocol, Union
 
 import anyio
 import msgspec
+from anyio.lowlevel import RunVar
 
 from runtime.errors import UsageError
 
@@ -85,9 +86,26 @@ def _size(constraint: Constraint) -> int:
 class ConstraintChecker(Protocol):
     """What an engine offers the agents' side: `check` compiles a constraint (and
     caches it, by its text) and raises UsageError naming what is wrong with it.
-    It blocks for as long as compiling takes: call it off the event loop."""
+    It blocks for as long as compiling takes: call it off the event loop.
+    `compiled` says, at once, whether `check` would find it compiled."""
 
     def check(self, constraint: Constraint) -> None: ...
+
+    def compiled(self, constraint: Constraint) -> bool: ...
+
+
+# One compile at a time in each event loop: a client that sends many slow ones
+# takes one worker thread and one core, never the threads and cores the rest of
+# the swarm needs; one waiting for its turn waits here, where it can be cancelled.
+_compiling: RunVar[anyio.CapacityLimiter] = RunVar("slotswarm_compiling")
+
+
+def _compile_limiter() -> anyio.CapacityLimiter:
+    try:
+        return _compiling.get()
+    except LookupError:
+        _compiling.set(limiter := anyio.CapacityLimiter(1))
+        return limiter
 
 
 async def check_constraint(checker: ConstraintChecker | None, constraint: Constraint | None) -> None:
@@ -100,7 +118,10 @@ async def check_constraint(checker: ConstraintChecker | None, constraint: Constr
         raise UsageError(problem)
     if checker is None:
         raise UsageError("this engine cannot constrain a turn's output (it has no vocabulary)")
-    await anyio.to_thread.run_sync(checker.check, constraint)
+    if checker.compiled(constraint):  # (found at once: no waiting behind another's compile)
+        checker.check(constraint)
+        return
+    await anyio.to_thread.run_sync(checker.check, constraint, limiter=_compile_limiter())
 
 
 @dataclass(frozen=True, eq=False)

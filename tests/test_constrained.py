@@ -514,3 +514,59 @@ async def test_a_churn_of_constrained_turns_ending_every_way_leaves_no_matcher(t
     assert len(queued) == 24 + 4 + 2 and sorted(ends) == sorted(queued) and len(set(ends)) == len(ends)
     assert any(isinstance(e, Preempted) for e in log)
     assert len(engine.masks) == 0
+
+
+class HeldCompiler:
+    """Builds the engine's own ConstraintCompiler, whose compile of a constraint
+    in `held` waits at `gate` once it has said so (`entered`, with the thread)."""
+
+    def __new__(cls, engine: OpenCLEngine, held: set):
+        from gpu.grammar import ConstraintCompiler
+
+        class Held(ConstraintCompiler):
+            def _compile(self, constraint):
+                if constraint in held:
+                    self.entered.append((constraint, threading.get_ident()))
+                    self.arrived.set()
+                    self.gate.wait(120)
+                return super()._compile(constraint)
+
+        compiler = Held(engine.tokenizer, engine.config.vocab_size)
+        compiler.entered, compiler.arrived, compiler.gate = [], threading.Event(), threading.Event()
+        return compiler
+
+
+@pytest.mark.asyncio
+async def test_slow_compiles_run_one_at_a_time_off_the_loop_and_stall_no_stream(tiny_model) -> None:
+    from runtime.constraints import _compile_limiter
+
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    slow = [Regex("[0-9]{4}"), Regex("[a-f]{4}")]
+    held = engine.__dict__["constraints"] = HeldCompiler(engine, set(slow))
+    loop_thread = threading.get_ident()
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=3) as s:
+            reader, other, late = [await s.spawn(Pausable(n)) for n in ("reader", "other", "late")]
+            assert await other.complete("hi", max_tokens=10, choices=["yes", "no"]) in ("yes", "no")
+            answers = []
+            async with anyio.create_task_group() as tg, reader.generate([5, 6], max_tokens=2000, ignore_eos=True) as stream:
+                await anext(stream)
+                for agent, constraint in zip((other, late), slow):
+                    tg.start_soon(lambda a=agent, c=constraint: _append(answers, a.complete("hi", max_tokens=8, constraint=c)))
+                await anyio.to_thread.run_sync(held.arrived.wait, 120)
+                await anyio.wait_all_tasks_blocked()
+                # One compile runs, in a worker thread; the other waits its turn, in the event loop.
+                assert len(held.entered) == 1 and held.entered[0][1] != loop_thread
+                assert _compile_limiter().statistics().tasks_waiting == 1
+                # Meanwhile the stream flows, and a turn whose constraint is compiled waits for neither.
+                seen = len(stream.tokens)
+                for _ in range(20):
+                    await anext(stream)
+                assert len(stream.tokens) >= seen + 20
+                assert await reader.complete("hi", max_tokens=10, choices=["yes", "no"]) in ("yes", "no")
+                held.gate.set()
+            assert sorted(len(a) for a in answers) == [4, 4]
+
+
+async def _append(into: list, answer) -> None:
+    into.append(await answer)
