@@ -305,3 +305,31 @@ async def test_careless_tool_requests_are_one_400_each_and_the_server_goes_on(to
             reply = await http.post("/v1/chat/completions", json=chat("hello", max_tokens=2))
             assert reply.status_code == 200
         handle.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_requests_tool_grammar_is_written_off_the_loop(tokenizer: Tokenizer) -> None:
+    from dataclasses import dataclass
+
+    from runtime.toolcalls import HERMES, ToolCallFormat
+
+    threads: list[int] = []
+
+    @dataclass(frozen=True)
+    class Noting(ToolCallFormat):
+        def grammar(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.get_ident())
+            return super().grammar(*args, **kwargs)
+
+    class NotingTokenizer(HeldTokenizer):
+        tool_format = Noting(**{k: getattr(HERMES, k) for k in HERMES.__dataclass_fields__})
+
+    engine = kv_engine(NotingTokenizer(tokenizer, big=10**9))
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(16)]
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            reply = await http.post("/v1/chat/completions", json=chat("hi", max_tokens=2, tools=tools))
+            assert reply.status_code == 400 and "cannot constrain" in reply.json()["error"]["message"]  # (the KV engine has no vocabulary)
+        assert threads and threading.get_ident() not in threads
+        handle.shutdown()
