@@ -257,7 +257,12 @@ class OpenCLEngine:
         check_batch(batch, self.config, self.block_size, self.kv)
         sampled = [w for w in batch if w.sample]
         masks = self._plan_masks(sampled)
-        ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
+        began = self.masks.begin_step() if "masks" in self.__dict__ else None
+        try:
+            ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
+        finally:
+            if began is not None:
+                self.masks.end_step(began)
         if ran is None:
             return None
         tokens = iter(ran[0].tolist())

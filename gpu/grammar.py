@@ -19,9 +19,10 @@ import json
 import threading
 
 import llguidance
+import numpy as np
 
 from gpu.tokenizer import Tokenizer
-from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex
+from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem
 from runtime.errors import UsageError
 
 CACHED = 256  # compiled constraints kept, the least recently used dropped first
@@ -51,14 +52,26 @@ class _TokenTable:
 
 class ConstraintCompiler:
     """Implements runtime.constraints.ConstraintChecker for one model; the engine
-    asks it for matchers. Safe to use from several threads."""
+    asks it for matchers. Safe to use from several threads.
+
+    What is cached is a compiled matcher at the constraint's start (its first
+    mask computed, which builds the lexer): a turn's matcher is a copy of it,
+    made in a fraction of a millisecond, so the engine's step thread, which
+    every stream waits on, never compiles a constraint that was checked (unless
+    the cache dropped it since). Compiles run one at a time: a client that
+    sends many slow ones takes one core, not all of them."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self.vocab_size = vocab_size  # the logits' width: the masks cover it all
         self.eos_ids = sorted(tokenizer.eos_ids)
         self._source = tokenizer
         self._lock = threading.Lock()
-        self._grammars: collections.OrderedDict[Constraint, str | UsageError] = collections.OrderedDict()
+        self._compiling = threading.Lock()
+        self._compiled: collections.OrderedDict[Constraint, llguidance.LLMatcher | UsageError] = collections.OrderedDict()
+        self.built = 0  # matchers compiled from a grammar (tests: a turn's is a copy)
+
+    def __len__(self) -> int:
+        return len(self._compiled)
 
     @functools.cached_property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -67,34 +80,44 @@ class ConstraintCompiler:
 
     def check(self, constraint: Constraint) -> None:
         """Compile `constraint` (or find it compiled); UsageError says what is wrong
-        with it. Blocks while it compiles: call it off the event loop."""
-        self.grammar(constraint)
+        with it. Blocks while it compiles, and while another compile runs: call it
+        off the event loop."""
+        if self._cached(constraint) is None:
+            with self._compiling:
+                self._prototype(constraint)
 
-    def grammar(self, constraint: Constraint) -> str:
-        """The constraint as an llguidance grammar, checked against this model's tokens."""
+    def compiled(self, constraint: Constraint) -> bool:
+        """Whether `check` would find the constraint compiled (or refused)."""
         with self._lock:
-            known = self._grammars.get(constraint)
+            return constraint in self._compiled
+
+    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of the constraint."""
+        return self._prototype(constraint).deep_copy()
+
+    def _cached(self, constraint: Constraint) -> llguidance.LLMatcher | UsageError | None:
+        with self._lock:
+            known = self._compiled.get(constraint)
             if known is not None:
-                self._grammars.move_to_end(constraint)
+                self._compiled.move_to_end(constraint)
+        return known
+
+    def _prototype(self, constraint: Constraint) -> llguidance.LLMatcher:
+        known = self._cached(constraint)
         if known is None:
             known = self._compile(constraint)
             with self._lock:
-                self._grammars[constraint] = known
-                while len(self._grammars) > CACHED:
-                    self._grammars.popitem(last=False)
+                self._compiled[constraint] = known
+                while len(self._compiled) > CACHED:
+                    self._compiled.popitem(last=False)
         if isinstance(known, UsageError):
             raise UsageError(str(known))
         return known
 
-    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
-        """A fresh matcher at the start of the constraint."""
-        matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(constraint), log_level=0)
-        if matcher.is_error():
-            raise UsageError(f"{describe(constraint)}: {one_line(matcher.get_error())}")
-        return matcher
-
-    def _compile(self, constraint: Constraint) -> str | UsageError:
+    def _compile(self, constraint: Constraint) -> llguidance.LLMatcher | UsageError:
         what = describe(constraint)
+        if (problem := constraint_problem(constraint)) is not None:  # (one sent past the agents' check)
+            return UsageError(problem)
         try:
             match constraint:
                 case JsonSchema(schema=schema):
@@ -115,10 +138,23 @@ class ConstraintCompiler:
                     return UsageError(f"not a constraint: {constraint!r}")
         except ValueError as exc:
             return UsageError(f"{what}: {one_line(str(exc))}")
+        except RecursionError:
+            return UsageError(f"{what} nests too deeply")
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
             return UsageError(f"{what}: {one_line(messages[0]) if messages else 'rejected by the grammar compiler'}")
-        return grammar
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        self.built += 1
+        if matcher.is_error():
+            return UsageError(f"{what}: {short_error(matcher.get_error())}")
+        # The first mask builds the lexer (the copies share it), and says
+        # whether the constraint allows anything at all.
+        first = np.zeros((self.vocab_size + 31) // 32, np.int32)
+        matcher.unsafe_compute_mask_ptr(first.ctypes.data, first.nbytes)
+        if matcher.is_error() or not first.any():
+            why = f" ({short_error(matcher.get_error())})" if matcher.is_error() else ""
+            return UsageError(f"{what} matches nothing: no token of this model may start it{why}")
+        return matcher
 
 
 def describe(constraint: Constraint) -> str:
@@ -133,6 +169,11 @@ def describe(constraint: Constraint) -> str:
         case Choices():
             return "the choices"
     return "the constraint"
+
+
+def short_error(error: str) -> str:
+    """llguidance's error on one line, without the parser state it appends."""
+    return one_line(error.split("<state>")[0].split("<backtrace>")[0]).rstrip(" :")
 
 
 def one_line(message: str) -> str:

@@ -32,7 +32,7 @@ from typing import Sequence
 import llguidance
 import numpy as np
 
-from gpu.grammar import ConstraintCompiler, describe, one_line
+from gpu.grammar import ConstraintCompiler, describe, short_error
 from runtime.constraints import Constraint
 from runtime.engine import Work
 from runtime.errors import UsageError
@@ -48,17 +48,22 @@ class _Place:
 
 
 class TurnMasks:
-    """The matchers of the engine's constrained turns. `fill` runs in one thread at
-    a time (the engine's step thread); `forget` may come from any thread."""
+    """The matchers of the engine's constrained turns. `fill`, `begin_step` and
+    `end_step` run in one thread at a time (the engine's step thread); `forget`
+    may come from any thread."""
 
     def __init__(self, compiler: ConstraintCompiler) -> None:
         self.compiler = compiler
         self.words = (compiler.vocab_size + 31) // 32
         self._places: dict[int, _Place] = {}
         self._lock = threading.Lock()
-        # Turns forgotten since the last fill began: dropped again when the next
-        # ends, since a step launched before the forget may still bring them back.
-        self._forgotten: set[int] = set()
+        # Turns forgotten, with the count of steps begun then: a step planned
+        # before the forget (the one running, or the one after it) may still
+        # hold a turn's work and bring its place back, in any of the fills it
+        # makes, so the place is dropped again at the end of each fill, until a
+        # step that began after the forget has ended (`begin_step`, `end_step`).
+        self._forgotten: dict[int, int] = {}
+        self._steps_begun = 0
         self._end_only = np.zeros(self.words, i32)  # allows every end-of-sequence token, nothing else
         for eos in compiler.eos_ids:
             self._end_only[eos // 32] |= i32(np.uint32(1 << (eos % 32)).view(i32))
@@ -80,26 +85,43 @@ class TurnMasks:
                 if why is not None:
                     dead[work.turn] = why
         finally:
-            with self._lock:
-                for turn in self._forgotten:
-                    self._places.pop(turn, None)
-                self._forgotten.clear()
+            self._drop_forgotten()
         return dead
+
+    def begin_step(self) -> int:
+        """A step begins (the engine calls this, and `end_step` with what it
+        returns once the step has ended, however it ended)."""
+        with self._lock:
+            self._steps_begun += 1
+            return self._steps_begun
+
+    def end_step(self, step: int) -> None:
+        """Step `step` has ended: a turn forgotten before it began has no work in
+        any step to come."""
+        self._drop_forgotten(before=step)
+
+    def _drop_forgotten(self, *, before: int = 0) -> None:
+        with self._lock:
+            for turn in self._forgotten:
+                self._places.pop(turn, None)
+            for turn in [t for t, begun in self._forgotten.items() if begun < before]:
+                del self._forgotten[turn]
 
     def forget(self, turn: int) -> None:
         """The turn ended (or lost its place): drop its matcher, now and again at
-        the end of the next fill (the step in flight when a turn ends may still
-        hold its work, planned before it ended)."""
+        the end of every fill until a step begun after this one has ended (the
+        step in flight when a turn ends may still hold its work, planned before
+        it ended)."""
         with self._lock:
-            if self._places.pop(turn, None) is not None:
-                self._forgotten.add(turn)
+            self._places.pop(turn, None)
+            self._forgotten[turn] = self._steps_begun  # (even with no place yet: the step in flight may be its first)
 
     def _fill(self, work: Work, row: np.ndarray) -> str | None:
         place = self._reach(work)
         matcher = place.matcher
         if matcher.is_error():
             self._places.pop(work.turn, None)  # (no use keeping: the next try replays)
-            return f"{describe(place.constraint)} cannot follow the turn's output so far ({_short(matcher.get_error())})"
+            return f"{describe(place.constraint)} cannot follow the turn's output so far ({short_error(matcher.get_error())})"
         if matcher.is_stopped():
             row[:] = self._end_only
             return None
@@ -107,7 +129,7 @@ class TurnMasks:
         if not matcher.is_error() and (row & self._end_only).any():  # the grammar may end here: any of the model's ends will do
             row |= self._end_only
         if matcher.is_error() or not row.any():
-            why = f": {_short(matcher.get_error())}" if matcher.is_error() else ""
+            why = f": {short_error(matcher.get_error())}" if matcher.is_error() else ""
             self._places.pop(work.turn, None)
             return f"dead end: {describe(place.constraint)} allows no token after {len(place.consumed)} tokens of output{why}"
         return None
@@ -172,6 +194,3 @@ class MaskTimes:
         self.steps += first
 
 
-def _short(error: str) -> str:
-    """llguidance's error without the parser state it appends."""
-    return one_line(error.split("<state>")[0]).rstrip(" :")

@@ -29,6 +29,7 @@ the answer parses whatever the model: runtime.constraints, runtime.toolcalls.
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
@@ -58,13 +59,12 @@ def _constraint_from(*, schema: Any, regex: str | None, grammar: str | None, cho
     """The constraints the shorthand keywords of `generate` ask for."""
     found: list[Constraint] = []
     if schema is not None:
-        if isinstance(schema, dict):
-            text = json.dumps(schema)
-        else:
-            try:
-                text = json.dumps(struct_schema(schema))
-            except (TypeError, ValueError) as exc:
-                raise UsageError(f"schema {schema!r} has no JSON Schema ({exc})") from None
+        try:
+            text = json.dumps(schema if isinstance(schema, dict) else struct_schema(schema))
+        except (TypeError, ValueError) as exc:  # (a dict that holds itself is a ValueError)
+            raise UsageError(f"schema {reprlib.repr(schema)} has no JSON Schema ({exc})") from None
+        except RecursionError:
+            raise UsageError(f"schema {reprlib.repr(schema)} nests too deeply") from None
         found.append(JsonSchema(text))
     if regex is not None:
         found.append(Regex(regex))

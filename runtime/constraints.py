@@ -21,6 +21,7 @@ from typing import Callable, Literal, Protocol, Union
 
 import anyio
 import msgspec
+from anyio.lowlevel import RunVar
 
 from runtime.errors import UsageError
 
@@ -45,6 +46,12 @@ class Choices(msgspec.Struct, tag="choices", frozen=True):
 Constraint = Union[JsonSchema, Regex, Grammar, Choices]
 CONSTRAINTS = (JsonSchema, Regex, Grammar, Choices)
 
+# The most characters a constraint's text may have. Compiling grows faster than
+# the text (100,000 choices take tens of seconds of a core), and a compile cannot
+# be stopped once begun: the size is what keeps its time bounded. 128 tools with
+# a schema of a few properties each come to a fifth of it.
+MAX_CONSTRAINT_CHARS = 256 * 1024
+
 
 def constraint_problem(constraint: object) -> str | None:
     """Why this is not a well-formed constraint (its types), or None. Whether its
@@ -62,15 +69,43 @@ def constraint_problem(constraint: object) -> str | None:
             return f"Grammar needs a str text and syntax 'lark' or 'gbnf', got {type(text).__name__} and {syntax!r}"
         case Choices(options=options) if not isinstance(options, (tuple, list)) or not options or not all(isinstance(o, str) and o for o in options):
             return "Choices.options must be one or more non-empty strs"
+    if (size := _size(constraint)) > MAX_CONSTRAINT_CHARS:
+        return f"the constraint is {size} characters long; at most {MAX_CONSTRAINT_CHARS} are taken (compiling it would take too long)"
     return None
+
+
+def _size(constraint: Constraint) -> int:
+    match constraint:
+        case JsonSchema(schema=text) | Regex(pattern=text) | Grammar(text=text):
+            return len(text)
+        case Choices(options=options):
+            return sum(len(o) + 1 for o in options)
+    return 0
 
 
 class ConstraintChecker(Protocol):
     """What an engine offers the agents' side: `check` compiles a constraint (and
     caches it, by its text) and raises UsageError naming what is wrong with it.
-    It blocks for as long as compiling takes: call it off the event loop."""
+    It blocks for as long as compiling takes: call it off the event loop.
+    `compiled` says, at once, whether `check` would find it compiled."""
 
     def check(self, constraint: Constraint) -> None: ...
+
+    def compiled(self, constraint: Constraint) -> bool: ...
+
+
+# One compile at a time in each event loop: a client that sends many slow ones
+# takes one worker thread and one core, never the threads and cores the rest of
+# the swarm needs; one waiting for its turn waits here, where it can be cancelled.
+_compiling: RunVar[anyio.CapacityLimiter] = RunVar("slotswarm_compiling")
+
+
+def _compile_limiter() -> anyio.CapacityLimiter:
+    try:
+        return _compiling.get()
+    except LookupError:
+        _compiling.set(limiter := anyio.CapacityLimiter(1))
+        return limiter
 
 
 async def check_constraint(checker: ConstraintChecker | None, constraint: Constraint | None) -> None:
@@ -83,7 +118,10 @@ async def check_constraint(checker: ConstraintChecker | None, constraint: Constr
         raise UsageError(problem)
     if checker is None:
         raise UsageError("this engine cannot constrain a turn's output (it has no vocabulary)")
-    await anyio.to_thread.run_sync(checker.check, constraint)
+    if checker.compiled(constraint):  # (found at once: no waiting behind another's compile)
+        checker.check(constraint)
+        return
+    await anyio.to_thread.run_sync(checker.check, constraint, limiter=_compile_limiter())
 
 
 @dataclass(frozen=True, eq=False)

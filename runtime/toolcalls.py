@@ -196,7 +196,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         m = dict(m)
         if m.get("tool_calls"):
             m["tool_calls"] = [
-                {"type": "function", "function": {"name": name, "arguments": json.loads(arguments)}}
+                {"type": "function", "function": {"name": name, "arguments": _arguments_object(arguments)}}
                 for name, arguments in map(_name_and_arguments, m["tool_calls"])
             ]
             m.setdefault("content", "")
@@ -210,9 +210,26 @@ def _name_and_arguments(call: Any) -> tuple[str, str]:
     """(name, arguments as JSON text) of a ToolCall or an OpenAI call dict."""
     if isinstance(call, ToolCall):
         return call.name, call.arguments
-    function = call.get("function", call)
+    function = call.get("function", call) if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise UsageError(f"a tool call is a ToolCall or {{'function': {{'name': ..., 'arguments': ...}}}}, got {str(call)[:60]}")
     arguments = function.get("arguments", "{}")
-    return function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    _arguments_object(arguments)
+    return function["name"], arguments
+
+
+def _arguments_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments, from the JSON text of an object (a conversation's own
+    calls: written by hand, or by a client, they may be anything)."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise UsageError(f"a tool call's arguments must be the JSON text of an object, got {arguments[:60]!r}")
+    return value
 
 
 def read_call(body: str) -> ToolCall | None:

@@ -70,6 +70,9 @@ class WaitGraph:
         # the edge lives until both end.
         self._holders: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._waiters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        # Agents forgotten while someone still waited on them (or they on
+        # someone): their base goes when their last wait ends.
+        self._gone: set[str] = set()
 
     # ---- reading ----------------------------------------------------------
 
@@ -133,12 +136,17 @@ class WaitGraph:
             raise UsageError(f"priority of {agent!r} must be an int, got {priority!r}")
         with self._changing(agent):
             self._base[agent] = priority
+        self._gone.discard(agent)  # (back, or never gone)
 
     def forget(self, agent: str) -> None:
-        """Drop a stopped agent's base priority, unless someone still waits on its
-        name (a lock, or a waiter that outlives it), where it still counts."""
-        if agent not in self._waiters and agent not in self._holders and agent not in self._parts:
+        """Drop a stopped agent's base priority; if someone still waits on its
+        name (a lock, or a waiter that outlives it), or it still waits on
+        someone, where it still counts, once the last of those waits ends."""
+        if self._in_a_wait(agent):
+            self._gone.add(agent)
+        else:
             self._base.pop(agent, None)
+            self._gone.discard(agent)
 
     def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> WaitHandle:
         """Record that `waiter` waits on `holder` (on its part `via`, for
@@ -170,6 +178,9 @@ class WaitGraph:
             _decrement(parts, handle.via, (waiter, handle.request, handle.serves))
             if not parts:
                 del self._parts[holder]
+        for agent in (waiter, holder):
+            if agent in self._gone and not self._in_a_wait(agent):
+                self.forget(agent)
 
     @contextmanager
     def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> Iterator[WaitHandle]:
@@ -180,6 +191,9 @@ class WaitGraph:
             self.release(handle)
 
     # ---- internals --------------------------------------------------------
+
+    def _in_a_wait(self, agent: str) -> bool:
+        return agent in self._waiters or agent in self._holders or agent in self._parts
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """Shortest chain start -> ... -> goal along wait edges, if any."""

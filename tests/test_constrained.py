@@ -356,3 +356,217 @@ async def test_a_bad_constraint_sent_past_the_agents_check_fails_only_its_turn(e
                 ends = [u async for u in channel.receive if isinstance(u, Ended)]
     assert isinstance(ends[-1], Failed) and "the regex '[a-'" in ends[-1].reason and "engine error" not in ends[-1].reason
     assert answers[0] in ("yes", "no")
+
+
+# ------------------------------------------------- hostile and careless input
+
+
+def nested(levels: int) -> str:
+    return '{"type": "array", "items": ' * levels + '{"type": "string"}' + "}" * levels
+
+
+@pytest.mark.asyncio
+async def test_hostile_constraints_are_one_usage_error_each_and_the_swarm_goes_on(engine: OpenCLEngine) -> None:
+    cycle = json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}})
+    holds_itself: dict = {"type": "object"}
+    holds_itself["properties"] = {"me": holds_itself}
+    deep: dict = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=2) as s:
+            sub = s.bus.subscribe(max_buffer=10**6)
+            agent = await s.spawn(Pausable("a"))
+            for kwargs, says in [
+                ({"constraint": JsonSchema(nested(5000))}, "nests too deeply"),
+                ({"schema": deep}, "nests too deeply"),
+                ({"schema": holds_itself}, "has no JSON Schema"),
+                ({"constraint": JsonSchema(cycle)}, "matches nothing"),
+                ({"regex": "[^\\x00-\\U0010ffff]"}, "matches nothing"),
+                ({"choices": [f"option {i}" for i in range(100_000)]}, "characters long"),
+                ({"grammar": "start: " + " | ".join(f'"w{i}"' for i in range(50_000))}, "characters long"),
+                ({"choices": ["yes", ""]}, "non-empty"),
+            ]:
+                with pytest.raises(UsageError, match=says):
+                    async with agent.generate("hi", **kwargs):
+                        pass
+            assert await agent.complete("hi", max_tokens=30, choices=["yes", "no"]) in ("yes", "no")
+            assert [type(e).__name__ for e in sub.take_ready() if isinstance(e, (Queued, Ended))] == ["Queued", "Finished"]
+
+
+@pytest.mark.asyncio
+async def test_a_checked_constraint_is_copied_for_each_turn_never_compiled_again(tiny_model) -> None:
+    # Compiling a large constraint takes seconds; in the step thread, every
+    # stream would wait that long. Its turns get copies of what the check compiled.
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}, "additionalProperties": False}
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=2) as s:
+            agent = await s.spawn(Pausable("a"))
+            for _ in range(3):
+                async with agent.generate("hi", max_tokens=4, schema=wide) as turn:
+                    async for _ in turn:
+                        pass
+                assert turn.text.startswith("{")
+    assert engine.constraints.built == 1 and len(engine.masks) == 0
+
+
+def test_the_compiled_constraints_kept_are_bounded_least_recently_used_first(tiny_model) -> None:
+    from gpu.grammar import CACHED
+
+    compiler = OpenCLEngine(tiny_model, num_blocks=16).constraints
+    compiler.check(Regex("kept"))
+    for i in range(CACHED + 20):
+        compiler.check(Regex(f"r{i}"))
+        compiler.check(Regex("kept"))  # used again: never the one dropped
+    assert len(compiler) == CACHED
+    built = compiler.built
+    compiler.check(Regex("kept"))
+    compiler.check(Regex("r0"))  # dropped long since: compiled again
+    assert compiler.built == built + 1
+
+
+def test_a_turn_forgotten_while_a_step_holds_its_work_leaves_no_matcher(engine: OpenCLEngine) -> None:
+    # The owner forgets a turn that ended while the step after it is in flight
+    # (planned before the end was known), in any order with that step's fills:
+    # before its first constrained step made it a matcher, or between the fills
+    # of a step that masks its rows a few at a time.
+    masks = engine.masks
+    a = Decoding(25, [40, 41], JsonSchema(POINT))
+    b = Decoding(26, [42, 43], JsonSchema(POINT))
+    c = Decoding(27, [44, 45], JsonSchema(POINT))
+    masks.forget(b.turn)  # ended before its first step, which was already planned
+    for d, token in zip([a, b, c], engine.step([a.work(), b.work(), c.work()])):
+        d.out.append(token)
+    assert len(masks) == 2  # a's and c's
+    masks.forget(c.turn)
+    step = masks.begin_step()
+    out = np.empty((2, masks.words), np.int32)
+    masks.fill([a.work()], out[:1])  # the step's first share, then the forget's step ends...
+    masks.fill([c.work()], out[1:])  # ...and its second brings c's place back, for this step
+    masks.end_step(step)
+    engine.step([a.work()])
+    assert len(masks) == 1  # a's alone
+    engine.forget(a.turn)
+    engine.step([Decoding(28, [46], None).work()])
+    assert len(masks) == 0
+    engine.forget(28)
+
+
+@pytest.mark.asyncio
+async def test_a_churn_of_constrained_turns_ending_every_way_leaves_no_matcher(tiny_model) -> None:
+    """Constrained turns that finish, are left mid-stream by their agent, are
+    cancelled with the task reading them (a client that hangs up), are paused
+    and their steps abandoned for a foreground turn, and are cut off by the
+    swarm stopping: each ends in exactly one terminal event, and no matcher is
+    left behind."""
+    from runtime.errors import TurnCancelled
+
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    forever = Regex("[a-z ]+")  # never complete: only a cut ends it
+    kinds = [JsonSchema(POINT), Choices(("yes", "no")), forever]
+    ended: list[str] = []
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as outside:
+            async with Swarm(engine, slots=2) as s:
+                sub = s.bus.subscribe(max_buffer=10**6)
+                bg = [await s.spawn(Pausable(f"bg{i}")) for i in range(3)]
+                fg = await s.spawn(Pausable("fg", FOREGROUND))
+
+                async def one(agent: Pausable, i: int) -> None:
+                    constraint = kinds[i % len(kinds)]
+                    how = i % 4
+                    with anyio.CancelScope() as scope:
+                        async with agent.generate([40 + i % 7, 41], max_tokens=12 if constraint is forever else 60, constraint=constraint) as turn:
+                            async for _ in turn:
+                                if how == 1 and len(turn.tokens) >= 2:
+                                    break  # left by its agent
+                                if how == 2 and len(turn.tokens) >= 3:
+                                    scope.cancel()  # the task reading it is cancelled
+                    ended.append(f"{how}")
+
+                async def foreground(i: int) -> None:
+                    await fg.complete([60 + i], max_tokens=3, constraint=Regex("[0-9]{2,}"))
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(24):
+                        tg.start_soon(one, bg[i % 3], i)
+                        if i % 6 == 5:
+                            tg.start_soon(foreground, i)
+                # Two turns that never end on their own, running when the swarm stops.
+                started = [anyio.Event(), anyio.Event()]
+
+                async def cut(k: int) -> None:
+                    with pytest.raises((TurnCancelled, TurnFailed)):
+                        async with bg[k].generate([50, 51], max_tokens=4000, constraint=forever) as turn:
+                            async for _ in turn:
+                                started[k].set()
+
+                for k in range(2):
+                    outside.start_soon(cut, k)
+                for event in started:
+                    await event.wait()
+                events = sub
+            # (the swarm has stopped)
+    log = events.take_ready()
+    queued = [e.turn for e in log if isinstance(e, Queued)]
+    ends = [e.turn for e in log if isinstance(e, Ended)]
+    assert len(queued) == 24 + 4 + 2 and sorted(ends) == sorted(queued) and len(set(ends)) == len(ends)
+    assert any(isinstance(e, Preempted) for e in log)
+    assert len(engine.masks) == 0
+
+
+class HeldCompiler:
+    """Builds the engine's own ConstraintCompiler, whose compile of a constraint
+    in `held` waits at `gate` once it has said so (`entered`, with the thread)."""
+
+    def __new__(cls, engine: OpenCLEngine, held: set):
+        from gpu.grammar import ConstraintCompiler
+
+        class Held(ConstraintCompiler):
+            def _compile(self, constraint):
+                if constraint in held:
+                    self.entered.append((constraint, threading.get_ident()))
+                    self.arrived.set()
+                    self.gate.wait(120)
+                return super()._compile(constraint)
+
+        compiler = Held(engine.tokenizer, engine.config.vocab_size)
+        compiler.entered, compiler.arrived, compiler.gate = [], threading.Event(), threading.Event()
+        return compiler
+
+
+@pytest.mark.asyncio
+async def test_slow_compiles_run_one_at_a_time_off_the_loop_and_stall_no_stream(tiny_model) -> None:
+    from runtime.constraints import _compile_limiter
+
+    engine = OpenCLEngine(tiny_model, num_blocks=256)
+    slow = [Regex("[0-9]{4}"), Regex("[a-f]{4}")]
+    held = engine.__dict__["constraints"] = HeldCompiler(engine, set(slow))
+    loop_thread = threading.get_ident()
+    with anyio.fail_after(120):
+        async with Swarm(engine, slots=3) as s:
+            reader, other, late = [await s.spawn(Pausable(n)) for n in ("reader", "other", "late")]
+            assert await other.complete("hi", max_tokens=10, choices=["yes", "no"]) in ("yes", "no")
+            answers = []
+            async with anyio.create_task_group() as tg, reader.generate([5, 6], max_tokens=2000, ignore_eos=True) as stream:
+                await anext(stream)
+                for agent, constraint in zip((other, late), slow):
+                    tg.start_soon(lambda a=agent, c=constraint: _append(answers, a.complete("hi", max_tokens=8, constraint=c)))
+                await anyio.to_thread.run_sync(held.arrived.wait, 120)
+                await anyio.wait_all_tasks_blocked()
+                # One compile runs, in a worker thread; the other waits its turn, in the event loop.
+                assert len(held.entered) == 1 and held.entered[0][1] != loop_thread
+                assert _compile_limiter().statistics().tasks_waiting == 1
+                # Meanwhile the stream flows, and a turn whose constraint is compiled waits for neither.
+                seen = len(stream.tokens)
+                for _ in range(20):
+                    await anext(stream)
+                assert len(stream.tokens) >= seen + 20
+                assert await reader.complete("hi", max_tokens=10, choices=["yes", "no"]) in ("yes", "no")
+                held.gate.set()
+            assert sorted(len(a) for a in answers) == [4, 4]
+
+
+async def _append(into: list, answer) -> None:
+    into.append(await answer)

@@ -176,6 +176,29 @@ async def test_ten_thousand_callers_come_and_go_and_leave_nothing_behind(tokeniz
         assert not swarm.owner.scheduler.turns
 
 
+@pytest.mark.asyncio
+async def test_a_caller_an_agent_waits_on_leaves_nothing_once_the_wait_ends(tokenizer: Tokenizer) -> None:
+    from swarm import Agent, FOREGROUND
+
+    engine = kv_engine(tokenizer)
+    async with Swarm(engine, slots=2) as swarm:
+        gateway = Gateway(swarm, model_id=MODEL)
+        waits = swarm.system.waits
+        planner = await swarm.spawn(Agent("planner", FOREGROUND))
+        for _ in range(3):
+            spec = parse_completion(json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1}).encode())
+            caller = gateway.caller({"x-swarm-agent": "aider"}, spec, None)
+            with planner.waiting_on("aider"):
+                async with gateway.turn(caller, spec, gateway.clock()) as served:
+                    async for _ in served:
+                        pass
+                # The caller's last request has ended; the agent still waits on it.
+                assert waits.effective("aider") == FOREGROUND
+        assert "aider" not in waits._base and not waits._holders and not waits._parts
+        await anyio.wait_all_tasks_blocked()  # (the owner takes the lift's end in)
+        assert not swarm.owner.scheduler.priorities.lent
+
+
 # ------------------------------------------------------------------ the queue bound
 
 
@@ -258,3 +281,55 @@ async def test_the_prompt_log_is_private_whatever_the_umask(tokenizer: Tokenizer
         os.umask(old)
     assert "a secret" in log.read_text()
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+@pytest.mark.asyncio
+async def test_careless_tool_requests_are_one_400_each_and_the_server_goes_on(tokenizer: Tokenizer) -> None:
+    engine = kv_engine(tokenizer)
+    tool = lambda i: {"type": "function", "function": {"name": f"tool_{i}"}}  # noqa: E731
+    called = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # fmt: skip
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            for body, param, says in [
+                (chat("hi", tools=[tool(i) for i in range(3000)]), "tools", "at most 128"),
+                ({**chat("hi", max_tokens=2), "messages": called}, "messages", "arguments must be the JSON text of an object"),
+                (chat("hi", response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format.json_schema", "needs"),
+                (chat("hi", tools=[tool(1)], tool_choice={"type": "function", "function": {"name": "tool_2"}}), "tool_choice", "not one of the tools"),
+            ]:
+                reply = await http.post("/v1/chat/completions", json=body)
+                error = reply.json()["error"]
+                assert reply.status_code == 400 and error["param"] == param and says in error["message"], error
+            reply = await http.post("/v1/chat/completions", json=chat("hello", max_tokens=2))
+            assert reply.status_code == 200
+        handle.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_requests_tool_grammar_is_written_off_the_loop(tokenizer: Tokenizer) -> None:
+    from dataclasses import dataclass
+
+    from runtime.toolcalls import HERMES, ToolCallFormat
+
+    threads: list[int] = []
+
+    @dataclass(frozen=True)
+    class Noting(ToolCallFormat):
+        def grammar(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.get_ident())
+            return super().grammar(*args, **kwargs)
+
+    class NotingTokenizer(HeldTokenizer):
+        tool_format = Noting(**{k: getattr(HERMES, k) for k in HERMES.__dataclass_fields__})
+
+    engine = kv_engine(NotingTokenizer(tokenizer, big=10**9))
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(16)]
+    async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
+        handle = await started(swarm, tg)
+        async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+            reply = await http.post("/v1/chat/completions", json=chat("hi", max_tokens=2, tools=tools))
+            assert reply.status_code == 400 and "cannot constrain" in reply.json()["error"]["message"]  # (the KV engine has no vocabulary)
+        assert threads and threading.get_ident() not in threads
+        handle.shutdown()

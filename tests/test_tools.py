@@ -231,3 +231,18 @@ def test_a_template_without_tools_gets_them_folded_in(tiny_model) -> None:
     assert "<tools>\n" in text and '"name": "weather"' in text
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>' in text
     assert "<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>" in text
+
+
+def test_a_conversation_whose_calls_do_not_parse_is_one_usage_error() -> None:
+    from runtime.toolcalls import HERMES, template_messages
+
+    user = {"role": "user", "content": "hi"}
+    for calls in ([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}],
+                  [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}],
+                  [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}],
+                  ["f()"]):  # fmt: skip
+        conversation = [user, {"role": "assistant", "content": None, "tool_calls": calls}]
+        with pytest.raises(UsageError, match="tool call"):
+            template_messages(conversation)
+        with pytest.raises(UsageError, match="tool call"):
+            HERMES.fold(conversation, [])

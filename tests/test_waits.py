@@ -104,6 +104,33 @@ def test_base_change_flows_downstream() -> None:
     assert rec.calls[-1] == ("c", 7, None, None)
 
 
+def test_an_agent_forgotten_while_waited_on_leaves_nothing_once_the_wait_ends() -> None:
+    # An outside caller of `swarm serve` whose last request ended while an
+    # in-process agent still waited on it: forgotten then, kept for the wait.
+    g = WaitGraph()
+    g.set_base("aider", BACKGROUND)
+    g.set_base("planner", FOREGROUND)
+    on_it = g.wait("planner", "aider")
+    g.forget("aider")
+    assert g.effective("aider") == FOREGROUND  # still counts while waited on
+    g.release(on_it)
+    assert "aider" not in g._base and not g._gone
+    # The same for an agent that still waited on someone when it was forgotten,
+    # and one that came back meanwhile keeps its base.
+    g.set_base("asker", 3)
+    asks = g.wait("asker", "planner")
+    g.forget("asker")
+    g.release(asks)
+    assert "asker" not in g._base and not g._gone
+    g.set_base("back", 3)
+    waits = g.wait("planner", "back")
+    g.forget("back")
+    g.set_base("back", 4)
+    g.release(waits)
+    assert g.base("back") == 4 and not g._gone
+    assert set(g._base) == {"planner", "back"}
+
+
 def test_bad_priority_is_named() -> None:
     with pytest.raises(TypeError, match="priority of 'a'"):
         WaitGraph().set_base("a", "high")  # type: ignore[arg-type]

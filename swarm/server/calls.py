@@ -26,6 +26,7 @@ from runtime.errors import RequestError
 from runtime.toolcalls import ToolCall, ToolCallFormat, ToolChoice, read_call
 from runtime.tools import ToolSpec
 
+MAX_TOOLS = 128  # OpenAI's own bound
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -103,6 +104,8 @@ def plan_tools(
     if tools is not None:
         if not tools:
             raise RequestError("`tools` must hold at least one tool (leave it out for none)", param="tools")
+        if len(tools) > MAX_TOOLS:
+            raise RequestError(f"`tools` holds {len(tools)} tools; at most {MAX_TOOLS} are taken, as by OpenAI", param="tools")
         seen: set[str] = set()
         for i, t in enumerate(tools):
             if t.type != "function":

@@ -171,6 +171,10 @@ class Gateway:
         if self.closing:
             raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
         prompt, max_tokens = await self.prompt_ids(spec)
+        try:  # (the tools' grammar scales with the body: written in a worker thread)
+            constraint = await anyio.to_thread.run_sync(spec.tools.constraint, self.tokenizer.tool_format, limiter=self.workers)
+        except UsageError as exc:
+            raise RequestError(str(exc), param="tools" if spec.tools.may_call else "response_format", code="unsupported_schema") from None
         if self.max_queue is not None and caller.priority < FOREGROUND and (waiting := self.waiting()) >= self.max_queue:
             raise RequestError(
                 f"{waiting} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
@@ -192,7 +196,6 @@ class Gateway:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
                 with on_behalf(MAILBOX):
-                    constraint = spec.tools.constraint(self.tokenizer.tool_format)
                     handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint)
             except UsageError as exc:
                 raise RequestError(str(exc)) from None
