@@ -37,12 +37,17 @@ from runtime.constraints import Constraint, TurnConstraint
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Queued, Recomputed, Resumed, SwappedIn
 from runtime.kvmoves import KVMemory
 from runtime.latency import felt
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, Priorities
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
+
+# A running turn's tokens so far are told (turn.progress) at most this often, in
+# seconds of the swarm clock: a viewer counts a long turn before it ends, and
+# the log gets a line a second per running turn, not a line per token.
+PROGRESS_S = 1.0
 
 
 class Scheduler:
@@ -80,6 +85,7 @@ class Scheduler:
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
+        self._next_progress = 0.0  # when the running turns' progress is next told
 
     # ------------------------------------------------------------------ inputs
 
@@ -165,6 +171,20 @@ class Scheduler:
             self.step += repeats - 1
             self.accounting.repeat(plan, tokens, repeats - 1, now)
         return self.accounting.postprocess(plan, tokens, now)
+
+    def tell_progress(self, now: float) -> None:
+        """Tell each running turn's tokens so far (turn.progress) where it has
+        new ones, at most once per PROGRESS_S: whoever runs the steps calls it
+        after each step's `postprocess`. (A turn that ends first is counted by
+        its end; the simulator, which only counts decisions, does not call it.)"""
+        if now < self._next_progress:
+            return
+        self._next_progress = now + PROGRESS_S
+        for turn in self.running.values():
+            tokens = len(turn.output) - turn.owed
+            if tokens > turn.told_tokens:
+                turn.told_tokens = tokens
+                self.emit(Progress(**self._about(turn, now), tokens=tokens))
 
     def repeatable(self, plan: Plan, steps: int) -> int:
         """How many identical steps this plan can stand for, at most `steps`: its

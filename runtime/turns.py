@@ -168,6 +168,7 @@ class Turn:
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
     paused_s: float = 0.0
     preemptions: int = 0
+    told_tokens: int = 0  # its tokens so far as last told in turn.progress (runtime.scheduler)
     ended: Ended | None = None  # its terminal event, once it has one
     # While a step runs, the next can be planned as if it had ended (Scheduler.advance):
     owed: int = 0  # tokens sampled by steps in flight, not known yet: the last `owed` of output are UNKNOWN
