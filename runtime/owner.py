@@ -48,7 +48,7 @@ from runtime.devicework import STEP_HISTORY, DeviceWork
 from runtime.engine import Engine
 from runtime.bus import EventBus
 from runtime.channel import UpdateSender
-from runtime.events import Ended, Event, Progress, SwappedIn, SwappedOut, TurnEvent
+from runtime.events import Ended, Event, Progress, TurnEvent
 from runtime.flight import Ran, StepInFlight
 from runtime.intake import STOPPED, Intake
 from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
@@ -319,16 +319,12 @@ class GPUOwner(Actor):
                 self._hang_up(turn.id)
 
     def _settle_moves(self, plan: Plan, failed: dict[int, str]) -> None:
-        """A turn whose KV move failed has lost its cache: unsay the move and
-        have the scheduler re-prefill it, rather than fail it."""
-        if not failed:
-            return
-        self._decided[:] = [e for e in self._decided if not (isinstance(e, (SwappedOut, SwappedIn)) and e.turn in failed)]
-        now = self.bus.now()
+        """The moves made are told; a turn whose KV move failed has lost its
+        cache, and the scheduler re-prefills it rather than fail it."""
         for turn_id, why in failed.items():
             log.warning("turn %d: %s; its KV is recomputed", turn_id, why)
             self.engine.forget(turn_id)
-            self.scheduler.lose_kv(plan, turn_id, now)
+        self.scheduler.settle_moves(plan, failed, self.bus.now())
 
     # -------------------------------------------------------------- updates
 

@@ -4,7 +4,8 @@ State in, decision out. The GPU owner, the simulator and the tests all drive it 
 same way, once per token boundary:
 
     plan = scheduler.schedule(now)         # admit, preempt, resume; pick the batch
-    tokens = engine.step(plan.works)       # (after plan.moves, in order)
+    # (plan.moves first, in order; settle_moves(plan, failed, now) if one may fail)
+    tokens = engine.step(plan.works)
     scheduler.postprocess(plan, tokens, now)
 
 or, as the GPU owner does, one step ahead: `advance(plan)` accounts a step as
@@ -149,9 +150,27 @@ class Scheduler:
 
     # ----------------------------------------------------- a step's accounts
 
+    def settle_moves(self, plan: Plan, failed: dict[int, str], now: float) -> None:
+        """The plan's KV moves were made, but for the turns in `failed`: the
+        moves made are told, and a turn whose move failed has lost its cache and
+        is re-prefilled (runtime.kvmoves), its moves untold. A driver whose moves
+        cannot fail need not call it: `advance` and `postprocess` tell them."""
+        if failed:
+            plan.moved[:] = [e for e in plan.moved if e.turn not in failed]  # type: ignore[attr-defined]
+        self._tell_moves(plan)
+        for turn_id in failed:
+            self.lose_kv(plan, turn_id, now)
+
+    def _tell_moves(self, plan: Plan) -> None:
+        for event in plan.moved:
+            self.emit(event)
+        plan.moved.clear()
+
     def advance(self, plan: Plan) -> None:
         """Account a step just launched as if it had run (runtime.accounting), so
         the next can be planned while it runs."""
+        if plan.moved:
+            self._tell_moves(plan)
         self.step += 1
         self.accounting.advance(plan)
 
@@ -165,6 +184,8 @@ class Scheduler:
         `repeats` > 1 accounts the plan as that many identical steps, as
         `repeatable` allowed (the simulator's fast-forward): the first
         repeats - 1 decode their token again, the last is accounted as usual."""
+        if plan.moved:
+            self._tell_moves(plan)
         if not plan.advanced:
             self.step += 1
         if repeats > 1:
@@ -271,6 +292,8 @@ class Scheduler:
             if not self._admit(turn, free, now, plan):
                 break
         self.batching.fill(now, plan, in_flight)
+        if plan.moved and not plan.moves:
+            self._tell_moves(plan)  # (the shared blocks it kept: nothing to copy, nothing can fail)
         return plan
 
     def _queue_stuck(self, now: float) -> bool:
@@ -336,7 +359,7 @@ class Scheduler:
             if recomputed:
                 self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
             elif swapped:
-                self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
+                plan.moved.append(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
 
     # ------------------------------------------------------------- helpers

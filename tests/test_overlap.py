@@ -164,6 +164,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
             land()
             for move in plan.moves:
                 move.apply(engine)
+            sched.settle_moves(plan, {}, now)
         if not plan.works:
             land()
             continue

@@ -348,3 +348,27 @@ def test_progress_is_told_only_for_new_tokens():
         rig.sched.tell_progress(rig.now)
     told = [(e.agent, e.tokens) for e in rig.named(Progress)]
     assert told == [("docs", 1), ("pair", 1)] and low.status is Status.PAUSED and high.slot == 0
+
+
+def test_a_kv_move_is_told_once_made_and_a_failed_one_never():
+    rig = Rig(policy="swap", slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    rig.submit("pair", FOREGROUND, max_tokens=2)
+    plan = rig.sched.schedule(rig.now)
+    assert plan.swap_out and not rig.named(SwappedOut)  # decided, not made yet
+    rig.sched.settle_moves(plan, {}, rig.now)
+    (told,) = rig.named(SwappedOut)
+    assert told.turn == low.id and not plan.moved
+    rig.sched.postprocess(plan, [7] * len(plan.works), rig.now)
+    assert len(rig.named(SwappedOut)) == 1  # told once
+
+    rig = Rig(policy="swap", slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    rig.submit("pair", FOREGROUND, max_tokens=2)
+    plan = rig.sched.schedule(rig.now)
+    rig.sched.settle_moves(plan, {low.id: "SwapOut failed: injected"}, rig.now)
+    assert not rig.named(SwappedOut) and low.status is Status.DROPPED and low.computed == 0
