@@ -73,7 +73,7 @@ class DeviceWork:
         self._step_ended = time.perf_counter()
         self.steps_run += 1
         flight.sampled = {w.turn: t for w, t in zip(runnable, out) if w.sample}
-        if runnable is not works:
+        if len(runnable) != len(works):  # (a decode left out: its token never came)
             got = dict(zip((w.turn for w in runnable), out))
             out = [got.get(w.turn) for w in works]
         return out, faults, spent

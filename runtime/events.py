@@ -20,6 +20,8 @@ means something:
 | turn.preempted      | paused at a token boundary             | turn, agent, priority, slot, tokens,      |
 |                     |                                        | by_turn, by_agent, by_priority            |
 | turn.resumed        | back in a slot after a pause           | turn, agent, priority, slot, paused_s     |
+| turn.progress       | its tokens so far, while it runs       | turn, agent, priority, slot, tokens       |
+|                     | (at most once a second, swarm clock)   |                                           |
 | turn.finished       | ended normally (eos or max tokens)     | turn, agent, priority, slot, tokens,      |
 |                     |                                        | reason ("eos" or "length"), ttft_s, itl_s,|
 |                     |                                        | token_s (turns above background),         |
@@ -129,6 +131,15 @@ class Resumed(TurnEvent, kw_only=True, tag="turn.resumed"):
     paused_s: float
 
 
+class Progress(TurnEvent, kw_only=True, tag="turn.progress"):
+    """How many tokens a running turn has generated so far, so a viewer counts a
+    long turn before it ends. Told for the running turns that have new tokens,
+    at most once per `PROGRESS_S` of the swarm clock (runtime.scheduler), not a
+    line per token. Only the log and the viewers get it, not the turn's reader."""
+
+    tokens: int  # generated so far
+
+
 class Ended(TurnEvent, kw_only=True):
     """Every turn ends in exactly one of the three kinds below."""
 
@@ -226,7 +237,7 @@ class Unrecognized(msgspec.Struct):
 
 
 KINDS: tuple[type[Event], ...] = (
-    SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Finished,
+    SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Progress, Finished,
     Cancelled, Failed, Inherited, Restored, SwappedOut, SwappedIn, Recomputed,
     AgentCrashed, StepAbandoned, ToolCalled,
 )

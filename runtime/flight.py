@@ -24,6 +24,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from runtime.engine import Work
 from runtime.turns import UNKNOWN, Plan
 
@@ -53,23 +55,26 @@ class StepInFlight:
         return self.flag is not None and self.flag.is_set()
 
     def hand_over(self) -> list[Work]:
-        """In the step thread, right before the step starts: its decodes planned on
-        a token the step before had not sampled yet (UNKNOWN) get that token. A
-        decode whose token never came (its turn faulted) is left out of what
-        runs. (The plan's own works are filled in: they are this step's alone.)"""
+        """In the step thread, right before the step starts: the works to run,
+        its decodes planned on a token the step before had not sampled yet
+        (UNKNOWN) given that token, as SGLang resolves its future tokens on the
+        device side. The plan's own works are left as planned (copies carry the
+        tokens), so nothing the scheduler holds changes under it. A decode whose
+        token never came (its turn faulted) is left out of what runs; otherwise
+        the list matches the plan's, item for item."""
         ahead, self._ahead = self._ahead, None  # (so a long run of steps does not chain them all)
         works = self.plan.works
         if ahead is None:
             return works
-        sampled, missing = ahead.sampled, False
+        sampled, runnable = ahead.sampled, []
         for work in works:
             if work.tokens[-1] == UNKNOWN:
                 token = sampled.get(work.turn)
                 if token is None:
-                    missing = True
-                else:
-                    work.tokens[-1] = token
-        return [w for w in works if w.tokens[-1] != UNKNOWN] if missing else works
+                    continue
+                work = msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token])
+            runnable.append(work)
+        return runnable
 
     def undo(self, scheduler: Scheduler) -> None:
         """It counts for nothing (abandoned): the scheduler forgets its launch.

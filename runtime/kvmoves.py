@@ -144,7 +144,7 @@ class KVMemory:
             self.swapped_blocks += copied
             self.prefix.settle(turn)
             self.pool.release(turn.blocks)
-            self.emit(SwappedOut(**self._about(turn, now), blocks=copied))
+            plan.moved.append(SwappedOut(**self._about(turn, now), blocks=copied))
         else:
             self.drop(turn, plan)
 

@@ -48,7 +48,7 @@ from runtime.devicework import STEP_HISTORY, DeviceWork
 from runtime.engine import Engine
 from runtime.bus import EventBus
 from runtime.channel import UpdateSender
-from runtime.events import Ended, Event, SwappedIn, SwappedOut, TurnEvent
+from runtime.events import Ended, Event, Progress, TurnEvent
 from runtime.flight import Ran, StepInFlight
 from runtime.intake import STOPPED, Intake
 from runtime.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
@@ -289,6 +289,7 @@ class GPUOwner(Actor):
         # (appended: a boundary with moves lands a step before the one before it is delivered)
         self._pending += self.scheduler.postprocess(plan, tokens, now)
         self._pending_t = now
+        self.scheduler.tell_progress(now)
 
     def _deliver(self) -> None:
         """What the last boundary left to do, done while the next step runs: the
@@ -318,16 +319,12 @@ class GPUOwner(Actor):
                 self._hang_up(turn.id)
 
     def _settle_moves(self, plan: Plan, failed: dict[int, str]) -> None:
-        """A turn whose KV move failed has lost its cache: unsay the move and
-        have the scheduler re-prefill it, rather than fail it."""
-        if not failed:
-            return
-        self._decided[:] = [e for e in self._decided if not (isinstance(e, (SwappedOut, SwappedIn)) and e.turn in failed)]
-        now = self.bus.now()
+        """The moves made are told; a turn whose KV move failed has lost its
+        cache, and the scheduler re-prefills it rather than fail it."""
         for turn_id, why in failed.items():
             log.warning("turn %d: %s; its KV is recomputed", turn_id, why)
             self.engine.forget(turn_id)
-            self.scheduler.lose_kv(plan, turn_id, now)
+        self.scheduler.settle_moves(plan, failed, self.bus.now())
 
     # -------------------------------------------------------------- updates
 
@@ -337,8 +334,8 @@ class GPUOwner(Actor):
         self._decided.clear()  # the scheduler appends to this very list
         for event in decided:
             self.bus.emit(event)
-            if not isinstance(event, TurnEvent):
-                continue
+            if not isinstance(event, TurnEvent) or type(event) is Progress:
+                continue  # (a turn's reader counts its own tokens: progress is for the viewers)
             self._send(event.turn, event)
             if isinstance(event, Ended):
                 self.engine.forget(event.turn)

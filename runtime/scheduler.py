@@ -4,7 +4,8 @@ State in, decision out. The GPU owner, the simulator and the tests all drive it 
 same way, once per token boundary:
 
     plan = scheduler.schedule(now)         # admit, preempt, resume; pick the batch
-    tokens = engine.step(plan.works)       # (after plan.moves, in order)
+    # (plan.moves first, in order; settle_moves(plan, failed, now) if one may fail)
+    tokens = engine.step(plan.works)
     scheduler.postprocess(plan, tokens, now)
 
 or, as the GPU owner does, one step ahead: `advance(plan)` accounts a step as
@@ -37,12 +38,17 @@ from runtime.constraints import Constraint, TurnConstraint
 from runtime.cost import StepCost
 from runtime.engine import GREEDY, Sampling
 from runtime.errors import UsageError
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Recomputed, Resumed, SwappedIn
+from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Queued, Recomputed, Resumed, SwappedIn
 from runtime.kvmoves import KVMemory
 from runtime.latency import felt
 from runtime.prefix import PrefixCache
 from runtime.priority import BACKGROUND, Priorities
 from runtime.turns import Plan, Policy, SchedulerConfig, Status, Turn
+
+# A running turn's tokens so far are told (turn.progress) at most this often, in
+# seconds of the swarm clock: a viewer counts a long turn before it ends, and
+# the log gets a line a second per running turn, not a line per token.
+PROGRESS_S = 1.0
 
 
 class Scheduler:
@@ -80,6 +86,7 @@ class Scheduler:
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
+        self._next_progress = 0.0  # when the running turns' progress is next told
 
     # ------------------------------------------------------------------ inputs
 
@@ -143,9 +150,27 @@ class Scheduler:
 
     # ----------------------------------------------------- a step's accounts
 
+    def settle_moves(self, plan: Plan, failed: dict[int, str], now: float) -> None:
+        """The plan's KV moves were made, but for the turns in `failed`: the
+        moves made are told, and a turn whose move failed has lost its cache and
+        is re-prefilled (runtime.kvmoves), its moves untold. A driver whose moves
+        cannot fail need not call it: `advance` and `postprocess` tell them."""
+        if failed:
+            plan.moved[:] = [e for e in plan.moved if e.turn not in failed]  # type: ignore[attr-defined]
+        self._tell_moves(plan)
+        for turn_id in failed:
+            self.lose_kv(plan, turn_id, now)
+
+    def _tell_moves(self, plan: Plan) -> None:
+        for event in plan.moved:
+            self.emit(event)
+        plan.moved.clear()
+
     def advance(self, plan: Plan) -> None:
         """Account a step just launched as if it had run (runtime.accounting), so
         the next can be planned while it runs."""
+        if plan.moved:
+            self._tell_moves(plan)
         self.step += 1
         self.accounting.advance(plan)
 
@@ -159,12 +184,28 @@ class Scheduler:
         `repeats` > 1 accounts the plan as that many identical steps, as
         `repeatable` allowed (the simulator's fast-forward): the first
         repeats - 1 decode their token again, the last is accounted as usual."""
+        if plan.moved:
+            self._tell_moves(plan)
         if not plan.advanced:
             self.step += 1
         if repeats > 1:
             self.step += repeats - 1
             self.accounting.repeat(plan, tokens, repeats - 1, now)
         return self.accounting.postprocess(plan, tokens, now)
+
+    def tell_progress(self, now: float) -> None:
+        """Tell each running turn's tokens so far (turn.progress) where it has
+        new ones, at most once per PROGRESS_S: whoever runs the steps calls it
+        after each step's `postprocess`. (A turn that ends first is counted by
+        its end; the simulator, which only counts decisions, does not call it.)"""
+        if now < self._next_progress:
+            return
+        self._next_progress = now + PROGRESS_S
+        for turn in self.running.values():
+            tokens = len(turn.output) - turn.owed
+            if tokens > turn.told_tokens:
+                turn.told_tokens = tokens
+                self.emit(Progress(**self._about(turn, now), tokens=tokens))
 
     def repeatable(self, plan: Plan, steps: int) -> int:
         """How many identical steps this plan can stand for, at most `steps`: its
@@ -251,6 +292,8 @@ class Scheduler:
             if not self._admit(turn, free, now, plan):
                 break
         self.batching.fill(now, plan, in_flight)
+        if plan.moved and not plan.moves:
+            self._tell_moves(plan)  # (the shared blocks it kept: nothing to copy, nothing can fail)
         return plan
 
     def _queue_stuck(self, now: float) -> bool:
@@ -316,7 +359,7 @@ class Scheduler:
             if recomputed:
                 self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
             elif swapped:
-                self.emit(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
+                plan.moved.append(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
 
     # ------------------------------------------------------------- helpers

@@ -11,7 +11,7 @@ from runtime.constraints import TurnConstraint
 from runtime.cost import step_features
 from runtime.engine import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
-from runtime.events import Ended
+from runtime.events import Ended, Event
 from runtime.priority import FOREGROUND
 from runtime.units import ceil_div
 
@@ -168,6 +168,7 @@ class Turn:
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
     paused_s: float = 0.0
     preemptions: int = 0
+    told_tokens: int = 0  # its tokens so far as last told in turn.progress (runtime.scheduler)
     ended: Ended | None = None  # its terminal event, once it has one
     # While a step runs, the next can be planned as if it had ended (Scheduler.advance):
     owed: int = 0  # tokens sampled by steps in flight, not known yet: the last `owed` of output are UNKNOWN
@@ -299,6 +300,9 @@ class Plan:
     moves: list[SwapOut | SwapIn | Forget | Copy] = field(default_factory=list)
     preemptions: int = 0
     held: list[Turn] = field(default_factory=list)  # prompts waiting a step for a batch-mate's blocks
+    # What its KV moves do (kv.swapped_out, kv.swapped_in), told only once they
+    # are made: a move may fail (Scheduler.settle_moves).
+    moved: list[Event] = field(default_factory=list)
     advanced: bool = False  # accounted by Scheduler.advance before its tokens were known
 
     @functools.cached_property

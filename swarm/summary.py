@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Queued, Restored, Resumed, TurnEvent
+from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Progress, Queued, Restored, Resumed, TurnEvent
 from agents.base import RecordingAgent
 from runtime.priority import FOREGROUND
 
@@ -47,6 +47,9 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
     per: dict[str, AgentSummary] = {a.name: AgentSummary() for a in agents}
     fg_wait: list[float] = []
     computed = reused = 0
+    # A live turn's tokens so far (turn.progress, a pause), until its end counts
+    # them: a log that stops before a turn ends still counts what it made.
+    live: dict[int, tuple[str, int]] = {}
     for e in events:
         match e:
             case Ended(cached_tokens=cached, computed_tokens=prefilled):
@@ -67,16 +70,22 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
                 s.turns += 1
             case Ended(tokens=tokens):
                 s.tokens += tokens
+                live.pop(e.turn, None)
+            case Progress(tokens=tokens):
+                live[e.turn] = (e.agent, tokens)
             case Resumed(paused_s=paused_s):
                 s.paused_s += paused_s
-            case Preempted():
+            case Preempted(tokens=tokens):
                 s.preempted += 1
+                live[e.turn] = (e.agent, tokens)
             case Inherited():
                 s.inherited += 1
             case AgentCrashed(reason=reason):
                 s.crashed = reason
             case Admitted(priority=priority, waited_s=waited_s) if priority >= FOREGROUND and waited_s is not None:
                 fg_wait.append(waited_s)
+    for agent, tokens in live.values():
+        per[agent].tokens += tokens
     # Agents that keep TurnRecords time from the request leaving the agent, which
     # the event log cannot (a request is logged at the next token boundary).
     records = [r for a in agents if isinstance(a, RecordingAgent) for r in a.records if r.priority >= FOREGROUND and r.ttft_s is not None]

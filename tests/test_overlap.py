@@ -164,6 +164,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
             land()
             for move in plan.moves:
                 move.apply(engine)
+            sched.settle_moves(plan, {}, now)
         if not plan.works:
             land()
             continue
@@ -221,3 +222,27 @@ def test_turns_with_one_prompt_compute_it_once_when_planned_ahead(ahead):
     computed = {e.agent: e.computed_tokens for e in events if isinstance(e, Finished)}
     assert computed["a"] == len(first.prompt)
     assert computed["b"] <= 2 * 4  # its own tail: the shared prompt came by reference
+
+
+def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_planned():
+    """StepInFlight.hand_over: a decode planned on a token not sampled yet runs
+    with that token, in a copy; a decode whose token never came is left out;
+    the plan the scheduler accounts keeps what it planned."""
+    from runtime.engine import Work
+    from runtime.flight import StepInFlight
+    from runtime.turns import Plan
+
+    def step_of(works: list[Work], ahead: StepInFlight | None) -> StepInFlight:
+        return StepInFlight(Plan(works=works), ahead, None, chained=ahead is not None)
+
+    before = step_of([], None)
+    before.sampled = {1: 42, 2: 43}
+    planned = [Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True), Work(3, [7, 8], 0, [2], True)]
+    after = step_of(planned, before)
+    runs = after.hand_over()
+    assert [(w.turn, w.tokens) for w in runs] == [(1, [42]), (2, [43]), (3, [7, 8])]
+    assert [w.tokens for w in after.plan.works] == [[UNKNOWN], [UNKNOWN], [7, 8]]
+    before.sampled = {1: 42}  # turn 2's step faulted: no token for it
+    faulted = step_of([Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True)], before)
+    assert [(w.turn, w.tokens) for w in faulted.hand_over()] == [(1, [42])]
+    assert [w.tokens for w in faulted.plan.works] == [[UNKNOWN], [UNKNOWN]]

@@ -12,7 +12,8 @@ import pytest
 
 from runtime.cost import StepCost
 from runtime.errors import TurnCancelled
-from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Queued, Resumed, SwarmStarted, SwarmStopped
+from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Progress, Queued, Resumed, SwarmStarted, SwarmStopped
+from runtime.messages import Token
 from runtime.timing import TimingEngine
 from swarm import FOREGROUND, Agent, Swarm
 from pausing import Pausable
@@ -288,3 +289,37 @@ async def test_a_turn_left_early_ends_with_its_agents_reason_even_if_a_token_fol
             ended = await rec.until(lambda e: isinstance(e, Ended) and e.agent == "leaver")
     assert after == [True]
     assert isinstance(ended, Cancelled) and ended.reason == "client disconnected"
+
+
+class ClockedEngine(TimingEngine):
+    """Each step moves a virtual swarm clock on by a tenth of a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def step(self, batch, abandon=None):
+        self.now += 0.1
+        return super().step(batch, abandon)
+
+
+@pytest.mark.anyio
+async def test_a_running_turns_tokens_are_told_once_a_second_before_it_ends():
+    """turn.progress in virtual time, a tenth of a second a step: told every ten
+    steps or so, each time with more tokens, to the log but not to the turn's
+    own reader (who counts its tokens)."""
+    from runtime.messages import TurnRequest
+
+    engine = ClockedEngine()
+    with anyio.fail_after(30):
+        async with Swarm(engine, slots=1, clock=lambda: engine.now) as s:
+            rec = Recorder(s)
+            request = TurnRequest(agent="docs", priority=0, prompt=[1, 2, 3], max_tokens=45, ignore_eos=True)
+            channel = await s.client.submit(s.client.new_turn_id(), request)
+            updates = [u async for u in channel.receive]
+            end = await rec.until(lambda e: isinstance(e, Ended))
+    told = [e for e in rec.events if isinstance(e, Progress)]
+    assert end.tokens == 45 and 4 <= len(told) <= 5
+    assert all(b.tokens > a.tokens and b.t - a.t >= 1.0 - 1e-9 and b.step - a.step <= 12 for a, b in zip(told, told[1:]))
+    assert told[0].tokens >= 1 and told[-1].tokens < end.tokens and told[-1].t < end.t
+    assert sum(isinstance(u, Token) for u in updates) == 45 and not any(isinstance(u, Progress) for u in updates)

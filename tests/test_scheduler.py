@@ -6,9 +6,9 @@ import pytest
 
 from runtime.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted, Recomputed, Resumed, SwappedIn, SwappedOut
+from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Recomputed, Resumed, SwappedIn, SwappedOut
 from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
+from runtime.scheduler import PROGRESS_S, Scheduler
 from runtime.timing import TimingEngine, TimingModel
 from runtime.turns import Policy, SchedulerConfig, Status, Turn
 
@@ -315,3 +315,60 @@ def test_a_turn_lent_foreground_priority_carries_every_token_time_too():
         rig.step()
     (end,) = rig.named(Ended)
     assert end.priority == FOREGROUND and end.token_s == pytest.approx([STEP, 2 * STEP, 3 * STEP])
+
+
+def test_a_running_turns_progress_is_told_once_a_second_of_swarm_clock():
+    rig = Rig(slots=2)
+    long = rig.submit("docs", BACKGROUND, max_tokens=100)
+    short = rig.submit("tests", BACKGROUND, max_tokens=30)
+    while not long.done:
+        plan = rig.sched.schedule(rig.now)
+        rig.now = (rig.sched.step + 1) / 32  # 32 steps a second, exactly
+        rig.sched.postprocess(plan, [7] * len(plan.works), rig.now)
+        rig.sched.tell_progress(rig.now)
+    told = rig.named(Progress)
+    mine = [e for e in told if e.turn == long.id]
+    # Told at its first token, then every 32 steps; its end tells the rest.
+    assert [e.tokens for e in mine] == [1, 33, 65, 97] and [e.step for e in mine] == [1, 33, 65, 97]
+    assert [b.t - a.t for a, b in zip(mine, mine[1:])] == [PROGRESS_S] * 3
+    # The short turn ended at token 30: told once, its end counts the rest.
+    assert [e.tokens for e in told if e.turn == short.id] == [1]
+    assert {e.turn: e.tokens for e in rig.named(Ended)} == {long.id: 100, short.id: 30}
+
+
+def test_progress_is_told_only_for_new_tokens():
+    rig = Rig(slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=100)
+    rig.step()
+    rig.sched.tell_progress(rig.now)
+    high = rig.submit("pair", FOREGROUND, max_tokens=100)
+    rig.step()  # pair takes docs' slot: docs stands still while paused
+    for _ in range(2):
+        rig.now += PROGRESS_S
+        rig.sched.tell_progress(rig.now)
+    told = [(e.agent, e.tokens) for e in rig.named(Progress)]
+    assert told == [("docs", 1), ("pair", 1)] and low.status is Status.PAUSED and high.slot == 0
+
+
+def test_a_kv_move_is_told_once_made_and_a_failed_one_never():
+    rig = Rig(policy="swap", slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    rig.submit("pair", FOREGROUND, max_tokens=2)
+    plan = rig.sched.schedule(rig.now)
+    assert plan.swap_out and not rig.named(SwappedOut)  # decided, not made yet
+    rig.sched.settle_moves(plan, {}, rig.now)
+    (told,) = rig.named(SwappedOut)
+    assert told.turn == low.id and not plan.moved
+    rig.sched.postprocess(plan, [7] * len(plan.works), rig.now)
+    assert len(rig.named(SwappedOut)) == 1  # told once
+
+    rig = Rig(policy="swap", slots=1)
+    low = rig.submit("docs", BACKGROUND, max_tokens=20)
+    for _ in range(3):
+        rig.step()
+    rig.submit("pair", FOREGROUND, max_tokens=2)
+    plan = rig.sched.schedule(rig.now)
+    rig.sched.settle_moves(plan, {low.id: "SwapOut failed: injected"}, rig.now)
+    assert not rig.named(SwappedOut) and low.status is Status.DROPPED and low.computed == 0

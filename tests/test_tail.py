@@ -263,3 +263,17 @@ def test_a_cluster_event_names_its_owner() -> None:
     line = render(Admitted(t=1.0, step=3, turn=7, agent="pair", priority=10, slot=0, waited_s=0.01, owner="gpu1")).plain
     assert "gpu1: turn 7 (pair) got slot 0" in line
     assert "gpu" not in render(Admitted(t=1.0, step=3, turn=7, agent="pair", priority=10, slot=0, waited_s=0.01)).plain
+
+
+def test_a_running_turns_progress_reads_as_its_token_count_and_the_summary_counts_it() -> None:
+    from runtime.events import Finished, Progress, Queued
+    from swarm.summary import summarize
+
+    about = dict(turn=7, agent="docs", priority=0)
+    told = Progress(t=2.0, step=80, **about, slot=1, tokens=40)
+    assert tail.describe(told) == "turn 7 (docs) at token 40"
+    # A log cut off mid-turn counts what the turn had made; its end replaces that.
+    live = [Queued(t=0.0, step=0, **about, tokens=3), told]
+    assert summarize(live).agents["docs"].tokens == 40
+    ended = [*live, Finished(t=3.0, step=120, **about, slot=1, tokens=60, reason="length")]
+    assert summarize(ended).agents["docs"].tokens == 60

@@ -171,6 +171,27 @@ async def test_an_agents_tokens_count_before_its_turn_ends(browser):
 
 
 @pytest.mark.asyncio
+async def test_a_turn_never_paused_counts_its_tokens_on_the_page_while_it_runs(browser):
+    """turn.progress: a running swarm's one long turn, never paused, shows a
+    growing token count in the agents table long before it ends."""
+    hub = WatchHub(source="test")
+    cell = "document.getElementById('agent-rows').rows[0].cells[4].textContent"
+    with anyio.fail_after(120):
+        async with page_server(hub) as url:
+            await on_page(browser.get, url)
+            await on_page(wait_for, browser, "window.swarmState.connected")
+            async with anyio.create_task_group() as tg, Swarm(TimingEngine(realtime=True), slots=1) as swarm:
+                await tg.start(follow_bus, hub, swarm.bus)  # ends when the swarm does
+                await swarm.spawn(Background("bg"))
+                first = int(await on_page(wait_for, browser, f"Number({cell}) > 0 && {cell}"))
+                later = int(await on_page(wait_for, browser, f"Number({cell}) > {first} && {cell}"))
+                shown = state(browser)
+    assert 0 < first < later < LONG
+    assert shown["counts"]["finished"] == 0 and shown["counts"]["preemptions"] == 0 and shown["counts"]["unknown"] == 0
+    assert shown["agents"]["bg"]["tokens"] >= later
+
+
+@pytest.mark.asyncio
 async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
     pick_all = "const w = document.getElementById('window'); w.value = '0'; w.onchange();"
     # A frame due before the pick still draws the 30 s window: wait for one drawn after it.

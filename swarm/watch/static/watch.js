@@ -162,6 +162,9 @@ function apply(m, e, receivedAt) {
       tr.paused = false;
       openRun(m, tr, e);
       break;
+    case "turn.progress": // a running turn's tokens so far, told now and then
+      if (tr && typeof e.tokens === "number" && e.tokens > tr.tokens) tr.tokens = e.tokens;
+      break;
     case "turn.finished": case "turn.cancelled": case "turn.failed":
       c[e.event.slice(5)] += 1;
       if (!a) break;
@@ -226,7 +229,8 @@ function closeBand(m, a, t, receivedAt) {
 }
 
 // An agent's tokens: its ended turns' and what its live turns are known to have
-// generated so far (a pause says how many), so a long turn counts before it ends.
+// generated so far (turn.progress and a pause say how many), so a long turn
+// counts before it ends.
 function agentTokens(m, a) {
   let n = a.tokens;
   for (const tr of m.turns.values()) if (tr.agent === a.name) n += tr.tokens;
