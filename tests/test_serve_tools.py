@@ -228,6 +228,7 @@ def test_tools_with_a_json_answer(client: openai.OpenAI) -> None:
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "two tools"),
     ({"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "tool_call_id"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "messages[1].tool_call_id", "'call_9'"),
 ])
 def test_what_the_grammar_engine_or_the_api_cannot_take_is_a_400_naming_it(server: ServerProcess, body: dict[str, Any], param: str, says: str) -> None:
     request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}

@@ -110,6 +110,7 @@ def parse_chat(body: bytes) -> TurnSpec:
     if not req.messages:
         raise RequestError("`messages` must hold at least one message", param="messages")
     messages = [_message(i, m) for i, m in enumerate(req.messages)]
+    _check_tool_answers(messages)
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise RequestError("`max_tokens` and `max_completion_tokens` disagree; send one", param="max_tokens")
     spec = _common(req, "chat", req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
@@ -225,6 +226,19 @@ def _message(i: int, m: Message) -> dict[str, Any]:
             texts.append(part["text"])
         return {"role": role, "content": "".join(texts), **extra}
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
+
+
+def _check_tool_answers(messages: list[dict[str, Any]]) -> None:
+    """A tool message answers a call an earlier assistant message made, as OpenAI
+    requires: one that answers nothing is a client's bookkeeping gone wrong."""
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        called.update(c["id"] for c in m.get("tool_calls") or ())
+        if m["role"] == "tool" and m["tool_call_id"] not in called:
+            raise RequestError(
+                f"messages[{i}]: a tool message must answer a call of an earlier assistant message; no call has id {m['tool_call_id']!r}",
+                param=f"messages[{i}].tool_call_id",
+            )
 
 
 def _common(req: _Request, kind: Literal["chat", "text"], max_tokens: int | None) -> TurnSpec:
