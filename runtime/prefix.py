@@ -43,6 +43,10 @@ class PrefixCache:
 
     def chain(self, turn: Turn, n: int) -> list[bytes]:
         """The keys of the turn's first `n` full blocks (kept on the turn)."""
+        return self._named(turn, n)[:n]
+
+    def _named(self, turn: Turn, n: int) -> list[bytes]:
+        """The turn's keys, at least its first `n` named: `chain` without the copy."""
         keys = turn.hashes
         if len(keys) < n:
             size = self.pool.block_size
@@ -50,14 +54,14 @@ class PrefixCache:
             for i in range(len(keys), n):
                 parent = _digest(parent + array("q", turn.tokens(i * size, (i + 1) * size)).tobytes())
                 keys.append(parent)
-        return keys[:n]
+        return keys
 
     def parent(self, turn: Turn, i: int) -> bytes:
         """The key block i of the turn is filed under: its predecessor's, or the root."""
         if not i:
             return self.root
         keys = turn.hashes  # (asked after every step: no copy of the chain when it is there)
-        return keys[i - 1] if len(keys) >= i else self.chain(turn, i)[i - 1]
+        return keys[i - 1] if len(keys) >= i else self._named(turn, i)[i - 1]
 
     def reuse(self, turn: Turn, moves: list | None = None) -> int:
         """Give a turn that holds no K/V what the cache has of its tokens (leaving
@@ -80,8 +84,8 @@ class PrefixCache:
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
             return 0
-        keys = self.chain(turn, want)
-        for key in keys[len(turn.blocks) :]:
+        keys = self._named(turn, want)
+        for key in keys[len(turn.blocks) : want]:
             block = self.pool.lookup(key)
             if block is None:
                 break
@@ -141,10 +145,10 @@ class PrefixCache:
         landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
-            keys = self.chain(turn, full)
+            keys, blocks, pool = self._named(turn, full), turn.blocks, self.pool  # (once a step per turn, blocks of a fast-forward at once)
             for i in range(turn.committed, full):
-                if self.pool.register(turn.blocks[i], keys[i]):
-                    self.pool.note(turn.blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
+                if pool.register(blocks[i], keys[i]):
+                    pool.note(blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
             turn.committed = full
         if full < len(turn.blocks) and landed > full * size:
             self._unsettled[turn.id] = turn
