@@ -145,13 +145,28 @@ class PrefixCache:
         landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
-            keys, blocks, pool = self._named(turn, full), turn.blocks, self.pool  # (once a step per turn, blocks of a fast-forward at once)
-            for i in range(turn.committed, full):
-                if pool.register(blocks[i], keys[i]):
-                    pool.note(blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
-            turn.committed = full
+            self._register(turn, full)
         if full < len(turn.blocks) and landed > full * size:
             self._unsettled[turn.id] = turn
+
+    def _register(self, turn: Turn, full: int) -> None:
+        """Register (and note) the turn's blocks from its first uncommitted one to
+        `full`, naming those `chain` has not yet: each block's tokens are read
+        once, for its key and its note alike (a fast-forward commits many)."""
+        size, keys, blocks, pool, tokens = self.pool.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
+        first = turn.committed
+        parent = self.parent(turn, first)
+        for i in range(first, full):
+            rows = tokens(i * size, (i + 1) * size)
+            if i < len(keys):
+                key = keys[i]
+            else:
+                key = _digest(parent + array("q", rows).tobytes())
+                keys.append(key)
+            if pool.register(blocks[i], key):
+                pool.note(blocks[i], parent, tuple(rows))
+            parent = key
+        turn.committed = full
 
     def settle(self, turn: Turn | None = None) -> None:
         """Note the rows of partly computed last blocks as they stand now: one
