@@ -45,14 +45,14 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
-        self._rows_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}  # noted: block -> (parent key, row tokens)
+        # noted: block -> (parent key, row tokens, its place in the order blocks were first noted)
+        self._rows_of: dict[int, tuple[bytes, tuple[int, ...], int]] = {}
         # (parent key, first row's token) -> the blocks noted so: a lookup compares
         # only blocks that agree on a row at least, not every one noted under the
         # key (every turn's first block is noted under the root). With the order
         # each was noted in, `best_rows`' tie-break.
         self._starting: dict[tuple[bytes, int], dict[int, None]] = {}
-        self._noted_order: dict[int, int] = {}  # noted block -> its place among the notes
-        self._notes = 0
+        self._notes = 0  # blocks first noted so far
 
     @property
     def num_free(self) -> int:
@@ -147,17 +147,19 @@ class BlockPool:
             raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
         old = self._rows_of.get(block)
         if old is None:
-            self._noted_order[block] = self._notes
+            order = self._notes
             self._notes += 1
         elif old[0] != parent:
             raise ValueError(f"block {block} is already noted under another parent")
+        else:
+            order = old[2]
         first = rows[0] if rows else None
         if old is None or (old[1][0] if old[1] else None) != first:
             if old is not None:
                 self._unfile_first(block, old)
             if rows:
                 self._starting.setdefault((parent, first), {})[block] = None
-        self._rows_of[block] = (parent, rows)
+        self._rows_of[block] = (parent, rows, order)
 
     def noted_rows(self, block: int) -> tuple[int, ...]:
         """The tokens a noted block's rows hold (empty if it is not noted)."""
@@ -172,15 +174,15 @@ class BlockPool:
             return best, most
         # (only blocks whose first row agrees can agree for any rows; among equals,
         # the one noted first under the key wins)
-        order = self._noted_order
+        rows_of = self._rows_of
         for block in self._starting.get((parent, tokens[0]), ()):
-            rows = self._rows_of[block][1]
+            rows = rows_of[block][1]
             n = 0
             for a, b in zip(rows, tokens):
                 if a != b:
                     break
                 n += 1
-            if n > most or (n == most and best is not None and order[block] < order[best]):
+            if n > most or (n == most and best is not None and rows_of[block][2] < rows_of[best][2]):
                 best, most = block, n
         return best, most
 
@@ -191,11 +193,10 @@ class BlockPool:
             del self._block_of[key]
         noted = self._rows_of.pop(block, None)
         if noted is not None:
-            del self._noted_order[block]
             self._unfile_first(block, noted)
 
-    def _unfile_first(self, block: int, noted: tuple[bytes, tuple[int, ...]]) -> None:
-        parent, rows = noted
+    def _unfile_first(self, block: int, noted: tuple[bytes, tuple[int, ...], int]) -> None:
+        parent, rows, _ = noted
         if not rows:
             return
         starting = self._starting[parent, rows[0]]
