@@ -45,8 +45,14 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
-        self._rows_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}  # noted: block -> (parent key, row tokens)
-        self._under: dict[bytes, dict[int, None]] = {}  # parent key -> the blocks noted under it
+        # noted: block -> (parent key, row tokens, its place in the order blocks were first noted)
+        self._rows_of: dict[int, tuple[bytes, tuple[int, ...], int]] = {}
+        # (parent key, first row's token) -> the blocks noted so: a lookup compares
+        # only blocks that agree on a row at least, not every one noted under the
+        # key (every turn's first block is noted under the root). With the order
+        # each was noted in, `best_rows`' tie-break.
+        self._starting: dict[tuple[bytes, int], dict[int, None]] = {}
+        self._notes = 0  # blocks first noted so far
 
     @property
     def num_free(self) -> int:
@@ -141,10 +147,19 @@ class BlockPool:
             raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
         old = self._rows_of.get(block)
         if old is None:
-            self._under.setdefault(parent, {})[block] = None
+            order = self._notes
+            self._notes += 1
         elif old[0] != parent:
             raise ValueError(f"block {block} is already noted under another parent")
-        self._rows_of[block] = (parent, rows)
+        else:
+            order = old[2]
+        first = rows[0] if rows else None
+        if old is None or (old[1][0] if old[1] else None) != first:
+            if old is not None:
+                self._unfile_first(block, old)
+            if rows:
+                self._starting.setdefault((parent, first), {})[block] = None
+        self._rows_of[block] = (parent, rows, order)
 
     def noted_rows(self, block: int) -> tuple[int, ...]:
         """The tokens a noted block's rows hold (empty if it is not noted)."""
@@ -155,14 +170,19 @@ class BlockPool:
         """The noted block under `parent` whose rows agree longest with `tokens`
         from its first row, and for how many rows (None, 0 if none does)."""
         best, most = None, 0
-        for block in self._under.get(parent, ()):
-            rows = self._rows_of[block][1]
+        if not tokens:
+            return best, most
+        # (only blocks whose first row agrees can agree for any rows; among equals,
+        # the one noted first under the key wins)
+        rows_of = self._rows_of
+        for block in self._starting.get((parent, tokens[0]), ()):
+            rows = rows_of[block][1]
             n = 0
             for a, b in zip(rows, tokens):
                 if a != b:
                     break
                 n += 1
-            if n > most:
+            if n > most or (n == most and best is not None and rows_of[block][2] < rows_of[best][2]):
                 best, most = block, n
         return best, most
 
@@ -173,7 +193,13 @@ class BlockPool:
             del self._block_of[key]
         noted = self._rows_of.pop(block, None)
         if noted is not None:
-            under = self._under[noted[0]]
-            del under[block]
-            if not under:
-                del self._under[noted[0]]
+            self._unfile_first(block, noted)
+
+    def _unfile_first(self, block: int, noted: tuple[bytes, tuple[int, ...], int]) -> None:
+        parent, rows, _ = noted
+        if not rows:
+            return
+        starting = self._starting[parent, rows[0]]
+        del starting[block]
+        if not starting:
+            del self._starting[parent, rows[0]]

@@ -43,6 +43,10 @@ class PrefixCache:
 
     def chain(self, turn: Turn, n: int) -> list[bytes]:
         """The keys of the turn's first `n` full blocks (kept on the turn)."""
+        return self._named(turn, n)[:n]
+
+    def _named(self, turn: Turn, n: int) -> list[bytes]:
+        """The turn's keys, at least its first `n` named: `chain` without the copy."""
         keys = turn.hashes
         if len(keys) < n:
             size = self.pool.block_size
@@ -50,14 +54,14 @@ class PrefixCache:
             for i in range(len(keys), n):
                 parent = _digest(parent + array("q", turn.tokens(i * size, (i + 1) * size)).tobytes())
                 keys.append(parent)
-        return keys[:n]
+        return keys
 
     def parent(self, turn: Turn, i: int) -> bytes:
         """The key block i of the turn is filed under: its predecessor's, or the root."""
         if not i:
             return self.root
         keys = turn.hashes  # (asked after every step: no copy of the chain when it is there)
-        return keys[i - 1] if len(keys) >= i else self.chain(turn, i)[i - 1]
+        return keys[i - 1] if len(keys) >= i else self._named(turn, i)[i - 1]
 
     def reuse(self, turn: Turn, moves: list | None = None) -> int:
         """Give a turn that holds no K/V what the cache has of its tokens (leaving
@@ -80,8 +84,8 @@ class PrefixCache:
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
             return 0
-        keys = self.chain(turn, want)
-        for key in keys[len(turn.blocks) :]:
+        keys = self._named(turn, want)
+        for key in keys[len(turn.blocks) : want]:
             block = self.pool.lookup(key)
             if block is None:
                 break
@@ -141,13 +145,28 @@ class PrefixCache:
         landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
-            keys = self.chain(turn, full)
-            for i in range(turn.committed, full):
-                if self.pool.register(turn.blocks[i], keys[i]):
-                    self.pool.note(turn.blocks[i], keys[i - 1] if i else self.root, tuple(turn.tokens(i * size, (i + 1) * size)))
-            turn.committed = full
+            self._register(turn, full)
         if full < len(turn.blocks) and landed > full * size:
             self._unsettled[turn.id] = turn
+
+    def _register(self, turn: Turn, full: int) -> None:
+        """Register (and note) the turn's blocks from its first uncommitted one to
+        `full`, naming those `chain` has not yet: each block's tokens are read
+        once, for its key and its note alike (a fast-forward commits many)."""
+        size, keys, blocks, pool, tokens = self.pool.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
+        first = turn.committed
+        parent = self.parent(turn, first)
+        for i in range(first, full):
+            rows = tokens(i * size, (i + 1) * size)
+            if i < len(keys):
+                key = keys[i]
+            else:
+                key = _digest(parent + array("q", rows).tobytes())
+                keys.append(key)
+            if pool.register(blocks[i], key):
+                pool.note(blocks[i], parent, tuple(rows))
+            parent = key
+        turn.committed = full
 
     def settle(self, turn: Turn | None = None) -> None:
         """Note the rows of partly computed last blocks as they stand now: one

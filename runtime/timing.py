@@ -97,10 +97,15 @@ class TimingEngine:
         """Seconds for `steps` steps of the plan, KV moves and flushes excluded: its
         first step as given, the rest (the simulator's fast-forward, Scheduler.repeatable)
         as one-token decodes whose attention reads one more position per item each step."""
+        return self.steps_s(self.first_step_s(plan), self.next_step_s(plan), len(plan.works), steps)
+
+    def steps_s(self, first_s: float, next_s: float, items: int, steps: int) -> float:
+        """`step_s` from a plan's `first_step_s`, `next_step_s` and number of items,
+        priced once for the many step counts the simulator tries."""
         rest = steps - 1
         # Fast-forwarded step k (1 .. rest) reads k - 1 more positions per item than the first of them.
-        growth = self._law.kv_s * len(plan.works) * (rest * (rest - 1) // 2)
-        return self.first_step_s(plan) + rest * self.next_step_s(plan) + growth
+        growth = self._law.kv_s * items * (rest * (rest - 1) // 2)
+        return first_s + rest * next_s + growth
 
     def first_step_s(self, plan: Plan) -> float:
         return self._law.predict(*step_features(plan.works))
@@ -112,6 +117,8 @@ class TimingEngine:
 
     def overhead_s(self, plan: Plan) -> float:
         """Seconds spent before the step can start: flushes and KV moves."""
+        if not plan.moves and not plan.preemptions:
+            return 0.0  # (most steps)
         moved = sum(length for _, _, length in plan.swap_out)
         moved += sum(len(blocks) * self.block_size for _, blocks in plan.swap_in)
         copied = 2 * len(plan.copies) * self.block_size  # read and written once each

@@ -219,14 +219,15 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
-    def before_arrival(plan: Plan, steps: int, now: float, arrival: float) -> int:
-        """How many of the plan's `steps` to run before the next arrival: those that
-        end before it, or just the first if it lands in that one (so it is taken
-        in at the end of the very step it lands in, or stops it)."""
+    def before_arrival(span_s: Callable[[int], float], overhead_s: float, steps: int, now: float, arrival: float) -> int:
+        """How many of the plan's `steps` (lasting `span_s(n)` for n of them, after
+        `overhead_s`) to run before the next arrival: those that end before it, or
+        just the first if it lands in that one (so it is taken in at the end of the
+        very step it lands in, or stops it)."""
         lo, hi = 1, steps  # the most steps that end by the arrival, at least 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if now + engine.overhead_s(plan) + engine.step_s(plan, mid) <= arrival:
+            if now + overhead_s + span_s(mid) <= arrival:
                 lo = mid
             else:
                 hi = mid - 1
@@ -263,24 +264,31 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue
+        # (priced once: the plan does not change until it is accounted)
+        overhead_s, first_s, next_s, items = engine.overhead_s(plan), engine.first_step_s(plan), engine.next_step_s(plan), len(plan.works)
+
+        def span_s(steps: int) -> float:
+            return engine.steps_s(first_s, next_s, items, steps)
+
         if next_fg < len(arrivals):
-            steps = before_arrival(plan, steps, now, arrivals[next_fg])
+            steps = before_arrival(span_s, overhead_s, steps, now, arrivals[next_fg])
             if steps == 1 and abandons(plan):
                 # The arrival stops the step it lands in: it counts for nothing.
-                start = now + engine.overhead_s(plan)
-                stop = stopped_after(arrivals[next_fg] - start, engine.first_step_s(plan))
+                start = now + overhead_s
+                stop = stopped_after(arrivals[next_fg] - start, first_s)
                 if stop is not None:
                     result.abandoned_steps += 1
                     now = start + stop
                     continue
         for turn in plan.turns:
             if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
-                result.fg_waits.append(now - turn.arrived + engine.overhead_s(plan))
-        moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
-        result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
+                result.fg_waits.append(now - turn.arrived + overhead_s)
+        if plan.moves:
+            moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
+            result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
         tokens = engine.step(plan.works)
-        first = now + engine.overhead_s(plan) + engine.first_step_s(plan)
-        now += engine.overhead_s(plan) + engine.step_s(plan, steps)
+        first = now + overhead_s + first_s
+        now += overhead_s + span_s(steps)
         rest = (now - first) / (steps - 1) if steps > 1 else 0.0
         for turn, _ in sched.postprocess(plan, tokens, now, repeats=steps):
             if turn.agent == "fg":

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -76,7 +76,9 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(parent=st.sampled_from([b"p0", b"p1", b"p2"]), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=4))
     def best_rows(self, parent, tokens):
-        """The longest agreement from the first row among the blocks noted under parent."""
+        """The longest agreement from the first row among the blocks noted under
+        parent, by a scan of them all (the pool looks only at those whose first
+        row agrees); of equals, the one noted first."""
         def agree(rows):
             n = 0
             while n < min(len(rows), len(tokens)) and rows[n] == tokens[n]:
@@ -87,7 +89,8 @@ class PoolMachine(RuleBasedStateMachine):
         block, n = self.pool.best_rows(parent, tokens)
         assert n == most
         if most:
-            assert self.rows_of[block][0] == parent and agree(self.rows_of[block][1]) == most
+            # (the model's dict keeps the order blocks were first noted in)
+            assert block == next(b for b, (p, rows) in self.rows_of.items() if p == parent and agree(rows) == most)
         else:
             assert block is None
 
@@ -197,3 +200,47 @@ def test_a_second_copy_of_a_key_stays_private():
     pool.grow(b, 4)
     assert pool.register(a[0], b"k") and not pool.register(b[0], b"k")
     assert pool.lookup(b"k") == a[0] and not pool.is_cached(b[0])
+
+
+
+notes_strategy = st.lists(st.tuples(st.integers(0, BLOCKS - 1), st.sampled_from([b"p0", b"p1"]), st.lists(st.integers(0, 1), max_size=3)), max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=notes_strategy, taken=st.integers(0, BLOCKS), then=notes_strategy, tokens=st.lists(st.integers(0, 1), max_size=3))
+def test_best_rows_picks_what_a_scan_of_every_noted_block_picks(first, taken, then, tokens) -> None:
+    """The pool looks only at the blocks whose first row agrees; a scan of all
+    of them in the order they were first noted, keeping the first of the
+    longest agreements, must pick the same block, whatever was noted again
+    (rows that change) or evicted and noted anew."""
+    pool = BlockPool(BLOCKS, 4)
+    rows_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}  # the model, in the order first noted
+
+    def note(table, notes):
+        for block, parent, rows in notes:
+            if block not in table or (block in rows_of and rows_of[block][0] != parent):
+                continue
+            pool.note(block, parent, tuple(rows))
+            rows_of[block] = (parent, tuple(rows))
+
+    table: list[int] = []
+    pool.grow(table, BLOCKS * 4)
+    note(table, first)
+    pool.release(table)
+    pool.grow(table, taken * 4)  # the free blocks, then the least recently used noted ones
+    for block in table:
+        rows_of.pop(block, None)  # (evicted: its note is gone)
+    note(table, then)
+
+    def agree(rows):
+        n = 0
+        while n < min(len(rows), len(tokens)) and rows[n] == tokens[n]:
+            n += 1
+        return n
+
+    for parent in (b"p0", b"p1"):
+        scanned, most = None, 0
+        for block, (p, rows) in rows_of.items():
+            if p == parent and agree(rows) > most:
+                scanned, most = block, agree(rows)
+        assert pool.best_rows(parent, tokens) == (scanned, most)

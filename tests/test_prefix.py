@@ -3,6 +3,8 @@ meets preemption, swap and recompute. Token counts, never times."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_engine import KVEngine, reference_output
 
 from runtime.blocks import BlockPool
@@ -322,3 +324,36 @@ def test_a_turns_end_says_what_the_engine_computed_and_what_it_reused():
     assert (again.ended.computed_tokens, again.ended.cached_tokens) == (5, 16)  # 16-20, then 3 decodes
     summary = summarize(rig.events)
     assert (summary.prompt_computed, summary.prompt_reused) == (16 + 5, 16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    named_first=st.integers(0, 10),
+    strides=st.lists(st.integers(1, 9), min_size=1, max_size=8),
+)
+def test_commit_registers_and_notes_what_chain_names_block_by_block(tokens, named_first, strides) -> None:
+    """commit names the blocks a step completes as it registers them (a
+    fast-forward completes many at once), reading each block's tokens once: the
+    keys must be those `chain` gives a fresh turn block by block, each full block
+    found under its key and noted under its predecessor's with its tokens, and
+    the last partial block noted at `settle`, whatever the turn had named before."""
+    pool = BlockPool(32, B)
+    prefix = PrefixCache(pool)
+    turn = Turn(1, "a", BACKGROUND, tokens, 1)
+    prefix.chain(turn, min(named_first, len(tokens) // B))  # (as a batch-mate's lookup may have)
+    pool.grow(turn.blocks, len(tokens))
+    for stride in strides:
+        turn.computed = min(turn.computed + stride, len(tokens))
+        prefix.commit(turn)
+    prefix.settle()
+    fresh = Turn(2, "b", BACKGROUND, tokens, 1)
+    full = turn.computed // B
+    keys = [prefix.chain(fresh, i + 1)[i] for i in range(full)]  # (one block at a time)
+    assert turn.hashes[:full] == keys and turn.committed == full
+    for i, key in enumerate(keys):
+        assert pool.lookup(key) == turn.blocks[i]
+        assert pool.best_rows(keys[i - 1] if i else prefix.root, tokens[i * B : (i + 1) * B]) == (turn.blocks[i], B)
+    if turn.computed % B:
+        rows = tokens[full * B : turn.computed]
+        assert pool.noted_rows(turn.blocks[full]) == tuple(rows)
