@@ -16,7 +16,7 @@ from typing import Any, Awaitable, TypeVar
 import msgspec
 
 from agents.base import RecordingAgent, clip
-from runtime.events import ToolCalled
+from runtime.events.kinds import ToolCalled
 from swarm.coding.tools import Toolbox
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from agents.coding import TEAM_SYSTEM, CodingAgent, Failure, FixRequest, FixResult
-from runtime.engine import GREEDY, Sampling
+from runtime.scheduling.work import GREEDY, Sampling
 from swarm import BACKGROUND, TurnCancelled, TurnFailed, handler
 from swarm.coding.patches import Judgement, read_proposal
 

@@ -16,7 +16,7 @@ import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
-from runtime.files import open_private
+from runtime.events.files import open_private
 from agents.reviewer import Review, Verdict
 from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnCancelled, TurnFailed
 

@@ -21,7 +21,7 @@ import msgspec
 from agents.base import MAX_TOKENS, RecordingAgent, clip
 from runtime.agent import check_max_tokens
 from runtime.errors import UsageError
-from runtime.files import write_private
+from runtime.events.files import write_private
 from swarm import BACKGROUND, TurnCancelled, TurnFailed
 
 SOURCE_SUFFIXES = (".py", ".md", ".txt", ".toml")

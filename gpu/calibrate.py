@@ -1,4 +1,4 @@
-"""A quick calibration of the engine's step cost law (runtime.cost), at start-up.
+"""A quick calibration of the engine's step cost law (runtime.scheduling.cost), at start-up.
 
 A handful of steps chosen to tell the three coefficients apart: decodes of 1 to 8
 turns at a short and a long context (what a batch-mate costs, what attention
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.cost import step_features
-from runtime.engine import Work
-from runtime.units import ceil_div
+from runtime.scheduling.cost import step_features
+from runtime.scheduling.work import Work
+from runtime.scheduling.units import ceil_div
 
 BATCHES = (1, 2, 4, 8)
 PREFILLS = (32, 96)

@@ -31,7 +31,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.sampling import pick_from, sample, uniform
-from runtime.engine import Sampling
+from runtime.scheduling.work import Sampling
 
 CAP = 1024  # candidates a top-p row reads back at most (8 KB, against the vocabulary's 4 bytes a token)
 CUT = math.log(1e4)  # candidates are at least 1/10,000 as likely as the likeliest token

@@ -1,4 +1,4 @@
-"""The OpenCL decode engine: the forward pass gpu/arch.py describes, over a paged KV pool.
+"""The OpenCL decode engine: the forward pass gpu/model/arch.py describes, over a paged KV pool.
 
 One `step` runs any mix of prefill chunks and decodes, for any subset of turns
 at any positions, as ONE flat batch of tokens: every weight is read once per
@@ -49,25 +49,25 @@ from gpu.device import Device, select_device
 from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
 from gpu.grammar import ConstraintCompiler
 from gpu.families import GPUFamily, GPUTuning, make_family
-from gpu.fetch import resolve_model
+from gpu.model.fetch import resolve_model
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.masks import MaskTimes, TurnMasks
-from gpu.model import Model, load_model
-from gpu.tokenizer import Tokenizer
+from gpu.model.load import Model, load_model
+from gpu.model.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
-from runtime.abandon import CHECK_POINTS
-from runtime.cost import StepCost
-from runtime.engine import DeadEnd, Work
+from runtime.scheduling.work import CHECK_POINTS
+from runtime.scheduling.cost import StepCost
+from runtime.scheduling.work import DeadEnd, Work
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
 # once leaves the event loop waiting for most of the step. So there a step is
 # enqueued in groups, the thread waiting (without the GIL) at each of
-# runtime.abandon's CHECK_POINTS for the launches before the previous point:
+# runtime.scheduling.work's CHECK_POINTS for the launches before the previous point:
 # the loop runs during the waits, and the device always has a group queued.
 # (A sleep(0) every few launches instead lets the loop hold the GIL while the
 # device runs dry, and each sleep's timer slack takes a core from PoCL's
@@ -95,7 +95,7 @@ def open_engine(model: str | Path | Model | None = None, device: str | Device | 
 
 
 class OpenCLEngine:
-    """Implements `runtime.engine.Engine` on an OpenCL device.
+    """Implements `runtime.scheduling.work.Engine` on an OpenCL device.
 
     kernels: "auto" (the family shaped for the device), "cpu" or "gpu".
     profile: time every launch with OpenCL profiling events (`last_profile`).

@@ -36,7 +36,7 @@ from gpu.devicesampling import SampleHot
 from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, ApplyMask, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 if TYPE_CHECKING:
     from gpu.engine import OpenCLEngine

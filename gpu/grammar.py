@@ -3,7 +3,7 @@
 llguidance (the library llama.cpp and vLLM use) turns a JSON Schema, a regular
 expression, a Lark or GBNF grammar or a list of choices into one grammar, and a
 matcher of that grammar tells, token by token, which tokens may come next. Its
-tokenizer is built here from the GGUF's vocabulary through gpu.tokenizer, so
+tokenizer is built here from the GGUF's vocabulary through gpu.model.tokenizer, so
 every catalogue model works without reaching a model hub.
 
 Compiling is cached by the constraint (its text): agents check a constraint
@@ -21,8 +21,8 @@ import threading
 import llguidance
 import numpy as np
 
-from gpu.tokenizer import Tokenizer
-from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem
+from gpu.model.tokenizer import Tokenizer
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem
 from runtime.errors import UsageError
 
 CACHED = 256  # compiled constraints kept, the least recently used dropped first
@@ -51,7 +51,7 @@ class _TokenTable:
 
 
 class ConstraintCompiler:
-    """Implements runtime.constraints.ConstraintChecker for one model; the engine
+    """Implements runtime.scheduling.constraints.ConstraintChecker for one model; the engine
     asks it for matchers. Safe to use from several threads.
 
     What is cached is a compiled matcher at the constraint's start (its first

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 i32 = np.int32
 

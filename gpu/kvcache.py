@@ -15,9 +15,9 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device
-from gpu.model import ModelConfig
+from gpu.model.load import ModelConfig
 from runtime.errors import ConfigError, EngineError
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 CPU_KV_CAP = 1 << 30  # bytes; on a CPU device the "device memory" is the host's RAM
 

@@ -14,7 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from gpu.weights import DeviceMatrix
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 i32 = np.int32
 

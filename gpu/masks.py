@@ -11,14 +11,14 @@ sampled position:
   recomputed turn's prefill brings none it has not seen;
 - tokens it consumed that the turn no longer has (a step taken back) are rolled back;
 - a turn it has never seen (moved from another owner) or has lost (`forget`)
-  is replayed from the tokens the turn has (runtime.constraints.TurnConstraint.tokens).
+  is replayed from the tokens the turn has (runtime.scheduling.constraints.TurnConstraint.tokens).
 
 So the grammar state belongs to the turn, whatever happened to its KV.
 
 A mask is one bit per token of the logits' row (llguidance's layout, int32
 words, bit j % 32 of word j // 32), applied on the device before argmax and the
 sampler (kernels/common.cl's apply_mask). A mask with no bit set is a dead end:
-the turn fails with why (runtime.engine.DeadEnd). Where the grammar may end, the
+the turn fails with why (runtime.scheduling.work.DeadEnd). Where the grammar may end, the
 mask allows every end-of-sequence token of the model, so a turn whose grammar
 is complete ends as a free one would (stop).
 """
@@ -33,8 +33,8 @@ import llguidance
 import numpy as np
 
 from gpu.grammar import ConstraintCompiler, describe, short_error
-from runtime.constraints import Constraint
-from runtime.engine import Work
+from runtime.scheduling.constraints import Constraint
+from runtime.scheduling.work import Work
 from runtime.errors import UsageError
 
 i32 = np.int32

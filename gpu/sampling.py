@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.engine import Sampling
+from runtime.scheduling.work import Sampling
 
 _FIRST_CANDIDATES = 64  # top-p looks at this many best tokens first, and doubles if short
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gpu.arch import ModelConfig
+from gpu.model.arch import ModelConfig
 from gpu.kvcache import KVPool
-from runtime.engine import Work
+from runtime.scheduling.work import Work
 from runtime.errors import EngineError
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 
 
 def check_batch(batch: Sequence[Work], cfg: ModelConfig, block_size: int, kv: KVPool) -> None:

@@ -25,8 +25,8 @@ import gguf
 import numpy as np
 import pyopencl as cl
 
-from gpu import quants
-from gpu.model import Model, WeightTensor
+from gpu.model import quants
+from gpu.model.load import Model, WeightTensor
 from runtime.errors import UnsupportedModelError
 
 Q = gguf.GGMLQuantizationType
@@ -267,7 +267,7 @@ def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
 
 
 def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
-    """Every tensor of a `gpu.model.Model`, packed and on the device, as its architecture asks."""
+    """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture asks."""
     c, arch = model.config, model.config.arch
     if arch.rope == "neox":
         fix = lambda t: neox_to_adjacent(t, c.head_dim)  # noqa: E731

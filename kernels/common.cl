@@ -1,7 +1,7 @@
 /* What both kernel families share. Built after quant.cl. The host passes the
  * model's shape as -D constants: HEAD_DIM, N_HEADS, N_KV_HEADS, N_LAYERS,
  * BLOCK_SIZE, and ARGMAX_WG (the argmax work-group size, a power of two); and
- * its architecture's switches (gpu/arch.py): EMBED_SCALE, QK_NORM (0/1),
+ * its architecture's switches (gpu/model/arch.py): EMBED_SCALE, QK_NORM (0/1),
  * ACT_GELU (0/1), NORM_EPS.
  *
  * A step is a flat list of T tokens from any number of turns. Token t has a

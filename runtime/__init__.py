@@ -2,18 +2,18 @@
 
 Most users want the public names re-exported by `swarm`."""
 
-from runtime.actors import Actor, Ref, handler
+from runtime.actors.actor import Actor, Ref, handler
 from runtime.agent import Agent, PauseInfo, ResumeInfo, TurnHandle
-from runtime.engine import GREEDY, Engine, Sampling, Work
-from runtime.bus import EventBus
-from runtime.client import GPUClient
-from runtime.events import Event, read_events
-from runtime.lock import Lock
-from runtime.owner import GPUOwner
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.system import ActorSystem
-from runtime.turns import Policy, SchedulerConfig
+from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
+from runtime.events.bus import EventBus
+from runtime.owner.client import GPUClient
+from runtime.events.kinds import Event, read_events
+from runtime.actors.lock import Lock
+from runtime.owner.owner import GPUOwner
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.actors.system import ActorSystem
+from runtime.scheduling.turns import Policy, SchedulerConfig
 
 __all__ = [
     "Actor", "ActorSystem", "Agent", "BACKGROUND", "Engine", "Event", "EventBus", "FOREGROUND", "GPUClient", "GPUOwner",

@@ -23,7 +23,7 @@ Typed answers and tools:
     answer = await self.use_tools(prompt, tools=[self.read_file], max_rounds=3)
 
 The decoding is held to the schema (or regex, grammar, choices, tool calls), so
-the answer parses whatever the model: runtime.constraints, runtime.toolcalls.
+the answer parses whatever the model: runtime.scheduling.constraints, runtime.toolcalls.
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequen
 import anyio
 import msgspec
 
-from runtime.actors import Actor
-from runtime.channel import EMPTY
-from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
-from runtime.engine import GREEDY, Sampling, TextCodec
+from runtime.actors.actor import Actor
+from runtime.actors.channel import EMPTY
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
+from runtime.scheduling.work import GREEDY, Sampling, TextCodec
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
-from runtime.events import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed, ToolCalled
-from runtime.latency import felt
-from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
-from runtime.priority import BACKGROUND
-from runtime.serving import MAILBOX, lift_key, serving
+from runtime.events.kinds import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed, ToolCalled
+from runtime.events.latency import felt
+from runtime.owner.messages import Token, TurnChannel, TurnRequest, turn_request_problem
+from runtime.scheduling.priority import BACKGROUND
+from runtime.actors.serving import MAILBOX, lift_key, serving
 from runtime.toolcalls import HERMES, ToolCall, ToolCallFormat, ToolChoice
 from runtime.tools import Tool, ToolOutcome, ToolSpec, struct_schema, tools_by_name, unknown_tool
 
 if TYPE_CHECKING:
-    from runtime.client import GPUClient
+    from runtime.owner.client import GPUClient
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int]
 
@@ -127,7 +127,7 @@ class Agent(Actor):
     @property
     def turn_priority(self) -> int:
         """The priority a turn started here and now runs at: the agent's own, or
-        what the waiters on the request this code serves lend it (runtime.waits)."""
+        what the waiters on the request this code serves lend it (runtime.actors.waits)."""
         if self._system is None:
             return self.priority
         return self.system.waits.lifted(self.name, serving.get())
@@ -157,7 +157,7 @@ class Agent(Actor):
         """Start a turn: a chat (a list of {"role", "content"} messages), a single
         user message (a str), or raw token ids. Use it as `async with`.
 
-        Its output may be held to a `constraint` (runtime.constraints), or, said
+        Its output may be held to a `constraint` (runtime.scheduling.constraints), or, said
         shorter, to a `schema` (a type msgspec describes, e.g. a Struct, or a JSON
         Schema dict), a `regex`, a Lark `grammar` or one of `choices`: one the
         engine cannot follow is a UsageError on entry, before the turn is queued.

@@ -38,7 +38,7 @@ from runtime.errors import (  # the whole tree (see runtime/errors.py)
     UsageError,
     WaitCycle,
 )
-from runtime.constraints import Choices, Grammar, JsonSchema, Regex
+from runtime.scheduling.constraints import Choices, Grammar, JsonSchema, Regex
 from runtime.toolcalls import ToolCall
 from runtime.tools import Tool, tool
 from swarm.api import Swarm

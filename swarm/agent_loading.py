@@ -17,8 +17,8 @@ from typing import Any, Callable
 import msgspec
 
 from runtime.errors import ConfigError, SlotswarmError
-from runtime.files import private_dir
-from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.events.files import private_dir
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from swarm.session import AgentSpec, Session, agent_name
 from swarm.toml_lines import line_suffix
 

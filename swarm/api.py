@@ -18,15 +18,15 @@ from typing import Any, Callable
 
 import anyio
 
-from runtime.engine import Engine
+from runtime.scheduling.work import Engine
 from runtime.errors import ConfigError
-from runtime.bus import EventBus
-from runtime.events import SwarmStarted, SwarmStopped
-from runtime.client import LocalGPU
-from runtime.owner import GPUOwner
-from runtime.stream import serve_events
-from runtime.system import ActorSystem
-from runtime.turns import Policy, SchedulerConfig
+from runtime.events.bus import EventBus
+from runtime.events.kinds import SwarmStarted, SwarmStopped
+from runtime.owner.client import LocalGPU
+from runtime.owner.owner import GPUOwner
+from runtime.events.stream import serve_events
+from runtime.actors.system import ActorSystem
+from runtime.scheduling.turns import Policy, SchedulerConfig
 from swarm.hosting import AgentHost
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 
 from runtime.agent import Agent
-from runtime.client import GPUClient
+from runtime.owner.client import GPUClient
 from runtime.errors import UsageError
-from runtime.system import ActorSystem
+from runtime.actors.system import ActorSystem
 
 
 class AgentHost:

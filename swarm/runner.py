@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
-from runtime.engine import Engine
-from runtime.priority import FOREGROUND
+from runtime.scheduling.work import Engine
+from runtime.scheduling.priority import FOREGROUND
 from swarm.agent_loading import build_agents, new_out_dir, resolve_path, workspace_of
 from swarm.session import Session
-from swarm.watch import WatchHub, create_app, follow_bus, serve_http
+from swarm.viewers.watch import WatchHub, create_app, follow_bus, serve_http
 
 if TYPE_CHECKING:
     from swarm.api import Swarm
@@ -41,7 +41,7 @@ class SessionRunner:
         self.agents = build_agents(session, self.workspace, self.out, say)
         self.started = self.stopped = None
         self.swarm: Swarm | ClusterSwarm | None = None  # once it has started
-        # `swarm run --watch`: the page, on sockets from swarm.watch.bind_loopback, is
+        # `swarm run --watch`: the page, on sockets from swarm.viewers.watch.bind_loopback, is
         # served from before the model loads, so a browser opened right away waits
         # for the swarm instead of failing.
         self.page_sockets = list(page_sockets)
@@ -57,7 +57,7 @@ class SessionRunner:
 
     def model_spec(self) -> str | Path | None:
         """The session's model: a catalogue name, or a path relative to the session file."""
-        from gpu.fetch import is_model_name, looks_like_a_name
+        from gpu.model.fetch import is_model_name, looks_like_a_name
 
         spec = self.session.model
         if not spec or is_model_name(spec):

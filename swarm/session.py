@@ -36,7 +36,7 @@ import msgspec
 from msgspec import Meta
 
 from runtime.errors import ConfigError
-from runtime.turns import Policy
+from runtime.scheduling.turns import Policy
 from swarm.toml_lines import line_suffix, locate
 
 DEMO_SESSION = Path(__file__).with_name("demo.toml")
@@ -56,7 +56,7 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     slots: Annotated[int, Meta(ge=1)] = 8
     policy: str = "resident"
     step_tokens: Annotated[int, Meta(ge=1)] | None = None
-    shaping: bool = True  # build each step for the foreground turn (runtime.shaping)
+    shaping: bool = True  # build each step for the foreground turn (runtime.scheduling.shaping)
     slack: Annotated[float, Meta(ge=0)] = 0.25  # (NaN fails every bound)
     prefix_cache: bool = True  # share the K/V of prompts that start alike
     workspace: str = "."

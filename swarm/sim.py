@@ -1,6 +1,6 @@
 """`swarm sim`: a discrete-event simulation of the GPU owner on a virtual clock.
 
-It drives the real `runtime.scheduler.Scheduler` with the timing-model engine, so
+It drives the real `runtime.scheduling.scheduler.Scheduler` with the timing-model engine, so
 the policy measured here is the policy that ships. Background agents run closed
 loops (a new turn the moment the last one ends) and keep every slot busy; the
 foreground agent's turns arrive at random. Between events (an arrival, a turn
@@ -21,15 +21,15 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from runtime.blocks import BlockPool
+from runtime.scheduling.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Admitted, Ended, Event, Preempted, Queued, Recomputed
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.timing import TimingEngine, TimingModel
-from runtime.units import ceil_div, percentiles
-from runtime.abandon import abandon_bar, stopped_after
-from runtime.turns import Plan, Policy, SchedulerConfig, Turn
+from runtime.events.kinds import Admitted, Ended, Event, Preempted, Queued, Recomputed
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.timing import TimingEngine, TimingModel
+from runtime.scheduling.units import ceil_div, percentiles
+from runtime.owner.abandon import abandon_bar, stopped_after
+from runtime.scheduling.turns import Plan, Policy, SchedulerConfig, Turn
 
 POLICIES = [p.value for p in Policy]
 
@@ -93,9 +93,9 @@ class Workload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     block_size: int = 16
     aging_s: float = 10.0
     timing: TimingModel = TimingModel()
-    shaping: bool = True  # step shaping for the foreground (runtime.shaping)
+    shaping: bool = True  # step shaping for the foreground (runtime.scheduling.shaping)
     slack: float = 0.25
-    abandon_steps: bool = True  # a foreground arrival stops the step in flight (runtime.abandon)
+    abandon_steps: bool = True  # a foreground arrival stops the step in flight (runtime.owner.abandon)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -234,7 +234,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         return lo
 
     def abandons(plan: Plan) -> bool:
-        """Whether a foreground arrival stops this plan's step (runtime.abandon)."""
+        """Whether a foreground arrival stops this plan's step (runtime.owner.abandon)."""
         bar = abandon_bar(plan, sched)
         return bar is not None and FOREGROUND > bar
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import Admitted, AgentCrashed, Ended, Inherited, Preempted, Progress, Queued, Restored, Resumed, TurnEvent
+from runtime.events.kinds import Admitted, AgentCrashed, Ended, Inherited, Preempted, Progress, Queued, Restored, Resumed, TurnEvent
 from agents.base import RecordingAgent
-from runtime.priority import FOREGROUND
+from runtime.scheduling.priority import FOREGROUND
 
 
 @dataclass

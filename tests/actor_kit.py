@@ -6,10 +6,10 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from runtime.actors import Actor, handler
-from runtime.bus import EventBus
-from runtime.events import read_events
-from runtime.priority import BACKGROUND
+from runtime.actors.actor import Actor, handler
+from runtime.events.bus import EventBus
+from runtime.events.kinds import read_events
+from runtime.scheduling.priority import BACKGROUND
 
 GUARD = 10  # seconds: a hang guard, never a threshold
 

@@ -1,4 +1,4 @@
-"""The page's tests in a real headless browser (swarm/watch/browser.py).
+"""The page's tests in a real headless browser (swarm/viewers/watch/browser.py).
 
 Nothing here waits a fixed time: `wait_for` polls a JavaScript expression until
 it holds, with a generous bound, and says what the page held if it never did."""
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarm.watch.browser import close_chromium as close  # noqa: F401 (re-exported for the tests)
-from swarm.watch.browser import open_chromium
+from swarm.viewers.watch.browser import close_chromium as close  # noqa: F401 (re-exported for the tests)
+from swarm.viewers.watch.browser import open_chromium
 
 
 def chromium():

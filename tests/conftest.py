@@ -13,11 +13,11 @@ from typing import Iterator
 import gguf
 import pytest
 
-from gpu.fetch import resolve_model
-from gpu.model import Model, load_model
-from gpu.synthetic import write_tiny_gguf
-from gpu.tokenizer import Tokenizer
-from runtime.bus import EventBus
+from gpu.model.fetch import resolve_model
+from gpu.model.load import Model, load_model
+from gpu.model.synthetic import write_tiny_gguf
+from gpu.model.tokenizer import Tokenizer
+from runtime.events.bus import EventBus
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +57,7 @@ def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
 def events_file(tmp_path: Path) -> Path:
     """A made-up session's events as a JSON-lines file."""
     from fake_session import Clock, emit_session
-    from runtime.bus import EventBus
+    from runtime.events.bus import EventBus
 
     clock = Clock()
     bus = EventBus(clock=clock)

@@ -3,14 +3,14 @@ the viewers (tail, plot, the live stream)."""
 
 from __future__ import annotations
 
-from runtime.bus import EventBus
+from runtime.events.bus import EventBus
 
-from runtime.events import (
+from runtime.events.kinds import (
 
     Admitted, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, SwarmStopped,
 
 )
-from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 
 STEP_S = 0.01  # virtual seconds per decode step
 

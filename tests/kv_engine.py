@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime.engine import Work
+from runtime.scheduling.work import Work
 from runtime.errors import SlotswarmError
-from runtime.timing import TimingModel
+from runtime.scheduling.timing import TimingModel
 
 VOCAB = 64
 EOS = 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 from typing import Callable, Iterable, Sequence
 
-from runtime.engine import Work
+from runtime.scheduling.work import Work
 from tests.kv_engine import EOS, KVEngine
 
 OFFSET = 3

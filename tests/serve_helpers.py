@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from runtime.events import Event, decode
+from runtime.events.kinds import Event, decode
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 300  # a cold PoCL cache compiles the kernels first

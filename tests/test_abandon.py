@@ -1,4 +1,4 @@
-"""Abandoning the step in flight for a turn that outranks all of it (runtime.abandon).
+"""Abandoning the step in flight for a turn that outranks all of it (runtime.owner.abandon).
 
 On the OpenCL engine (both kernel families): a step stopped part-way returns
 None, and running the batch again gives exactly the tokens an unbroken step
@@ -19,8 +19,8 @@ import pytest
 
 from gpu.engine import OpenCLEngine
 from kv_engine import KVEngine, next_token
-from runtime.engine import Work
-from runtime.events import Admitted, Ended, Event, Preempted, StepAbandoned
+from runtime.scheduling.work import Work
+from runtime.events.kinds import Admitted, Ended, Event, Preempted, StepAbandoned
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 # ------------------------------------------------------------------ the engine

@@ -7,12 +7,12 @@ import anyio
 import pytest
 
 from actor_kit import GUARD, Echo, Never, Ping, Pong, events
-from runtime.actors import Actor, handler
+from runtime.actors.actor import Actor, handler
 from runtime.errors import ActorCrashed, ActorError
-from runtime.events import AgentCrashed
-from runtime.priority import BACKGROUND
-from runtime.bus import EventBus
-from runtime.system import ActorSystem
+from runtime.events.kinds import AgentCrashed
+from runtime.scheduling.priority import BACKGROUND
+from runtime.events.bus import EventBus
+from runtime.actors.system import ActorSystem
 
 
 class CrashInRun(Actor):

@@ -8,10 +8,10 @@ import pytest
 
 from actor_kit import GUARD, Echo, Forward, Never, Ping, Pong, Relay, Silent, Teller, TellTwice, events
 from runtime.errors import WaitCycle
-from runtime.events import Inherited, Restored
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.bus import EventBus
-from runtime.system import ActorSystem
+from runtime.events.kinds import Inherited, Restored
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.events.bus import EventBus
+from runtime.actors.system import ActorSystem
 
 
 @pytest.mark.anyio

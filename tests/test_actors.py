@@ -11,11 +11,11 @@ import anyio
 import pytest
 
 from actor_kit import GUARD, Boom, Echo, Never, Ping, Pong, Silent, events
-from runtime.actors import Actor, handler
+from runtime.actors.actor import Actor, handler
 from runtime.errors import ActorError, AskTimeout, UnhandledMessage
-from runtime.events import AgentCrashed
-from runtime.bus import EventBus
-from runtime.system import ActorSystem
+from runtime.events.kinds import AgentCrashed
+from runtime.events.bus import EventBus
+from runtime.actors.system import ActorSystem
 
 
 @pytest.mark.anyio
@@ -55,7 +55,7 @@ async def test_told_error_is_logged(bus: EventBus, caplog: pytest.LogCaptureFixt
     with anyio.fail_after(GUARD):
         async with ActorSystem(bus) as system:
             ref = await system.spawn(Echo("echo"))
-            with caplog.at_level(logging.ERROR, logger="runtime.system"):
+            with caplog.at_level(logging.ERROR, logger="runtime.actors.system"):
                 await ref.tell(Boom("lost"))
                 await system.wait_idle()
             assert "boom() failed on a told Boom" in caplog.text
@@ -71,7 +71,7 @@ async def test_unhandled_message_names_type_and_handlers(bus: EventBus, caplog: 
                 await ref.ask(Never())
             text = str(info.value)
             assert "'echo'" in text and "Never" in text and "Boom, Ping" in text
-            with caplog.at_level(logging.ERROR, logger="runtime.system"):
+            with caplog.at_level(logging.ERROR, logger="runtime.actors.system"):
                 await ref.tell(Never())
             assert "no handler for Never" in caplog.text
             with pytest.raises(TypeError, match="msgspec.Struct"):

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from gpu.engine import OpenCLEngine
-from runtime.events import Finished, ToolCalled
+from runtime.events.kinds import Finished, ToolCalled
 from runtime.toolcalls import ToolCall
 from runtime.tools import Tool
 from swarm import Agent, Sampling, Swarm, TurnFailed, UsageError, tool

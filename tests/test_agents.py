@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from agents import DocWriter, PairProgrammer, Refactorer, Reviewer, TestWriter, WorkspaceAgent
-from runtime.events import Admitted, Finished, Inherited, Preempted, Queued, Restored
-from runtime.timing import TimingEngine
+from runtime.events.kinds import Admitted, Finished, Inherited, Preempted, Queued, Restored
+from runtime.scheduling.timing import TimingEngine
 from swarm import BACKGROUND, FOREGROUND, Swarm
 
 SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"

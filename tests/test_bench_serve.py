@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runtime.errors import ConfigError
-from swarm import bench_serve
+from swarm.bench import serve as bench_serve
 
 PERCENTILES = ("p50", "p90", "p99", "max")
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from runtime.errors import ConfigError
-from swarm import bench_swarm
-from swarm.plot import plot_bench
+from swarm.bench import swarm as bench_swarm
+from swarm.viewers.plot import plot_bench
 
 PERCENTILES = ("p50", "p90", "p99", "max")
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.blocks import BlockPool
+from runtime.scheduling.blocks import BlockPool
 
 BLOCKS = 10
 

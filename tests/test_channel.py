@@ -1,4 +1,4 @@
-"""A turn's update channel (runtime.channel): in order, one wake-up for what is
+"""A turn's update channel (runtime.actors.channel): in order, one wake-up for what is
 sent together, and the memory stream's errors at either end's close."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from runtime.channel import EMPTY, open_channel
-from runtime.messages import TurnChannel
+from runtime.actors.channel import EMPTY, open_channel
+from runtime.owner.messages import TurnChannel
 
 GUARD = 10  # seconds: a hang guard, never a threshold
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from kv_engine import KVEngine
-from runtime.owner import STEP_HISTORY
+from runtime.owner.owner import STEP_HISTORY
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, handler
 
 CHURN = 2000  # 4,000 agents: helpers and askers

@@ -70,7 +70,7 @@ def test_tail_in_pretty_mode_into_a_pipe_closed_early_exits_0(events_file) -> No
 
 def test_tail_shows_a_finished_file_in_time_order(events_file, capsys) -> None:
     assert main(["tail", str(events_file), "--json"]) == 0
-    from runtime.events import decode
+    from runtime.events.kinds import decode
 
     times = [decode(line).t for line in capsys.readouterr().out.splitlines()]
     assert times == sorted(times) and len(times) > 10
@@ -78,8 +78,8 @@ def test_tail_shows_a_finished_file_in_time_order(events_file, capsys) -> None:
 
 @pytest.mark.asyncio
 async def test_turns_ended_by_shutdown_say_the_swarm_stopped() -> None:
-    from runtime.events import Admitted, Cancelled
-    from runtime.timing import TimingEngine
+    from runtime.events.kinds import Admitted, Cancelled
+    from runtime.scheduling.timing import TimingEngine
     from swarm import Agent, Swarm
 
     class Busy(Agent):

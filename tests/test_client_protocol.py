@@ -1,5 +1,5 @@
 """Both GPU clients, the local owner's and the cluster's, declare and keep the
-one interface agents use (runtime.client.GPUClient)."""
+one interface agents use (runtime.owner.client.GPUClient)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import inspect
 import anyio
 import pytest
 
-from runtime.bus import EventBus
-from runtime.client import GPUClient, LocalGPU
-from runtime.system import ActorSystem
+from runtime.events.bus import EventBus
+from runtime.owner.client import GPUClient, LocalGPU
+from runtime.actors.system import ActorSystem
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.placement import Router
 

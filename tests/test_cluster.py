@@ -15,10 +15,11 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.constraints import Constraint, JsonSchema
+from runtime.scheduling.constraints import Constraint, JsonSchema
 from runtime.errors import TurnError, TurnFailed
-from runtime.events import Admitted, Ended, Inherited, Preempted, Queued, read_events
-from swarm import BACKGROUND, FOREGROUND, Agent, bench_swarm, handler
+from runtime.events.kinds import Admitted, Ended, Inherited, Preempted, Queued, read_events
+from swarm import BACKGROUND, FOREGROUND, Agent, handler
+from swarm.bench import swarm as bench_swarm
 from swarm.cluster import ClusterSwarm, Pinned
 from pausing import Pausable
 

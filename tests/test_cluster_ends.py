@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.bus import EventBus
-from runtime.events import Ended, Failed, Finished
+from runtime.events.bus import EventBus
+from runtime.events.kinds import Ended, Failed, Finished
 from swarm.cluster.client import TurnEnds
 
 TURN = 7

@@ -13,8 +13,8 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from gpu.synthetic import write_tiny_gguf
-from runtime.events import ToolCalled, read_events
+from gpu.model.synthetic import write_tiny_gguf
+from runtime.events.kinds import ToolCalled, read_events
 from swarm.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

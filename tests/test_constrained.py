@@ -21,12 +21,12 @@ from llguidance.numpy import apply_token_bitmask_inplace
 
 from gpu.engine import OpenCLEngine
 from gpu.masks import TurnMasks
-from gpu.synthetic import write_tiny_gguf
+from gpu.model.synthetic import write_tiny_gguf
 from pausing import Pausable
-from runtime.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, TurnConstraint
-from runtime.engine import Sampling, Work
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, TurnConstraint
+from runtime.scheduling.work import Sampling, Work
 from runtime.errors import TurnFailed, UsageError
-from runtime.events import Ended, Failed, Finished, Preempted, Queued, Recomputed, SwappedOut
+from runtime.events.kinds import Ended, Failed, Finished, Preempted, Queued, Recomputed, SwappedOut
 from swarm import BACKGROUND, FOREGROUND, Swarm
 
 POINT = json.dumps({
@@ -339,7 +339,7 @@ async def test_a_finished_grammar_ends_its_turn_as_a_stop(engine: OpenCLEngine) 
 
 @pytest.mark.asyncio
 async def test_a_bad_constraint_sent_past_the_agents_check_fails_only_its_turn(engine: OpenCLEngine) -> None:
-    from runtime.messages import TurnRequest
+    from runtime.owner.messages import TurnRequest
 
     with anyio.fail_after(60):
         async with Swarm(engine, slots=2) as s:
@@ -538,7 +538,7 @@ class HeldCompiler:
 
 @pytest.mark.asyncio
 async def test_slow_compiles_run_one_at_a_time_off_the_loop_and_stall_no_stream(tiny_model) -> None:
-    from runtime.constraints import _compile_limiter
+    from runtime.scheduling.constraints import _compile_limiter
 
     engine = OpenCLEngine(tiny_model, num_blocks=256)
     slow = [Regex("[0-9]{4}"), Regex("[a-f]{4}")]

@@ -1,4 +1,4 @@
-"""The step cost law (runtime.cost) and the step shaping it drives (runtime.shaping)."""
+"""The step cost law (runtime.scheduling.cost) and the step shaping it drives (runtime.scheduling.shaping)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import zlib
 import numpy as np
 import pytest
 
-from runtime.blocks import BlockPool
-from runtime.cost import StepCost, fit, kv_reads, step_features
-from runtime.engine import Work
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.timing import TimingEngine, TimingModel
-from runtime.turns import SchedulerConfig
+from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.cost import StepCost, fit, kv_reads, step_features
+from runtime.scheduling.work import Work
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.timing import TimingEngine, TimingModel
+from runtime.scheduling.turns import SchedulerConfig
 
 CPU = (0.009, 0.0018, 1e-6)  # about what SmolLM2-135M costs on the 2-core CPU
 GPU = (0.025, 0.0002, 4e-8)  # an 8B model on a GPU: a batch costs about one turn
@@ -197,7 +197,7 @@ def test_a_refit_weighs_the_last_window_of_steps_and_the_anchors_only():
 def test_a_refit_waits_for_enough_steps_and_enough_measured_time():
     # A refit costs host time: on a fast device it waits until the steps it
     # learns from add up to `refit_seconds`, as well as `refit_every` of them.
-    # (A step size gets its factor, runtime.cost.shape_rows, at a refit.)
+    # (A step size gets its factor, runtime.scheduling.cost.shape_rows, at a refit.)
     cost = StepCost(0.001, refit_every=4, refit_seconds=0.010)
     for _ in range(9):  # 9 ms in all: under the 10 ms a refit waits for
         cost.observe(1, 10, 0.001)

@@ -8,7 +8,7 @@ import pyopencl as cl
 import pytest
 
 from gpu.device import select_device
-from gpu.model import WeightTensor
+from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
 from kernels import source
 from test_quants import random_blocks

@@ -11,7 +11,7 @@ import pytest
 from gpu.devicesampling import CAP, CUT, HEADER, finish_top_p
 from gpu.engine import OpenCLEngine
 from gpu.sampling import sample
-from runtime.engine import GREEDY, Sampling, Work
+from runtime.scheduling.work import GREEDY, Sampling, Work
 
 SAMPLINGS = [
     Sampling(temperature=0.7),  # a draw over the whole vocabulary, on the device

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
-from gpu.model import Model
-from gpu.reference import ReferenceModel
-from runtime.engine import GREEDY, Sampling, Work
+from gpu.model.load import Model
+from reference import ReferenceModel
+from runtime.scheduling.work import GREEDY, Sampling, Work
 
 TOL = 2e-3  # see the module docstring
 BLOCKS_PER_TURN = 8  # 128 positions

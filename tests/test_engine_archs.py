@@ -11,10 +11,10 @@ import pytest
 
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
-from gpu.model import load_model
-from gpu.reference import ReferenceModel
-from gpu.synthetic import write_tiny_gguf
-from runtime.engine import Work
+from gpu.model.load import load_model
+from reference import ReferenceModel
+from gpu.model.synthetic import write_tiny_gguf
+from runtime.scheduling.work import Work
 
 Q = gguf.GGMLQuantizationType
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16, Q.F32)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu.model import load_model
-from gpu.reference import ReferenceModel
-from gpu.tokenizer import Tokenizer
-from runtime.engine import Sampling
+from gpu.model.load import load_model
+from reference import ReferenceModel
+from gpu.model.tokenizer import Tokenizer
+from runtime.scheduling.work import Sampling
 from runtime.errors import ConfigError
 from swarm.cli import main
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpu.engine import OpenCLEngine
-from gpu.model import Model
-from runtime.engine import Work
+from gpu.model.load import Model
+from runtime.scheduling.work import Work
 from runtime.errors import ConfigError
 
 

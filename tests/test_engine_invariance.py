@@ -25,10 +25,10 @@ import pytest
 from gpu import subgroups
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
-from gpu.model import Model, load_model
-from gpu.reference import ReferenceModel
-from gpu.synthetic import write_tiny_gguf
-from runtime.engine import Work
+from gpu.model.load import Model, load_model
+from reference import ReferenceModel
+from gpu.model.synthetic import write_tiny_gguf
+from runtime.scheduling.work import Work
 from runtime.errors import ConfigError
 
 SPAN = 16  # positions per attention split: a 70-position mate needs 5, the turn 1

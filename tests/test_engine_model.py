@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from gpu.engine import OpenCLEngine
-from gpu.model import Model
-from gpu.reference import ReferenceModel
+from gpu.model.load import Model
+from reference import ReferenceModel
 from gpu.sampling import sample
-from gpu.tokenizer import Tokenizer
-from runtime.engine import GREEDY, Sampling, Work
+from gpu.model.tokenizer import Tokenizer
+from runtime.scheduling.work import GREEDY, Sampling, Work
 
 pytestmark = pytest.mark.model
 

@@ -10,8 +10,8 @@ import pytest
 
 import swarm
 from runtime import errors
-from runtime.timing import TimingEngine
-from runtime.waits import WaitGraph
+from runtime.scheduling.timing import TimingEngine
+from runtime.actors.waits import WaitGraph
 from swarm import Agent, Swarm
 
 

@@ -7,9 +7,9 @@ import io
 import anyio
 import pytest
 
-from runtime.bus import EventBus
+from runtime.events.bus import EventBus
 
-from runtime.events import Dropped, Event, Preempted, decode, encode, read_events
+from runtime.events.kinds import Dropped, Event, Preempted, decode, encode, read_events
 
 
 def sample(i: int = 0) -> Event:

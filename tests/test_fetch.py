@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu.catalogue import CATALOGUE, CatalogueEntry, Part
-from gpu.fetch import fetch, resolve_model
+from gpu.model.catalogue import CATALOGUE, CatalogueEntry, Part
+from gpu.model.fetch import fetch, resolve_model
 from runtime.errors import ConfigError, ModelError, ModelFormatError
 
 

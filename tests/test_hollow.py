@@ -1,4 +1,4 @@
-"""A model's hollow twin (gpu/hollow.py, `swarm models --hollow`): the same
+"""A model's hollow twin (gpu/model/hollow.py, `swarm models --hollow`): the same
 metadata, tensor shapes and types, zero weights; the engine runs it (for timing
 where the model itself cannot go), and every logit is zero."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from gpu.engine import OpenCLEngine
-from gpu.gguf_file import read_gguf
-from runtime.engine import Work
+from gpu.model.gguf_file import read_gguf
+from runtime.scheduling.work import Work
 from swarm.cli import main
 
 

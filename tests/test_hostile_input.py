@@ -13,12 +13,12 @@ import msgspec
 import pytest
 
 from kv_engine import KVEngine, reference_output
-from runtime.engine import Sampling
-from runtime.events import Ended, Failed
+from runtime.scheduling.work import Sampling
+from runtime.events.kinds import Ended, Failed
 from runtime.errors import ConfigError, SlotswarmError, TurnFailed, UsageError
-from runtime.lock import Lock
-from runtime.messages import TurnRequest
-from runtime.messages import TurnChannel
+from runtime.actors.lock import Lock
+from runtime.owner.messages import TurnRequest
+from runtime.owner.messages import TurnChannel
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, handler
 
 
@@ -234,7 +234,7 @@ def test_the_event_log_and_an_agents_proposals_are_private(tmp_path) -> None:
     import stat
 
     from agents import DocWriter
-    from runtime.bus import EventBus
+    from runtime.events.bus import EventBus
 
     old = os.umask(0o022)  # the usual umask, which would make them 0644
     try:

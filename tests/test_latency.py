@@ -1,4 +1,4 @@
-"""Latency figures come from one function (runtime.latency.felt): a turn's end
+"""Latency figures come from one function (runtime.events.latency.felt): a turn's end
 event and its agent's handle say the same of the same turn."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kv_engine import KVEngine
-from runtime.events import Finished
-from runtime.latency import felt
-from runtime.priority import FOREGROUND
+from runtime.events.kinds import Finished
+from runtime.events.latency import felt
+from runtime.scheduling.priority import FOREGROUND
 from swarm import Agent, Swarm
 
 

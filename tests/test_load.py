@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from kv_engine import KVEngine, reference_output
-from runtime.events import Admitted, Ended, Finished, Preempted, SwappedOut
+from runtime.events.kinds import Admitted, Ended, Finished, Preempted, SwappedOut
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 AGENTS = 1000

@@ -11,7 +11,7 @@ import pytest
 from gpu.device import select_device
 from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import CPUMatmul
-from gpu.model import WeightTensor
+from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
 from test_device_quants import SHAPE
 from test_quants import random_blocks

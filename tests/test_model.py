@@ -13,10 +13,10 @@ import gguf
 import numpy as np
 import pytest
 
-from gpu.catalogue import CATALOGUE, Part
-from gpu.fetch import DEFAULT_MODEL_FILE, extract_part, fetch, resolve_model
-from gpu.model import Model, expected_shapes, load_model
-from gpu.synthetic import write_tiny_gguf
+from gpu.model.catalogue import CATALOGUE, Part
+from gpu.model.fetch import DEFAULT_MODEL_FILE, extract_part, fetch, resolve_model
+from gpu.model.load import Model, expected_shapes, load_model
+from gpu.model.synthetic import write_tiny_gguf
 from runtime.errors import ModelError, ModelFormatError, UnsupportedModelError
 
 Q = gguf.GGMLQuantizationType
@@ -163,8 +163,8 @@ def test_every_corrupt_header_is_one_line_naming_the_file(tiny_gguf: Path, tmp_p
     file. Before the checks about 1 corruption in 30 escaped as a ValueError from a
     reshape, a bare Exception from `tokenizers`, an IndexError or an OverflowError;
     2,000 tries miss even a 1-in-70 escape with odds about 3e-13, in a few seconds."""
-    from gpu.gguf_file import read_gguf
-    from gpu.tokenizer import Tokenizer
+    from gpu.model.gguf_file import read_gguf
+    from gpu.model.tokenizer import Tokenizer
     from runtime.errors import SlotswarmError
 
     data = tiny_gguf.read_bytes()
@@ -187,7 +187,7 @@ def test_every_corrupt_header_is_one_line_naming_the_file(tiny_gguf: Path, tmp_p
 
 def test_a_corrupt_tensor_dimension_is_one_line_from_generate(tiny_gguf: Path, tmp_path: Path) -> None:
     """The issue's own case: one byte of a tensor's shape, and `swarm generate`."""
-    from gpu.gguf_file import read_gguf
+    from gpu.model.gguf_file import read_gguf
 
     data = bytearray(tiny_gguf.read_bytes())
     name = b"blk.0.attn_q.weight"
@@ -340,6 +340,6 @@ def test_failed_download_says_how_to_provide_a_model(tmp_path: Path, monkeypatch
 
 
 def _installed_package_has_model() -> bool:
-    from gpu.fetch import _from_installed_package
+    from gpu.model.fetch import _from_installed_package
 
     return _from_installed_package() is not None

@@ -13,7 +13,7 @@ import pytest
 
 from gpu.families import CPUFamily
 from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, CPUMatmul, cpu_variant
-from gpu.model import WeightTensor
+from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
 from test_device_quants import SHAPE
 from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
@@ -106,7 +106,7 @@ def test_a_prompt_gives_the_same_bits_through_the_32_column_tile(smollm2_model, 
     """SLOTSWARM_GEMM's tile in the whole forward pass (Q4_1, and the Q8_0 head): a
     40-token prompt's logits are the bits the 8-column tiles give."""
     from gpu.engine import OpenCLEngine
-    from runtime.engine import Work
+    from runtime.scheduling.work import Work
 
     prompt = Work(turn=0, tokens=list(range(100, 140)), start=0, block_table=list(range(4)), sample=True)
     logits = {}
@@ -125,7 +125,7 @@ def test_a_decode_gives_the_same_bits_alone_and_among_batch_mates(smollm2_model)
     activations are one 16-lane vector at every tile width: a turn's step alone (1-column
     tiles) and beside four mates (8-column tiles) gives the same bits."""
     from gpu.engine import OpenCLEngine
-    from runtime.engine import Work
+    from runtime.scheduling.work import Work
 
     engine = OpenCLEngine(smollm2_model, num_blocks=16, kernels="cpu")
     engine.step_logits([Work(turn=0, tokens=list(range(200, 212)), start=0, block_table=[0], sample=True)])

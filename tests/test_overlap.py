@@ -18,11 +18,11 @@ import anyio
 import pytest
 
 from kv_engine import EOS, KVEngine, reference_output
-from runtime.blocks import BlockPool
-from runtime.events import Ended, Event, Finished, Queued
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.turns import UNKNOWN, Policy, SchedulerConfig
+from runtime.scheduling.blocks import BlockPool
+from runtime.events.kinds import Ended, Event, Finished, Queued
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.turns import UNKNOWN, Policy, SchedulerConfig
 from swarm import Agent, Swarm
 
 
@@ -228,9 +228,9 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
     """StepInFlight.hand_over: a decode planned on a token not sampled yet runs
     with that token, in a copy; a decode whose token never came is left out;
     the plan the scheduler accounts keeps what it planned."""
-    from runtime.engine import Work
-    from runtime.flight import StepInFlight
-    from runtime.turns import Plan
+    from runtime.scheduling.work import Work
+    from runtime.owner.flight import StepInFlight
+    from runtime.scheduling.turns import Plan
 
     def step_of(works: list[Work], ahead: StepInFlight | None) -> StepInFlight:
         return StepInFlight(Plan(works=works), ahead, None, chained=ahead is not None)

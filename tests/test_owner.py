@@ -10,11 +10,11 @@ from collections import Counter
 import anyio
 import pytest
 
-from runtime.cost import StepCost
+from runtime.scheduling.cost import StepCost
 from runtime.errors import TurnCancelled
-from runtime.events import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Progress, Queued, Resumed, SwarmStarted, SwarmStopped
-from runtime.messages import Token
-from runtime.timing import TimingEngine
+from runtime.events.kinds import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Progress, Queued, Resumed, SwarmStarted, SwarmStopped
+from runtime.owner.messages import Token
+from runtime.scheduling.timing import TimingEngine
 from swarm import FOREGROUND, Agent, Swarm
 from pausing import Pausable
 
@@ -136,7 +136,7 @@ async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
                 await rec.until(lambda e: isinstance(e, Queued))
             pool = s.owner.scheduler.pool
         assert pool.num_free == pool.num_blocks
-    from runtime.events import read_events
+    from runtime.events.kinds import read_events
 
     events = list(read_events(path))
     queued = {e.turn for e in events if isinstance(e, Queued)}
@@ -268,7 +268,7 @@ async def test_a_turn_left_early_ends_with_its_agents_reason_even_if_a_token_fol
     # Leaving sends the cancel and leaves the channel open for the owner to close:
     # a token sent before the cancel is taken in must not read as a hang-up, whose
     # own cancel ("agent stopped listening") could overtake the agent's reason.
-    from runtime.messages import Token
+    from runtime.owner.messages import Token
 
     after: list[bool] = []
 
@@ -308,7 +308,7 @@ async def test_a_running_turns_tokens_are_told_once_a_second_before_it_ends():
     """turn.progress in virtual time, a tenth of a second a step: told every ten
     steps or so, each time with more tokens, to the log but not to the turn's
     own reader (who counts its tokens)."""
-    from runtime.messages import TurnRequest
+    from runtime.owner.messages import TurnRequest
 
     engine = ClockedEngine()
     with anyio.fail_after(30):

@@ -8,7 +8,7 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.events import Finished, Inherited, Preempted, Queued, Restored
+from runtime.events.kinds import Finished, Inherited, Preempted, Queued, Restored
 from swarm import BACKGROUND, FOREGROUND, Agent, Lock, handler
 from test_owner import LONG, busy, swarm
 

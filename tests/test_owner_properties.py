@@ -7,7 +7,7 @@ engine faults, for every policy. After every run:
 - every turn that finished says exactly what it says alone (greedy), whatever
   pauses, swaps, recomputes and retried faults it went through, up to its
   end-of-sequence where it stops there (turns end mid-batch while the next step
-  is already planned: runtime.scheduler.advance);
+  is already planned: runtime.scheduling.scheduler.advance);
 - the owner is alive and still serves a turn.
 
 The swarm runs in a blocking portal (an event loop in a thread), so the state
@@ -26,8 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kv_engine import KVEngine, reference_output
 from runtime.errors import SlotswarmError
-from runtime.events import Ended, Queued
-from runtime.turns import Policy
+from runtime.events.kinds import Ended, Queued
+from runtime.scheduling.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 PRIORITIES = [BACKGROUND, BACKGROUND + 3, FOREGROUND]

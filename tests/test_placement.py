@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from swarm.cluster.placement import LeastLoaded, OwnerLoad, Pinned, Router
 
 

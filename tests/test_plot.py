@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import (
+from runtime.events.kinds import (
     Admitted, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, read_events,
 )
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.units import format_duration
-from swarm import plot
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.units import format_duration
+from swarm.viewers import plot
 from swarm.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -228,7 +228,7 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path, events_file: Pat
 
 
 def test_foreground_answers_are_their_tokens_over_time() -> None:
-    from runtime.events import Finished
+    from runtime.events.kinds import Finished
 
     events = [
         Queued(t=1.0, step=0, turn=1, agent="pair", priority=FOREGROUND, tokens=3),
@@ -240,7 +240,7 @@ def test_foreground_answers_are_their_tokens_over_time() -> None:
 
 
 def test_foreground_answers_replay_each_token_time_when_the_log_has_them() -> None:
-    from runtime.events import Finished
+    from runtime.events.kinds import Finished
 
     events = [
         Queued(t=1.0, step=0, turn=1, agent="pair", priority=FOREGROUND, tokens=3),

@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_engine import KVEngine, reference_output
 
-from runtime.blocks import BlockPool
-from runtime.events import Admitted, Event, Preempted, Recomputed, SwappedOut
-from runtime.prefix import PrefixCache
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.turns import Copy, Forget, Plan, SchedulerConfig, Status, SwapOut, Turn
+from runtime.scheduling.blocks import BlockPool
+from runtime.events.kinds import Admitted, Event, Preempted, Recomputed, SwappedOut
+from runtime.scheduling.prefix import PrefixCache
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.turns import Copy, Forget, Plan, SchedulerConfig, Status, SwapOut, Turn
 
 B = 4  # positions per block
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from gpu.engine import OpenCLEngine
-from gpu.model import Model
-from runtime.blocks import BlockPool
+from gpu.model.load import Model
+from runtime.scheduling.blocks import BlockPool
 from runtime.agent import Agent
-from runtime.events import Admitted, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.turns import Copy, SchedulerConfig, SwapOut
+from runtime.events.kinds import Admitted, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.turns import Copy, SchedulerConfig, SwapOut
 from swarm import Swarm
 
 BLOCKS = 20  # 320 positions: the host room (swap_blocks) runs out, so swap also drops and recomputes

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 from kv_engine import KVEngine, reference_output
-from runtime.events import Ended, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
-from runtime.turns import Policy
+from runtime.events.kinds import Ended, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
+from runtime.scheduling.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 

@@ -4,7 +4,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gpu.quants import BLOCK_DEQUANTIZERS, SUPPORTED_TYPES, dequantize
+from gpu.model.quants import BLOCK_DEQUANTIZERS, SUPPORTED_TYPES, dequantize
 
 Q = gguf.GGMLQuantizationType
 

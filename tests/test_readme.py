@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.events import Finished, read_events
+from runtime.events.kinds import Finished, read_events
 from serve_helpers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent

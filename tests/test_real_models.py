@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu.catalogue import CATALOGUE
+from gpu.model.catalogue import CATALOGUE
 from gpu.engine import OpenCLEngine
-from gpu.fetch import cached
-from gpu.model import Model, load_model
-from gpu.reference import ReferenceModel
-from gpu.tokenizer import Tokenizer, bytes_to_unicode
-from runtime.engine import Work
+from gpu.model.fetch import cached
+from gpu.model.load import Model, load_model
+from reference import ReferenceModel
+from gpu.model.tokenizer import Tokenizer, bytes_to_unicode
+from runtime.scheduling.work import Work
 
 pytestmark = pytest.mark.fetched_model
 

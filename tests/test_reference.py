@@ -9,11 +9,11 @@ import gguf
 import numpy as np
 import pytest
 
-from gpu.model import Model, load_model
-from gpu.reference import ReferenceModel, attention, rope
-from gpu.synthetic import write_tiny_gguf
-from gpu.tokenizer import Tokenizer
-from runtime.engine import GREEDY, Sampling
+from gpu.model.load import Model, load_model
+from reference import ReferenceModel, attention, rope
+from gpu.model.synthetic import write_tiny_gguf
+from gpu.model.tokenizer import Tokenizer
+from runtime.scheduling.work import GREEDY, Sampling
 
 Q = gguf.GGMLQuantizationType
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gpu.sampling import probabilities, sample, uniform
-from runtime.engine import GREEDY, Sampling
+from runtime.scheduling.work import GREEDY, Sampling
 
 V = 49152
 

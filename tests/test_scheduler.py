@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.blocks import BlockPool
+from runtime.scheduling.blocks import BlockPool
 from runtime.errors import ConfigError
-from runtime.events import Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Recomputed, Resumed, SwappedIn, SwappedOut
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.scheduler import PROGRESS_S, Scheduler
-from runtime.timing import TimingEngine, TimingModel
-from runtime.turns import Policy, SchedulerConfig, Status, Turn
+from runtime.events.kinds import Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Recomputed, Resumed, SwappedIn, SwappedOut
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import PROGRESS_S, Scheduler
+from runtime.scheduling.timing import TimingEngine, TimingModel
+from runtime.scheduling.turns import Policy, SchedulerConfig, Status, Turn
 
 EOS = 2
 STEP = 0.025

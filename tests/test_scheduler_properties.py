@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from runtime.blocks import BlockPool
-from runtime.cost import StepCost, step_features
-from runtime.events import Ended, Event, Preempted
-from runtime.priority import FOREGROUND
-from runtime.scheduler import Scheduler
-from runtime.turns import Copy, Policy, SchedulerConfig, Status, SwapIn, SwapOut
+from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.cost import StepCost, step_features
+from runtime.events.kinds import Ended, Event, Preempted
+from runtime.scheduling.priority import FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.turns import Copy, Policy, SchedulerConfig, Status, SwapIn, SwapOut
 
 EOS = 2
 AGENTS = {"pair": FOREGROUND, "tests": 3, "docs": 0, "review": 0}

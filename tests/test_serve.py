@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.events import Cancelled, Ended, Finished, Queued
+from runtime.events.kinds import Cancelled, Ended, Finished, Queued
 from serve_helpers import SSE, ServerProcess
 
 MODEL = "tiny-serve"

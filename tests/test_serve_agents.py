@@ -11,7 +11,7 @@ import anyio
 import openai
 import pytest
 
-from runtime.events import Event, Inherited, Queued, Restored
+from runtime.events.kinds import Event, Inherited, Queued, Restored
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 from swarm.server import ServerHandle, serve
 

@@ -17,8 +17,8 @@ import anyio
 import httpx
 import pytest
 
-from gpu.model import load_model
-from gpu.tokenizer import Tokenizer
+from gpu.model.load import load_model
+from gpu.model.tokenizer import Tokenizer
 from kv_engine import KVEngine
 from swarm import Swarm
 from swarm.server import ServerHandle, serve

@@ -14,10 +14,10 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from browser import wait_for
-from runtime.priority import FOREGROUND
-from runtime.timing import TimingEngine
+from runtime.scheduling.priority import FOREGROUND
+from runtime.scheduling.timing import TimingEngine
 from swarm import Swarm
-from swarm.watch import trusted_hosts
+from swarm.viewers.watch import trusted_hosts
 from test_watch import Foreground, on_page
 
 KEY = "sekrit"

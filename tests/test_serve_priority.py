@@ -11,7 +11,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from runtime.events import Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped
+from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped
 from serve_helpers import SSE, EventWatcher, ServerProcess
 
 MODEL = "tiny-serve"

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events import Admitted, AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
+from runtime.events.kinds import Admitted, AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
 from swarm.cli import main
 from swarm.runner import SessionRunner
 from swarm.session import load_session, parse_session

@@ -1,4 +1,4 @@
-"""Where event sockets live (runtime/sockets.py): the default path `swarm tail`
+"""Where event sockets live (runtime/events/sockets.py): the default path `swarm tail`
 finds, live sockets told from stale ones, and paths refused before anything is
 overwritten."""
 
@@ -12,11 +12,11 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.bus import EventBus
+from runtime.events.bus import EventBus
 from runtime.errors import ConfigError
-from runtime.events import Queued, SwarmStarted
-from runtime.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
-from swarm import tail
+from runtime.events.kinds import Queued, SwarmStarted
+from runtime.events.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
+from swarm.viewers import tail
 
 STARTED = SwarmStarted(t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
 

@@ -1,4 +1,4 @@
-"""The owner's step thread (runtime.stepthread): a step's result or error comes
+"""The owner's step thread (runtime.owner.stepthread): a step's result or error comes
 back to the awaiting task, on asyncio and trio, and every step runs in the one
 thread, in order."""
 
@@ -9,7 +9,7 @@ import threading
 import anyio
 import pytest
 
-from runtime.stepthread import StepThread
+from runtime.owner.stepthread import StepThread
 
 GUARD = 10  # seconds: a hang guard, never a threshold
 
@@ -60,7 +60,7 @@ async def test_a_cancelled_wait_leaves_the_job_to_be_awaited_again(settled_first
 
 @pytest.mark.anyio
 async def test_inline_jobs_run_as_they_are_handed_over_on_the_callers_thread() -> None:
-    # An engine whose steps never block is called inline (runtime.engine's
+    # An engine whose steps never block is called inline (runtime.scheduling.work's
     # `blocking`): no thread, each job done before submit returns.
     ran: list[str] = []
 

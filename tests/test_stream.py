@@ -13,10 +13,10 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from runtime.bus import EventBus
-from runtime.events import Dropped, Event, Queued, SwarmStarted, SwarmStopped
-from runtime.stream import RoomWaits, serve_events
-from swarm import tail
+from runtime.events.bus import EventBus
+from runtime.events.kinds import Dropped, Event, Queued, SwarmStarted, SwarmStopped
+from runtime.events.stream import RoomWaits, serve_events
+from swarm.viewers import tail
 from fake_session import Clock, emit_session
 
 STARTED = SwarmStarted(t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")

@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.errors import ConfigError
-from runtime.bus import EventBus
-from runtime.events import (
+from runtime.events.bus import EventBus
+from runtime.events.kinds import (
     Admitted, Dropped, Ended, Event, Finished, Inherited, Preempted, Queued, Recomputed, Restored, Resumed, SwappedIn, SwappedOut, SwarmStarted,
     SwarmStopped, TurnEvent, Unrecognized, decode, encode, read_events,
 )
 from fake_session import Clock
-from swarm import tail
+from swarm.viewers import tail
 from swarm.cli import main
 
 
@@ -248,7 +248,7 @@ def test_follow_reassembles_lines_however_the_writer_splits_them(events: list[Ev
 
 
 def test_a_line_says_how_much_of_a_prompt_came_from_the_prefix_cache() -> None:
-    from runtime.events import Admitted, Recomputed
+    from runtime.events.kinds import Admitted, Recomputed
 
     about = dict(t=1.0, step=3, turn=7, agent="docs", priority=0, slot=1)
     assert "48 prompt tokens from the prefix cache" in tail.describe(Admitted(**about, waited_s=0.1, cached_tokens=48))
@@ -257,8 +257,8 @@ def test_a_line_says_how_much_of_a_prompt_came_from_the_prefix_cache() -> None:
 
 
 def test_a_cluster_event_names_its_owner() -> None:
-    from runtime.events import Admitted
-    from swarm.tail import render
+    from runtime.events.kinds import Admitted
+    from swarm.viewers.tail import render
 
     line = render(Admitted(t=1.0, step=3, turn=7, agent="pair", priority=10, slot=0, waited_s=0.01, owner="gpu1")).plain
     assert "gpu1: turn 7 (pair) got slot 0" in line
@@ -266,7 +266,7 @@ def test_a_cluster_event_names_its_owner() -> None:
 
 
 def test_a_running_turns_progress_reads_as_its_token_count_and_the_summary_counts_it() -> None:
-    from runtime.events import Finished, Progress, Queued
+    from runtime.events.kinds import Finished, Progress, Queued
     from swarm.summary import summarize
 
     about = dict(turn=7, agent="docs", priority=0)

@@ -8,9 +8,9 @@ import gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.model import Model
-from gpu.synthetic import tiny_vocab
-from gpu.tokenizer import Tokenizer, bytes_to_unicode
+from gpu.model.load import Model
+from gpu.model.synthetic import tiny_vocab
+from gpu.model.tokenizer import Tokenizer, bytes_to_unicode
 from runtime.errors import ConfigError
 
 SAMPLES = [

@@ -209,10 +209,10 @@ CONVERSATION = [
 
 @pytest.mark.fetched_model
 def test_the_fold_writes_tools_calls_and_results_word_for_word_as_qwens_own_template() -> None:
-    from gpu.catalogue import CATALOGUE
-    from gpu.fetch import cached
-    from gpu.model import load_model
-    from gpu.tokenizer import Tokenizer
+    from gpu.model.catalogue import CATALOGUE
+    from gpu.model.fetch import cached
+    from gpu.model.load import load_model
+    from gpu.model.tokenizer import Tokenizer
 
     path = cached(CATALOGUE["qwen2.5-coder-0.5b"])
     if path is None:
@@ -225,7 +225,7 @@ def test_the_fold_writes_tools_calls_and_results_word_for_word_as_qwens_own_temp
 
 
 def test_a_template_without_tools_gets_them_folded_in(tiny_model) -> None:
-    from gpu.tokenizer import Tokenizer
+    from gpu.model.tokenizer import Tokenizer
 
     text = Tokenizer.from_model(tiny_model).render_chat(CONVERSATION, tools=SPECS)
     assert "<tools>\n" in text and '"name": "weather"' in text

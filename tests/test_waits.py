@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from runtime.errors import WaitCycle
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.serving import MAILBOX, on_behalf
-from runtime.waits import WaitGraph
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.actors.serving import MAILBOX, on_behalf
+from runtime.actors.waits import WaitGraph
 
 HANDLER = (MAILBOX,)  # a wait made inside a handler: it is in the way of the asks queued behind it
 

@@ -16,17 +16,17 @@ import pytest
 
 from browser import start_watch, state, stop, wait_for
 from test_watch_hub import line, page_server
-from runtime.events import Dropped, Finished, read_events
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.stream import encode_line
-from runtime.timing import TimingEngine
+from runtime.events.kinds import Dropped, Finished, read_events
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.events.stream import encode_line
+from runtime.scheduling.timing import TimingEngine
 from swarm import Agent, Swarm, handler
-from swarm.plot import build_timeline
+from swarm.viewers.plot import build_timeline
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from runtime.units import percentiles
+from runtime.scheduling.units import percentiles
 from swarm.summary import summarize
-from swarm.watch import WatchHub, bind_loopback, follow_bus
+from swarm.viewers.watch import WatchHub, bind_loopback, follow_bus
 
 LONG = 1_000_000  # a background turn that never ends within a test
 

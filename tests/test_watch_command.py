@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from browser import ROOT, start_watch, stop, wait_for
-from runtime.events import read_events
-from runtime.priority import FOREGROUND
-from runtime.timing import TimingEngine
+from runtime.events.kinds import read_events
+from runtime.scheduling.priority import FOREGROUND
+from runtime.scheduling.timing import TimingEngine
 from swarm import Swarm
 from test_watch import Foreground, on_page
 

@@ -11,10 +11,10 @@ from functools import partial
 import anyio
 import pytest
 
-from runtime.bus import EventBus
-from runtime.events import Admitted, Dropped, Queued, SwarmStarted, decode, kind_named
-from runtime.stream import encode_line
-from swarm.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
+from runtime.events.bus import EventBus
+from runtime.events.kinds import Admitted, Dropped, Queued, SwarmStarted, decode, kind_named
+from runtime.events.stream import encode_line
+from swarm.viewers.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
 
 
 # ---------------------------------------------------------------- the hub alone

@@ -1,5 +1,5 @@
 """The lanes canvas in a real headless chromium: a frame repaints only the strip
-its news touched (swarm/watch/static/lanes.js), and what the strips leave on
+its news touched (swarm/viewers/watch/static/lanes.js), and what the strips leave on
 the canvas is what drawing it whole gives."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from browser import wait_for
 from test_watch import on_page
 from test_watch_hub import line, page_server
-from swarm.watch import WatchHub
+from swarm.viewers.watch import WatchHub
 
 # The lanes as they are (drawing once more for any news since the last frame),
 # against the whole canvas drawn again at once: pixels that differ, pixels in all.

@@ -27,12 +27,12 @@ from typing import Any, Callable
 import anyio
 import msgspec
 
-from runtime.bus import EventBus
-from runtime.client import GPUClient
-from runtime.events import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
+from runtime.events.bus import EventBus
+from runtime.owner.client import GPUClient
+from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
 from runtime.errors import ConfigError, TurnCancelled
-from runtime.messages import Token, TurnChannel, TurnRequest, turn_request_problem
-from runtime.serving import lift_key
+from runtime.owner.messages import Token, TurnChannel, TurnRequest, turn_request_problem
+from runtime.actors.serving import lift_key
 from swarm.cluster.placement import Router
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _owner_lost(exc: BaseException) -> bool:
 
 
 class ClusterGPU(GPUClient):
-    """The GPU client (runtime.client.GPUClient) of owners spread over Ray."""
+    """The GPU client (runtime.owner.client.GPUClient) of owners spread over Ray."""
 
     def __init__(
         self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,

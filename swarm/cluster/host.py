@@ -22,8 +22,8 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 import anyio
 import msgspec
 
-from runtime.events import encode
-from runtime.messages import SetInherited, TurnChannel, TurnRequest
+from runtime.events.kinds import encode
+from runtime.owner.messages import SetInherited, TurnChannel, TurnRequest
 
 T = TypeVar("T")
 

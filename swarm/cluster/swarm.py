@@ -24,11 +24,11 @@ from typing import Any, Sequence
 
 import anyio
 
-from runtime.bus import EventBus
+from runtime.events.bus import EventBus
 from runtime.errors import ConfigError
-from runtime.events import SwarmStarted, SwarmStopped
-from runtime.stream import serve_events
-from runtime.system import ActorSystem
+from runtime.events.kinds import SwarmStarted, SwarmStopped
+from runtime.events.stream import serve_events
+from runtime.actors.system import ActorSystem
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
 from swarm.cluster.placement import Placement, Router
@@ -152,9 +152,9 @@ class ClusterSwarm(AgentHost):
             handle.serve.remote()
 
     def _tokenizer(self) -> Any:
-        from gpu.fetch import resolve_model
-        from gpu.model import load_model
-        from gpu.tokenizer import Tokenizer
+        from gpu.model.fetch import resolve_model
+        from gpu.model.load import load_model
+        from gpu.model.tokenizer import Tokenizer
 
         return Tokenizer.from_model(load_model(resolve_model(self.specs[0].model)))
 

@@ -12,8 +12,8 @@ import anyio
 from rich.console import Console
 
 from runtime.errors import ConfigError
-from runtime.stream import default_socket_path
-from swarm import tail
+from runtime.events.stream import default_socket_path
+from swarm.viewers import tail
 from swarm.agent_loading import new_out_dir
 from swarm.session import DEMO_SESSION, load_session
 
@@ -64,7 +64,7 @@ def run_team(args: argparse.Namespace) -> int:
     if script is None and not interactive and not args.project:
         script = DEMO_QUESTIONS  # the demo's person, scripted
     console = Console(highlight=False, soft_wrap=True)
-    logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
+    logging.getLogger("runtime.actors.system").setLevel(logging.CRITICAL)
     say = lambda text: console.print(text, style="bold cyan", markup=False)  # noqa: E731
     out = new_out_dir(session)
     team = CodingTeam(project, out, test_cmd=args.test_cmd, fixers=args.fixers, candidates=args.candidates, temperature=args.temperature, rounds=args.rounds,
@@ -99,7 +99,7 @@ def print_swarm_summary(console: Console, runner) -> None:
     """What the person felt (foreground wait, TTFT, ITL against the idle engine), as `swarm run` prints it."""
     import statistics
 
-    from runtime.events import read_events
+    from runtime.events.kinds import read_events
     from swarm.commands.run import print_summary
     from swarm.summary import summarize
 

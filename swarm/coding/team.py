@@ -21,7 +21,7 @@ from agents.patch_reviewer import PatchReviewer
 from agents.planner import Planner
 from agents.test_author import TestAuthor
 from runtime.errors import ConfigError
-from runtime.files import private_dir, write_private
+from runtime.events.files import private_dir, write_private
 from swarm.coding.patches import Judgement, apply_in, make_diff, patch_files
 from swarm.coding.project import ProjectCopy, apply_patch
 from swarm.coding.sandbox import Sandbox, describe_sandbox

@@ -1,11 +1,11 @@
 """`swarm bench ...`: benchmarks.
 
-    swarm bench engine   what one decode step costs on this device (gpu/bench.py)
-    swarm bench swarm    the whole swarm under load (swarm/bench_swarm.py)
-    swarm bench serve    the same load over HTTP through the openai client (swarm/bench_serve.py)
-    swarm bench watch    decode step time with and without pages open (swarm/bench_watch.py)
-    swarm bench owner    the owner's host work per step, zero-cost engine (swarm/bench_owner.py)
-    swarm bench fix      bug-fix tasks solved, fixer swarm vs single shot (swarm/bench_fix.py)
+    swarm bench engine   what one decode step costs on this device (swarm/bench/engine.py)
+    swarm bench swarm    the whole swarm under load (swarm/bench/swarm.py)
+    swarm bench serve    the same load over HTTP through the openai client (swarm/bench/serve.py)
+    swarm bench watch    decode step time with and without pages open (swarm/bench/watch.py)
+    swarm bench owner    the owner's host work per step, zero-cost engine (swarm/bench/owner.py)
+    swarm bench fix      bug-fix tasks solved, fixer swarm vs single shot (swarm/bench/fix.py)
 """
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm import bench_fix, bench_owner, bench_serve, bench_swarm, bench_watch
+from swarm.bench import fix as bench_fix
+
+from swarm.bench import owner as bench_owner
+
+from swarm.bench import serve as bench_serve
+
+from swarm.bench import swarm as bench_swarm
+
+from swarm.bench import watch as bench_watch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,23 +59,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    from gpu.bench import format_report, kv_blocks_needed, run_engine_bench
+    from swarm.bench.engine import format_report, kv_blocks_needed, run_engine_bench
     from gpu.engine import open_engine
     from runtime.errors import ConfigError
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}")
     if args.quants:
-        from gpu.bench_quants import format_quant_report, run_quant_bench
-        from gpu.fetch import resolve_model
-        from gpu.model import load_model
+        from swarm.bench.quants import format_quant_report, run_quant_bench
+        from gpu.model.fetch import resolve_model
+        from gpu.model.load import load_model
 
         config = load_model(resolve_model(args.model)).config
         report = run_quant_bench(config, device=args.device, kernels=args.kernels, steps=args.steps)
         print(json.dumps(report) if args.json else format_quant_report(report))
         return 0
     if args.constrained or args.validity:
-        from gpu import bench_constrained as bc
+        from swarm.bench import constrained as bc
 
         if args.validity is not None and args.validity < 1:
             raise ConfigError(f"--validity must be at least 1, got {args.validity}")

@@ -16,9 +16,9 @@ import sys
 
 import anyio
 
-from runtime.engine import GREEDY, Engine, Sampling
+from runtime.scheduling.work import GREEDY, Engine, Sampling
 from runtime.errors import ConfigError
-from runtime.units import ceil_div
+from runtime.scheduling.units import ceil_div
 from swarm import FOREGROUND, Agent, Swarm, TurnHandle
 
 BLOCK_SIZE = 16
@@ -54,9 +54,9 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 
 def run(args: argparse.Namespace) -> int:
     from gpu.engine import open_engine
-    from gpu.fetch import resolve_model
-    from gpu.model import load_model
-    from gpu.tokenizer import Tokenizer
+    from gpu.model.fetch import resolve_model
+    from gpu.model.load import load_model
+    from gpu.model.tokenizer import Tokenizer
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")

@@ -2,7 +2,7 @@
 
     swarm models                               # the catalogue and the cache
     swarm models --fetch qwen2.5-coder-0.5b    # fetch (checked, resumable) if not cached
-    swarm models --hollow smollm2-135m FILE    # its twin with zeroed weights, for timing elsewhere (gpu.hollow)
+    swarm models --hollow smollm2-135m FILE    # its twin with zeroed weights, for timing elsewhere (gpu.model.hollow)
 
 Any command's --model takes a catalogue name, a GGUF path or hf:OWNER/REPO/FILE.
 """
@@ -24,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu.catalogue import CATALOGUE, DEFAULT_MODEL
-    from gpu.fetch import cache_dir, cached, fetch, unknown_model
+    from gpu.model.catalogue import CATALOGUE, DEFAULT_MODEL
+    from gpu.model.fetch import cache_dir, cached, fetch, unknown_model
 
     if args.hollow:
         return write_hollow(*args.hollow)
@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
 def write_hollow(model: str, file: str) -> int:
     from pathlib import Path
 
-    from gpu.fetch import resolve_model
-    from gpu.hollow import write_hollow as write
+    from gpu.model.fetch import resolve_model
+    from gpu.model.hollow import write_hollow as write
 
     source, target = resolve_model(model), Path(file)
     if target.exists() and target.resolve() == source.resolve():

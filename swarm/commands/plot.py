@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from swarm import plot
+from swarm.viewers import plot
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -15,17 +15,17 @@ import anyio
 from rich.console import Console
 from rich.table import Table
 
-from runtime.events import read_events
-from runtime.turns import SchedulerConfig
+from runtime.events.kinds import read_events
+from runtime.scheduling.turns import SchedulerConfig
 from swarm.api import Swarm
-from runtime.stream import default_socket_path
-from swarm import tail
+from runtime.events.stream import default_socket_path
+from swarm.viewers import tail
 from swarm.coding import command as coding
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from runtime.units import format_duration, percentiles
+from runtime.scheduling.units import format_duration, percentiles
 from swarm.summary import Summary, summarize
-from swarm.watch import DEFAULT_PORT, bind_loopback
+from swarm.viewers.watch import DEFAULT_PORT, bind_loopback
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         session.shaping = False
     console = Console(highlight=False, soft_wrap=True)
     # Agent crashes are reported as events and in the summary; keep tracebacks off the screen.
-    logging.getLogger("runtime.system").setLevel(logging.CRITICAL)
+    logging.getLogger("runtime.actors.system").setLevel(logging.CRITICAL)
     socket = default_socket_path()
     runner = SessionRunner(
         session, socket=socket,

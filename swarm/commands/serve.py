@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 
 from runtime.errors import ConfigError
-from runtime.turns import Policy
+from runtime.scheduling.turns import Policy
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpu.engine import open_engine
-    from gpu.fetch import resolve_model
+    from gpu.model.fetch import resolve_model
     from swarm.server import listen
 
     if args.slots < 1:

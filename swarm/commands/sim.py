@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from runtime.turns import Policy
-from runtime.units import format_duration
+from runtime.scheduling.turns import Policy
+from runtime.scheduling.units import format_duration
 from swarm.sim import POLICIES, Workload, load_workload, simulate
 
 

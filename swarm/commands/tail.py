@@ -8,7 +8,7 @@ from typing import Iterator
 
 from rich.console import Console
 
-from swarm import tail
+from swarm.viewers import tail
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

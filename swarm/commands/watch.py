@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 
 from runtime.errors import ConfigError
-from swarm.watch import DEFAULT_PORT, WatchHub, bind_loopback, create_app, follow_socket, load_file, serve_http
+from swarm.viewers.watch import DEFAULT_PORT, WatchHub, bind_loopback, create_app, follow_socket, load_file, serve_http
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

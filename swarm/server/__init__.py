@@ -33,7 +33,7 @@ from swarm.api import Swarm
 from swarm.server.app import build_app
 from swarm.server.gateway import Gateway
 from swarm.server.metrics import Metrics
-from swarm.watch import WatchHub, follow_bus, watch_routes
+from swarm.viewers.watch import WatchHub, follow_bus, watch_routes
 
 __all__ = ["ServerHandle", "listen", "serve"]
 

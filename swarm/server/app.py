@@ -5,7 +5,7 @@
     GET  /health                GET  /metrics
 
 With an API key, every path but /health needs it (`_Guard`). The Host header must
-name the address served (`swarm.watch.trusted_hosts`), against DNS rebinding.
+name the address served (`swarm.viewers.watch.trusted_hosts`), against DNS rebinding.
 
 Every error is an OpenAI error object, `{"error": {"message", "type", "param",
 "code"}}`. A request runs inside a response that listens for the client hanging
@@ -28,16 +28,16 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.bus import Subscription
+from runtime.events.bus import Subscription
 from runtime.errors import RequestError
-from runtime.stream import CLIENT_BUFFER, encode_line
+from runtime.events.stream import CLIENT_BUFFER, encode_line
 from runtime.toolcalls import ToolCall
 from swarm.server.calls import CallSplitter, call_deltas
 from swarm.server.gateway import Gateway
 from swarm.server.turn import ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
 from swarm.server.protocol import SSE_DONE, Reply, TurnSpec, encode, error_body, parse_chat, parse_completion, sse
-from swarm.watch import trusted_hosts
+from swarm.viewers.watch import trusted_hosts
 
 MAX_BODY = 4 * 1024 * 1024
 EVENTS_PING_S = 15.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.constraints import Constraint, Grammar, JsonSchema
+from runtime.scheduling.constraints import Constraint, Grammar, JsonSchema
 from runtime.errors import RequestError
 from runtime.toolcalls import ToolCall, ToolCallFormat, ToolChoice, read_call
 from runtime.tools import ToolSpec

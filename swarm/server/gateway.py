@@ -24,10 +24,10 @@ import anyio
 import msgspec
 
 from runtime.agent import Agent, TurnHandle
-from runtime.files import open_private
+from runtime.events.files import open_private
 from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
-from runtime.priority import BACKGROUND, FOREGROUND
-from runtime.serving import MAILBOX, on_behalf
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.actors.serving import MAILBOX, on_behalf
 from swarm.api import Swarm
 from swarm.server.protocol import TurnSpec, check_agent_name, parse_priority
 from swarm.server.turn import ServedTurn

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.events import Admitted, Ended, Event, Inherited, Preempted
-from runtime.priority import FOREGROUND
+from runtime.events.kinds import Admitted, Ended, Event, Inherited, Preempted
+from runtime.scheduling.priority import FOREGROUND
 from swarm.api import Swarm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime.engine import GREEDY, Sampling
+from runtime.scheduling.work import GREEDY, Sampling
 from runtime.errors import RequestError
-from runtime.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from swarm.server.calls import MessageToolCall, NamedToolChoice, ResponseFormat, ToolDef, ToolPlan, message_calls, plan_tools
 
 MAX_STOPS = 4

@@ -1,0 +1,82 @@
+"""The step in flight: a step launched on the device and not yet landed.
+
+The GPU owner plans step N+1 while step N runs, as vLLM's async scheduling and
+SGLang's overlap scheduler do, so the device waits for no host work but the
+hand-over of N's tokens. Everything that overlap needs about one step is here,
+in one object:
+
+- the plan, accounted by the scheduler as launched (`Scheduler.advance`) so
+  the next step can be planned on it;
+- the device job that runs it in the owner's step thread;
+- the abandon flag it was launched with (runtime.owner.abandon), None if it runs to
+  its end;
+- the token hand-over: the step it was planned on (`ahead`) and what that step
+  sampled, put into this step's decodes in the step thread right before it
+  starts;
+- what to undo if it is abandoned (`undo`: the scheduler forgets the launch).
+
+The owner keeps the newest one; the one before it is landed right after the
+newest is launched.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from runtime.scheduling.work import Work
+from runtime.scheduling.turns import UNKNOWN, Plan
+
+if TYPE_CHECKING:
+    from runtime.scheduling.scheduler import Scheduler
+    from runtime.owner.stepthread import Job
+
+# What a step hands back from the step thread: a token (or None) per work (None
+# for all: it was abandoned, runtime.owner.abandon), the turns it alone failed with
+# why, and its time (None if it failed).
+Ran = tuple[list[int | None] | None, dict[int, str], float | None]
+
+
+class StepInFlight:
+    def __init__(self, plan: Plan, ahead: StepInFlight | None, flag: threading.Event | None, *, chained: bool) -> None:
+        self.plan = plan
+        self.flag = flag
+        self.chained = chained  # launched while the step before ran: the device idles only for the hand-over
+        self.job: Job[Ran] | None = None  # set once handed to the step thread
+        # The hand-over, touched only in the step thread: the step this one was
+        # planned on (its tokens feed this one's decodes), and what this one sampled.
+        self._ahead = ahead
+        self.sampled: dict[int, int | None] = {}
+
+    @property
+    def abandoned(self) -> bool:
+        return self.flag is not None and self.flag.is_set()
+
+    def hand_over(self) -> list[Work]:
+        """In the step thread, right before the step starts: the works to run,
+        its decodes planned on a token the step before had not sampled yet
+        (UNKNOWN) given that token, as SGLang resolves its future tokens on the
+        device side. The plan's own works are left as planned (copies carry the
+        tokens), so nothing the scheduler holds changes under it. A decode whose
+        token never came (its turn faulted) is left out of what runs; otherwise
+        the list matches the plan's, item for item."""
+        ahead, self._ahead = self._ahead, None  # (so a long run of steps does not chain them all)
+        works = self.plan.works
+        if ahead is None:
+            return works
+        sampled, runnable = ahead.sampled, []
+        for work in works:
+            if work.tokens[-1] == UNKNOWN:
+                token = sampled.get(work.turn)
+                if token is None:
+                    continue
+                work = msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token])
+            runnable.append(work)
+        return runnable
+
+    def undo(self, scheduler: Scheduler) -> None:
+        """It counts for nothing (abandoned): the scheduler forgets its launch.
+        Of two steps in flight, the later is undone first."""
+        scheduler.retract(self.plan)

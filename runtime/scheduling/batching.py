@@ -1,0 +1,172 @@
+"""The scheduler's batch: which running turns' work goes into this step.
+
+Every decode first (one token each), then prefill chunks in priority order from
+what is left of `step_tokens`. While a turn above background priority is live,
+under the preempting policies, the step is shaped for it instead (runtime.scheduling.shaping):
+its own work, then the background work that keeps the predicted step within the
+slack.
+
+A prompt first takes what the prefix cache has gained since it was admitted
+(`_catch_up`), and waits a step rather than compute a block a batch-mate is
+computing for the same tokens.
+
+`Batching` is a part the scheduler owns, with no state of its own between
+steps: it reads the running turns through the scheduler it is given, and
+grows their K/V through the scheduler's `KVMemory`. Nothing here admits or
+pauses a turn, except through `KVMemory.reserve` when memory runs short.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from runtime.scheduling.cost import StepCost
+from runtime.scheduling.work import Work
+from runtime.scheduling.kvmoves import KVMemory
+from runtime.scheduling.prefix import PrefixCache
+from runtime.scheduling.priority import Priorities
+from runtime.scheduling.shaping import StepBudget, protected_priority
+from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
+
+
+class Running(Protocol):
+    """What the batch asks of the scheduler: the turns in a slot, every live
+    turn, and the step being planned."""
+
+    @property
+    def running(self) -> dict[int, Turn]: ...
+
+    turns: dict[int, Turn]
+    step: int
+
+
+class Batching:
+    def __init__(
+        self, config: SchedulerConfig, cost: StepCost, prefix: PrefixCache, priorities: Priorities, memory: KVMemory, seats: Running,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.cost = cost
+        self.block_size = memory.pool.block_size
+        self.prefix = prefix
+        self.priorities = priorities
+        self.memory = memory
+        self.seats = seats
+
+    def fill(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
+        """Pick this step's work: every decode first (one token each), then prefill
+        chunks in priority order from what is left of the token budget. While a
+        turn above background priority is live, the step is shaped for it instead.
+        `in_flight` is the step launched and not yet accounted, if any."""
+        protected = self._protected_priority()
+        if protected is not None and self._batch_shaped(protected, now, plan, in_flight):
+            return
+        budget = self.config.step_tokens
+        for turn in self._batch_order(self.seats.running.values(), now):
+            if budget <= 0:
+                break
+            pending = turn.pending
+            if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
+                budget -= self._take(turn, 1, now, plan)
+            elif self._catch_up(turn, plan, in_flight):
+                budget -= self._take(turn, min(turn.pending, budget), now, plan)
+
+    def _batch_shaped(self, at: int, now: float, plan: Plan, in_flight: Plan | None) -> bool:
+        """runtime.scheduling.shaping: the protected turns' work, then the background work that
+        fits the cost budget. False (nothing added) if no protected work can run."""
+        unaged = self.priorities.unaged
+        protected = [t for t in self.seats.running.values() if unaged(t) >= at]
+        budget = StepBudget(self.cost, self.config.slack)
+        chunk = max(self.config.prefill_chunk, self.config.step_tokens)
+        for turn in self._batch_order(protected, now):
+            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan, in_flight) else 0
+            if n:
+                budget.add(plan.works[-1].start, n)
+                chunk -= n if n > 1 else 0
+        if not plan.works:
+            return False  # e.g. waiting for memory that only background progress frees
+        budget.close_base()
+        # Background work in what the slack leaves: decodes first (they keep running
+        # turns moving), then prefill chunks cut to fit; longest-unserved first.
+        others = [t for t in self.seats.running.values() if unaged(t) < at]
+        room = self.config.step_tokens
+        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
+            if not self._catch_up(turn, plan, in_flight):
+                continue
+            n = budget.largest(turn.computed, min(turn.pending, room))
+            if n and self._take(turn, n, now, plan):
+                budget.add(turn.computed, n)
+                room -= n if turn.pending > 1 else 0
+        return True
+
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
+        effective = self.priorities.effective  # (the key runs for every turn at every step)
+        return sorted(turns, key=lambda t: (len(t.prompt) + len(t.output) - t.computed > 1, -effective(t, now), t.last_admit))
+
+    def _catch_up(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
+        """Before a prompt's next chunk is planned: take what the prefix cache has
+        gained since (runtime.scheduling.prefix). False if the turn should wait this step,
+        because a batch-mate computes its next block for the same tokens."""
+        if turn.status is not Status.RUNNING or turn.pending <= 1 or not self.prefix.enabled:
+            return True
+        self.prefix.extend(turn)
+        if self._computed_alongside(turn, plan, in_flight):
+            plan.held.append(turn)
+            return False
+        self.prefix.copy_rows(turn, plan.moves)
+        return True
+
+    def _computed_alongside(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
+        """Whether a turn already in this step, or in the step in flight, computes
+        the full block the turn would compute next, for the same tokens: then it is registered after the
+        step and the turn takes it by reference (turns that arrive together with
+        one system prompt compute it once)."""
+        size = self.block_size
+        i, rest = divmod(turn.computed, size)
+        if rest or i >= len(turn.hashes):
+            return False
+        key = turn.hashes[i]
+        # (the step in flight too: what it computes is only shared once it is accounted)
+        pairs = zip(plan.works + in_flight.works, plan.turns + in_flight.turns) if in_flight is not None else zip(plan.works, plan.turns)
+        for work, other in pairs:
+            if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
+                continue
+            if len(other.hashes) <= i:
+                if (i + 1) * size > len(other.prompt):
+                    continue  # (its tokens past the prompt are not all known yet)
+                # Not named yet: the step in flight computes it, and only then is it committed.
+                self.prefix.chain(other, i + 1)
+            if other.hashes[i] == key:
+                return True
+        return False
+
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> int:
+        """Add `n` tokens of a running turn's work to the plan, growing its KV;
+        the tokens added (0: none, it could not run this step)."""
+        if turn.status is not Status.RUNNING:
+            return 0  # preempted for memory while this batch was built
+        if turn.owed and self._owes_last(turn):
+            return 0  # its last token is being sampled: it ends when that step is accounted
+        start = turn.computed
+        end = start + n
+        if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
+            return 0  # it was paused to free memory
+        # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
+        sample = end == len(turn.prompt) + len(turn.output)
+        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
+        # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint))
+        plan.turns.append(turn)
+        turn.last_stepped = self.seats.step
+        return n
+
+    def _owes_last(self, turn: Turn) -> bool:
+        """Whether the token a step in flight owes the turn is its last, by length
+        or context (Scheduler.advance)."""
+        max_context = self.config.max_context
+        return len(turn.output) >= turn.max_tokens or bool(max_context and turn.length >= max_context)
+
+    def _protected_priority(self) -> int | None:
+        if not (self.config.shaping and self.policy.preempts):
+            return None
+        return protected_priority(self.priorities.top_unaged(self.seats.turns.values()))

@@ -1,0 +1,205 @@
+"""KV block accounting: which of the engine's pool blocks are free, cached or owned.
+
+The scheduler owns this object; the engine owns the memory behind the ids. A turn
+holds the blocks covering every position whose K/V has been computed, in order
+(its block table). A full block may also be *cached*: registered under the chain
+hash of its tokens (runtime.scheduling.prefix), so that a later turn whose prompt starts the
+same way takes it by reference instead of computing it again.
+
+Any block, full or not, may also be *noted*: filed under the chain hash of the
+blocks before it with the tokens its computed rows hold, so that a turn whose
+tokens agree with only the first rows (a finished turn's last block, the start of
+a full block) gets a copy of those rows in a block of its own (`best_rows`).
+
+Every block is in exactly one state:
+
+    free     refcount 0, neither hashed     handed out first
+             nor noted
+    cached   refcount 0, hashed or noted,   handed out (and forgotten) when no free
+             in an LRU                      block is left, least recently used first
+    owned    refcount >= 1                  held by that many turns' tables
+
+so free + cached + owned == num_blocks, and `num_free` (what `grow` can hand out
+without evicting a turn) counts the first two.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from runtime.errors import UsageError
+from runtime.scheduling.units import ceil_div
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, *, namespace: str = "") -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise UsageError(f"need at least one block of at least one position, got {num_blocks} x {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # What the cached K/V depends on besides the tokens (the model): folded into
+        # every chain hash, so a pool never serves one model's K/V to another.
+        self.namespace = namespace
+        self._free: deque[int] = deque(range(num_blocks))
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        # noted: block -> (parent key, row tokens, its place in the order blocks were first noted)
+        self._rows_of: dict[int, tuple[bytes, tuple[int, ...], int]] = {}
+        # (parent key, first row's token) -> the blocks noted so: a lookup compares
+        # only blocks that agree on a row at least, not every one noted under the
+        # key (every turn's first block is noted under the root). With the order
+        # each was noted in, `best_rows`' tie-break.
+        self._starting: dict[tuple[bytes, int], dict[int, None]] = {}
+        self._notes = 0  # blocks first noted so far
+
+    @property
+    def num_free(self) -> int:
+        """Blocks `grow` can hand out: free ones, then cached ones nobody holds."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        """Cached blocks nobody holds (evictable)."""
+        return len(self._lru)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
+
+    def blocks_for(self, positions: int) -> int:
+        """Blocks needed to hold `positions` token positions."""
+        return ceil_div(positions, self.block_size)
+
+    # ------------------------------------------------------------ allocation
+
+    def grow(self, table: list[int], positions: int) -> bool:
+        """Extend a block table to cover `positions`; False (and no change) if the
+        pool is short. Takes free blocks first, then evicts cached ones, LRU first."""
+        missing = self.blocks_for(positions) - len(table)
+        if missing <= 0:
+            return True
+        if missing > self.num_free:
+            return False
+        for _ in range(missing):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._lru.popitem(last=False)
+                self._forget(block)
+            self._refs[block] = 1
+            table.append(block)
+        return True
+
+    def release(self, table: list[int]) -> None:
+        """Drop a table's references. A block nobody holds any more goes back to the
+        free list, or, if hashed, to the cache. The table is released from its end,
+        so a turn's last blocks (the least likely to be shared) are evicted first."""
+        for block in reversed(table):
+            if self._refs[block] < 1:
+                raise ValueError(f"block {block} released more often than it was taken")
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._hash_of or block in self._rows_of:
+                    self._lru[block] = None
+                else:
+                    self._free.append(block)
+        table.clear()
+
+    # ---------------------------------------------------------------- sharing
+
+    def lookup(self, key: bytes) -> int | None:
+        """The block cached under a chain hash, if it is still there."""
+        return self._block_of.get(key)
+
+    def acquire(self, block: int) -> None:
+        """Take one more reference on a cached or owned block."""
+        if self._refs[block] == 0:
+            if block not in self._lru:
+                raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
+            del self._lru[block]
+        self._refs[block] += 1
+
+    def register(self, block: int, key: bytes) -> bool:
+        """Record that an owned, full block holds the K/V that `key` names. False if
+        another block already does (the two were computed side by side; the first
+        stays the shared copy, this one stays private)."""
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+        if self._hash_of.get(block, key) != key:
+            raise ValueError(f"block {block} is already cached under another hash")
+        known = self._block_of.get(key)
+        if known is not None:
+            return known == block
+        self._block_of[key] = block
+        self._hash_of[block] = key
+        return True
+
+    def is_cached(self, block: int) -> bool:
+        """Hashed: a full block that turns take by reference (so never written)."""
+        return block in self._hash_of
+
+    def note(self, block: int, parent: bytes, rows: tuple[int, ...]) -> None:
+        """Record that an owned block's first rows hold the K/V of `rows`, the
+        tokens that follow the blocks `parent` names. Noted again as its turn
+        computes more, so the rows only ever grow."""
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
+        old = self._rows_of.get(block)
+        if old is None:
+            order = self._notes
+            self._notes += 1
+        elif old[0] != parent:
+            raise ValueError(f"block {block} is already noted under another parent")
+        else:
+            order = old[2]
+        first = rows[0] if rows else None
+        if old is None or (old[1][0] if old[1] else None) != first:
+            if old is not None:
+                self._unfile_first(block, old)
+            if rows:
+                self._starting.setdefault((parent, first), {})[block] = None
+        self._rows_of[block] = (parent, rows, order)
+
+    def noted_rows(self, block: int) -> tuple[int, ...]:
+        """The tokens a noted block's rows hold (empty if it is not noted)."""
+        noted = self._rows_of.get(block)
+        return noted[1] if noted else ()
+
+    def best_rows(self, parent: bytes, tokens: list[int]) -> tuple[int | None, int]:
+        """The noted block under `parent` whose rows agree longest with `tokens`
+        from its first row, and for how many rows (None, 0 if none does)."""
+        best, most = None, 0
+        if not tokens:
+            return best, most
+        # (only blocks whose first row agrees can agree for any rows; among equals,
+        # the one noted first under the key wins)
+        rows_of = self._rows_of
+        for block in self._starting.get((parent, tokens[0]), ()):
+            rows = rows_of[block][1]
+            n = 0
+            for a, b in zip(rows, tokens):
+                if a != b:
+                    break
+                n += 1
+            if n > most or (n == most and best is not None and rows_of[block][2] < rows_of[best][2]):
+                best, most = block, n
+        return best, most
+
+    def _forget(self, block: int) -> None:
+        """An evicted block's K/V is about to be overwritten: unname it."""
+        key = self._hash_of.pop(block, None)
+        if key is not None:
+            del self._block_of[key]
+        noted = self._rows_of.pop(block, None)
+        if noted is not None:
+            self._unfile_first(block, noted)
+
+    def _unfile_first(self, block: int, noted: tuple[bytes, tuple[int, ...], int]) -> None:
+        parent, rows, _ = noted
+        if not rows:
+            return
+        starting = self._starting[parent, rows[0]]
+        del starting[block]
+        if not starting:
+            del self._starting[parent, rows[0]]

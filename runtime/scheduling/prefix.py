@@ -1,0 +1,215 @@
+"""Prefix reuse: a turn whose tokens start the way an earlier turn's did takes that
+turn's K/V blocks by reference and computes only the rest.
+
+A full block is named by a chain hash: block i's key hashes block i-1's key and
+block i's tokens, starting from a root that folds in the pool's namespace (the
+model) and the block size. So equal keys mean equal tokens at equal positions
+from position 0, which is all a block's K/V depends on; sampling settings do not
+enter (K/V is computed before any sampling). An agent's next turn that repeats its
+conversation so far hits the blocks of the previous turn, prompt and reply alike,
+without being told to.
+
+Only full blocks whose every position has been computed are registered, and a
+turn always computes at least its last prompt token itself, so the block it
+writes into is its own: shared blocks are never written, and no copy-on-write is
+needed. Where a turn's tokens part from every cached full block, the rows they
+still share with some block (the last, partly filled block of a finished turn,
+or the start of a full one) are copied on the device into a fresh block of the
+turn's own (`copy_rows`): a repeated prompt computes only its last token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.turns import Copy, Turn
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class PrefixCache:
+    """The scheduler's hooks into a sharing BlockPool: `reuse` at admission,
+    `commit` after each step, `shared_blocks` / `restore` around a swap."""
+
+    def __init__(self, pool: BlockPool, enabled: bool = True) -> None:
+        self.pool = pool
+        self.enabled = enabled
+        self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
+        self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
+
+    def chain(self, turn: Turn, n: int) -> list[bytes]:
+        """The keys of the turn's first `n` full blocks (kept on the turn)."""
+        return self._named(turn, n)[:n]
+
+    def _named(self, turn: Turn, n: int) -> list[bytes]:
+        """The turn's keys, at least its first `n` named: `chain` without the copy."""
+        keys = turn.hashes
+        if len(keys) < n:
+            size = self.pool.block_size
+            parent = keys[-1] if keys else self.root
+            for i in range(len(keys), n):
+                parent = _digest(parent + array("q", turn.tokens(i * size, (i + 1) * size)).tobytes())
+                keys.append(parent)
+        return keys
+
+    def parent(self, turn: Turn, i: int) -> bytes:
+        """The key block i of the turn is filed under: its predecessor's, or the root."""
+        if not i:
+            return self.root
+        keys = turn.hashes  # (asked after every step: no copy of the chain when it is there)
+        return keys[i - 1] if len(keys) >= i else self._named(turn, i)[i - 1]
+
+    def reuse(self, turn: Turn, moves: list | None = None) -> int:
+        """Give a turn that holds no K/V what the cache has of its tokens (leaving
+        it at least one token to compute); the positions reused. With `moves`, the
+        plan's KV moves, that includes rows copied into a block of its own."""
+        assert not turn.blocks and turn.computed == 0, "reuse is for a turn without K/V"
+        turn.committed = 0
+        return self.extend(turn) + (self.copy_rows(turn, moves) if moves is not None else 0)
+
+    def extend(self, turn: Turn) -> int:
+        """Take by reference the cached full blocks that continue a turn's K/V, if
+        it ends on a block boundary: at admission, or while it prefills, blocks a
+        batch-mate with the same prefix has just computed. The positions gained."""
+        size = self.pool.block_size
+        start = turn.computed
+        if not self.enabled or start != len(turn.blocks) * size or turn.flying:
+            # (flying: a step in flight still writes its last blocks, which are
+            # committed when it is accounted; it catches up after that)
+            return 0
+        want = turn.reusable_blocks(size)
+        if want <= len(turn.blocks):
+            return 0
+        keys = self._named(turn, want)
+        for key in keys[len(turn.blocks) : want]:
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            self.pool.acquire(block)
+            turn.blocks.append(block)
+        turn.committed = len(turn.blocks)
+        turn.computed = len(turn.blocks) * size
+        turn.cache_hits += turn.computed - start
+        return turn.computed - start
+
+    def copy_rows(self, turn: Turn, moves: list) -> int:
+        """Past the shared full blocks: if some block (a finished turn's last, the
+        start of a full one) holds rows that continue the turn's tokens, give the
+        turn a block of its own with a device copy of it (a `Copy` move), or that
+        block itself where that loses nothing, so only the rest is computed. The
+        positions gained."""
+        size = self.pool.block_size
+        start, last = turn.computed, turn.length - 1
+        if not self.enabled or start != len(turn.blocks) * size or start >= last:
+            return 0
+        i = len(turn.blocks)
+        self.settle()
+        source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)))
+        if source is None:
+            return 0
+        noted = self.pool.noted_rows(source)
+        if self.pool.refs(source) == 0 and not self.pool.is_cached(source) and list(noted) == turn.tokens(start, start + len(noted)):
+            # Nobody holds it and every row it holds is one of the turn's own (a
+            # finished turn's last block, for a repeated prompt): take the block
+            # itself; what the turn writes past the rows loses nothing cached.
+            self.pool.acquire(source)
+            turn.blocks.append(source)
+        else:
+            if not self._copy(turn, source, moves):
+                return 0
+        turn.computed += rows
+        turn.cache_hits += rows
+        return rows
+
+    def _copy(self, turn: Turn, source: int, moves: list) -> bool:
+        """A fresh block for the turn, filled from `source` by a `Copy` move;
+        False if the pool has none to spare."""
+        pin = [source]  # held while a block is found, so the search cannot evict it
+        self.pool.acquire(source)
+        grown = self.pool.grow(turn.blocks, (len(turn.blocks) + 1) * self.pool.block_size)
+        self.pool.release(pin)
+        if grown:
+            moves.append(Copy(turn.id, source, turn.blocks[-1]))
+        return grown
+
+    def commit(self, turn: Turn) -> None:
+        """Register the turn's newly computed full blocks; its last, partly
+        computed one is noted at the next `settle`."""
+        if not self.enabled:
+            return
+        size = self.pool.block_size
+        landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
+        full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
+        if full > turn.committed:
+            self._register(turn, full)
+        if full < len(turn.blocks) and landed > full * size:
+            self._unsettled[turn.id] = turn
+
+    def _register(self, turn: Turn, full: int) -> None:
+        """Register (and note) the turn's blocks from its first uncommitted one to
+        `full`, naming those `chain` has not yet: each block's tokens are read
+        once, for its key and its note alike (a fast-forward commits many)."""
+        size, keys, blocks, pool, tokens = self.pool.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
+        first = turn.committed
+        parent = self.parent(turn, first)
+        for i in range(first, full):
+            rows = tokens(i * size, (i + 1) * size)
+            if i < len(keys):
+                key = keys[i]
+            else:
+                key = _digest(parent + array("q", rows).tobytes())
+                keys.append(key)
+            if pool.register(blocks[i], key):
+                pool.note(blocks[i], parent, tuple(rows))
+            parent = key
+        turn.committed = full
+
+    def settle(self, turn: Turn | None = None) -> None:
+        """Note the rows of partly computed last blocks as they stand now: one
+        turn's, before it lets its blocks go; every turn's, before a lookup reads
+        the notes (`copy_rows`). A running turn's last block gains a row every
+        step, and nobody looks at most steps: noting it only when asked saved
+        half of `postprocess`."""
+        if turn is not None:
+            if self._unsettled.pop(turn.id, None) is not None:
+                self._note_last(turn)
+            return
+        for unsettled in self._unsettled.values():
+            self._note_last(unsettled)
+        self._unsettled.clear()
+
+    def unsettle(self, turn: Turn) -> None:
+        """The turn's K/V is not to be trusted: its last block is not noted."""
+        self._unsettled.pop(turn.id, None)
+
+    def _note_last(self, turn: Turn) -> None:
+        size = self.pool.block_size
+        landed = turn.computed - turn.flying
+        full = landed // size
+        if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
+            self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)))
+
+    # ------------------------------------------------------------------ swap
+
+    def shared_blocks(self, turn: Turn, n: int) -> list[int]:
+        """Indices among the turn's first `n` blocks that a swap-out need not copy:
+        cached blocks another turn also holds, so they stay on the device anyway."""
+        pool = self.pool
+        return [i for i, block in enumerate(turn.blocks[:n]) if pool.refs(block) > 1 and pool.is_cached(block)]
+
+    def restore(self, turn: Turn, kept: list[int]) -> list[int] | None:
+        """Take back, by their keys, the blocks a swap-out left on the device; None
+        (and nothing taken) if one has been evicted since."""
+        if not kept:
+            return []
+        keys = self.chain(turn, max(kept) + 1)
+        blocks = [self.pool.lookup(keys[i]) for i in kept]
+        if None in blocks:
+            return None
+        for block in blocks:
+            self.pool.acquire(block)
+        return blocks

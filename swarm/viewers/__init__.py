@@ -1,0 +1,2 @@
+"""The viewers of a swarm's events: `swarm tail`, `swarm plot` and the live page
+(`swarm watch`)."""
