@@ -25,6 +25,17 @@ BUILTIN = {
 }
 
 __all__ = [
-    "BUILTIN", "DocWriter", "Finding", "Findings", "PairProgrammer", "RecordingAgent", "Refactorer", "Review", "Reviewer",
-    "TestWriter", "TurnRecord", "Verdict", "WorkspaceAgent",
+    "BUILTIN",
+    "DocWriter",
+    "Finding",
+    "Findings",
+    "PairProgrammer",
+    "RecordingAgent",
+    "Refactorer",
+    "Review",
+    "Reviewer",
+    "TestWriter",
+    "TurnRecord",
+    "Verdict",
+    "WorkspaceAgent",
 ]

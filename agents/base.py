@@ -53,13 +53,25 @@ class RecordingAgent(Agent):
             priority = self.turn_priority  # lent while someone waits on the request this serves
             async for _ in turn:
                 pass
-        self.records.append(TurnRecord(
-            self.name, priority, len(turn.tokens), turn.waited_s, turn.ttft_s, turn.paused_s, len(turn.pauses),
-            len(turn.prompt), turn.turn_s, tuple(turn.itl_s),
-        ))
+        self.records.append(
+            TurnRecord(
+                self.name,
+                priority,
+                len(turn.tokens),
+                turn.waited_s,
+                turn.ttft_s,
+                turn.paused_s,
+                len(turn.pauses),
+                len(turn.prompt),
+                turn.turn_s,
+                tuple(turn.itl_s),
+            )
+        )
         return turn.text
 
-    async def answer_as(self, schema: type[T], system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY) -> tuple[T | None, str]:
+    async def answer_as(
+        self, schema: type[T], system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY
+    ) -> tuple[T | None, str]:
         """One chat turn whose answer is data for another agent or a file: held to
         `schema` and decoded, with the text. The data is None where the engine
         cannot hold a turn to a schema (the timing model), or the answer ran out

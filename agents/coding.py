@@ -11,7 +11,8 @@ these messages stay.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -88,8 +89,16 @@ class CodingAgent(RecordingAgent):
         finally:
             if self._system is not None:
                 bus = self.system.bus
-                bus.emit(ToolCalled(t=bus.now(), step=self.system.step_source(), agent=self.name, tool=tool,
-                                    duration_s=round(time.monotonic() - started, 4), status="ok" if ok else "error"))
+                bus.emit(
+                    ToolCalled(
+                        t=bus.now(),
+                        step=self.system.step_source(),
+                        agent=self.name,
+                        tool=tool,
+                        duration_s=round(time.monotonic() - started, 4),
+                        status="ok" if ok else "error",
+                    )
+                )
 
     async def source_files(self) -> dict[str, str]:
         """The project's own Python files (tests apart), path -> text."""

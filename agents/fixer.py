@@ -66,8 +66,15 @@ class Fixer(CodingAgent):
 
             async def candidate(i: int) -> None:
                 nonlocal tried, tokens
-                sampling = self.sampling if self.sampling.greedy else Sampling(
-                    temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=zlib.crc32(f"{self.name} {failure.test} {round_} {i}".encode()))
+                sampling = (
+                    self.sampling
+                    if self.sampling.greedy
+                    else Sampling(
+                        temperature=self.sampling.temperature,
+                        top_p=self.sampling.top_p,
+                        seed=zlib.crc32(f"{self.name} {failure.test} {round_} {i}".encode()),
+                    )
+                )
                 try:
                     answer = await self.answer(TEAM_SYSTEM, prompt, max_tokens=self.max_tokens, sampling=sampling)
                 except TurnFailed:
@@ -88,19 +95,42 @@ class Fixer(CodingAgent):
             except TurnCancelled:
                 break  # the swarm is stopping
             if tried == 0:  # not one turn ran (a prompt past the model's context, say): more rounds would not either
-                return FixResult(test=failure.test, fixer=self.name, verified=False, rounds=round_, seconds=time.monotonic() - started,
-                                 note="the model could not take the prompt")
+                return FixResult(
+                    test=failure.test,
+                    fixer=self.name,
+                    verified=False,
+                    rounds=round_,
+                    seconds=time.monotonic() - started,
+                    note="the model could not take the prompt",
+                )
             judged.sort(key=Judgement.rank)
             if judged and (best is None or judged[0].rank() < best.rank()):
                 best = judged[0]
             if best is not None and best.verified:
                 baseline = self.tools.baseline
                 also = [t for t in (baseline.failing if baseline else []) if best.report and best.report.outcomes.get(t) == "passed"]
-                return FixResult(test=failure.test, fixer=self.name, verified=True, diff=best.diff, fixed=also or best.fixed,
-                                 candidates=tried, rounds=round_, tokens=tokens, seconds=time.monotonic() - started)
+                return FixResult(
+                    test=failure.test,
+                    fixer=self.name,
+                    verified=True,
+                    diff=best.diff,
+                    fixed=also or best.fixed,
+                    candidates=tried,
+                    rounds=round_,
+                    tokens=tokens,
+                    seconds=time.monotonic() - started,
+                )
             feedback = self.feedback(best)
-        return FixResult(test=failure.test, fixer=self.name, verified=False, candidates=tried, rounds=round_, tokens=tokens,
-                         seconds=time.monotonic() - started, note=best.feedback() if best else "no answer held a patch")
+        return FixResult(
+            test=failure.test,
+            fixer=self.name,
+            verified=False,
+            candidates=tried,
+            rounds=round_,
+            tokens=tokens,
+            seconds=time.monotonic() - started,
+            note=best.feedback() if best else "no answer held a patch",
+        )
 
     def request(self, context: str, failure: Failure, test_code: str, feedback: str) -> str:
         """The project first (shared), then this failure, then what the last round taught."""

@@ -9,15 +9,16 @@ the person's request never waits behind background work.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import anyio
 
 from agents.base import MAX_TOKENS, RecordingAgent, clip
+from agents.reviewer import Review, Verdict
 from runtime.agent import check_max_tokens
 from runtime.events.files import open_private
-from agents.reviewer import Review, Verdict
 from swarm import FOREGROUND, ActorCrashed, AskTimeout, TurnCancelled, TurnFailed
 
 SYSTEM = "You are a friendly pair programmer. Answer briefly."

@@ -11,7 +11,9 @@ from swarm import BACKGROUND, TurnFailed, handler
 
 
 class PatchReviewer(CodingAgent):
-    def __init__(self, name: str = "reviewer", priority: int = BACKGROUND, *, planner: str = "planner", max_tokens: int = 80, **kwargs: Any) -> None:
+    def __init__(
+        self, name: str = "reviewer", priority: int = BACKGROUND, *, planner: str = "planner", max_tokens: int = 80, **kwargs: Any
+    ) -> None:
         super().__init__(name, priority, **kwargs)
         self.planner = planner
         self.max_tokens = max_tokens
@@ -20,11 +22,15 @@ class PatchReviewer(CodingAgent):
     async def review(self, msg: VerifiedPatch) -> None:
         context = await self.project_context()
         try:
-            answer = await self.answer(TEAM_SYSTEM, (
-                f"{context}\nThis patch makes the failing test {msg.test} pass:\n```diff\n{msg.diff}\n```\n"
-                "Does it fix the bug in general, or only special-case the test? "
-                "Start your answer with APPROVE or REJECT, then give one sentence."
-            ), max_tokens=self.max_tokens)
+            answer = await self.answer(
+                TEAM_SYSTEM,
+                (
+                    f"{context}\nThis patch makes the failing test {msg.test} pass:\n```diff\n{msg.diff}\n```\n"
+                    "Does it fix the bug in general, or only special-case the test? "
+                    "Start your answer with APPROVE or REJECT, then give one sentence."
+                ),
+                max_tokens=self.max_tokens,
+            )
         except TurnFailed as exc:  # the planner waits for a note on every verified patch
             await self.tell(self.planner, ReviewNote(msg.test, True, f"(no review: {exc.reason})"))
             return

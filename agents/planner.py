@@ -15,7 +15,8 @@ the prompt, or the last scripted question answered.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 
@@ -106,8 +107,9 @@ class Planner(CodingAgent):
             return self.status()
         context = await self.project_context(4000, mentioned_in=question)
         try:
-            reply = await self.answer(TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}",
-                                      max_tokens=self.max_tokens)
+            reply = await self.answer(
+                TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}", max_tokens=self.max_tokens
+            )
         except TurnFailed as exc:  # e.g. a prompt past the model's context: say so, and go on
             return f"(I could not answer that: {exc.reason})"
         return reply.strip()

@@ -17,7 +17,9 @@ NAME = re.compile(r"[^a-z0-9]+")
 class TestAuthor(CodingAgent):
     __test__ = False  # not a pytest test class, whatever its name
 
-    def __init__(self, name: str = "tester", priority: int = BACKGROUND, *, planner: str = "planner", max_tokens: int = 200, **kwargs: Any) -> None:
+    def __init__(
+        self, name: str = "tester", priority: int = BACKGROUND, *, planner: str = "planner", max_tokens: int = 200, **kwargs: Any
+    ) -> None:
         super().__init__(name, priority, **kwargs)
         self.planner = planner
         self.max_tokens = max_tokens
@@ -33,11 +35,15 @@ class TestAuthor(CodingAgent):
     async def author(self, msg: VerifiedPatch) -> NewTests:
         test_file, _, _ = msg.test.partition("::")
         context = await self.project_context()
-        answer = await self.answer(TEAM_SYSTEM, (
-            f"{context}\nThis patch fixed a bug (the test {msg.test} failed before it):\n```diff\n{msg.diff}\n```\n"
-            "Write one new pytest test function for the fixed behaviour, a case the old test does not check. "
-            "Reply with the test and its imports in one ```python block."
-        ), max_tokens=self.max_tokens)
+        answer = await self.answer(
+            TEAM_SYSTEM,
+            (
+                f"{context}\nThis patch fixed a bug (the test {msg.test} failed before it):\n```diff\n{msg.diff}\n```\n"
+                "Write one new pytest test function for the fixed behaviour, a case the old test does not check. "
+                "Reply with the test and its imports in one ```python block."
+            ),
+            max_tokens=self.max_tokens,
+        )
         code = next((body for lang, body in FENCE.findall(answer) if lang.lower() in ("", "py", "python")), "")
         if "def test" not in code:
             return NewTests(test=msg.test, ran=False, note="the answer held no test function")

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from runtime.scheduling.cost import step_features
-from runtime.scheduling.work import Work
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import Work
 
 BATCHES = (1, 2, 4, 8)
 PREFILLS = (32, 96)

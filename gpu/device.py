@@ -20,9 +20,9 @@ import hashlib
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import platformdirs
@@ -208,7 +208,5 @@ def select_device(spec: str | None = None) -> Device:
         context = cl.Context([device])
         queue = cl.CommandQueue(context, device)
     except cl.Error as exc:
-        raise DeviceError(
-            f"cannot open OpenCL device {device.name.strip()}: {exc}; found: {describe_devices()}. {INSTALL_HINT}"
-        ) from exc
+        raise DeviceError(f"cannot open OpenCL device {device.name.strip()}: {exc}; found: {describe_devices()}. {INSTALL_HINT}") from exc
     return Device(device, context, queue)

@@ -25,7 +25,7 @@ edge, falls within float32 rounding of a boundary between two tokens (about
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -56,7 +56,17 @@ class SampleHot:
 
     name, weight_bytes = "sample", 0
 
-    def __init__(self, program: cl.Program, wg: int, logits: cl.Buffer, vocab: int, rows: cl.Buffer, params: cl.Buffer, ids: cl.Buffer, found: cl.Buffer):
+    def __init__(
+        self,
+        program: cl.Program,
+        wg: int,
+        logits: cl.Buffer,
+        vocab: int,
+        rows: cl.Buffer,
+        params: cl.Buffer,
+        ids: cl.Buffer,
+        found: cl.Buffer,
+    ):
         self.kernel = cl.Kernel(program, "sample_hot")
         self.kernel.set_args(logits, i32(vocab), rows, params, ids, found, i32(HEADER + 2 * CAP), i32(CAP), f32(CUT))
         self.wg = wg
@@ -88,7 +98,16 @@ def finish_top_p(found: np.ndarray, sampling: Sampling, position: int) -> int | 
     return pick_from(ids[nucleus], p[nucleus], uniform(sampling.seed, position))
 
 
-def read_back(queue: cl.CommandQueue, buffers, ids: np.ndarray, hot: np.ndarray, params: np.ndarray, samplings: Sequence[Sampling], positions: Sequence[int], vocab: int) -> int:
+def read_back(
+    queue: cl.CommandQueue,
+    buffers,
+    ids: np.ndarray,
+    hot: np.ndarray,
+    params: np.ndarray,
+    samplings: Sequence[Sampling],
+    positions: Sequence[int],
+    vocab: int,
+) -> int:
     """After a step's launches and its ids' read: read the top-p rows' candidates,
     finish the queue, and put those rows' tokens into `ids`. Returns how many
     rows had to be read back whole."""

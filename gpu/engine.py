@@ -38,30 +38,29 @@ import functools
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Sequence
 
 import numpy as np
 import pyopencl as cl
 
 from gpu.device import Device, select_device
 from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
-from gpu.grammar import ConstraintCompiler
 from gpu.families import GPUFamily, GPUTuning, make_family
-from gpu.model.fetch import resolve_model
+from gpu.grammar import ConstraintCompiler
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
 from gpu.masks import MaskTimes, TurnMasks
+from gpu.model.fetch import resolve_model
 from gpu.model.load import Model, load_model
 from gpu.model.tokenizer import Tokenizer
 from gpu.validate import check_batch
 from gpu.weights import upload_weights
-from runtime.scheduling.work import CHECK_POINTS
-from runtime.scheduling.cost import StepCost
-from runtime.scheduling.work import DeadEnd, Work
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
+from runtime.scheduling.cost import StepCost
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import CHECK_POINTS, DeadEnd, Work
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
@@ -268,7 +267,7 @@ class OpenCLEngine:
         tokens = iter(ran[0].tolist())
         out = [next(tokens) if w.sample else None for w in batch]
         if masks is not None and masks.dead:
-            raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out)], masks.dead)
+            raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out, strict=False)], masks.dead)
         return out
 
     def _plan_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
@@ -302,8 +301,14 @@ class OpenCLEngine:
         n = sum(w.sample for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
-    def _run(self, batch: Sequence[Work], want_logits: np.ndarray, abandon: threading.Event | None = None, samplings: Sequence | None = None,
-             masks: _StepMasks | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def _run(
+        self,
+        batch: Sequence[Work],
+        want_logits: np.ndarray,
+        abandon: threading.Event | None = None,
+        samplings: Sequence | None = None,
+        masks: _StepMasks | None = None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Enqueue the step; (the token ids of the sampled items, the logits rows
         of the sampled items where want_logits is set), or None if `abandon` was set
         before it was all enqueued. Without `samplings` (the sampled items') every
@@ -316,7 +321,7 @@ class OpenCLEngine:
             need = ceil_div(w.start + len(w.tokens), self.block_size)
             tables[s, :need] = w.block_table[:need]
         ends = np.cumsum([len(w.tokens) for w in batch]) - 1
-        sample_at = np.array([e for e, w in zip(ends, batch) if w.sample], dtype=i32)
+        sample_at = np.array([e for e, w in zip(ends, batch, strict=False) if w.sample], dtype=i32)
         positions = np.array([w.start + len(w.tokens) for w in batch if w.sample], dtype=np.int64)
         samplings = list(samplings) if samplings is not None else []
 
@@ -331,8 +336,16 @@ class OpenCLEngine:
             turns, local_seq = np.unique(seq[c0:c1], return_inverse=True)
             chosen = np.flatnonzero(here)
             got = self._forward(
-                tokens[c0:c1], pos[c0:c1], local_seq.astype(i32), tables[turns], (sample_at[here] - c0).astype(i32), want_logits[here], abandon,
-                [samplings[i] for i in chosen] if samplings else [], positions[chosen].tolist(), masks.part(chosen) if masks is not None else None,
+                tokens[c0:c1],
+                pos[c0:c1],
+                local_seq.astype(i32),
+                tables[turns],
+                (sample_at[here] - c0).astype(i32),
+                want_logits[here],
+                abandon,
+                [samplings[i] for i in chosen] if samplings else [],
+                positions[chosen].tolist(),
+                masks.part(chosen) if masks is not None else None,
             )
             if got is None:
                 return None
@@ -341,14 +354,18 @@ class OpenCLEngine:
         vocab = self.config.vocab_size
         return np.concatenate(ids), np.concatenate(logits) if logits else np.zeros((0, vocab), np.float32)
 
-    def _forward(self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=(), masks=None) -> tuple[np.ndarray, np.ndarray] | None:
+    def _forward(
+        self, tokens, pos, seq, tables, sample_rows, want_logits, abandon=None, samplings=(), positions=(), masks=None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         q, b, step = self.device.queue, self.buffers, self.launches
         t, n, vocab = len(tokens), len(sample_rows), self.config.vocab_size
         self.step_positions = int(pos.max()) + 1
         hot, params = plan_rows(samplings, positions)
         masked = masks if masks is not None and len(masks.rows) else None
         rows = masked.rows if masked is not None else np.zeros(0, i32)
-        self.inputs.write(q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables)  # finished below
+        self.inputs.write(
+            q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables
+        )  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
             launches.append((step.head, n))

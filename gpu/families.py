@@ -145,8 +145,18 @@ class CPUFamily:
             layers.append(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
             layers += residual("down", L.down, b.h, L.post_ffw_norm)
         return StepLaunches(
-            embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, (1, 1),
-                       W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
+            embed=Grid(
+                "embed",
+                program,
+                f"embed_{W.embed.kind}",
+                cfg.d_model // 32,
+                (1, 1),
+                W.embed.qs,
+                W.embed.dm,
+                b.tokens,
+                b.x,
+                i32(cfg.d_model),
+            ),  # fmt: skip
             layers=layers,
             head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
             argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
@@ -248,10 +258,31 @@ class GPUFamily:
             layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
             layers += qk_norm(program, e, L, layer)
             layers.append(
-                GPUAttention(program, f"attention_{L.out.kind}", self.wg, cfg.n_kv_heads,
-                             (b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer), i32(window),
-                              L.out.qs, L.out.dm, b.parts, stride, b.split_scratch, b.split_counters),
-                             L.out.nbytes, self.split_count(e, window))  # fmt: skip
+                GPUAttention(
+                    program,
+                    f"attention_{L.out.kind}",
+                    self.wg,
+                    cfg.n_kv_heads,
+                    (
+                        b.qkv,
+                        b.pos,
+                        b.seq,
+                        b.tables,
+                        width,
+                        e.kv.k,
+                        e.kv.v,
+                        i32(layer),
+                        i32(window),
+                        L.out.qs,
+                        L.out.dm,
+                        b.parts,
+                        stride,
+                        b.split_scratch,
+                        b.split_counters,
+                    ),
+                    L.out.nbytes,
+                    self.split_count(e, window),
+                )  # fmt: skip
             )
             if L.post_attn_norm is None:  # the parts go into x through the next two matmuls
                 layers += [
@@ -266,8 +297,9 @@ class GPUFamily:
                     post_norm(b.tmp, 1, L.post_ffw_norm),
                 ]
         return StepLaunches(
-            embed=Grid("embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None,
-                       W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)),  # fmt: skip
+            embed=Grid(
+                "embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None, W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)
+            ),  # fmt: skip
             layers=layers,
             head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),

@@ -22,8 +22,8 @@ import llguidance
 import numpy as np
 
 from gpu.model.tokenizer import Tokenizer
-from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem
 from runtime.errors import UsageError
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem
 
 CACHED = 256  # compiled constraints kept, the least recently used dropped first
 SPECIAL = b"\xff"
@@ -76,7 +76,9 @@ class ConstraintCompiler:
     @functools.cached_property
     def tokenizer(self) -> llguidance.LLTokenizer:
         # (built on first use: the token table is some 50-250k entries)
-        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(self._source)), n_vocab=self.vocab_size, eos_token=self.eos_ids)
+        return llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(_TokenTable(self._source)), n_vocab=self.vocab_size, eos_token=self.eos_ids
+        )
 
     def check(self, constraint: Constraint) -> None:
         """Compile `constraint` (or find it compiled); UsageError says what is wrong

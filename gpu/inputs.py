@@ -21,7 +21,16 @@ class StepInputs:
     """Regions for a step of up to `t` tokens (and as many turns) of `max_blocks` block-table entries."""
 
     def __init__(self, device, t: int, max_blocks: int):
-        sizes = {"tokens": t, "pos": t, "seq": t, "sample_rows": t, "hot_rows": t, "hot_params": 2 * t, "mask_rows": t, "tables": t * max_blocks}  # tables last
+        sizes = {
+            "tokens": t,
+            "pos": t,
+            "seq": t,
+            "sample_rows": t,
+            "hot_rows": t,
+            "hot_params": 2 * t,
+            "mask_rows": t,
+            "tables": t * max_blocks,
+        }  # tables last
         align = max(1, int(device.device.mem_base_addr_align) // 32)  # where a region may start, in words
         self.at, end = {}, 0
         for name, n in sizes.items():

@@ -9,7 +9,7 @@ The scheduler decides which block ids a turn owns; this pool only stores them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyopencl as cl

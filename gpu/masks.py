@@ -26,16 +26,16 @@ is complete ends as a free one would (stop).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import llguidance
 import numpy as np
 
 from gpu.grammar import ConstraintCompiler, describe, short_error
+from runtime.errors import UsageError
 from runtime.scheduling.constraints import Constraint
 from runtime.scheduling.work import Work
-from runtime.errors import UsageError
 
 i32 = np.int32
 
@@ -77,7 +77,7 @@ class TurnMasks:
         returns the turns at a dead end, with why."""
         dead: dict[int, str] = {}
         try:
-            for row, work in zip(out, works):
+            for row, work in zip(out, works, strict=False):
                 try:
                     why = self._fill(work, row)
                 except UsageError as exc:  # (a request sent past the agents' check: only its turn fails)
@@ -152,7 +152,7 @@ class TurnMasks:
             mine = place.consumed[first - c.start : overlap - c.start]
             theirs = work.tokens[first - work.start : overlap - work.start]
             if mine != theirs:
-                keep = first - c.start + next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+                keep = first - c.start + next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
         if keep < len(place.consumed):
             back = len(place.consumed) - keep
             if place.matcher.rollback(back):
@@ -192,5 +192,3 @@ class MaskTimes:
         self.cpu_s += cpu_s
         self.exposed_s += exposed_s
         self.steps += first
-
-

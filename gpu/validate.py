@@ -8,13 +8,13 @@ anything reaches the device.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from gpu.model.arch import ModelConfig
 from gpu.kvcache import KVPool
-from runtime.scheduling.work import Work
+from gpu.model.arch import ModelConfig
 from runtime.errors import EngineError
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import Work
 
 
 def check_batch(batch: Sequence[Work], cfg: ModelConfig, block_size: int, kv: KVPool) -> None:

@@ -18,8 +18,8 @@ a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import gguf
 import numpy as np
@@ -187,7 +187,7 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
     if "f32" in kinds:
         dense = np.concatenate([t.dequantize().reshape(t.rows, t.cols) for t in tensors])
         return "f32", dense.astype(np.float32), np.zeros(4, np.uint8)
-    q, scale, offset = (np.concatenate(x) for x in zip(*(levels(t) for t in tensors)))
+    q, scale, offset = (np.concatenate(x) for x in zip(*(levels(t) for t in tensors), strict=False))
     if all(t.qtype in SYMMETRIC_32 for t in tensors):
         return "q8_0", q, _dm(scale[:, 0])
     return "q8x2", q, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
@@ -286,8 +286,9 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
         L = LayerWeights(
             attn_norm=vector(t("attn_norm.weight")),
             qkv=upload_matrix(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")]),
-            rope=_buffer(context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32),
-                                                  rope_table(c.inv_freq(i), positions)])),
+            rope=_buffer(
+                context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32), rope_table(c.inv_freq(i), positions)])
+            ),
             out=upload_matrix(context, [t("attn_output.weight")]),
             ffn_norm=vector(t("ffn_norm.weight")),
             gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")]),

@@ -30,22 +30,23 @@ from __future__ import annotations
 
 import json
 import reprlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import anyio
 import msgspec
 
 from runtime.actors.actor import Actor
 from runtime.actors.channel import EMPTY
-from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
-from runtime.scheduling.work import GREEDY, Sampling, TextCodec
+from runtime.actors.serving import MAILBOX, lift_key, serving
 from runtime.errors import ActorError, TurnCancelled, TurnFailed, UsageError
 from runtime.events.kinds import Admitted, Cancelled, Ended, Failed, Finished, Preempted, Queued, Resumed, ToolCalled
 from runtime.events.latency import felt
 from runtime.owner.messages import Token, TurnChannel, TurnRequest, turn_request_problem
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, check_constraint
 from runtime.scheduling.priority import BACKGROUND
-from runtime.actors.serving import MAILBOX, lift_key, serving
+from runtime.scheduling.work import GREEDY, Sampling, TextCodec
 from runtime.toolcalls import HERMES, ToolCall, ToolCallFormat, ToolChoice
 from runtime.tools import Tool, ToolOutcome, ToolSpec, struct_schema, tools_by_name, unknown_tool
 
@@ -232,7 +233,12 @@ class Agent(Actor):
         for round_ in range(max_rounds + 1):
             choice = _round_choice(tool_choice, round_, max_rounds)
             async with self.generate(
-                messages, tools=specs, tool_choice=choice, parallel_tool_calls=parallel_tool_calls, max_tokens=max_tokens, sampling=sampling,
+                messages,
+                tools=specs,
+                tool_choice=choice,
+                parallel_tool_calls=parallel_tool_calls,
+                max_tokens=max_tokens,
+                sampling=sampling,
             ) as turn:
                 async for _ in turn:
                     pass
@@ -241,10 +247,14 @@ class Agent(Actor):
                 return turn.text.strip()
             messages.append({"role": "assistant", "content": content or None, "tool_calls": [c.as_openai() for c in calls]})
             outcomes = await self.run_tool_calls(calls, by_name, timeout_s=tool_timeout_s)
-            messages += [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": o.text} for c, o in zip(calls, outcomes)]
+            messages += [
+                {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": o.text} for c, o in zip(calls, outcomes, strict=False)
+            ]
         raise AssertionError("unreachable: the last round takes no calls")
 
-    async def run_tool_calls(self, calls: Sequence[ToolCall], tools: Mapping[str, Tool], *, timeout_s: float | None = 60.0) -> list[ToolOutcome]:
+    async def run_tool_calls(
+        self, calls: Sequence[ToolCall], tools: Mapping[str, Tool], *, timeout_s: float | None = 60.0
+    ) -> list[ToolOutcome]:
         """Run a round's calls side by side; each outcome in its call's place, and
         one `tool.called` event each (name, duration, status: never arguments or results)."""
         outcomes: list[ToolOutcome | None] = [None] * len(calls)
@@ -255,10 +265,16 @@ class Agent(Actor):
             outcomes[i] = outcome
             if self._system is not None:
                 bus = self.system.bus
-                bus.emit(ToolCalled(
-                    t=bus.now(), step=self.system.step_source(), agent=self.name, tool=call.name,
-                    duration_s=round(outcome.duration_s, 6), status=outcome.status,
-                ))
+                bus.emit(
+                    ToolCalled(
+                        t=bus.now(),
+                        step=self.system.step_source(),
+                        agent=self.name,
+                        tool=call.name,
+                        duration_s=round(outcome.duration_s, 6),
+                        status=outcome.status,
+                    )
+                )
 
         async with anyio.create_task_group() as group:
             for i, call in enumerate(calls):
@@ -283,7 +299,9 @@ class Agent(Actor):
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if not isinstance(prompt, (list, tuple)):
-            raise UsageError(f"agent {self.name!r}: a prompt is a str, a list of messages or a list of token ids, not {type(prompt).__name__}")
+            raise UsageError(
+                f"agent {self.name!r}: a prompt is a str, a list of messages or a list of token ids, not {type(prompt).__name__}"
+            )
         if prompt and all(isinstance(m, dict) for m in prompt):
             if self.tokenizer is None:
                 raise ActorError(f"agent {self.name!r}: this engine has no tokenizer; pass token ids")
@@ -314,14 +332,22 @@ class TurnHandle:
     """One turn, seen from its agent. Iterate it for text pieces; afterwards
     `tokens`, `text` and the timings say what happened."""
 
-    def __init__(self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None) -> None:
+    def __init__(
+        self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None
+    ) -> None:
         self.agent = agent
         self.prompt = prompt
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
-            agent=agent.name, priority=agent.priority, prompt=prompt, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos, lifts=lifts,
+            agent=agent.name,
+            priority=agent.priority,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            ignore_eos=ignore_eos,
+            lifts=lifts,
             constraint=constraint,
         )
         # Checked here, where it is built, so a bad argument is the caller's error
@@ -406,7 +432,15 @@ class TurnHandle:
                 update = _STOPPED
             if update is _STOPPED:
                 if self.ended is None:  # the owner went away without a word
-                    self.ended = Failed(t=0.0, step=0, turn=self.id, agent=self.agent.name, priority=self.agent.priority, tokens=len(self.tokens), reason="the GPU owner stopped")
+                    self.ended = Failed(
+                        t=0.0,
+                        step=0,
+                        turn=self.id,
+                        agent=self.agent.name,
+                        priority=self.agent.priority,
+                        tokens=len(self.tokens),
+                        reason="the GPU owner stopped",
+                    )
                 break
             # (a token, nearly every time: taken without making a coroutine)
             piece = self._push(update) if type(update) is Token else await self._take(update)

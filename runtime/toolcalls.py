@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import msgspec
 
@@ -68,7 +69,12 @@ class ToolCallFormat:
     # ----------------------------------------------------------- the grammar
 
     def grammar(
-        self, specs: Sequence[ToolSpec], choice: ToolChoice = "auto", *, parallel: bool = True, answer_schema: dict[str, Any] | None = None,
+        self,
+        specs: Sequence[ToolSpec],
+        choice: ToolChoice = "auto",
+        *,
+        parallel: bool = True,
+        answer_schema: dict[str, Any] | None = None,
     ) -> str | None:
         """The Lark grammar a turn is decoded under, or None for an unconstrained
         turn (`none`: a plain answer). `auto` takes an answer that never opens a

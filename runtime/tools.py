@@ -26,8 +26,9 @@ import inspect
 import re
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import anyio
 import msgspec

@@ -1,6 +1,6 @@
 """slotswarm's public API: write agents, start a swarm, watch it.
 
-    from swarm import Agent, Swarm, FOREGROUND, handler
+from swarm import Agent, Swarm, FOREGROUND, handler
 """
 
 from runtime import (
@@ -44,9 +44,43 @@ from runtime.tools import Tool, tool
 from swarm.api import Swarm
 
 __all__ = [
-    "Choices", "Grammar", "JsonSchema", "Regex", "Tool", "ToolCall", "tool",
-    "Actor", "ActorCrashed", "ActorError", "Agent", "AskTimeout", "BACKGROUND", "ConfigError", "DeviceError",
-    "EngineError", "Event", "FOREGROUND", "GREEDY", "Lock", "ModelError", "ModelFormatError", "PauseInfo", "Policy",
-    "RequestError", "ResumeInfo", "Sampling", "SlotswarmError", "Swarm", "TurnCancelled", "TurnError", "TurnFailed",
-    "TurnHandle", "UnhandledMessage", "UnsupportedModelError", "UsageError", "WaitCycle", "handler", "read_events",
+    "Choices",
+    "Grammar",
+    "JsonSchema",
+    "Regex",
+    "Tool",
+    "ToolCall",
+    "tool",
+    "Actor",
+    "ActorCrashed",
+    "ActorError",
+    "Agent",
+    "AskTimeout",
+    "BACKGROUND",
+    "ConfigError",
+    "DeviceError",
+    "EngineError",
+    "Event",
+    "FOREGROUND",
+    "GREEDY",
+    "Lock",
+    "ModelError",
+    "ModelFormatError",
+    "PauseInfo",
+    "Policy",
+    "RequestError",
+    "ResumeInfo",
+    "Sampling",
+    "SlotswarmError",
+    "Swarm",
+    "TurnCancelled",
+    "TurnError",
+    "TurnFailed",
+    "TurnHandle",
+    "UnhandledMessage",
+    "UnsupportedModelError",
+    "UsageError",
+    "WaitCycle",
+    "handler",
+    "read_events",
 ]

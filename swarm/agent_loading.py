@@ -10,9 +10,10 @@ import difflib
 import importlib
 import inspect
 import typing
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -38,7 +39,9 @@ def import_agent_class(name: str) -> type:
         return BUILTIN[name]
     module_name, colon, attr = name.partition(":")
     if not colon or not module_name or not attr:
-        raise ConfigError(f"unknown agent class {name!r}{did_you_mean(name, BUILTIN)}: use a built-in name ({', '.join(BUILTIN)}) or \"module:Class\"")
+        raise ConfigError(
+            f'unknown agent class {name!r}{did_you_mean(name, BUILTIN)}: use a built-in name ({", ".join(BUILTIN)}) or "module:Class"'
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the module's own code runs here: whatever it raises is its problem to report
@@ -109,8 +112,13 @@ def build_agents(session: Session, workspace: Path, out: Path, say: Callable[[st
     if isinstance(script, str):
         script = str(resolve_path(session, script))
     shared = {
-        "workspace": workspace, "out": out, "log_text": session.log_text,
-        "script": script, "interval_s": session.interval, "turns": session.turns, "say": say,
+        "workspace": workspace,
+        "out": out,
+        "log_text": session.log_text,
+        "script": script,
+        "interval_s": session.interval,
+        "turns": session.turns,
+        "say": say,
     }
     for i, spec in enumerate(session.agents):
         name = agent_name(spec)

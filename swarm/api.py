@@ -12,21 +12,22 @@ event, frees the KV and closes the event stream.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 
-from runtime.scheduling.work import Engine
+from runtime.actors.system import ActorSystem
 from runtime.errors import ConfigError
 from runtime.events.bus import EventBus
 from runtime.events.kinds import SwarmStarted, SwarmStopped
+from runtime.events.stream import serve_events
 from runtime.owner.client import LocalGPU
 from runtime.owner.owner import GPUOwner
-from runtime.events.stream import serve_events
-from runtime.actors.system import ActorSystem
 from runtime.scheduling.turns import Policy, SchedulerConfig
+from runtime.scheduling.work import Engine
 from swarm.hosting import AgentHost
 
 
@@ -62,8 +63,16 @@ class Swarm(AgentHost):
         if limit is not None and step_tokens > limit:
             raise ConfigError(f"step_tokens ({step_tokens}) exceeds what the engine batches per step ({limit})")
         self.config = SchedulerConfig(
-            slots=slots, policy=policy, step_tokens=step_tokens, aging_s=aging_s, swap_blocks=swap_blocks, shaping=shaping, slack=slack,
-            prefix_cache=prefix_cache, abandon_steps=abandon_steps, max_context=engine.max_context,
+            slots=slots,
+            policy=policy,
+            step_tokens=step_tokens,
+            aging_s=aging_s,
+            swap_blocks=swap_blocks,
+            shaping=shaping,
+            slack=slack,
+            prefix_cache=prefix_cache,
+            abandon_steps=abandon_steps,
+            max_context=engine.max_context,
         )
         self.engine = engine
         self.bus = EventBus(clock=clock)
@@ -87,10 +96,17 @@ class Swarm(AgentHost):
             stack.push_async_callback(self._announce_stop)
             await stack.enter_async_context(self.system)
             stack.push_async_callback(self._stop_agents)
-            self.bus.emit(SwarmStarted(
-                t=self.bus.now(), step=0, unix_time=time.time(), slots=self.config.slots,
-                policy=self.config.policy.value, device=self.engine.device_name, model=self.model_name,
-            ))
+            self.bus.emit(
+                SwarmStarted(
+                    t=self.bus.now(),
+                    step=0,
+                    unix_time=time.time(),
+                    slots=self.config.slots,
+                    policy=self.config.policy.value,
+                    device=self.engine.device_name,
+                    model=self.model_name,
+                )
+            )
             await self.system.spawn(self.owner)
             self._stack = stack.pop_all()
         return self
@@ -108,4 +124,3 @@ class Swarm(AgentHost):
     async def _announce_stop(self) -> None:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
         self.bus.close()
-

@@ -6,11 +6,10 @@ to an agent they are the same, so both take agents here.
 
 from __future__ import annotations
 
-
-from runtime.agent import Agent
-from runtime.owner.client import GPUClient
-from runtime.errors import UsageError
 from runtime.actors.system import ActorSystem
+from runtime.agent import Agent
+from runtime.errors import UsageError
+from runtime.owner.client import GPUClient
 
 
 class AgentHost:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runtime.scheduling.work import Engine
 from runtime.scheduling.priority import FOREGROUND
+from runtime.scheduling.work import Engine
 from swarm.agent_loading import build_agents, new_out_dir, resolve_path, workspace_of
 from swarm.session import Session
 from swarm.viewers.watch import WatchHub, create_app, follow_bus, serve_http
@@ -25,9 +26,19 @@ class SessionRunner:
     """Runs one session. `run()` is async; `events_path` and `agents`
     stay readable afterwards (also after Ctrl-C) for the summary."""
 
-    def __init__(self, session: Session, *, engine: Engine | None = None, out: Path | None = None, socket: Path | str | None = None,
-                 on_event: Callable[[Any], None] | None = None, say: Callable[[str], None] | None = None,
-                 page_sockets: Sequence[socket.socket] = (), cluster: str | None = None, owners: int = 2) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        engine: Engine | None = None,
+        out: Path | None = None,
+        socket: Path | str | None = None,
+        on_event: Callable[[Any], None] | None = None,
+        say: Callable[[str], None] | None = None,
+        page_sockets: Sequence[socket.socket] = (),
+        cluster: str | None = None,
+        owners: int = 2,
+    ) -> None:
         self.session = session
         # With a cluster ("local", or a Ray address), `owners` GPU owners run as Ray actors.
         self.cluster, self.owners = cluster, owners
@@ -82,14 +93,24 @@ class SessionRunner:
 
         s = self.session
         common = dict(
-            slots=s.slots, policy=s.policy, step_tokens=s.step_tokens, shaping=s.shaping, slack=s.slack, prefix_cache=s.prefix_cache,
-            events=self.events_path, socket=self.socket,
+            slots=s.slots,
+            policy=s.policy,
+            step_tokens=s.step_tokens,
+            shaping=s.shaping,
+            slack=s.slack,
+            prefix_cache=s.prefix_cache,
+            events=self.events_path,
+            socket=self.socket,
         )
         swarm: Swarm | ClusterSwarm
         if self.cluster is not None:
             swarm = ClusterSwarm(
-                owners=self.owners, address=None if self.cluster == "local" else self.cluster,
-                model=self.model_spec(), device=s.device, kernels=s.kernels, **common,
+                owners=self.owners,
+                address=None if self.cluster == "local" else self.cluster,
+                model=self.model_spec(),
+                device=s.device,
+                kernels=s.kernels,
+                **common,
             )
         else:
             swarm = Swarm(engine, **common)

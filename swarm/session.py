@@ -116,7 +116,7 @@ def _check_priority(spec: AgentSpec, text: str, where: str, index: int) -> None:
     if isinstance(spec.priority, str) and spec.priority not in ("foreground", "background"):
         raise ConfigError(
             f"{where}{line_suffix(text, ['agents', index, 'priority'])}: agents[{index}].priority must be "
-            f"an integer, \"foreground\" or \"background\", got {spec.priority!r}"
+            f'an integer, "foreground" or "background", got {spec.priority!r}'
         )
 
 

@@ -14,28 +14,32 @@ import itertools
 import math
 import tomllib
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 import numpy as np
 
-from runtime.scheduling.blocks import BlockPool
 from runtime.errors import ConfigError
 from runtime.events.kinds import Admitted, Ended, Event, Preempted, Queued, Recomputed
+from runtime.owner.abandon import abandon_bar, stopped_after
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.timing import TimingEngine, TimingModel
-from runtime.scheduling.units import ceil_div, percentiles
-from runtime.owner.abandon import abandon_bar, stopped_after
 from runtime.scheduling.turns import Plan, Policy, SchedulerConfig, Turn
+from runtime.scheduling.units import ceil_div, percentiles
 
 POLICIES = [p.value for p in Policy]
 
 
 def _check(struct: msgspec.Struct, *, positive=(), non_negative=(), at_least_1=()) -> None:
-    for names, ok, what in ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0"), (at_least_1, lambda v: v >= 1, ">= 1")):
+    for names, ok, what in (
+        (positive, lambda v: v > 0, "> 0"),
+        (non_negative, lambda v: v >= 0, ">= 0"),
+        (at_least_1, lambda v: v >= 1, ">= 1"),
+    ):
         for name in names:
             value = getattr(struct, name)
             if not ok(value):  # NaN fails every comparison
@@ -212,8 +216,14 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + [next(fresh) for _ in range(n - shared)]
 
     config = SchedulerConfig(
-        slots=workload.slots, policy=Policy.parse(policy), step_tokens=workload.step_tokens, aging_s=workload.aging_s,
-        shaping=workload.shaping, slack=workload.slack, prefix_cache=workload.prefix_cache, abandon_steps=workload.abandon_steps,
+        slots=workload.slots,
+        policy=Policy.parse(policy),
+        step_tokens=workload.step_tokens,
+        aging_s=workload.aging_s,
+        shaping=workload.shaping,
+        slack=workload.slack,
+        prefix_cache=workload.prefix_cache,
+        abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
     sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
@@ -247,7 +257,9 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     now, next_fg = 0.0, 0
     while next_fg < len(arrivals) or any(not t.done for t in foreground):
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
-            turn = sched.submit("fg", FOREGROUND, prompt("fg", workload.foreground_prompt), int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True)
+            turn = sched.submit(
+                "fg", FOREGROUND, prompt("fg", workload.foreground_prompt), int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True
+            )
             foreground.append(turn)
             next_fg += 1
             progress(1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.events.kinds import Admitted, AgentCrashed, Ended, Inherited, Preempted, Progress, Queued, Restored, Resumed, TurnEvent
 from agents.base import RecordingAgent
+from runtime.events.kinds import Admitted, AgentCrashed, Ended, Inherited, Preempted, Progress, Queued, Restored, Resumed, TurnEvent
 from runtime.scheduling.priority import FOREGROUND
 
 
@@ -92,7 +92,11 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
     if records:
         fg_wait = [r.waited_s for r in records]
     ttft = [r.ttft_s for r in records]
-    idle = [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk, overhead_s) for r in records if r.prompt_tokens and r.tokens] if cost else []
+    idle = (
+        [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk, overhead_s) for r in records if r.prompt_tokens and r.tokens]
+        if cost
+        else []
+    )
     return Summary(
         agents=per,
         fg_wait_s=fg_wait,

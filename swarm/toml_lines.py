@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 
-
 def locate(text: str, message: str) -> str:
     """', line N' for the key a msgspec error is about, or '' if not found."""
     at = re.search(r"at `\$((?:\.[A-Za-z_][\w-]*|\[\d+\])*)`", message)
@@ -40,7 +39,9 @@ def find_line(text: str, path: list[str | int]) -> int | None:
                 start = headers[nxt]
                 # Up to the next header that is not one of this table's own sub-tables ([part.options]).
                 own = re.compile(rf"\s*\[\s*{re.escape(part)}\.")
-                end = next((n for n in range(start + 1, len(lines)) if re.match(r"\s*\[", lines[n]) and not own.match(lines[n])), len(lines))
+                end = next(
+                    (n for n in range(start + 1, len(lines)) if re.match(r"\s*\[", lines[n]) and not own.match(lines[n])), len(lines)
+                )
                 i += 2
                 continue
             return _key_line(lines, start, end, part)

@@ -50,7 +50,10 @@ def start_watch(*args: str, port: str = "0") -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarm.cli", "watch", *args, "--port", port],
-        stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     first = proc.stderr.readline()
     found = re.search(r"http://127\.0\.0\.1:\d+/", first)

@@ -7,8 +7,8 @@ Tests that use the real model are marked `@pytest.mark.model`; on a fresh machin
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import gguf
 import pytest
@@ -57,6 +57,7 @@ def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
 def events_file(tmp_path: Path) -> Path:
     """A made-up session's events as a JSON-lines file."""
     from fake_session import Clock, emit_session
+
     from runtime.events.bus import EventBus
 
     clock = Clock()

@@ -4,11 +4,18 @@ the viewers (tail, plot, the live stream)."""
 from __future__ import annotations
 
 from runtime.events.bus import EventBus
-
 from runtime.events.kinds import (
-
-    Admitted, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, SwarmStopped,
-
+    Admitted,
+    Event,
+    Finished,
+    Inherited,
+    Preempted,
+    Queued,
+    Restored,
+    Resumed,
+    SwappedOut,
+    SwarmStarted,
+    SwarmStopped,
 )
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 
@@ -59,13 +66,21 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
             if not free and turn["priority"] >= FOREGROUND:
                 victim_slot = min(
                     (s for s in running if running[s]["priority"] < turn["priority"]),
-                    key=lambda s: running[s]["priority"], default=None,
+                    key=lambda s: running[s]["priority"],
+                    default=None,
                 )
                 if victim_slot is not None:
                     victim = running.pop(victim_slot)
                     who = {"turn": victim["turn"], "agent": victim["agent"], "priority": victim["priority"]}
-                    emit(Preempted, **who, slot=victim_slot, tokens=victim["done"],
-                         by_turn=turn["turn"], by_agent=turn["agent"], by_priority=turn["priority"])
+                    emit(
+                        Preempted,
+                        **who,
+                        slot=victim_slot,
+                        tokens=victim["done"],
+                        by_turn=turn["turn"],
+                        by_agent=turn["agent"],
+                        by_priority=turn["priority"],
+                    )
                     if victim["turn"] % 2:
                         emit(SwappedOut, **who, blocks=4)
                     victim.update(paused=True, since=clock())
@@ -84,8 +99,7 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
         # Requests arriving during this step are seen at the next token boundary.
         while arrivals and arrivals[0][0] == step:
             _, agent, prio, length = arrivals.pop(0)
-            turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0,
-                    "since": clock(), "paused": False}
+            turn = {"turn": next_turn, "agent": agent, "priority": prio, "length": length, "done": 0, "since": clock(), "paused": False}
             next_turn += 1
             emit(Queued, turn=turn["turn"], agent=agent, priority=prio, tokens=7)
             queue.append(turn)
@@ -95,8 +109,15 @@ def emit_session(bus: EventBus, clock: Clock, *, slots: int = 4, announce: bool 
             turn["done"] += 1
             if turn["done"] == turn["length"]:
                 del running[slot]
-                emit(Finished, turn=turn["turn"], agent=turn["agent"], priority=turn["priority"],
-                     slot=slot, tokens=turn["done"], reason="eos" if turn["turn"] % 3 else "length")
+                emit(
+                    Finished,
+                    turn=turn["turn"],
+                    agent=turn["agent"],
+                    priority=turn["priority"],
+                    slot=slot,
+                    tokens=turn["done"],
+                    reason="eos" if turn["turn"] % 3 else "length",
+                )
         if step == 10:
             emit(Inherited, agent="lint", priority=FOREGROUND, base_priority=BACKGROUND, by_agent="pair")
         if step == 14:

@@ -20,13 +20,13 @@ step touching that turn (any turn, for None) raise.
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.scheduling.work import Work
 from runtime.errors import SlotswarmError
 from runtime.scheduling.timing import TimingModel
+from runtime.scheduling.work import Work
 
 VOCAB = 64
 EOS = 2
@@ -46,7 +46,9 @@ def next_token(sequence: Sequence[int], vocab: int = VOCAB, eos_every: int | Non
 
 
 class KVEngine:
-    def __init__(self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False, eos_every: int | None = None) -> None:
+    def __init__(
+        self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False, eos_every: int | None = None
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.vocab_size = vocab
@@ -123,7 +125,9 @@ class KVEngine:
         pass
 
 
-def reference_output(prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB, *, eos_every: int | None = None, ignore_eos: bool = True) -> list[int]:
+def reference_output(
+    prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB, *, eos_every: int | None = None, ignore_eos: bool = True
+) -> list[int]:
     """What a turn alone, never paused, generates (greedy; with `eos_every`, up to
     and with its end-of-sequence unless it ignores it)."""
     seq, out = list(prompt), []

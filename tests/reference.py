@@ -18,8 +18,8 @@ Conventions the engine must share:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Collection
 
 import numpy as np
 

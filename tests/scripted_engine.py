@@ -7,7 +7,7 @@ bookkeeping is KVEngine's."""
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from runtime.scheduling.work import Work
 from tests.kv_engine import EOS, KVEngine
@@ -20,7 +20,7 @@ class ByteCodec:
         text = "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages) + "<assistant>\n"
         return [OFFSET + b for b in text.encode()]
 
-    def stream(self) -> "_Stream":
+    def stream(self) -> _Stream:
         return _Stream()
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:

@@ -18,8 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from runtime.events.kinds import Event, decode
 
@@ -44,8 +45,24 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self._stderr = open(self.tmp / "server.stderr", "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarm.cli", "serve", "--model", str(self.model), "--port", "0", "--events", str(self.events_path), *self.args],
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=ROOT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "swarm.cli",
+                "serve",
+                "--model",
+                str(self.model),
+                "--port",
+                "0",
+                "--events",
+                str(self.events_path),
+                *self.args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=ROOT,
+            env=env,
         )
         line = self._read_line(START_TIMEOUT_S)
         match = re.search(r"http://([0-9.]+):(\d+)", line or "")
@@ -123,7 +140,9 @@ class ServerProcess:
 class SSE:
     """A raw streaming request: read `data:` payloads one at a time, or hang up."""
 
-    def __init__(self, server: ServerProcess, path: str, body: Any = None, headers: dict[str, str] | None = None, method: str = "POST") -> None:
+    def __init__(
+        self, server: ServerProcess, path: str, body: Any = None, headers: dict[str, str] | None = None, method: str = "POST"
+    ) -> None:
         self.conn = server.connect()
         data = None if body is None else json.dumps(body).encode()
         self.conn.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
@@ -134,7 +153,7 @@ class SSE:
         for raw in self.response:
             line = raw.decode().rstrip("\r\n")
             if line.startswith("data: "):
-                yield line[len("data: "):]
+                yield line[len("data: ") :]
 
     def chunks(self) -> Iterator[dict[str, Any]]:
         for data in self:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import anyio
 import pytest
-
 from actor_kit import GUARD, Echo, Never, Ping, Pong, events
+
 from runtime.actors.actor import Actor, handler
+from runtime.actors.system import ActorSystem
 from runtime.errors import ActorCrashed, ActorError
+from runtime.events.bus import EventBus
 from runtime.events.kinds import AgentCrashed
 from runtime.scheduling.priority import BACKGROUND
-from runtime.events.bus import EventBus
-from runtime.actors.system import ActorSystem
 
 
 class CrashInRun(Actor):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import anyio
 import pytest
-
 from actor_kit import GUARD, Echo, Forward, Never, Ping, Pong, Relay, Silent, Teller, TellTwice, events
+
+from runtime.actors.system import ActorSystem
 from runtime.errors import WaitCycle
+from runtime.events.bus import EventBus
 from runtime.events.kinds import Inherited, Restored
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
-from runtime.events.bus import EventBus
-from runtime.actors.system import ActorSystem
 
 
 @pytest.mark.anyio

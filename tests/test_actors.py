@@ -9,13 +9,13 @@ import math
 
 import anyio
 import pytest
-
 from actor_kit import GUARD, Boom, Echo, Never, Ping, Pong, Silent, events
+
 from runtime.actors.actor import Actor, handler
-from runtime.errors import ActorError, AskTimeout, UnhandledMessage
-from runtime.events.kinds import AgentCrashed
-from runtime.events.bus import EventBus
 from runtime.actors.system import ActorSystem
+from runtime.errors import ActorError, AskTimeout, UnhandledMessage
+from runtime.events.bus import EventBus
+from runtime.events.kinds import AgentCrashed
 
 
 @pytest.mark.anyio

@@ -50,7 +50,11 @@ async def test_typed_answers_parse_whatever_the_weights(tiny_engine) -> None:
             agent = await spawn(swarm, Agent("typed"))
             finding = await agent.complete("Report one finding.", schema=Finding, max_tokens=120)
             assert isinstance(finding, Finding) and 1 <= finding.line <= 999
-            as_dict = await agent.complete("Same, as JSON.", schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}, max_tokens=20)
+            as_dict = await agent.complete(
+                "Same, as JSON.",
+                schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+                max_tokens=20,
+            )
             assert set(as_dict) == {"ok"} and isinstance(as_dict["ok"], bool)
             assert await agent.complete("Yes or no?", choices=["yes", "no"], max_tokens=4) in ("yes", "no")
             code = await agent.complete("A code.", regex="[A-F][0-9]{3}", max_tokens=8)
@@ -103,16 +107,21 @@ class Toolsmith(Agent):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("name", "status", "says"), [
-    ("broken", "error", "error: broken raised FileNotFoundError"),
-    ("stuck", "timeout", "error: stuck timed out after 0.05 s"),
-])
+@pytest.mark.parametrize(
+    ("name", "status", "says"),
+    [
+        ("broken", "error", "error: broken raised FileNotFoundError"),
+        ("stuck", "timeout", "error: stuck timed out after 0.05 s"),
+    ],
+)
 async def test_a_failing_or_stuck_tool_answers_the_model_with_its_error(tiny_engine, name, status, says) -> None:
     with anyio.fail_after(300):
         async with Swarm(tiny_engine, slots=1) as swarm:
             agent = await spawn(swarm, Toolsmith("smith"))
             second: list[dict] = []
-            answer = await agent.use_tools("Read a.py", tools=[agent.broken, agent.stuck], tool_choice=name, max_rounds=1, max_tokens=200, transcript=second)
+            answer = await agent.use_tools(
+                "Read a.py", tools=[agent.broken, agent.stuck], tool_choice=name, max_rounds=1, max_tokens=200, transcript=second
+            )
             assert isinstance(answer, str)
     # the conversation of round 2 holds the call and the tool's error
     assert len(second) == 3

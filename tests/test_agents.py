@@ -49,7 +49,10 @@ async def test_background_agents_write_one_proposal_per_file_only_under_out(work
     classes = [Refactorer, TestWriter, DocWriter, Reviewer]
     with anyio.fail_after(60):
         async with Swarm(TimingEngine(), slots=4) as swarm:  # no tokenizer: the agents pass token ids
-            agents = [await swarm.spawn(cls(cls.__name__.lower(), workspace=workspace, out=out, max_tokens=5, rounds=1, parallel=2)) for cls in classes]
+            agents = [
+                await swarm.spawn(cls(cls.__name__.lower(), workspace=workspace, out=out, max_tokens=5, rounds=1, parallel=2))
+                for cls in classes
+            ]
             for agent in agents:
                 while agent.system.is_alive(agent.name) and len(agent.records) < len(agent.files()):
                     await anyio.sleep(0.01)
@@ -102,7 +105,9 @@ async def test_the_pairs_review_request_lends_the_reviewer_foreground_priority(t
                 events.append(event)
                 if sum(isinstance(e, Admitted) and e.agent.startswith("hog") for e in events) == 2:
                     break
-            pair = PairProgrammer("pair", workspace=workspace, out=out, script=["review pricing.py"], interval_s=0, say=said.append, log_text=True)
+            pair = PairProgrammer(
+                "pair", workspace=workspace, out=out, script=["review pricing.py"], interval_s=0, say=said.append, log_text=True
+            )
             await swarm.spawn(pair)
             async for event in sub:
                 events.append(event)
@@ -150,7 +155,17 @@ async def test_agents_reading_one_file_compute_it_once(workspace: Path, tmp_path
             async with Swarm(TimingEngine(), slots=4, prefix_cache=cache) as swarm:  # token ids: one a byte
                 log = swarm.bus.subscribe()
                 agents = [
-                    await swarm.spawn(cls(cls.__name__.lower(), workspace=workspace, out=tmp_path / str(cache), max_tokens=4, max_file_chars=250, rounds=1, parallel=2))
+                    await swarm.spawn(
+                        cls(
+                            cls.__name__.lower(),
+                            workspace=workspace,
+                            out=tmp_path / str(cache),
+                            max_tokens=4,
+                            max_file_chars=250,
+                            rounds=1,
+                            parallel=2,
+                        )
+                    )
                     for cls in classes
                 ]
                 for agent in agents:

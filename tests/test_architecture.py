@@ -97,7 +97,7 @@ def test_no_module_imports_itself_round_a_circle() -> None:
         stack.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                circle = stack[stack.index(nxt):] + [nxt]
+                circle = stack[stack.index(nxt) :] + [nxt]
                 raise AssertionError("import circle: " + " -> ".join(circle))
             if nxt not in state:
                 visit(nxt)

@@ -31,8 +31,23 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, capsys, tmp_path):
-    args = parse("--seconds", "2", "--policies", "resident,priority,resident:unshaped", "--slots", "3", "--fg-interval", "0.1",
-                 "--fg-tokens", "4", "--bg-max", "48", "--prompt", "40", "--json")
+    args = parse(
+        "--seconds",
+        "2",
+        "--policies",
+        "resident,priority,resident:unshaped",
+        "--slots",
+        "3",
+        "--fg-interval",
+        "0.1",
+        "--fg-tokens",
+        "4",
+        "--bg-max",
+        "48",
+        "--prompt",
+        "40",
+        "--json",
+    )
     assert bench_swarm.run(args, engine=tiny_engine) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["policies"]) == {"resident", "priority", "resident:unshaped"}
@@ -41,7 +56,7 @@ def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, 
         tokens = r["fg_token_times_s"]
         assert r["fg_turns"] == len(tokens) == len(r["fg_turn_samples_s"]) > 0, name
         assert all(len(t) == 4 for t in tokens)  # every token of every turn, timed
-        gaps = [b - a for t in tokens for a, b in zip(t, t[1:])]
+        gaps = [b - a for t in tokens for a, b in zip(t, t[1:], strict=False)]
         for key, samples in (("fg_ttft_s", [t[0] for t in tokens]), ("fg_itl_s", gaps), ("fg_turn_s", [t[-1] for t in tokens])):
             assert set(r[key]) == set(PERCENTILES)
             assert r[key]["max"] == pytest.approx(max(samples))
@@ -51,7 +66,7 @@ def test_a_short_run_reports_every_policy_in_the_documented_schema(tiny_engine, 
         waits, ttfts = r["fg_wait_samples_s"], r["fg_ttft_samples_s"]
         assert r["fg_turns"] == len(waits) == len(ttfts) > 0, name
         assert set(r["fg_wait_s"]) == set(PERCENTILES)
-        assert all(t >= w for w, t in zip(waits, ttfts))  # the first token comes after the slot
+        assert all(t >= w for w, t in zip(waits, ttfts, strict=False))  # the first token comes after the slot
         assert r["bg_tok_per_s"] > 0 and r["step_s_median"] > 0 and r["seconds"] >= 2
         assert isinstance(r["preemptions"], int) and r["paused_s"] >= 0
         assert r["vs_solo"]["turn_p50"] > 0 and r["vs_solo"]["ttft_p99"] > 0 and r["vs_solo"]["itl_p50"] > 0

@@ -51,7 +51,7 @@ class PoolMachine(RuleBasedStateMachine):
         if not ok:
             assert table == before
             return
-        new = table[len(before):]
+        new = table[len(before) :]
         evicted = [b for b in new if self.indexed(b)]
         # Free blocks go first, then the least recently used cached ones, in order.
         assert len(evicted) == max(0, n - free_first)
@@ -59,7 +59,7 @@ class PoolMachine(RuleBasedStateMachine):
         for b in evicted:
             self.key_of.pop(b, None)
             self.rows_of.pop(b, None)
-        self.lru = self.lru[len(evicted):]
+        self.lru = self.lru[len(evicted) :]
 
     @precondition(lambda self: any(self.tables))
     @rule(data=st.data(), parent=st.sampled_from([b"p0", b"p1"]), rows=st.lists(st.integers(0, 2), min_size=1, max_size=4))
@@ -79,6 +79,7 @@ class PoolMachine(RuleBasedStateMachine):
         """The longest agreement from the first row among the blocks noted under
         parent, by a scan of them all (the pool looks only at those whose first
         row agrees); of equals, the one noted first."""
+
         def agree(rows):
             n = 0
             while n < min(len(rows), len(tokens)) and rows[n] == tokens[n]:
@@ -202,8 +203,9 @@ def test_a_second_copy_of_a_key_stays_private():
     assert pool.lookup(b"k") == a[0] and not pool.is_cached(b[0])
 
 
-
-notes_strategy = st.lists(st.tuples(st.integers(0, BLOCKS - 1), st.sampled_from([b"p0", b"p1"]), st.lists(st.integers(0, 1), max_size=3)), max_size=20)
+notes_strategy = st.lists(
+    st.tuples(st.integers(0, BLOCKS - 1), st.sampled_from([b"p0", b"p1"]), st.lists(st.integers(0, 1), max_size=3)), max_size=20
+)
 
 
 @settings(max_examples=300, deadline=None)

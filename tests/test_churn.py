@@ -10,8 +10,8 @@ import tracemalloc
 import anyio
 import msgspec
 import pytest
-
 from kv_engine import KVEngine
+
 from runtime.owner.owner import STEP_HISTORY
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, handler
 

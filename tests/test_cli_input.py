@@ -60,7 +60,9 @@ def test_version_and_a_help_that_reads_as_sentences(capsys) -> None:
 
 def test_tail_in_pretty_mode_into_a_pipe_closed_early_exits_0(events_file) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    tail = subprocess.Popen([sys.executable, "-m", "swarm.cli", "tail", str(events_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "tail", str(events_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert tail.stdout.readline()
     tail.stdout.close()  # what `| head -1` does
     rc = tail.wait(timeout=60)
@@ -100,13 +102,16 @@ async def test_turns_ended_by_shutdown_say_the_swarm_stopped() -> None:
 # ------------------------------------------------------------ conventions (issue 22, item 14)
 
 
-@pytest.mark.parametrize("argv", [
-    ["generate", "hi", "--model", "qwen-coder"],
-    ["serve", "--model", "qwen-coder"],
-    ["run", "--model", "qwen-coder", "--quiet"],
-    ["bench", "engine", "--model", "qwen-coder"],
-    ["models", "--fetch", "qwen-coder"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "hi", "--model", "qwen-coder"],
+        ["serve", "--model", "qwen-coder"],
+        ["run", "--model", "qwen-coder", "--quiet"],
+        ["bench", "engine", "--model", "qwen-coder"],
+        ["models", "--fetch", "qwen-coder"],
+    ],
+)
 def test_a_misspelt_catalogue_name_exits_2_with_the_closest_names(argv, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)  # `run` writes its out folder here
     assert main(argv) == 2

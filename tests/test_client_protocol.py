@@ -8,9 +8,9 @@ import inspect
 import anyio
 import pytest
 
+from runtime.actors.system import ActorSystem
 from runtime.events.bus import EventBus
 from runtime.owner.client import GPUClient, LocalGPU
-from runtime.actors.system import ActorSystem
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.placement import Router
 
@@ -29,7 +29,7 @@ def test_each_client_declares_the_protocol_and_keeps_its_methods_signatures(clie
         theirs = list(have.parameters.values())
         for i, param in enumerate(want.parameters.values()):
             assert theirs[i].name == param.name and theirs[i].kind == param.kind, (name, theirs[i], param)
-        assert all(p.default is not inspect.Parameter.empty for p in theirs[len(want.parameters):]), name
+        assert all(p.default is not inspect.Parameter.empty for p in theirs[len(want.parameters) :]), name
 
 
 @pytest.mark.anyio

@@ -14,14 +14,14 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from pausing import Pausable
 
-from runtime.scheduling.constraints import Constraint, JsonSchema
 from runtime.errors import TurnError, TurnFailed
 from runtime.events.kinds import Admitted, Ended, Inherited, Preempted, Queued, read_events
+from runtime.scheduling.constraints import Constraint, JsonSchema
 from swarm import BACKGROUND, FOREGROUND, Agent, handler
 from swarm.bench import swarm as bench_swarm
 from swarm.cluster import ClusterSwarm, Pinned
-from pausing import Pausable
 
 ray = pytest.importorskip("ray", reason="the cluster tests need Ray: pip install -e '.[cluster]'")
 
@@ -239,8 +239,30 @@ async def _bench(args):
 async def test_bench_swarm_over_the_cluster_reports_each_owner_and_the_totals(local_ray, tiny_gguf: Path, capsys) -> None:
     parser = argparse.ArgumentParser()
     bench_swarm.add_arguments(parser)
-    args = parser.parse_args(["--cluster", "--owners", "2", "--model", str(tiny_gguf), "--seconds", "3", "--policies", "resident",
-                              "--slots", "2", "--fg-interval", "0.1", "--fg-tokens", "4", "--bg-max", "48", "--prompt", "40", "--json"])
+    args = parser.parse_args(
+        [
+            "--cluster",
+            "--owners",
+            "2",
+            "--model",
+            str(tiny_gguf),
+            "--seconds",
+            "3",
+            "--policies",
+            "resident",
+            "--slots",
+            "2",
+            "--fg-interval",
+            "0.1",
+            "--fg-tokens",
+            "4",
+            "--bg-max",
+            "48",
+            "--prompt",
+            "40",
+            "--json",
+        ]
+    )
     with anyio.fail_after(LIMIT_S):
         assert await _bench(args) == 0
     data = json.loads(capsys.readouterr().out)

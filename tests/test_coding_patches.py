@@ -158,7 +158,7 @@ def test_candidates_get_a_timeout_scaled_to_the_baseline(tmp_path: Path) -> None
     assert box.sandbox.limits.timeout_s == min(Limits().timeout_s, max(30.0, 10 * baseline.seconds))
 
 
-INVENTORY = '''import json
+INVENTORY = """import json
 
 
 class Inventory:
@@ -176,7 +176,7 @@ class Inventory:
 
 def helper():
     return 1
-'''
+"""
 
 
 def test_a_method_given_alone_replaces_its_namesake_indented() -> None:

@@ -55,8 +55,21 @@ def only_run(tmp_path: Path) -> Path:
 def test_a_run_leaves_the_project_as_it_was_and_reports(tmp_path: Path, roomy_gguf: Path, capsys) -> None:
     project = make_repo(tmp_path / "proj")
     before = snapshot(project)
-    args = ["run", str(session_file(tmp_path, roomy_gguf)), "--project", str(project), "--fixers", "1", "--candidates", "2",
-            "--rounds", "1", "--ask", "What does add do?", "--quiet"]
+    args = [
+        "run",
+        str(session_file(tmp_path, roomy_gguf)),
+        "--project",
+        str(project),
+        "--fixers",
+        "1",
+        "--candidates",
+        "2",
+        "--rounds",
+        "1",
+        "--ask",
+        "What does add do?",
+        "--quiet",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "planner> tests before: 1 failed, 1 passed" in out
@@ -76,8 +89,20 @@ def test_apply_without_a_verified_fix_writes_nothing_and_says_so(tmp_path: Path,
     project = make_repo(tmp_path / "proj")
     (project / "calc.py").write_text(CALC + "# mine\n")  # dirty, too
     before = snapshot(project)
-    args = ["run", str(session_file(tmp_path, roomy_gguf)), "--project", str(project), "--fixers", "1", "--candidates", "1",
-            "--rounds", "1", "--quiet", "--apply"]
+    args = [
+        "run",
+        str(session_file(tmp_path, roomy_gguf)),
+        "--project",
+        str(project),
+        "--fixers",
+        "1",
+        "--candidates",
+        "1",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--apply",
+    ]
     assert main(args) == 0
     assert "--apply: no verified fix to apply; the project is unchanged" in capsys.readouterr().out
     assert snapshot(project) == before
@@ -93,9 +118,23 @@ def test_a_project_without_tests_is_a_usage_error(tmp_path: Path, roomy_gguf: Pa
 
 def test_a_person_asks_at_the_prompt(tmp_path: Path, roomy_gguf: Path) -> None:
     project = make_repo(tmp_path / "proj")
-    argv = ["-m", "swarm.cli", "run", str(session_file(tmp_path, roomy_gguf)), "--project", str(project), "--fixers", "1",
-            "--candidates", "1", "--rounds", "1"]
-    child = pexpect.spawn(sys.executable, argv, cwd=str(ROOT), encoding="utf-8", timeout=240, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    argv = [
+        "-m",
+        "swarm.cli",
+        "run",
+        str(session_file(tmp_path, roomy_gguf)),
+        "--project",
+        str(project),
+        "--fixers",
+        "1",
+        "--candidates",
+        "1",
+        "--rounds",
+        "1",
+    ]
+    child = pexpect.spawn(
+        sys.executable, argv, cwd=str(ROOT), encoding="utf-8", timeout=240, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    )
     try:
         child.expect("you> ")
         child.sendline("status")

@@ -20,7 +20,7 @@ from tests.scripted_engine import ScriptedEngine
 
 CALC = 'def add(a, b):\n    """The sum."""\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n'
 TESTS = "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-FIX = "The operator is wrong.\n```python\ndef add(a, b):\n    \"\"\"The sum.\"\"\"\n    return a + b\n```\n"
+FIX = 'The operator is wrong.\n```python\ndef add(a, b):\n    """The sum."""\n    return a + b\n```\n'
 NEW_TEST = "```python\nfrom calc import add\n\n\ndef test_add_negatives():\n    assert add(-1, -2) == -3\n```\n"
 
 
@@ -53,7 +53,9 @@ def snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run_team(tmp_path: Path, model, *, apply: bool, rounds: int | None = None, dirty: bool = False) -> tuple[CodingTeam, ScriptedEngine, Path]:
+def run_team(
+    tmp_path: Path, model, *, apply: bool, rounds: int | None = None, dirty: bool = False
+) -> tuple[CodingTeam, ScriptedEngine, Path]:
     project = make_repo(tmp_path / "proj")
     if dirty:
         (project / "notes.txt").write_text("mine, not committed\n")
@@ -130,7 +132,9 @@ def test_the_files_a_traceback_names_come_first_only_when_not_all_fit(tmp_path: 
 
 def test_apply_on_a_dirty_tree_refuses_saying_what_it_would_do(tmp_path: Path) -> None:
     team, _, report_path = run_team(tmp_path, good_model, apply=True, dirty=True)
-    before = {k: v for k, v in snapshot(tmp_path / "proj").items() if not k.startswith(".git/worktrees/")}  # (finish takes the worktree out)
+    before = {
+        k: v for k, v in snapshot(tmp_path / "proj").items() if not k.startswith(".git/worktrees/")
+    }  # (finish takes the worktree out)
     with pytest.raises(ConfigError) as caught:
         team.finish(apply=True, model="scripted")
     message = str(caught.value)
@@ -150,7 +154,9 @@ def test_a_fix_for_one_failure_of_two_is_reported_combined_and_applied(tmp_path:
     out = tmp_path / "out"
     out.mkdir()
     team = CodingTeam(project, out, fixers=1, candidates=2, rounds=1, reviewer=False, tester=False, worktree=False)
-    runner = SessionRunner(Session(slots=4, prefix_cache=False, workspace=str(project), duration=300), engine=ScriptedEngine(good_model), out=out)
+    runner = SessionRunner(
+        Session(slots=4, prefix_cache=False, workspace=str(project), duration=300), engine=ScriptedEngine(good_model), out=out
+    )
     runner.agents = team.agents
     anyio.run(runner.run)
     report = team.finish(apply=True, model="scripted").read_text()

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llguidance.numpy import apply_token_bitmask_inplace
+from pausing import Pausable
 
 from gpu.engine import OpenCLEngine
 from gpu.masks import TurnMasks
 from gpu.model.synthetic import write_tiny_gguf
-from pausing import Pausable
-from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, TurnConstraint
-from runtime.scheduling.work import Sampling, Work
 from runtime.errors import TurnFailed, UsageError
 from runtime.events.kinds import Ended, Failed, Finished, Preempted, Queued, Recomputed, SwappedOut
+from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, TurnConstraint
+from runtime.scheduling.work import Sampling, Work
 from swarm import BACKGROUND, FOREGROUND, Swarm
 
 POINT = json.dumps({
@@ -60,7 +60,9 @@ class Decoding:
     """One turn driven straight through `engine.step`, as the scheduler would:
     its prompt in one step, then a decode a step."""
 
-    def __init__(self, turn: int, prompt: list[int], constraint: Constraint | None, sampling: Sampling = Sampling(), *, prior: int = 0) -> None:
+    def __init__(
+        self, turn: int, prompt: list[int], constraint: Constraint | None, sampling: Sampling = Sampling(), *, prior: int = 0
+    ) -> None:
         self.turn, self.prompt, self.sampling, self.out = turn, list(prompt), sampling, []
         seen = lambda a, b: (self.prompt + self.out)[a:b]  # noqa: E731
         self.constraint = TurnConstraint(constraint, len(self.prompt) - prior, seen) if constraint is not None else None
@@ -80,7 +82,7 @@ def decode(engine: OpenCLEngine, turns: list[Decoding], steps: int, abandon_at: 
         batch = [d.work() for d in live]
         if abandon_at is not None:
             assert engine.step(batch, SetAt(abandon_at)) is None
-        for d, token in zip(live, engine.step(batch)):
+        for d, token in zip(live, engine.step(batch), strict=False):
             d.out.append(token)
     for d in turns:
         engine.forget(d.turn)
@@ -211,7 +213,10 @@ def test_each_kind_of_constraint_ends_its_turn_with_what_it_allows(engine: OpenC
 @pytest.mark.parametrize("stop_at", [1, 3])
 def test_an_abandoned_step_does_not_move_a_turn_in_its_constraint(engine: OpenCLEngine, stop_at: int) -> None:
     def run(first: int, abandon_at: int | None) -> list[list[int]]:
-        turns = [Decoding(first + i, [10 + i, 20, 30 + i], JsonSchema(POINT), s) for i, s in enumerate([Sampling(), Sampling(temperature=1.0, seed=4)])]
+        turns = [
+            Decoding(first + i, [10 + i, 20, 30 + i], JsonSchema(POINT), s)
+            for i, s in enumerate([Sampling(), Sampling(temperature=1.0, seed=4)])
+        ]
         return decode(engine, turns, 25, abandon_at)
 
     assert run(20, stop_at) == run(10, None)
@@ -436,7 +441,7 @@ def test_a_turn_forgotten_while_a_step_holds_its_work_leaves_no_matcher(engine: 
     b = Decoding(26, [42, 43], JsonSchema(POINT))
     c = Decoding(27, [44, 45], JsonSchema(POINT))
     masks.forget(b.turn)  # ended before its first step, which was already planned
-    for d, token in zip([a, b, c], engine.step([a.work(), b.work(), c.work()])):
+    for d, token in zip([a, b, c], engine.step([a.work(), b.work(), c.work()]), strict=False):
         d.out.append(token)
     assert len(masks) == 2  # a's and c's
     masks.forget(c.turn)
@@ -477,7 +482,9 @@ async def test_a_churn_of_constrained_turns_ending_every_way_leaves_no_matcher(t
                     constraint = kinds[i % len(kinds)]
                     how = i % 4
                     with anyio.CancelScope() as scope:
-                        async with agent.generate([40 + i % 7, 41], max_tokens=12 if constraint is forever else 60, constraint=constraint) as turn:
+                        async with agent.generate(
+                            [40 + i % 7, 41], max_tokens=12 if constraint is forever else 60, constraint=constraint
+                        ) as turn:
                             async for _ in turn:
                                 if how == 1 and len(turn.tokens) >= 2:
                                     break  # left by its agent
@@ -551,7 +558,7 @@ async def test_slow_compiles_run_one_at_a_time_off_the_loop_and_stall_no_stream(
             answers = []
             async with anyio.create_task_group() as tg, reader.generate([5, 6], max_tokens=2000, ignore_eos=True) as stream:
                 await anext(stream)
-                for agent, constraint in zip((other, late), slow):
+                for agent, constraint in zip((other, late), slow, strict=False):
                     tg.start_soon(lambda a=agent, c=constraint: _append(answers, a.complete("hi", max_tokens=8, constraint=c)))
                 await anyio.to_thread.run_sync(held.arrived.wait, 120)
                 await anyio.wait_all_tasks_blocked()

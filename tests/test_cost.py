@@ -9,11 +9,11 @@ import pytest
 
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import StepCost, fit, kv_reads, step_features
-from runtime.scheduling.work import Work
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.timing import TimingEngine, TimingModel
 from runtime.scheduling.turns import SchedulerConfig
+from runtime.scheduling.work import Work
 
 CPU = (0.009, 0.0018, 1e-6)  # about what SmolLM2-135M costs on the 2-core CPU
 GPU = (0.025, 0.0002, 4e-8)  # an 8B model on a GPU: a batch costs about one turn

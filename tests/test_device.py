@@ -91,8 +91,7 @@ def test_a_step_on_a_host_cpu_device_lets_go_of_the_gil_between_launches(tiny_mo
 
     import gpu.engine
     from gpu.engine import OpenCLEngine
-    from runtime.scheduling.work import CHECK_POINTS
-    from runtime.scheduling.work import Work
+    from runtime.scheduling.work import CHECK_POINTS, Work
 
     engine = OpenCLEngine(tiny_model, num_blocks=16, block_size=16, kernels=kernels)
     waits: list[int] = []

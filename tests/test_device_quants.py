@@ -6,12 +6,12 @@ import gguf
 import numpy as np
 import pyopencl as cl
 import pytest
+from test_quants import random_blocks
 
 from gpu.device import select_device
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
 from kernels import source
-from test_quants import random_blocks
 
 Q = gguf.GGMLQuantizationType
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)

@@ -28,13 +28,22 @@ def batch(seed: int, vocab: int) -> list[Work]:
         n = 3 + 2 * i
         tokens = rng.integers(0, vocab, n).tolist()
         blocks = [4 * i, 4 * i + 1]
-        works.append(Work(turn=i, tokens=tokens, start=0, block_table=blocks, sample=True, sampling=Sampling(sampling.temperature, sampling.top_p, seed + i)))
+        works.append(
+            Work(
+                turn=i,
+                tokens=tokens,
+                start=0,
+                block_table=blocks,
+                sample=True,
+                sampling=Sampling(sampling.temperature, sampling.top_p, seed + i),
+            )
+        )
     return works
 
 
 def drawn_on_the_host(engine: OpenCLEngine, works: list[Work]) -> list[int]:
     rows = engine.step_logits(works)
-    return [sample(row, w.sampling, w.start + len(w.tokens)) for row, w in zip(rows, works)]
+    return [sample(row, w.sampling, w.start + len(w.tokens)) for row, w in zip(rows, works, strict=False)]
 
 
 def test_a_step_samples_what_the_host_samples_from_the_whole_row(engine: OpenCLEngine) -> None:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference import ReferenceModel
 
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
 from gpu.model.load import Model
-from reference import ReferenceModel
 from runtime.scheduling.work import GREEDY, Sampling, Work
 
 TOL = 2e-3  # see the module docstring
@@ -70,8 +70,9 @@ def test_decode_logits_match_reference_at_many_positions(engine: OpenCLEngine, r
     assert rel_error(got, want) < TOL
 
 
-def test_positions_past_the_rope_table_match_reference(tiny_model: Model, reference: ReferenceModel, kernels: str,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_positions_past_the_rope_table_match_reference(
+    tiny_model: Model, reference: ReferenceModel, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RoPE reads its angles from a table for the first positions (gpu/weights.py) and computes
     them after: a prompt and decodes across the table's end agree with the reference."""
     import gpu.weights
@@ -96,7 +97,7 @@ def test_batch_of_turns_at_different_positions(engine: OpenCLEngine, reference: 
     vocab = engine.config.vocab_size
     prompts = [prompt(100 + i, 3 + 5 * i, vocab) for i in range(batch)]
     caches = [reference.new_cache() for _ in range(batch)]
-    want = [reference.forward(p, 0, c)[-1] for p, c in zip(prompts, caches)]
+    want = [reference.forward(p, 0, c)[-1] for p, c in zip(prompts, caches, strict=False)]
     # prefill every turn in ONE step, then decode them together
     got = engine.step_logits([Work(turn=i, tokens=p, start=0, block_table=table(i), sample=True) for i, p in enumerate(prompts)])
     positions = [len(p) for p in prompts]
@@ -104,9 +105,12 @@ def test_batch_of_turns_at_different_positions(engine: OpenCLEngine, reference: 
         for i in range(batch):
             assert rel_error(got[i], want[i]) < TOL
         nxt = [int(np.argmax(w)) for w in want]
-        want = [reference.forward([t], pos, c)[-1] for t, pos, c in zip(nxt, positions, caches)]
+        want = [reference.forward([t], pos, c)[-1] for t, pos, c in zip(nxt, positions, caches, strict=False)]
         got = engine.step_logits(
-            [Work(turn=i, tokens=[t], start=pos, block_table=table(i), sample=True) for i, (t, pos) in enumerate(zip(nxt, positions))]
+            [
+                Work(turn=i, tokens=[t], start=pos, block_table=table(i), sample=True)
+                for i, (t, pos) in enumerate(zip(nxt, positions, strict=False))
+            ]
         )
         positions = [p + 1 for p in positions]
     for i in range(batch):
@@ -152,9 +156,7 @@ def test_step_longer_than_the_buffers_runs_in_pieces(tiny_model: Model, referenc
     assert rel_error(got[1], reference.forward(b, 0, reference.new_cache())[-1]) < TOL
 
 
-def test_greedy_step_returns_reference_tokens_and_none_without_sample(
-    engine: OpenCLEngine, reference: ReferenceModel
-) -> None:
+def test_greedy_step_returns_reference_tokens_and_none_without_sample(engine: OpenCLEngine, reference: ReferenceModel) -> None:
     tokens = prompt(3, 10, engine.config.vocab_size)
     want = reference.generate(tokens, 12)
     got = engine.step(
@@ -191,7 +193,7 @@ def run_schedule(engine: OpenCLEngine, prompts: list[list[int]], samplings: list
         for i in live:
             tokens = prompts[i] if pos[i] == 0 else [out[i][-1]]
             batch.append(Work(turn=i, tokens=tokens, start=pos[i], block_table=table(i), sample=True, sampling=samplings[i]))
-        for i, w, token in zip(live, batch, engine.step(batch)):
+        for i, w, token in zip(live, batch, engine.step(batch), strict=False):
             pos[i] = w.start + len(w.tokens)
             out[i].append(token)
     return out
@@ -208,7 +210,7 @@ def test_paused_turn_produces_exactly_what_it_produces_unpaused(
     vocab = engine.config.vocab_size
     prompts = [prompt(seed + i, 4 + 3 * i, vocab) for i in range(4)]
     samplings = [GREEDY, Sampling(temperature=0.9, top_p=0.9, seed=seed), GREEDY, Sampling(temperature=1.2, seed=seed + 1)]
-    alone = [run_schedule(engine, [p], [s], 10, [{0}])[0] for p, s in zip(prompts, samplings)]
+    alone = [run_schedule(engine, [p], [s], 10, [{0}])[0] for p, s in zip(prompts, samplings, strict=False)]
     together = run_schedule(engine, prompts, samplings, 10, schedule)
     assert together == alone
 

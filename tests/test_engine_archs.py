@@ -8,11 +8,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from reference import ReferenceModel
 
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
 from gpu.model.load import load_model
-from reference import ReferenceModel
 from gpu.model.synthetic import write_tiny_gguf
 from runtime.scheduling.work import Work
 
@@ -48,8 +48,9 @@ def compare(path: Path, steps: int = 6, kernels: str = "cpu", span: int | None =
 @FAMILIES
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_architecture_matches_reference(tmp_path: Path, arch: str, kernels: str) -> None:
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch=arch, weight_type=Q.Q4_K, embed_type=Q.Q6_K,
-                           tied=arch == "gemma3", llama3_rope=arch == "llama", **SHAPE)
+    path = write_tiny_gguf(
+        tmp_path / "m.gguf", arch=arch, weight_type=Q.Q4_K, embed_type=Q.Q6_K, tied=arch == "gemma3", llama3_rope=arch == "llama", **SHAPE
+    )
     compare(path, kernels=kernels)
 
 
@@ -65,8 +66,7 @@ def test_tensor_type_matches_reference(tmp_path: Path, qtype, kernels: str) -> N
 def test_mixed_qkv_types_match_reference(tmp_path: Path, v_type, kind: str, kernels: str) -> None:
     """Q and K in one type, V in another (as in Qwen2.5's and Gemma 3's files): one matrix of
     the narrowest kind that holds both exactly."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q5_0 if kind == "q8_0" else Q.Q4_K,
-                           v_type=v_type, **SHAPE)
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q5_0 if kind == "q8_0" else Q.Q4_K, v_type=v_type, **SHAPE)
     assert OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].qkv.kind == kind
     compare(path, steps=2, kernels=kernels)
 
@@ -75,6 +75,5 @@ def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
     """Gemma 3 on the GPU family with attention cut into splits of 3 positions: the sliding
     window of 8 is 3 splits per (token, KV head), each a share of the window only, and the
     last to finish combines them."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch="gemma3", weight_type=Q.Q8_0, embed_type=Q.Q8_0,
-                           tied=True, **SHAPE)
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="gemma3", weight_type=Q.Q8_0, embed_type=Q.Q8_0, tied=True, **SHAPE)
     compare(path, steps=6, kernels="gpu", span=3)

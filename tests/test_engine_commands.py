@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from reference import ReferenceModel
 
 from gpu.model.load import load_model
-from reference import ReferenceModel
 from gpu.model.tokenizer import Tokenizer
-from runtime.scheduling.work import Sampling
 from runtime.errors import ConfigError
+from runtime.scheduling.work import Sampling
 from swarm.cli import main
 
 
@@ -30,9 +30,7 @@ def test_generate_json_greedy_matches_the_reference(tiny_gguf: Path, capsys: pyt
     assert out["text"] == tokenizer.decode(want, skip_special=True)
 
 
-def test_generate_seeded_sampling_is_reproducible_and_matches_the_reference(
-    tiny_gguf: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_generate_seeded_sampling_is_reproducible_and_matches_the_reference(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["generate", "hi", "--model", str(tiny_gguf), "--max-tokens", "10", "--json",
             "--temperature", "1.0", "--top-p", "0.9", "--seed", "5"]  # fmt: skip
     first, second = run_json(capsys, argv), run_json(capsys, argv)

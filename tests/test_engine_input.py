@@ -8,8 +8,8 @@ import pytest
 
 from gpu.engine import OpenCLEngine
 from gpu.model.load import Model
-from runtime.scheduling.work import Work
 from runtime.errors import ConfigError
+from runtime.scheduling.work import Work
 
 
 def test_block_table_too_short_is_a_clear_error(engine: OpenCLEngine) -> None:

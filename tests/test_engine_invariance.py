@@ -16,20 +16,18 @@ subgroup or through local memory (gpu/subgroups.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyopencl as cl
 import pytest
+from reference import ReferenceModel
 
 from gpu import subgroups
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
 from gpu.model.load import Model, load_model
-from reference import ReferenceModel
 from gpu.model.synthetic import write_tiny_gguf
-from runtime.scheduling.work import Work
 from runtime.errors import ConfigError
+from runtime.scheduling.work import Work
 
 SPAN = 16  # positions per attention split: a 70-position mate needs 5, the turn 1
 
@@ -76,7 +74,7 @@ def test_a_turn_among_others_gives_the_bits_it_gives_alone(engine: OpenCLEngine)
         else:
             batch = works((1, [token], 10 + k), (4, [k], 70 + k))
         together.append(step(engine, batch, 1))
-    for k, (a, b) in enumerate(zip(alone, together)):
+    for k, (a, b) in enumerate(zip(alone, together, strict=False)):
         assert np.array_equal(a, b), f"step {k}: the turn's logits changed with its batch (max diff {np.abs(a - b).max():.3g})"
 
 
@@ -111,7 +109,7 @@ def test_lane_sums_agree_between_kernels_and_paths(odd_model: Model) -> None:
         assert engine.family.subgroups == mode
         runs += [prefill_then_decode(engine, tokens, 40, 3), prefill_then_decode(engine, tokens, 8, 3)]
     for run in runs[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run, strict=False))
     reference = ReferenceModel(odd_model)
     want = reference.forward(tokens, 0, reference.new_cache())[-1]
     assert np.linalg.norm(runs[0][0] - want) / np.linalg.norm(want) < 2e-3

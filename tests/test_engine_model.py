@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import ReferenceModel
 
 from gpu.engine import OpenCLEngine
 from gpu.model.load import Model
-from reference import ReferenceModel
-from gpu.sampling import sample
 from gpu.model.tokenizer import Tokenizer
+from gpu.sampling import sample
 from runtime.scheduling.work import GREEDY, Sampling, Work
 
 pytestmark = pytest.mark.model
@@ -41,9 +41,7 @@ def generate(engine: OpenCLEngine, prompt: list[int], n: int, chunk: int = 16) -
     return out
 
 
-def test_greedy_answer_agrees_with_the_reference(
-    engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer
-) -> None:
+def test_greedy_answer_agrees_with_the_reference(engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer) -> None:
     prompt = smollm2_tokenizer.chat([{"role": "user", "content": "What is the capital of France?"}])
     got = generate(engine, prompt, 16)
     want = reference.generate(prompt, 16, stop_ids=engine.eos_token_ids)
@@ -51,9 +49,7 @@ def test_greedy_answer_agrees_with_the_reference(
     assert "Paris" in smollm2_tokenizer.decode(got)
 
 
-def test_prefill_logits_match_the_reference(
-    engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer
-) -> None:
+def test_prefill_logits_match_the_reference(engine: OpenCLEngine, reference: ReferenceModel, smollm2_tokenizer: Tokenizer) -> None:
     prompt = smollm2_tokenizer.chat([{"role": "user", "content": "Name three colours."}])
     want = reference.forward(prompt, 0, reference.new_cache())[-1]
     got = engine.step_logits([Work(turn=1, tokens=prompt, start=0, block_table=list(range(8)), sample=True)])[0]
@@ -70,6 +66,6 @@ def test_sampling_at_a_temperature_on_the_device_draws_what_the_host_draws(engin
         works = [Work(turn=i, tokens=prompt, start=0, block_table=[8 * i + b for b in range(8)], sample=True,
                       sampling=Sampling(s.temperature, s.top_p, seed) if not s.greedy else s) for i, s in enumerate(samplings)]  # fmt: skip
         rows = engine.step_logits(works)
-        want = [sample(row, w.sampling, len(prompt)) for row, w in zip(rows, works)]
+        want = [sample(row, w.sampling, len(prompt)) for row, w in zip(rows, works, strict=False)]
         assert engine.step(works) == want
     assert engine.whole_rows_read - before < 2 * 3  # some top-p rows were finished from their candidates

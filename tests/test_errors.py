@@ -10,8 +10,8 @@ import pytest
 
 import swarm
 from runtime import errors
-from runtime.scheduling.timing import TimingEngine
 from runtime.actors.waits import WaitGraph
+from runtime.scheduling.timing import TimingEngine
 from swarm import Agent, Swarm
 
 
@@ -55,4 +55,3 @@ async def test_asking_a_stopped_actor_names_it() -> None:
             with pytest.raises(errors.ActorCrashed) as caught:
                 await s.system.tell("gone", Probe())
     assert caught.value.agent == "gone" and caught.value.reason is None
-

@@ -8,7 +8,6 @@ import anyio
 import pytest
 
 from runtime.events.bus import EventBus
-
 from runtime.events.kinds import Dropped, Event, Preempted, decode, encode, read_events
 
 

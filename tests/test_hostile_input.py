@@ -11,14 +11,13 @@ import re
 import anyio
 import msgspec
 import pytest
-
 from kv_engine import KVEngine, reference_output
-from runtime.scheduling.work import Sampling
-from runtime.events.kinds import Ended, Failed
-from runtime.errors import ConfigError, SlotswarmError, TurnFailed, UsageError
+
 from runtime.actors.lock import Lock
-from runtime.owner.messages import TurnRequest
-from runtime.owner.messages import TurnChannel
+from runtime.errors import ConfigError, SlotswarmError, TurnFailed, UsageError
+from runtime.events.kinds import Ended, Failed
+from runtime.owner.messages import TurnChannel, TurnRequest
+from runtime.scheduling.work import Sampling
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm, handler
 
 
@@ -205,8 +204,14 @@ def test_a_session_file_that_would_crash_swarm_run_is_refused_naming_the_field(b
         parse_session(text, base=tmp_path)
 
 
-@pytest.mark.parametrize("options, says", [("{ max_tokens = \"5\" }", "Expected `int`, got `str`"), ("{ max_tokens = 0 }", "max_tokens must be an int >= 1"),
-                                           ("{ max_tokens = true }", "Expected `int`, got `bool`")])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ('{ max_tokens = "5" }', "Expected `int`, got `str`"),
+        ("{ max_tokens = 0 }", "max_tokens must be an int >= 1"),
+        ("{ max_tokens = true }", "Expected `int`, got `bool`"),
+    ],
+)
 def test_a_bad_max_tokens_in_a_session_files_options_is_refused_at_start(options: str, says: str, tmp_path) -> None:
     from swarm.runner import SessionRunner
     from swarm.session import parse_session

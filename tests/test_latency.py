@@ -4,8 +4,8 @@ event and its agent's handle say the same of the same turn."""
 from __future__ import annotations
 
 import pytest
-
 from kv_engine import KVEngine
+
 from runtime.events.kinds import Finished
 from runtime.events.latency import felt
 from runtime.scheduling.priority import FOREGROUND

@@ -13,9 +13,9 @@ from collections import Counter
 
 import anyio
 import pytest
-
 from kv_engine import KVEngine, reference_output
-from runtime.events.kinds import Admitted, Ended, Finished, Preempted, SwappedOut
+
+from runtime.events.kinds import Ended, Finished
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
 
 AGENTS = 1000

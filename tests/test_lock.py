@@ -7,13 +7,13 @@ import msgspec
 import pytest
 
 from runtime.actors.actor import Actor, handler
+from runtime.actors.lock import Lock
 from runtime.actors.system import ActorSystem
+from runtime.actors.waits import WaitGraph
 from runtime.errors import ActorError, WaitCycle
 from runtime.events.bus import EventBus
-from runtime.events.kinds import Event, Inherited, Restored, read_events
-from runtime.actors.lock import Lock
+from runtime.events.kinds import Inherited, Restored, read_events
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
-from runtime.actors.waits import WaitGraph
 
 GUARD = 10  # seconds: a hang guard, never a threshold
 
@@ -97,7 +97,6 @@ async def test_holder_inherits_waiters_priority_until_release(tmp_path) -> None:
                 assert low.effective_priority == BACKGROUND
                 high_done.set()
     bus.close()
-    from runtime.events.kinds import read_events
 
     seen = [(type(e), e.agent, e.priority, e.base_priority, getattr(e, "by_agent", None)) for e in read_events(path)]
     assert seen == [

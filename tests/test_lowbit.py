@@ -7,14 +7,14 @@ import gguf
 import numpy as np
 import pyopencl as cl
 import pytest
+from test_device_quants import SHAPE
+from test_quants import random_blocks
 
 from gpu.device import select_device
 from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import CPUMatmul
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
-from test_device_quants import SHAPE
-from test_quants import random_blocks
 
 Q = gguf.GGMLQuantizationType
 ROWS, COLS, EPS = 67, 512, 1e-6  # an odd row count: the last work-item's pair is one row

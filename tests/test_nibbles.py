@@ -10,14 +10,14 @@ import gguf
 import numpy as np
 import pyopencl as cl
 import pytest
+from test_device_quants import SHAPE
+from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
+from test_quants import random_blocks
 
 from gpu.families import CPUFamily
 from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, CPUMatmul, cpu_variant
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
-from test_device_quants import SHAPE
-from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
-from test_quants import random_blocks
 
 Q = gguf.GGMLQuantizationType
 ROWS = 67  # odd: the last work-item's pair is one row

@@ -16,10 +16,10 @@ from collections import Counter
 
 import anyio
 import pytest
-
 from kv_engine import EOS, KVEngine, reference_output
-from runtime.scheduling.blocks import BlockPool
+
 from runtime.events.kinds import Ended, Event, Finished, Queued
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import UNKNOWN, Policy, SchedulerConfig
@@ -80,7 +80,9 @@ async def test_the_next_step_is_planned_and_launched_while_the_one_before_is_on_
 
 
 class Reader(Agent):
-    def __init__(self, name: str, priority: int, prompt: list[int], max_tokens: int, ignore_eos: bool, leave_after: int | None = None) -> None:
+    def __init__(
+        self, name: str, priority: int, prompt: list[int], max_tokens: int, ignore_eos: bool, leave_after: int | None = None
+    ) -> None:
         super().__init__(name, priority)
         self.prompt, self.max_tokens, self.ignore_eos, self.leave_after = prompt, max_tokens, ignore_eos, leave_after
         self.tokens: list[int] | None = None
@@ -106,7 +108,9 @@ async def test_turns_that_end_mid_batch_cancel_or_are_preempted_while_a_step_is_
             sub = s.bus.subscribe(max_buffer=10**9)
             for i in range(12):
                 prompt = [3 + (i * 7 + j) % 60 for j in range(2 + i % 5)]
-                readers.append(Reader(f"bg{i}", BACKGROUND, prompt, 6 + i % 9, ignore_eos=i % 3 == 0, leave_after=2 if i % 4 == 1 else None))
+                readers.append(
+                    Reader(f"bg{i}", BACKGROUND, prompt, 6 + i % 9, ignore_eos=i % 3 == 0, leave_after=2 if i % 4 == 1 else None)
+                )
             for i in range(3):  # the foreground arriving later takes slots (preempting) at a boundary
                 readers.append(Reader(f"fg{i}", FOREGROUND, [40 + i, 41, 42], 7, ignore_eos=False))
             for r in readers[:12]:
@@ -179,7 +183,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
             if w.tokens[-1] == UNKNOWN:
                 w.tokens[-1] = sampled[w.turn]
         tokens = engine.step(plan.works)
-        sampled = {w.turn: t for w, t in zip(plan.works, tokens) if w.sample}
+        sampled = {w.turn: t for w, t in zip(plan.works, tokens, strict=False) if w.sample}
         land()
         flight = (plan, tokens)
 
@@ -191,7 +195,10 @@ def test_a_scheduler_planning_one_step_ahead_gives_every_turn_what_it_gives_in_o
         engine = KVEngine(num_blocks=16, block_size=4, eos_every=7)
         events: list[Event] = []
         sched = Scheduler(SchedulerConfig(slots=3, policy=policy, step_tokens=8), BlockPool(16, 4), eos_token_ids={EOS}, emit=events.append)
-        turns = [sched.submit(f"bg{i}", BACKGROUND, [3 + (5 * i + j) % 60 for j in range(1 + i % 6)], 5 + i % 8, 0.0, ignore_eos=i % 4 == 0) for i in range(9)]
+        turns = [
+            sched.submit(f"bg{i}", BACKGROUND, [3 + (5 * i + j) % 60 for j in range(1 + i % 6)], 5 + i % 8, 0.0, ignore_eos=i % 4 == 0)
+            for i in range(9)
+        ]
         late = {6: [("fg", FOREGROUND, [50, 51], 6, False)], 9: [("fg2", FOREGROUND, [52], 4, False)]}
         drive(sched, engine, ahead=ahead, cancel_at={turns[2].id: 4, turns[7].id: 12}, arrive_at=late)
         assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0
@@ -228,9 +235,9 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
     """StepInFlight.hand_over: a decode planned on a token not sampled yet runs
     with that token, in a copy; a decode whose token never came is left out;
     the plan the scheduler accounts keeps what it planned."""
-    from runtime.scheduling.work import Work
     from runtime.owner.flight import StepInFlight
     from runtime.scheduling.turns import Plan
+    from runtime.scheduling.work import Work
 
     def step_of(works: list[Work], ahead: StepInFlight | None) -> StepInFlight:
         return StepInFlight(Plan(works=works), ahead, None, chained=ahead is not None)

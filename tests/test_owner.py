@@ -9,14 +9,26 @@ from collections import Counter
 
 import anyio
 import pytest
+from pausing import Pausable
 
-from runtime.scheduling.cost import StepCost
 from runtime.errors import TurnCancelled
-from runtime.events.kinds import AgentCrashed, Admitted, Cancelled, Ended, Event, Preempted, Progress, Queued, Resumed, SwarmStarted, SwarmStopped
+from runtime.events.kinds import (
+    Admitted,
+    AgentCrashed,
+    Cancelled,
+    Ended,
+    Event,
+    Preempted,
+    Progress,
+    Queued,
+    Resumed,
+    SwarmStarted,
+    SwarmStopped,
+)
 from runtime.owner.messages import Token
+from runtime.scheduling.cost import StepCost
 from runtime.scheduling.timing import TimingEngine
 from swarm import FOREGROUND, Agent, Swarm
-from pausing import Pausable
 
 LONG = 1_000_000  # never ends within a test: every slot stays busy
 
@@ -320,6 +332,6 @@ async def test_a_running_turns_tokens_are_told_once_a_second_before_it_ends():
             end = await rec.until(lambda e: isinstance(e, Ended))
     told = [e for e in rec.events if isinstance(e, Progress)]
     assert end.tokens == 45 and 4 <= len(told) <= 5
-    assert all(b.tokens > a.tokens and b.t - a.t >= 1.0 - 1e-9 and b.step - a.step <= 12 for a, b in zip(told, told[1:]))
+    assert all(b.tokens > a.tokens and b.t - a.t >= 1.0 - 1e-9 and b.step - a.step <= 12 for a, b in zip(told, told[1:], strict=False))
     assert told[0].tokens >= 1 and told[-1].tokens < end.tokens and told[-1].t < end.t
     assert sum(isinstance(u, Token) for u in updates) == 45 and not any(isinstance(u, Progress) for u in updates)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import anyio
 import msgspec
 import pytest
+from test_owner import LONG, busy, swarm
 
 from runtime.events.kinds import Finished, Inherited, Preempted, Queued, Restored
 from swarm import BACKGROUND, FOREGROUND, Agent, Lock, handler
-from test_owner import LONG, busy, swarm
 
 
 class Review(msgspec.Struct):

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
-
 from kv_engine import KVEngine, reference_output
+
 from runtime.errors import SlotswarmError
 from runtime.events.kinds import Ended, Queued
 from runtime.scheduling.turns import Policy
@@ -77,7 +77,12 @@ class OwnerMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- rules
 
-    @rule(priority=st.sampled_from(PRIORITIES), prompt=st.lists(st.integers(3, 63), min_size=1, max_size=14), max_tokens=st.integers(1, 12), ignore_eos=st.booleans())
+    @rule(
+        priority=st.sampled_from(PRIORITIES),
+        prompt=st.lists(st.integers(3, 63), min_size=1, max_size=14),
+        max_tokens=st.integers(1, 12),
+        ignore_eos=st.booleans(),
+    )
     def start_turn(self, priority, prompt, max_tokens, ignore_eos) -> None:
         self.n += 1
         agent = self.portal.call(self.swarm.spawn, Agent(f"a{self.n}", priority))
@@ -147,7 +152,9 @@ class OwnerMachine(RuleBasedStateMachine):
                 assert got == reference_output(prompt, max_tokens, eos_every=EOS_EVERY, ignore_eos=ignore_eos)
         # The owner still serves.
         agent = await self.swarm.spawn(Agent("last"))
-        assert await agent.complete([5, 6], max_tokens=3, ignore_eos=True) == "".join(f"[{t}]" for t in reference_output([5, 6], 3, eos_every=EOS_EVERY))
+        assert await agent.complete([5, 6], max_tokens=3, ignore_eos=True) == "".join(
+            f"[{t}]" for t in reference_output([5, 6], 3, eos_every=EOS_EVERY)
+        )
         ends: Counter[int] = Counter()
         queued = set()
         self.sub.close()
@@ -167,7 +174,5 @@ def machine_for(policy: Policy) -> type:
 @pytest.mark.parametrize("policy", list(Policy), ids=[p.value for p in Policy])
 def test_the_owner_keeps_its_promises_under_pressure_cancels_crashes_and_faults(policy: Policy) -> None:
     machine = machine_for(policy)
-    machine.TestCase.settings = settings(
-        max_examples=20, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
-    )
+    machine.TestCase.settings = settings(max_examples=20, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck))
     machine.TestCase().runTest()

@@ -9,12 +9,21 @@ import pytest
 
 from runtime.errors import ConfigError
 from runtime.events.kinds import (
-    Admitted, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwappedOut, SwarmStarted, read_events,
+    Admitted,
+    Finished,
+    Inherited,
+    Preempted,
+    Queued,
+    Restored,
+    Resumed,
+    SwappedOut,
+    SwarmStarted,
+    read_events,
 )
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.units import format_duration
-from swarm.viewers import plot
 from swarm.cli import main
+from swarm.viewers import plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -44,7 +53,7 @@ def test_timeline_runs_never_overlap_within_a_slot(events_file: Path) -> None:
     for slot in range(tl.slots):
         spans = sorted((s.start, s.end) for s in tl.runs if s.slot == slot)
         assert spans, f"slot {slot} never used"
-        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
 
 
 def test_timeline_matches_the_events(events_file: Path) -> None:
@@ -68,8 +77,7 @@ def test_turns_still_running_at_the_end_are_drawn_to_the_end() -> None:
         Queued(t=0.0, step=0, turn=1, agent="a", priority=0, tokens=3),
         Admitted(t=0.1, step=1, turn=1, agent="a", priority=0, slot=2, waited_s=0.1),
         Queued(t=0.2, step=2, turn=2, agent="b", priority=FOREGROUND, tokens=3),
-        Preempted(t=0.3, step=3, turn=1, agent="a", priority=0, slot=2, tokens=2,
-              by_turn=2, by_agent="b", by_priority=FOREGROUND),
+        Preempted(t=0.3, step=3, turn=1, agent="a", priority=0, slot=2, tokens=2, by_turn=2, by_agent="b", by_priority=FOREGROUND),
         Admitted(t=0.3, step=3, turn=2, agent="b", priority=FOREGROUND, slot=2, waited_s=0.1),
         SwappedOut(t=0.5, step=5, turn=1, agent="a", priority=0, blocks=2),
     ]
@@ -244,6 +252,17 @@ def test_foreground_answers_replay_each_token_time_when_the_log_has_them() -> No
 
     events = [
         Queued(t=1.0, step=0, turn=1, agent="pair", priority=FOREGROUND, tokens=3),
-        Finished(t=3.0, step=9, turn=1, agent="pair", priority=FOREGROUND, tokens=3, reason="length", ttft_s=0.5, itl_s=0.75, token_s=[0.5, 0.6, 2.0]),
+        Finished(
+            t=3.0,
+            step=9,
+            turn=1,
+            agent="pair",
+            priority=FOREGROUND,
+            tokens=3,
+            reason="length",
+            ttft_s=0.5,
+            itl_s=0.75,
+            token_s=[0.5, 0.6, 2.0],
+        ),
     ]
     assert plot.foreground_answers(events) == [(1, "pair", [1.5, 1.6, 3.0])]

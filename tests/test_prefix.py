@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_engine import KVEngine, reference_output
 
-from runtime.scheduling.blocks import BlockPool
 from runtime.events.kinds import Admitted, Event, Preempted, Recomputed, SwappedOut
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler

@@ -11,9 +11,9 @@ import pytest
 
 from gpu.engine import OpenCLEngine
 from gpu.model.load import Model
-from runtime.scheduling.blocks import BlockPool
 from runtime.agent import Agent
 from runtime.events.kinds import Admitted, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import Copy, SchedulerConfig, SwapOut

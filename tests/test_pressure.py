@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import anyio
 import pytest
-
 from kv_engine import KVEngine, reference_output
+
 from runtime.events.kinds import Ended, Event, Finished, Preempted, Recomputed, SwappedIn, SwappedOut
 from runtime.scheduling.turns import Policy
 from swarm import BACKGROUND, FOREGROUND, Agent, Swarm
@@ -17,7 +17,9 @@ def prompt_for(i: int) -> list[int]:
     return [3 + (i * 7 + j) % 60 for j in range(9 + i % 11)]
 
 
-async def pressure_run(policy: str, engine, *, swap_blocks=None, bg: int = 16, fg: int = 12, max_tokens: int = 14) -> tuple[dict, list[Event]]:
+async def pressure_run(
+    policy: str, engine, *, swap_blocks=None, bg: int = 16, fg: int = 12, max_tokens: int = 14
+) -> tuple[dict, list[Event]]:
     """`bg` background turns, then `fg` foreground ones arriving a few steps apart.
     Returns each agent's tokens (or its error) and every event."""
     events: list[Event] = []
@@ -105,6 +107,8 @@ async def test_greedy_outputs_under_pressure_equal_those_without_on_the_opencl_e
     engine = OpenCLEngine(tiny_model, num_blocks=16, block_size=16)  # 8 slots want ~20
     with anyio.fail_after(240):
         results, events = await pressure_run(policy, engine, bg=16, fg=12)
-    assert any(isinstance(e, Preempted) and e.reason == "memory" for e in events) or any(isinstance(e, (SwappedOut, SwappedIn, Recomputed)) for e in events)
+    assert any(isinstance(e, Preempted) and e.reason == "memory" for e in events) or any(
+        isinstance(e, (SwappedOut, SwappedIn, Recomputed)) for e in events
+    )
     assert results == unpressed
     assert not engine.kv.swapped_turns()

@@ -10,8 +10,16 @@ Q = gguf.GGMLQuantizationType
 
 # byte offsets of each block's f16 scales (random bytes there could be inf/NaN)
 F16_FIELDS = {
-    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
-    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q8_0: (0,),
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
 }
 
 
@@ -37,8 +45,7 @@ def test_dequantize_matches_gguf(qtype):
 
 
 def test_every_advertised_type_is_readable():
-    assert {Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-            Q.BF16, Q.F16, Q.F32} <= SUPPORTED_TYPES
+    assert {Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16, Q.F32} <= SUPPORTED_TYPES
 
 
 def test_dense_types_pass_through():

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from serve_helpers import ServerProcess
 
 from runtime.events.kinds import Finished, read_events
-from serve_helpers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
@@ -38,7 +38,7 @@ MARKERS = {
     "tools": "class Coder(Agent):",
     "openai": "from openai import OpenAI",
     "langchain": "from langchain_openai import ChatOpenAI",
-    "cluster": 'ClusterSwarm(owners=2',
+    "cluster": "ClusterSwarm(owners=2",
 }
 
 
@@ -82,10 +82,14 @@ def test_typed_answers_and_tools_run_as_written(serve_gguf: Path, tmp_path: Path
 def test_the_openai_client_streams_from_swarm_serve(tiny_gguf: Path, tmp_path: Path) -> None:
     """Substituted: the server's URL (a free port, not 8000) and the model's id."""
     with ServerProcess(tiny_gguf, tmp=tmp_path) as server:
-        done = run_snippet(block(MARKERS["openai"]), tmp_path, {
-            "http://127.0.0.1:8000/v1": f"{server.url}/v1",
-            "SmolLM2-135M-Instruct.Q4_1": tiny_gguf.name.removesuffix(".gguf"),
-        })
+        done = run_snippet(
+            block(MARKERS["openai"]),
+            tmp_path,
+            {
+                "http://127.0.0.1:8000/v1": f"{server.url}/v1",
+                "SmolLM2-135M-Instruct.Q4_1": tiny_gguf.name.removesuffix(".gguf"),
+            },
+        )
     assert done.returncode == 0, done.stderr
     assert "prompt_tokens" in done.stdout and "ttft_s" in done.stdout
 

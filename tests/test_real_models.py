@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference import ReferenceModel
 
-from gpu.model.catalogue import CATALOGUE
 from gpu.engine import OpenCLEngine
+from gpu.model.catalogue import CATALOGUE
 from gpu.model.fetch import cached
 from gpu.model.load import Model, load_model
-from reference import ReferenceModel
 from gpu.model.tokenizer import Tokenizer, bytes_to_unicode
 from runtime.scheduling.work import Work
 
@@ -59,8 +59,8 @@ def greedy_tokens(engine: OpenCLEngine, prompts: list[list[int]], n_new: int = 3
                                       for i, p in enumerate(prompts)])]  # fmt: skip
     while len(outs[0]) < n_new:
         batch = [Work(turn=i, tokens=[o[-1]], start=len(p) + len(o) - 1, block_table=tables[i], sample=True)
-                 for i, (p, o) in enumerate(zip(prompts, outs))]  # fmt: skip
-        for o, t in zip(outs, engine.step(batch)):
+                 for i, (p, o) in enumerate(zip(prompts, outs, strict=False))]  # fmt: skip
+        for o, t in zip(outs, engine.step(batch), strict=False):
             o.append(t)
     return outs
 
@@ -70,7 +70,7 @@ def assert_reference_agrees(model: Model, tokenizer: Tokenizer, prompts: list[li
     at every position equal to the engine's next token is the same as its own greedy run
     producing them (each step would see exactly the prefix the engine saw), at one pass's cost."""
     reference = ReferenceModel(model)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=False):
         logits = reference.forward(prompt + out[:-1], 0, reference.new_cache())
         want = np.argmax(logits[len(prompt) - 1 :], axis=-1).tolist()
         assert out == want, tokenizer.decode(out)
@@ -125,8 +125,24 @@ def test_qwen_chat_prompt_ids(qwen: Model, qwen_tokenizer: Tokenizer) -> None:
     start, end = 151644, 151645  # <|im_start|>, <|im_end|>
     cases = {
         # "  #": a run of spaces leaves its last to the punctuation; "\tdef": one leading non-letter
-        "x = 10  # π\n\n\tdef f(a):\n    return a": ["x", " =", " ", "1", "0", " ", " #", " π", "\n\n", "\tdef",
-                                                    " f", "(a", "):\n", "   ", " return", " a"],  # fmt: skip
+        "x = 10  # π\n\n\tdef f(a):\n    return a": [
+            "x",
+            " =",
+            " ",
+            "1",
+            "0",
+            " ",
+            " #",
+            " π",
+            "\n\n",
+            "\tdef",
+            " f",
+            "(a",
+            "):\n",
+            "   ",
+            " return",
+            " a",
+        ],  # fmt: skip
         "Hi über café — 2024!": ["Hi", " über", " café", " —", " ", "2", "0", "2", "4", "!"],
         "tabs\t\tand   spaces😀": ["tabs", "\t", "\tand", "  ", " spaces", "😀"],
     }
@@ -145,7 +161,7 @@ def test_smollm2_chat_prompt_ids(smollm2_model: Model, smollm2_tokenizer: Tokeni
     got = smollm2_tokenizer.chat([{"role": "user", "content": "add(12, 3)\n  return x"}])
     want = ids_of(smollm2_model, [1, "user", "\n", "add", "(", "1", "2", ",", " ", "3", ")", "\n ", " return", " x",
                                   2, "\n", 1, "ass", "istant", "\n"])  # fmt: skip
-    assert got[-len(want):] == want
+    assert got[-len(want) :] == want
 
 
 def test_gemma3_prompt_ids() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from reference import ReferenceModel, attention, rope
 
 from gpu.model.load import Model, load_model
-from reference import ReferenceModel, attention, rope
 from gpu.model.synthetic import write_tiny_gguf
 from gpu.model.tokenizer import Tokenizer
 from runtime.scheduling.work import GREEDY, Sampling
@@ -85,9 +85,7 @@ def test_tiny_chunked_prefill_equals_token_by_token(tiny_model: Model) -> None:
     one_by_one_cache = ref.new_cache()
     one_by_one = np.concatenate([ref.forward([t], i, one_by_one_cache) for i, t in enumerate(tokens)])
     chunks_cache = ref.new_cache()
-    chunks = np.concatenate(
-        [ref.forward(tokens[a:b], a, chunks_cache) for a, b in [(0, 5), (5, 6), (6, 30), (30, 37)]]
-    )
+    chunks = np.concatenate([ref.forward(tokens[a:b], a, chunks_cache) for a, b in [(0, 5), (5, 6), (6, 30), (30, 37)]])
     assert_close(one_by_one, whole)
     assert_close(chunks, whole)
     for layer in range(tiny_model.config.n_layers):

@@ -12,7 +12,10 @@ import pytest
 
 from swarm.coding.sandbox import Limits, Sandbox, detect_sandbox, process_cap
 
-KINDS = ["rlimit", pytest.param("bwrap", marks=pytest.mark.skipif(detect_sandbox() != "bwrap", reason="bubblewrap missing or without namespaces here"))]
+KINDS = [
+    "rlimit",
+    pytest.param("bwrap", marks=pytest.mark.skipif(detect_sandbox() != "bwrap", reason="bubblewrap missing or without namespaces here")),
+]
 bwrap_only = pytest.mark.skipif(detect_sandbox() != "bwrap", reason="only bubblewrap stops writes and sockets")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.scheduling.blocks import BlockPool
 from runtime.errors import ConfigError
 from runtime.events.kinds import Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Recomputed, Resumed, SwappedIn, SwappedOut
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import PROGRESS_S, Scheduler
 from runtime.scheduling.timing import TimingEngine, TimingModel
@@ -330,7 +330,7 @@ def test_a_running_turns_progress_is_told_once_a_second_of_swarm_clock():
     mine = [e for e in told if e.turn == long.id]
     # Told at its first token, then every 32 steps; its end tells the rest.
     assert [e.tokens for e in mine] == [1, 33, 65, 97] and [e.step for e in mine] == [1, 33, 65, 97]
-    assert [b.t - a.t for a, b in zip(mine, mine[1:])] == [PROGRESS_S] * 3
+    assert [b.t - a.t for a, b in zip(mine, mine[1:], strict=False)] == [PROGRESS_S] * 3
     # The short turn ended at token 30: told once, its end counts the rest.
     assert [e.tokens for e in told if e.turn == short.id] == [1]
     assert {e.turn: e.tokens for e in rig.named(Ended)} == {long.id: 100, short.id: 30}

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from runtime.events.kinds import Ended, Event, Preempted
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import StepCost, step_features
-from runtime.events.kinds import Ended, Event, Preempted
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import Copy, Policy, SchedulerConfig, Status, SwapIn, SwapOut
@@ -54,7 +54,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.blocks = 12 if tight else 400
         self.events: list[Event] = []
         self.sched = Scheduler(
-            SchedulerConfig(slots=slots, policy=policy, step_tokens=max(slots, step_tokens), aging_s=0.5, swap_blocks=swap_blocks, slack=slack, prefix_cache=prefix_cache),
+            SchedulerConfig(
+                slots=slots,
+                policy=policy,
+                step_tokens=max(slots, step_tokens),
+                aging_s=0.5,
+                swap_blocks=swap_blocks,
+                slack=slack,
+                prefix_cache=prefix_cache,
+            ),
             BlockPool(self.blocks, 4),
             eos_token_ids=[EOS],
             emit=self.events.append,
@@ -71,13 +79,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit(self, agent, prompt, cut, max_tokens):
         self.submitted.append(self.sched.submit(agent, AGENTS[agent], prompt[:cut], max_tokens, self.now))
 
-    @rule(agents=st.lists(st.sampled_from(sorted(AGENTS)), min_size=2, max_size=3), tails=st.lists(st.integers(0, 4), min_size=3, max_size=3))
+    @rule(
+        agents=st.lists(st.sampled_from(sorted(AGENTS)), min_size=2, max_size=3), tails=st.lists(st.integers(0, 4), min_size=3, max_size=3)
+    )
     def submit_together(self, agents, tails):
         """Turns that arrive at once with a prefix nothing has computed yet (as
         agents sharing a system prompt do): one computes it, the others wait a step
         for its blocks."""
         self.fresh = getattr(self, "fresh", 100) % 250 + 1
-        for agent, tail in zip(agents, tails):
+        for agent, tail in zip(agents, tails, strict=False):
             prompt = [self.fresh] * 8 + [4] * tail
             self.submitted.append(self.sched.submit(agent, AGENTS[agent], prompt, 3, self.now))
 
@@ -94,7 +104,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.check_shaping(plan)
         assert len({w.turn for w in plan.works}) == len(plan.works)
         self.run_on_shadow(plan)
-        tokens = [(EOS if i < len(eos) and eos[i] else greedy(t.prompt + t.output)) if w.sample else None for i, (w, t) in enumerate(zip(plan.works, plan.turns))]
+        tokens = [
+            (EOS if i < len(eos) and eos[i] else greedy(t.prompt + t.output)) if w.sample else None
+            for i, (w, t) in enumerate(zip(plan.works, plan.turns, strict=False))
+        ]
         self.now += 0.1
         self.sched.postprocess(plan, tokens, self.now)
 
@@ -107,7 +120,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif isinstance(move, SwapIn):
                 copies = self.host.pop(move.turn)
                 assert len(copies) == len(move.blocks)
-                for block, copy in zip(move.blocks, copies):
+                for block, copy in zip(move.blocks, copies, strict=False):
                     self.kv[block] = dict(copy)
             elif isinstance(move, Copy):
                 # Its target is its turn's own block at this point of the plan: the
@@ -116,14 +129,18 @@ class SchedulerMachine(RuleBasedStateMachine):
                 # the block may be another's by the step, which writes it first).
                 turn = self.sched.turns[move.turn]
                 if move.target in turn.blocks:
-                    assert self.sched.pool.refs(move.target) == 1 and not self.sched.pool.is_cached(move.target), "copied into a shared block"
+                    assert self.sched.pool.refs(move.target) == 1 and not self.sched.pool.is_cached(move.target), (
+                        "copied into a shared block"
+                    )
                 else:
-                    assert any(isinstance(m, SwapOut) and m.turn == move.turn and move.target in m.blocks for m in plan.moves[i + 1 :]), "copied into a block its turn let go"
+                    assert any(isinstance(m, SwapOut) and m.turn == move.turn and move.target in m.blocks for m in plan.moves[i + 1 :]), (
+                        "copied into a block its turn let go"
+                    )
                 self.kv[move.target] = dict(self.kv.get(move.source, {}))
                 self.copies += 1
             else:
                 self.host.pop(move.turn, None)
-        for work, turn in zip(plan.works, plan.turns):
+        for work, turn in zip(plan.works, plan.turns, strict=False):
             sequence = turn.prompt + turn.output
             assert work.tokens, "a step item must compute at least one token"
             for p in range(work.start):  # what attention reads: K/V depends on the position too
@@ -160,8 +177,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         top = max(levels, default=0)
         if not sched.policy.preempts or top <= 0:
             return
-        mine = [w for w, t in zip(plan.works, plan.turns) if sched.priorities.unaged(t) >= top]
-        theirs = [w for w, t in zip(plan.works, plan.turns) if sched.priorities.unaged(t) < top]
+        mine = [w for w, t in zip(plan.works, plan.turns, strict=False) if sched.priorities.unaged(t) >= top]
+        theirs = [w for w, t in zip(plan.works, plan.turns, strict=False) if sched.priorities.unaged(t) < top]
         if not mine:
             return  # nothing protected could run (memory): the step is unshaped
         assert sum(len(w.tokens) for w in theirs if len(w.tokens) > 1) <= sched.config.step_tokens
@@ -254,5 +271,5 @@ def test_without_a_protected_turn_shaping_changes_nothing(moves, policy):
         plans = [sched.schedule(now) for sched in twins]
         assert [(w.turn, w.tokens, w.start) for w in plans[0].works] == [(w.turn, w.tokens, w.start) for w in plans[1].works]
         now += 0.1
-        for sched, plan in zip(twins, plans):
+        for sched, plan in zip(twins, plans, strict=False):
             sched.postprocess(plan, [7 if w.sample else None for w in plan.works], now)

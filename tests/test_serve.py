@@ -10,17 +10,18 @@ import concurrent.futures
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import SSE, ServerProcess
 
 from runtime.events.kinds import Cancelled, Ended, Finished, Queued
-from serve_helpers import SSE, ServerProcess
 
 MODEL = "tiny-serve"
 FG = {"X-Swarm-Priority": "foreground"}
@@ -76,14 +77,21 @@ def test_a_streamed_chat_says_what_the_whole_one_says(client: openai.OpenAI) -> 
 def test_text_completions_stream_and_not(client: openai.OpenAI) -> None:
     whole = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     assert whole.object == "text_completion" and whole.usage.completion_tokens == 6
-    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="def f(x):", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert streamed == whole.choices[0].text
     ids = client.completions.create(model=MODEL, prompt=[40, 41, 42], max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
     assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 3
 
 
 def test_seeded_sampling_repeats_and_stop_strings_cut_the_text(client: openai.OpenAI) -> None:
-    kw: dict[str, Any] = dict(model=MODEL, messages=chat("sample"), max_tokens=20, temperature=1.0, top_p=0.9, seed=7, extra_body={"ignore_eos": True})
+    kw: dict[str, Any] = dict(
+        model=MODEL, messages=chat("sample"), max_tokens=20, temperature=1.0, top_p=0.9, seed=7, extra_body={"ignore_eos": True}
+    )
     a = client.chat.completions.create(**kw).choices[0].message.content
     assert client.chat.completions.create(**kw).choices[0].message.content == a
     stop = a[3:5]  # a stop string taken from the middle of the text: the text ends before it
@@ -96,11 +104,23 @@ def test_seeded_sampling_repeats_and_stop_strings_cut_the_text(client: openai.Op
 
 def test_concurrent_callers_each_get_their_own_answer(client: openai.OpenAI, server: ServerProcess) -> None:
     prompts = [f"caller {i}" for i in range(6)]
-    alone = {p: client.chat.completions.create(model=MODEL, messages=chat(p), max_tokens=10, temperature=0, extra_body={"ignore_eos": True}).choices[0].message.content for p in prompts}
+    alone = {
+        p: client.chat.completions.create(model=MODEL, messages=chat(p), max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+        .choices[0]
+        .message.content
+        for p in prompts
+    }
 
     def call(p: str) -> tuple[str, str]:
-        stream = client.chat.completions.create(model=MODEL, messages=chat(p), max_tokens=10, temperature=0, stream=True,
-                                                extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": f"agent-{p[-1]}"})
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=chat(p),
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Swarm-Agent": f"agent-{p[-1]}"},
+        )
         return p, "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -164,7 +184,13 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
         ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, {}, 400, None, "stop"),
         ({**GOOD, "messages": []}, {}, 400, None, "messages"),
         ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, {}, 400, None, "messages[0].role"),
-        ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, {}, 400, None, "messages[0].content"),
+        (
+            {**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {},
+            400,
+            None,
+            "messages[0].content",
+        ),
         ({**GOOD, "priority": "high"}, {}, 400, None, "priority"),
         ({**GOOD, "priority": 10**9}, {}, 400, "invalid_priority", "priority"),
         (GOOD, {"X-Swarm-Priority": "urgent"}, 400, "invalid_priority", "X-Swarm-Priority"),
@@ -176,13 +202,27 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
         ({**GOOD, "messages": [{"role": "user", "content": "x " * 5000}]}, {}, 400, "context_length_exceeded", "messages"),
         ({**GOOD, "model": "gpt-4"}, {}, 404, "model_not_found", "model"),
         ({**GOOD, "stream_options": {"include_usage": True}}, {}, 400, None, "stream_options"),
-        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": ' + b"[" * 1000 + b"]" * 1000 + b"}]}", {}, 400, "invalid_json", None,
-                     id="content-nested-1000-deep"),
-        pytest.param(b'{"model": "tiny-serve", "messages": [{"role": "user", "content": [' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"]}]}", {}, 400, "invalid_json", None,
-                     id="content-part-nested-5000-deep"),
+        pytest.param(
+            b'{"model": "tiny-serve", "messages": [{"role": "user", "content": ' + b"[" * 1000 + b"]" * 1000 + b"}]}",
+            {},
+            400,
+            "invalid_json",
+            None,
+            id="content-nested-1000-deep",
+        ),
+        pytest.param(
+            b'{"model": "tiny-serve", "messages": [{"role": "user", "content": [' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"]}]}",
+            {},
+            400,
+            "invalid_json",
+            None,
+            id="content-part-nested-5000-deep",
+        ),
     ],
 )
-def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, body: Any, headers: dict[str, str], status: int, code: str | None, param: str | None) -> None:
+def test_bad_chat_requests_get_an_openai_error_object(
+    server: ServerProcess, body: Any, headers: dict[str, str], status: int, code: str | None, param: str | None
+) -> None:
     got, _, data = server.request("POST", "/v1/chat/completions", body, headers)
     assert got == status, data
     error = error_of(got, data)
@@ -192,8 +232,13 @@ def test_bad_chat_requests_get_an_openai_error_object(server: ServerProcess, bod
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [({"model": MODEL, "prompt": [[1], [2]]}, "prompt"), ({"model": MODEL, "prompt": [10**6]}, "prompt"), ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
-     ({"model": MODEL, "prompt": ""}, "prompt"), ({"model": MODEL}, None)],
+    [
+        ({"model": MODEL, "prompt": [[1], [2]]}, "prompt"),
+        ({"model": MODEL, "prompt": [10**6]}, "prompt"),
+        ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
+        ({"model": MODEL, "prompt": ""}, "prompt"),
+        ({"model": MODEL}, None),
+    ],
 )
 def test_bad_text_completions_are_400(server: ServerProcess, body: Any, param: str | None) -> None:
     status, _, data = server.request("POST", "/v1/completions", body)
@@ -208,8 +253,24 @@ def test_a_deeply_nested_prompt_is_a_400_too(server: ServerProcess) -> None:
 
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
 JSON = SCALAR | st.lists(SCALAR, max_size=3) | st.dictionaries(st.text(max_size=6), SCALAR, max_size=3)
-FIELDS = ("messages", "prompt", "stream", "stream_options", "temperature", "top_p", "seed", "stop", "n", "user", "priority",
-          "ignore_eos", "logprobs", "frequency_penalty", "tools", "max_completion_tokens")
+FIELDS = (
+    "messages",
+    "prompt",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "user",
+    "priority",
+    "ignore_eos",
+    "logprobs",
+    "frequency_penalty",
+    "tools",
+    "max_completion_tokens",
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,8 +280,11 @@ FIELDS = ("messages", "prompt", "stream", "stream_options", "temperature", "top_
         {"model": st.sampled_from([MODEL, "other"]), "max_tokens": st.integers(-2, 3) | JSON},  # at most 3 tokens if accepted
         optional={name: JSON | st.just([{"role": "user", "content": "hi"}]) | st.just("hi") for name in FIELDS},
     ),
-    headers=st.dictionaries(st.sampled_from(["X-Swarm-Priority", "X-Swarm-Agent", "X-Swarm-Waits-On"]),
-                            st.sampled_from(["foreground", "background", "7", "-1", "x y", "", "helper"]), max_size=2),
+    headers=st.dictionaries(
+        st.sampled_from(["X-Swarm-Priority", "X-Swarm-Agent", "X-Swarm-Waits-On"]),
+        st.sampled_from(["foreground", "background", "7", "-1", "x y", "", "helper"]),
+        max_size=2,
+    ),
 )
 def test_no_request_body_gets_a_500(server: ServerProcess, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
     status, _, data = server.request("POST", path, body, headers)
@@ -247,7 +311,7 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_turn(server: ServerProces
     body = {**GOOD, "max_tokens": LONG, "ignore_eos": True, "stream": True}
     stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": "quitter"})
     assert stream.status == 200
-    for i, _ in zip(range(3), stream.chunks()):
+    for i, _ in zip(range(3), stream.chunks(), strict=False):
         pass
     stream.hang_up()
     ended = server.wait_for_event(lambda e: isinstance(e, Ended) and e.agent == "quitter")
@@ -274,7 +338,9 @@ def scrape(server: ServerProcess) -> dict[str, float]:
 
 def test_metrics_parse_and_add_up(server: ServerProcess, client: openai.OpenAI) -> None:
     assert server.request("POST", "/v1/chat/completions", b"{")[0] == 400
-    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=4, temperature=0, extra_body={"ignore_eos": True}, extra_headers=FG)
+    client.chat.completions.create(
+        model=MODEL, messages=chat(), max_tokens=4, temperature=0, extra_body={"ignore_eos": True}, extra_headers=FG
+    )
     m = scrape(server)
     assert m["slotswarm_slots"] == 2
     assert m["slotswarm_running_turns"] == m["slotswarm_slots_in_use"] <= 2
@@ -297,7 +363,9 @@ def test_a_repeated_prompt_says_how_much_of_it_the_prefix_cache_served(client: o
     again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
     cached = [reply.usage.prompt_tokens_details.cached_tokens for reply in (first, again)]
     assert cached[1] > cached[0] and cached[1] <= again.usage.prompt_tokens
-    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     usage = [chunk.usage for chunk in stream if chunk.usage][-1]
     assert usage.prompt_tokens_details.cached_tokens == cached[1]
 

@@ -60,8 +60,13 @@ async def test_an_in_process_agent_lends_its_priority_to_an_http_caller(engine: 
         lead = await swarm.spawn(Lead("lead", on="aider"))
         await lead.waiting.wait()
         async with openai.AsyncOpenAI(base_url=handle.url + "/v1", api_key="-", max_retries=0) as client:
-            reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
-                                                         extra_headers={"X-Swarm-Agent": "aider"})  # background by default
+            reply = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+                temperature=0,
+                extra_headers={"X-Swarm-Agent": "aider"},
+            )  # background by default
         assert reply.usage.completion_tokens >= 1
         lead.done.set()
         await swarm.join(lead)
@@ -83,8 +88,13 @@ async def test_an_http_caller_waiting_on_an_in_process_agent_lends_it_its_priori
         async with openai.AsyncOpenAI(base_url=handle.url + "/v1", api_key="-", max_retries=0) as client:
             # While this foreground caller's request runs, it declares it waits on the helper.
             stream = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=200, temperature=0, stream=True,
-                extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": "human", "X-Swarm-Priority": "foreground", "X-Swarm-Waits-On": "helper"},
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Swarm-Agent": "human", "X-Swarm-Priority": "foreground", "X-Swarm-Waits-On": "helper"},
             )
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -96,8 +106,12 @@ async def test_an_http_caller_waiting_on_an_in_process_agent_lends_it_its_priori
                     await anyio.sleep(0.01)
             # A caller may not wait on an agent that waits on it: the cycle is a clear 400.
             with helper.waiting_on("human2"), pytest.raises(openai.BadRequestError, match="cycle"):
-                await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                                     extra_headers={"X-Swarm-Agent": "human2", "X-Swarm-Waits-On": "helper"})
+                await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=2,
+                    extra_headers={"X-Swarm-Agent": "human2", "X-Swarm-Waits-On": "helper"},
+                )
         handle.shutdown()
     seen = [e async for e in log if isinstance(e, Event)]
     assert [(e.agent, e.priority, e.by_agent) for e in events_of(seen, Inherited)] == [("helper", FOREGROUND, "human")]

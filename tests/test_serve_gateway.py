@@ -10,16 +10,17 @@ import json
 import os
 import stat
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import httpx
 import pytest
+from kv_engine import KVEngine
 
 from gpu.model.load import load_model
 from gpu.model.tokenizer import Tokenizer
-from kv_engine import KVEngine
 from swarm import Swarm
 from swarm.server import ServerHandle, serve
 from swarm.server.gateway import Gateway
@@ -41,7 +42,9 @@ def kv_engine(tokenizer: Any, engine_class: type[KVEngine] = KVEngine) -> KVEngi
 
 
 async def started(swarm: Swarm, tg: Any, **options: Any) -> ServerHandle:
-    return await tg.start(lambda task_status: serve(swarm, model_id=MODEL, port=0, handle_signals=False, task_status=task_status, **options))
+    return await tg.start(
+        lambda task_status: serve(swarm, model_id=MODEL, port=0, handle_signals=False, task_status=task_status, **options)
+    )
 
 
 def chat(content: str, **fields: Any) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def chat(content: str, **fields: Any) -> dict[str, Any]:
 async def data_lines(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     async for line in response.aiter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[len("data: "):])
+            yield json.loads(line[len("data: ") :])
 
 
 # ------------------------------------------------------------------ big bodies
@@ -178,7 +181,7 @@ async def test_ten_thousand_callers_come_and_go_and_leave_nothing_behind(tokeniz
 
 @pytest.mark.asyncio
 async def test_a_caller_an_agent_waits_on_leaves_nothing_once_the_wait_ends(tokenizer: Tokenizer) -> None:
-    from swarm import Agent, FOREGROUND
+    from swarm import FOREGROUND, Agent
 
     engine = kv_engine(tokenizer)
     async with Swarm(engine, slots=2) as swarm:
@@ -227,6 +230,7 @@ async def test_max_queue_counts_only_requests_that_will_wait_for_a_slot(tokenize
     async with Swarm(engine, slots=3) as swarm, anyio.create_task_group() as tg:
         handle = await started(swarm, tg, max_queue=1)
         async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:
+
             def stream(agent: str) -> Any:
                 body = chat("hi", max_tokens=3000, ignore_eos=True, stream=True)
                 return http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Swarm-Agent": agent})
@@ -297,7 +301,11 @@ async def test_careless_tool_requests_are_one_400_each_and_the_server_goes_on(to
                 (chat("hi", tools=[tool(i) for i in range(3000)]), "tools", "at most 128"),
                 ({**chat("hi", max_tokens=2), "messages": called}, "messages", "arguments must be the JSON text of an object"),
                 (chat("hi", response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format.json_schema", "needs"),
-                (chat("hi", tools=[tool(1)], tool_choice={"type": "function", "function": {"name": "tool_2"}}), "tool_choice", "not one of the tools"),
+                (
+                    chat("hi", tools=[tool(1)], tool_choice={"type": "function", "function": {"name": "tool_2"}}),
+                    "tool_choice",
+                    "not one of the tools",
+                ),
             ]:
                 reply = await http.post("/v1/chat/completions", json=body)
                 error = reply.json()["error"]
@@ -325,7 +333,10 @@ async def test_a_requests_tool_grammar_is_written_off_the_loop(tokenizer: Tokeni
         tool_format = Noting(**{k: getattr(HERMES, k) for k in HERMES.__dataclass_fields__})
 
     engine = kv_engine(NotingTokenizer(tokenizer, big=10**9))
-    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(16)]
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+        for i in range(16)
+    ]
     async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
         handle = await started(swarm, tg)
         async with httpx.AsyncClient(base_url=handle.url, timeout=120) as http:

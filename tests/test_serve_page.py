@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import anyio
 import pytest
-
+from browser import wait_for
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
+from test_watch import Foreground, on_page
 
-from browser import wait_for
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.timing import TimingEngine
 from swarm import Swarm
 from swarm.viewers.watch import trusted_hosts
-from test_watch import Foreground, on_page
 
 KEY = "sekrit"
 
@@ -29,7 +28,9 @@ async def test_the_guarded_page_opens_with_the_key_once_and_follows_the_swarm(br
 
     with anyio.fail_after(120):
         async with Swarm(TimingEngine(realtime=True), slots=2) as swarm, anyio.create_task_group() as tg:
-            handle = await tg.start(lambda task_status: serve(swarm, model_id="timing", port=0, api_key=KEY, handle_signals=False, task_status=task_status))
+            handle = await tg.start(
+                lambda task_status: serve(swarm, model_id="timing", port=0, api_key=KEY, handle_signals=False, task_status=task_status)
+            )
             await on_page(browser.get, handle.url + "/")
             refused = await on_page(wait_for, browser, "document.body && document.body.innerText")
             assert "invalid API key" in refused and "swarmState" not in refused
@@ -45,9 +46,13 @@ async def test_the_guarded_page_opens_with_the_key_once_and_follows_the_swarm(br
 @pytest.mark.parametrize(
     ("listening", "host", "served"),
     [
-        ("127.0.0.1", "127.0.0.1:8000", True), ("127.0.0.1", "localhost:8000", True), ("127.0.0.1", "evil.example:8000", False),
-        ("::1", "[::1]:8000", True), ("::1", "evil.example", False),
-        ("192.168.1.5", "192.168.1.5:8000", True), ("192.168.1.5", "evil.example:8000", False),
+        ("127.0.0.1", "127.0.0.1:8000", True),
+        ("127.0.0.1", "localhost:8000", True),
+        ("127.0.0.1", "evil.example:8000", False),
+        ("::1", "[::1]:8000", True),
+        ("::1", "evil.example", False),
+        ("192.168.1.5", "192.168.1.5:8000", True),
+        ("192.168.1.5", "evil.example:8000", False),
         ("0.0.0.0", "build-box.lan:8000", True),  # every address: any name (the key guards it)
     ],
 )

@@ -5,14 +5,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import openai
 import pytest
-
-from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Finished, Inherited, Preempted, Queued, Restored, Resumed, SwarmStarted, SwarmStopped
 from serve_helpers import SSE, EventWatcher, ServerProcess
+
+from runtime.events.kinds import (
+    Admitted,
+    Cancelled,
+    Ended,
+    Event,
+    Finished,
+    Inherited,
+    Preempted,
+    Queued,
+    Restored,
+    Resumed,
+    SwarmStarted,
+    SwarmStopped,
+)
 
 MODEL = "tiny-serve"
 KEY = "sekrit"
@@ -50,23 +63,32 @@ def test_a_foreground_request_preempts_a_background_stream(server: ServerProcess
     watcher = EventWatcher(server, headers=AUTH)
     try:
         stream = client.chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=LONG, temperature=0, stream=True,
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=LONG,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True, "continuous_usage_stats": True},  # usage in every chunk (vLLM's option)
-            extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": "bg"},
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Swarm-Agent": "bg"},
         )
         chunks = iter(stream)
         first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
         assert first.usage.preemptions == 0  # it holds the one slot now
 
         fg = client.chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=4, temperature=0, extra_body={"ignore_eos": True},
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=4,
+            temperature=0,
+            extra_body={"ignore_eos": True},
             extra_headers={"X-Swarm-Agent": "fg", "X-Swarm-Priority": "foreground"},
         )
         assert fg.usage.completion_tokens == 4 and fg.usage.preemptions == 0
         assert fg.usage.model_dump()["waited_s"] < 60  # it did not wait for the 3000-token turn
 
         # The background stream goes on where it was; its usage says it was paused.
-        resumed = next(c for _, c in zip(range(LONG), chunks) if c.usage and c.usage.model_dump()["preemptions"])
+        resumed = next(c for _, c in zip(range(LONG), chunks, strict=False) if c.usage and c.usage.model_dump()["preemptions"])
         usage = resumed.usage.model_dump()
         assert usage["preemptions"] == 1 and usage["paused_s"] > 0
         stream.close()
@@ -91,7 +113,9 @@ def test_past_max_queue_background_gets_429_and_foreground_still_gets_in(server:
     status, headers, data = server.request("POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "hog3"})
     assert status == 429 and int(headers["retry-after"]) >= 1
     assert json.loads(data)["error"]["type"] == "rate_limit_error"
-    status, _, data = server.request("POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "boss", "X-Swarm-Priority": "foreground"})
+    status, _, data = server.request(
+        "POST", "/v1/chat/completions", body, {**AUTH, "X-Swarm-Agent": "boss", "X-Swarm-Priority": "foreground"}
+    )
     assert status == 200 and json.loads(data)["usage"]["completion_tokens"] >= 1
     first.hang_up()
     second.hang_up()
@@ -199,10 +223,14 @@ def test_shutdown_past_the_grace_cancels_the_rest_each_once(serve_gguf: Path, tm
         assert server.proc.wait(60) == 0
         watcher.close()
     # A viewer watching the events sees the cancellations before its stream ends.
-    assert {(e.agent, e.reason) for e in watcher.events if isinstance(e, Cancelled)} == {("queued", "server shutting down"), ("runner", "server shutting down")}
+    assert {(e.agent, e.reason) for e in watcher.events if isinstance(e, Cancelled)} == {
+        ("queued", "server shutting down"),
+        ("runner", "server shutting down"),
+    }
     ends = one_terminal_each(server.events())
     assert sorted((e.agent, type(e), e.reason) for e in ends.values()) == [
-        ("queued", Cancelled, "server shutting down"), ("runner", Cancelled, "server shutting down"),
+        ("queued", Cancelled, "server shutting down"),
+        ("runner", Cancelled, "server shutting down"),
     ]
 
 

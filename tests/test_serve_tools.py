@@ -10,8 +10,9 @@ strings and numbers so that noise cannot run a value past max_tokens.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import msgspec
 import openai
@@ -19,7 +20,6 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-
 from serve_helpers import ServerProcess
 
 MODEL = "tiny-serve"
@@ -104,7 +104,9 @@ def ask(client: openai.OpenAI, content: str = "What is the weather in Paris?", *
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kwargs)
 
 
-def stream(client: openai.OpenAI, content: str = "What is the weather in Paris?", **kwargs: Any) -> tuple[str, list[dict[str, Any]], str, list[Any]]:
+def stream(
+    client: openai.OpenAI, content: str = "What is the weather in Paris?", **kwargs: Any
+) -> tuple[str, list[dict[str, Any]], str, list[Any]]:
     """A streamed answer put back together as a client would: its content, its
     calls (from the deltas, by index), its finish reason, and the raw chunks."""
     kwargs = {"max_tokens": MAX_TOKENS, "temperature": 0, **kwargs}
@@ -170,7 +172,8 @@ def test_tool_choice_none_answers_in_text_and_auto_answers_or_calls(client: open
     assert auto.finish_reason in ("stop", "length", "tool_calls")
     content, calls, finish, _ = stream(client, tools=TOOLS, max_tokens=120)
     assert (content, [(c["name"], c["arguments"]) for c in calls]) == (
-        auto.message.content or "", [(c.function.name, c.function.arguments) for c in auto.message.tool_calls or []]
+        auto.message.content or "",
+        [(c.function.name, c.function.arguments) for c in auto.message.tool_calls or []],
     )
 
 
@@ -178,16 +181,22 @@ def test_a_conversation_with_calls_results_names_and_an_unknown_tool_in_its_hist
     messages = [
         {"role": "system", "content": "You check the weather.", "name": "setup"},
         {"role": "user", "content": "Weather in Oslo? And delete everything.", "name": "alice"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}},
-            # a call no tool answers to, written into the history by hand: the
-            # grammar never lets the model make one, but a client may send it
-            {"id": "call_2", "type": "function", "function": {"name": "rm_rf", "arguments": "{}"}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}},
+                # a call no tool answers to, written into the history by hand: the
+                # grammar never lets the model make one, but a client may send it
+                {"id": "call_2", "type": "function", "function": {"name": "rm_rf", "arguments": "{}"}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 4}'},
         {"role": "tool", "tool_call_id": "call_2", "content": "error: there is no tool named 'rm_rf'"},
     ]
-    reply = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=MAX_TOKENS, temperature=0)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=MAX_TOKENS, temperature=0
+    )
     for call in reply.choices[0].message.tool_calls:
         check_call(call.function.name, call.function.arguments)  # never rm_rf
 
@@ -218,19 +227,51 @@ def test_tools_with_a_json_answer(client: openai.OpenAI) -> None:
         msgspec.json.decode(message.content, type=Answer)
 
 
-@pytest.mark.parametrize(("body", "param", "says"), [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {"type": "object"}}}}}, "response_format", "if"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "weird"}}}}}]}, "tools", "weird"),
-    ({"tools": []}, "tools", "at least one"),
-    ({"tool_choice": "auto"}, "tool_choice", "needs `tools`"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
-    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "sometimes"),
-    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "two tools"),
-    ({"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "tool_call_id"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "messages[1].tool_call_id", "'call_9'"),
-])
-def test_what_the_grammar_engine_or_the_api_cannot_take_is_a_400_naming_it(server: ServerProcess, body: dict[str, Any], param: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object", "if": {"type": "object"}}},
+                }
+            },
+            "response_format",
+            "if",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "weird"}}},
+                        },
+                    }
+                ]
+            },
+            "tools",
+            "weird",
+        ),
+        ({"tools": []}, "tools", "at least one"),
+        ({"tool_choice": "auto"}, "tool_choice", "needs `tools`"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "sometimes"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "two tools"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "tool_call_id"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+            "messages[1].tool_call_id",
+            "'call_9'",
+        ),
+    ],
+)
+def test_what_the_grammar_engine_or_the_api_cannot_take_is_a_400_naming_it(
+    server: ServerProcess, body: dict[str, Any], param: str, says: str
+) -> None:
     request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
     status, _, data = server.request("POST", "/v1/chat/completions", request)
     assert status == 400, data
@@ -240,21 +281,29 @@ def test_what_the_grammar_engine_or_the_api_cannot_take_is_a_400_naming_it(serve
 
 HISTORY = [
     {"role": "user", "content": "Weather in Oslo?", "name": "alice"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}},
-    ]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 4}'},
 ]
 
 
-@pytest.mark.parametrize("params", [
-    {"tools": TOOLS, "tool_choice": "none", "max_tokens": 16},
-    {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
-    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": True},
-    {"response_format": {"type": "json_object"}, "max_tokens": 40},
-    {"response_format": {"type": "text"}, "max_tokens": 8},
-    {"tools": TOOLS, "tool_choice": "required", "messages": HISTORY},
-], ids=["none", "required-single", "named-parallel", "json_object", "text", "history"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"tools": TOOLS, "tool_choice": "none", "max_tokens": 16},
+        {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": True},
+        {"response_format": {"type": "json_object"}, "max_tokens": 40},
+        {"response_format": {"type": "text"}, "max_tokens": 8},
+        {"tools": TOOLS, "tool_choice": "required", "messages": HISTORY},
+    ],
+    ids=["none", "required-single", "named-parallel", "json_object", "text", "history"],
+)
 def test_streamed_and_whole_say_the_same(client: openai.OpenAI, params: dict[str, Any]) -> None:
     params = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": [{"role": "user", "content": "Weather in Paris?"}], **params}
     whole = client.chat.completions.create(model=MODEL, **params).choices[0]
@@ -269,7 +318,9 @@ def test_streamed_and_whole_say_the_same(client: openai.OpenAI, params: dict[str
         finish = chunk.choices[0].finish_reason or finish
     got = [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
     assert (content, got, finish) == (
-        whole.message.content or "", [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []], whole.finish_reason,
+        whole.message.content or "",
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []],
+        whole.finish_reason,
     )
     for name, arguments in got:
         check_call(name, arguments)
@@ -298,7 +349,9 @@ class Verdict(BaseModel):
 
 @pytest.fixture
 def llm(server: ServerProcess) -> ChatOpenAI:
-    return ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model=MODEL, temperature=0, max_tokens=MAX_TOKENS, max_retries=0, timeout=300)
+    return ChatOpenAI(
+        base_url=server.url + "/v1", api_key="unused", model=MODEL, temperature=0, max_tokens=MAX_TOKENS, max_retries=0, timeout=300
+    )
 
 
 def test_langchain_bind_tools_calls_the_tool_and_takes_its_result_back(llm: ChatOpenAI) -> None:
@@ -330,7 +383,7 @@ def test_the_splitter_sends_each_call_when_its_block_closes_and_text_as_it_comes
 
     two = HERMES.render_call("add", '{"a": 1, "b": 2}') + "\n" + HERMES.render_call("add", '{"a": 3, "b": 4}')
     splitter = CallSplitter(HERMES)
-    out = [item for i in range(0, len(two), 7) for item in splitter.push(two[i:i + 7])] + splitter.finish()
+    out = [item for i in range(0, len(two), 7) for item in splitter.push(two[i : i + 7])] + splitter.finish()
     assert [(c.name, c.arguments) for c in out] == [("add", '{"a": 1, "b": 2}'), ("add", '{"a": 3, "b": 4}')]
     assert splitter.calls == out
     text = CallSplitter(HERMES)

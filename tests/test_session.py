@@ -15,12 +15,23 @@ import anyio
 import pytest
 
 from runtime.errors import ConfigError
-from runtime.events.kinds import Admitted, AgentCrashed, Cancelled, Ended, Finished, Inherited, Queued, SwarmStarted, SwarmStopped, read_events
+from runtime.events.kinds import (
+    Admitted,
+    AgentCrashed,
+    Cancelled,
+    Ended,
+    Finished,
+    Inherited,
+    Queued,
+    SwarmStarted,
+    SwarmStopped,
+    read_events,
+)
 from swarm.cli import main
 from swarm.runner import SessionRunner
 from swarm.session import load_session, parse_session
-from swarm.toml_lines import find_line
 from swarm.summary import summarize
+from swarm.toml_lines import find_line
 
 SAMPLE = Path(__file__).parent.parent / "agents" / "sample_project"
 
@@ -120,16 +131,23 @@ def test_relative_paths_resolve_against_the_session_file(tmp_path: Path, workspa
     assert runner.workspace == workspace.resolve()
 
 
-@pytest.mark.parametrize("agent, line, says", [
-    ('class = "reveiwer"', 8, "unknown agent class 'reveiwer' (did you mean 'reviewer'?): use a built-in name (pair, refactorer, tester, docs, reviewer)"),
-    ('class = "no_such_module_xyz:Agent"', 8, "cannot import no_such_module_xyz: ModuleNotFoundError"),
-    ('class = "agents:Reveiwer"', 8, "module agents has no Reveiwer (did you mean 'Reviewer'?)"),
-    ('class = "reviewer"\noptions = { paralel = 2 }', 9, "unknown option 'paralel' (did you mean 'parallel'?); it takes log_text, "),
-    ('class = "reviewer"\noptions = { parallel = "two" }', 9, "option parallel = 'two': Expected `int`, got `str`"),
-    ('class = "reviewer"\noptions = { parallel = -1 }', 9, "parallel must be an int >= 1, got -1"),
-    ('class = "reviewer"\noptions = { max_tokens = 0 }', 9, "max_tokens must be an int >= 1, got 0"),
-    ('class = "reviewer"\n[agents.options]\nmax_tokens = true', 10, "option max_tokens = True: Expected `int`, got `bool`"),
-])
+@pytest.mark.parametrize(
+    "agent, line, says",
+    [
+        (
+            'class = "reveiwer"',
+            8,
+            "unknown agent class 'reveiwer' (did you mean 'reviewer'?): use a built-in name (pair, refactorer, tester, docs, reviewer)",
+        ),
+        ('class = "no_such_module_xyz:Agent"', 8, "cannot import no_such_module_xyz: ModuleNotFoundError"),
+        ('class = "agents:Reveiwer"', 8, "module agents has no Reveiwer (did you mean 'Reviewer'?)"),
+        ('class = "reviewer"\noptions = { paralel = 2 }', 9, "unknown option 'paralel' (did you mean 'parallel'?); it takes log_text, "),
+        ('class = "reviewer"\noptions = { parallel = "two" }', 9, "option parallel = 'two': Expected `int`, got `str`"),
+        ('class = "reviewer"\noptions = { parallel = -1 }', 9, "parallel must be an int >= 1, got -1"),
+        ('class = "reviewer"\noptions = { max_tokens = 0 }', 9, "max_tokens must be an int >= 1, got 0"),
+        ('class = "reviewer"\n[agents.options]\nmax_tokens = true', 10, "option max_tokens = True: Expected `int`, got `bool`"),
+    ],
+)
 def test_an_agent_that_cannot_be_built_exits_2_naming_its_line_and_the_choices(agent, line, says, tmp_path, workspace, capsys):
     """Never a warning and a session idling without the agent, nor a crash once it runs."""
     path = tmp_path / "s.toml"
@@ -141,7 +159,9 @@ def test_an_agent_that_cannot_be_built_exits_2_naming_its_line_and_the_choices(a
 
 
 def test_an_agent_class_of_a_session_built_in_code_is_refused_at_start(tmp_path: Path, workspace: Path):
-    session = parse_session('[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\noptions = { not_an_option = 1 }\n', where="s.toml", base=tmp_path)
+    session = parse_session(
+        '[[agents]]\nclass = "docs"\n[[agents]]\nclass = "reviewer"\noptions = { not_an_option = 1 }\n', where="s.toml", base=tmp_path
+    )
     session.workspace = str(workspace)
     with pytest.raises(ConfigError, match=r"s.toml, line 5: agents\[1\] \('reviewer', class 'reviewer'\): unknown option 'not_an_option'"):
         SessionRunner(session, out=tmp_path / "out")
@@ -196,7 +216,7 @@ async def test_a_question_the_duration_cut_short_says_so_and_why(tmp_path, works
     ]
 
 
-CRASHY = '''
+CRASHY = """
 from swarm import Agent
 
 class Crashy(Agent):
@@ -205,7 +225,7 @@ class Crashy(Agent):
             async for _ in turn:
                 if len(turn.tokens) == 5:
                     raise RuntimeError("crashy gives up")
-'''
+"""
 
 
 @pytest.mark.asyncio
@@ -248,8 +268,8 @@ async def test_a_crashing_agent_is_reported_its_turn_ended_and_the_session_goes_
     # Every foreground turn's feel, and its idle estimate from the engine's law.
     n = len(summary.fg_ttft_s)
     assert len(summary.fg_turn_s) == len(summary.idle_turn_s) == len(summary.idle_ttft_s) == n
-    assert all(t >= f for t, f in zip(summary.fg_turn_s, summary.fg_ttft_s))
-    assert all(0 < i <= t for i, t in zip(summary.idle_ttft_s, summary.idle_turn_s))
+    assert all(t >= f for t, f in zip(summary.fg_turn_s, summary.fg_ttft_s, strict=False))
+    assert all(0 < i <= t for i, t in zip(summary.idle_ttft_s, summary.idle_turn_s, strict=False))
     assert len(summary.fg_itl_s) == sum(r.tokens - 1 for a in runner.agents for r in getattr(a, "records", []) if r.priority >= 10)
 
 
@@ -257,12 +277,13 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
     monkeypatch.setenv("COLUMNS", "200")  # else rich may wrap a row label across lines
     before = tree_hash(workspace)
     path = tmp_path / "session.toml"
-    path.write_text(session_text(f"""
+    path.write_text(
+        session_text(f"""
         model = "{tiny_gguf}"
         slots = 4
         step_tokens = 32
         workspace = "ws"
-        out = "{tmp_path / 'swarm-out'}"
+        out = "{tmp_path / "swarm-out"}"
         duration = 60
         turns = 2
         interval = 0.2
@@ -278,7 +299,8 @@ def test_swarm_run_end_to_end_on_the_tiny_model(tmp_path, workspace, tiny_gguf, 
         [[agents]]
         class = "refactorer"
         options = {{ max_tokens = 8 }}
-    """))
+    """)
+    )
     assert main(["run", str(path)]) == 0
     out = capsys.readouterr().out
     assert "events:" in out and "swarm tail" in out and "time to first token" in out

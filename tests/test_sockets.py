@@ -12,8 +12,8 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.events.bus import EventBus
 from runtime.errors import ConfigError
+from runtime.events.bus import EventBus
 from runtime.events.kinds import Queued, SwarmStarted
 from runtime.events.stream import default_socket_dir, default_socket_path, live_sockets, serve_events
 from swarm.viewers import tail

@@ -34,7 +34,6 @@ async def test_steps_run_in_one_thread_in_order_and_return_or_raise() -> None:
     assert ran == [(i, "gpu-step") for i in range(4)]
 
 
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("settled_first", [True, False], ids=["settled-before-awaited-again", "settled-after"])
 async def test_a_cancelled_wait_leaves_the_job_to_be_awaited_again(settled_first: bool) -> None:

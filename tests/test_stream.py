@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import os
 import socket
-from functools import partial
 import stat
+from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from fake_session import Clock, emit_session
 
 from runtime.events.bus import EventBus
 from runtime.events.kinds import Dropped, Event, Queued, SwarmStarted, SwarmStopped
 from runtime.events.stream import RoomWaits, serve_events
 from swarm.viewers import tail
-from fake_session import Clock, emit_session
 
 STARTED = SwarmStarted(t=0.0, step=0, unix_time=1.7e9, slots=4, policy="preempt")
 

@@ -16,18 +16,36 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from fake_session import Clock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.errors import ConfigError
 from runtime.events.bus import EventBus
 from runtime.events.kinds import (
-    Admitted, Dropped, Ended, Event, Finished, Inherited, Preempted, Queued, Recomputed, Restored, Resumed, SwappedIn, SwappedOut, SwarmStarted,
-    SwarmStopped, TurnEvent, Unrecognized, decode, encode, read_events,
+    Admitted,
+    Dropped,
+    Ended,
+    Event,
+    Finished,
+    Inherited,
+    Preempted,
+    Queued,
+    Recomputed,
+    Restored,
+    Resumed,
+    SwappedIn,
+    SwappedOut,
+    SwarmStarted,
+    SwarmStopped,
+    TurnEvent,
+    Unrecognized,
+    decode,
+    encode,
+    read_events,
 )
-from fake_session import Clock
-from swarm.viewers import tail
 from swarm.cli import main
+from swarm.viewers import tail
 
 
 def test_session_is_coherent(events_file: Path) -> None:
@@ -213,16 +231,28 @@ def test_source_kinds(events_file: Path, tmp_path: Path) -> None:
 # or not, and kinds newer than this version.
 _t = st.floats(0, 1e6, allow_nan=False)
 _step = st.integers(0, 2**40)
-_turn = dict(t=_t, step=_step, turn=st.integers(0, 10**6), agent=st.text(min_size=1, max_size=12),
-             priority=st.integers(-100, 100), slot=st.none() | st.integers(0, 255))
+_turn = dict(
+    t=_t,
+    step=_step,
+    turn=st.integers(0, 10**6),
+    agent=st.text(min_size=1, max_size=12),
+    priority=st.integers(-100, 100),
+    slot=st.none() | st.integers(0, 255),
+)
 events_strategy = st.one_of(
     st.builds(Queued, **_turn, tokens=st.integers(0, 4096)),
     st.builds(Admitted, **_turn, waited_s=st.none() | _t),
-    st.builds(Preempted, **_turn, tokens=st.integers(0, 4096), by_agent=st.none() | st.text(max_size=12),
-              reason=st.none() | st.text(max_size=20)),
+    st.builds(
+        Preempted, **_turn, tokens=st.integers(0, 4096), by_agent=st.none() | st.text(max_size=12), reason=st.none() | st.text(max_size=20)
+    ),
     st.builds(SwappedIn, **_turn, blocks=st.integers(0, 100)),
-    st.builds(Unrecognized, st.just("x.new"), _t, _step,
-              st.dictionaries(st.sampled_from(["slot", "reason"]), st.integers(0, 255) | st.text(max_size=20))),
+    st.builds(
+        Unrecognized,
+        st.just("x.new"),
+        _t,
+        _step,
+        st.dictionaries(st.sampled_from(["slot", "reason"]), st.integers(0, 255) | st.text(max_size=20)),
+    ),
 )
 
 
@@ -231,7 +261,7 @@ events_strategy = st.one_of(
 def test_follow_reassembles_lines_however_the_writer_splits_them(events: list[Event], cuts: list[int]) -> None:
     data = b"".join(encode(e) + b"\n" for e in events)
     bounds = sorted({c % len(data) for c in cuts} | {0, len(data)})
-    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "events.jsonl"
         path.write_bytes(chunks[0])

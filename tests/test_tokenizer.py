@@ -3,8 +3,8 @@ encodings, the chat template, and streaming text that never splits a character."
 
 from __future__ import annotations
 
-import pytest
 import gguf
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -192,11 +192,14 @@ def template_tokenizer(tiny_model: Model, template: str | None) -> Tokenizer:
 def test_template_environment_matches_hugging_face(tiny_model: Model) -> None:
     """Loop controls, tojson without HTML escaping (non-ASCII kept), strftime_now, and the
     special tokens as variables, as transformers' apply_chat_template provides them."""
-    tok = template_tokenizer(tiny_model, (
-        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
-        "{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }};{% endfor %}"
-        "{{ {'a': '<b> & é'} | tojson(indent=1) }}|{{ strftime_now('%Y') }}"
-    ))
+    tok = template_tokenizer(
+        tiny_model,
+        (
+            "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
+            "{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }};{% endfor %}"
+            "{{ {'a': '<b> & é'} | tojson(indent=1) }}|{{ strftime_now('%Y') }}"
+        ),
+    )
     import datetime
 
     text = tok.render_chat([{"role": "skip", "content": "x"}, {"role": "user", "content": "é<&>"},

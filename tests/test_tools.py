@@ -161,7 +161,9 @@ def test_required_named_and_single_call_choices() -> None:
     assert accepts(single, call_text("add", {"a": 1, "b": 2}))
     assert not accepts(single, call_text("add", {"a": 1, "b": 2}) + "\n" + call_text("add", {"a": 1, "b": 2}))
     assert HERMES.grammar(SPECS, "none") is None
-    json_answer = HERMES.grammar(SPECS, "auto", answer_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    json_answer = HERMES.grammar(
+        SPECS, "auto", answer_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    )
     assert accepts(json_answer, '{"ok": true}') and accepts(json_answer, call_text("add", {"a": 1, "b": 2}))
     assert not accepts(json_answer, "It is sunny.")
     with pytest.raises(UsageError, match="'nope', which is not one of the tools"):

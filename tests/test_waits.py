@@ -7,10 +7,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.errors import WaitCycle
-from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.actors.serving import MAILBOX, on_behalf
 from runtime.actors.waits import WaitGraph
+from runtime.errors import WaitCycle
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 
 HANDLER = (MAILBOX,)  # a wait made inside a handler: it is in the way of the asks queued behind it
 
@@ -168,7 +168,9 @@ class WaitGraphMachine(RuleBasedStateMachine):
         """What a wait lends: its waiter's base, or more where a wait on a part
         of the waiter that the waiting code serves lends more."""
         live = [h for h in self.handles if not h.released]
-        return max([self.model_base(handle.waiter)] + [self.model_lent(h) for h in live if h.holder == handle.waiter and h.via in handle.serves])
+        return max(
+            [self.model_base(handle.waiter)] + [self.model_lent(h) for h in live if h.holder == handle.waiter and h.via in handle.serves]
+        )
 
     def model_lifts(self, agent: str) -> dict[str, int]:
         lifts: dict[str, int] = {}
@@ -194,7 +196,9 @@ class WaitGraphMachine(RuleBasedStateMachine):
         self.base[agent] = priority
         self.graph.set_base(agent, priority)
 
-    @rule(waiter=st.sampled_from(AGENTS), holder=st.sampled_from(AGENTS), via=st.sampled_from(PARTS), serves=st.sets(st.sampled_from(PARTS)))
+    @rule(
+        waiter=st.sampled_from(AGENTS), holder=st.sampled_from(AGENTS), via=st.sampled_from(PARTS), serves=st.sets(st.sampled_from(PARTS))
+    )
     def wait(self, waiter: str, holder: str, via: str, serves: set[str]) -> None:
         would_cycle = waiter == holder or holder in self.transitive_waiters(waiter)
         if would_cycle:
@@ -204,7 +208,7 @@ class WaitGraphMachine(RuleBasedStateMachine):
             chain = info.value.chain
             assert chain[0] == chain[-1] == waiter and chain[1] == holder
             edges = self.model_edges()
-            assert all(pair in edges for pair in zip(chain[1:], chain[2:]))
+            assert all(pair in edges for pair in zip(chain[1:], chain[2:], strict=False))
             assert self.graph.edges() == before
         else:
             self.handles.append(self.graph.wait(waiter, holder, via, serves=tuple(sorted(serves))))
@@ -266,7 +270,12 @@ def test_each_part_of_a_holder_is_lifted_by_its_own_waiters() -> None:
     assert g.lifts("reviewer") == {"lock:tools": 3}
     g.release(lock)
     assert g.lifts("reviewer") == {}
-    assert lifts == [("reviewer", "mailbox", FOREGROUND), ("reviewer", "lock:tools", 3), ("reviewer", "mailbox", None), ("reviewer", "lock:tools", None)]
+    assert lifts == [
+        ("reviewer", "mailbox", FOREGROUND),
+        ("reviewer", "lock:tools", 3),
+        ("reviewer", "mailbox", None),
+        ("reviewer", "lock:tools", None),
+    ]
 
 
 def test_a_lifted_handler_lends_on_down_a_chain() -> None:

@@ -13,19 +13,19 @@ from functools import partial
 import anyio
 import msgspec
 import pytest
-
 from browser import start_watch, state, stop, wait_for
 from test_watch_hub import line, page_server
+
 from runtime.events.kinds import Dropped, Finished, read_events
-from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.events.stream import encode_line
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.timing import TimingEngine
+from runtime.scheduling.units import percentiles
 from swarm import Agent, Swarm, handler
-from swarm.viewers.plot import build_timeline
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from runtime.scheduling.units import percentiles
 from swarm.summary import summarize
+from swarm.viewers.plot import build_timeline
 from swarm.viewers.watch import WatchHub, bind_loopback, follow_bus
 
 LONG = 1_000_000  # a background turn that never ends within a test
@@ -238,7 +238,9 @@ async def test_a_page_whose_run_ended_and_took_its_server_says_only_that_it_stop
     # The run is over and its page server gone, as at the end of `swarm run --watch`.
     await on_page(wait_for, browser, "!window.swarmState.connected")
     header = await on_page(
-        wait_for, browser, "document.getElementById('status').textContent != 'the swarm stopped' && document.querySelector('header').textContent"
+        wait_for,
+        browser,
+        "document.getElementById('status').textContent != 'the swarm stopped' && document.querySelector('header').textContent",
     )
     assert "stopped" in header and "reconnecting" not in header and "disconnected" not in header, header
 
@@ -268,10 +270,10 @@ def demo_run(browser, tiny_gguf, tmp_path_factory):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(runner.run)
                 await on_page(browser.get, runner.page_urls[0])
-                seen["lanes"] = await on_page(
-                    wait_for, browser, "window.swarmState.slots.filter(s => s).length >= 2 && window.swarmState"
+                seen["lanes"] = await on_page(wait_for, browser, "window.swarmState.slots.filter(s => s).length >= 2 && window.swarmState")
+                seen["drawn"] = await on_page(
+                    wait_for, browser, "window.swarmState.drawn_lanes == 8 && document.getElementById('lanes').clientHeight"
                 )
-                seen["drawn"] = await on_page(wait_for, browser, "window.swarmState.drawn_lanes == 8 && document.getElementById('lanes').clientHeight")
         seen["final"] = wait_for(browser, "window.swarmState.stopped && window.swarmState")
 
     anyio.run(run_with_a_page_open)
@@ -308,7 +310,9 @@ def test_replaying_a_recording_reaches_the_counts_of_swarm_plot_and_the_run_summ
     try:
         browser.get(url)
         wait_for(browser, f"window.swarmState.replay && window.swarmState.replay.loaded == {len(events)}")
-        browser.execute_script("document.getElementById('speed').value = '100'; document.getElementById('speed').onchange({target: document.getElementById('speed')})")
+        browser.execute_script(
+            "document.getElementById('speed').value = '100'; document.getElementById('speed').onchange({target: document.getElementById('speed')})"
+        )
         wait_for(browser, "window.swarmState.replay.clock > 0")  # it plays by itself
         browser.find_element("id", "to-end").click()
         shown = wait_for(browser, f"window.swarmState.replay.applied == {len(events)} && window.swarmState")

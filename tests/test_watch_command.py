@@ -8,13 +8,13 @@ import re
 
 import anyio
 import pytest
-
 from browser import ROOT, start_watch, stop, wait_for
+from test_watch import Foreground, on_page
+
 from runtime.events.kinds import read_events
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.timing import TimingEngine
 from swarm import Swarm
-from test_watch import Foreground, on_page
 
 
 @pytest.mark.asyncio
@@ -48,7 +48,9 @@ async def test_swarm_serve_serves_the_page_at_its_root(browser):
 
     with anyio.fail_after(120):
         async with Swarm(TimingEngine(realtime=True), slots=2) as swarm, anyio.create_task_group() as tg:
-            handle = await tg.start(lambda task_status: serve(swarm, model_id="timing", port=0, handle_signals=False, task_status=task_status))
+            handle = await tg.start(
+                lambda task_status: serve(swarm, model_id="timing", port=0, handle_signals=False, task_status=task_status)
+            )
             await on_page(browser.get, handle.url + "/")
             await swarm.spawn(Foreground("pair", FOREGROUND))
             shown = await on_page(wait_for, browser, "window.swarmState.counts.finished == 1 && window.swarmState")

@@ -16,7 +16,6 @@ from runtime.events.kinds import Admitted, Dropped, Queued, SwarmStarted, decode
 from runtime.events.stream import encode_line
 from swarm.viewers.watch import WatchHub, bind_loopback, create_app, follow_bus, serve_http
 
-
 # ---------------------------------------------------------------- the hub alone
 
 

@@ -5,10 +5,10 @@ the canvas is what drawing it whole gives."""
 from __future__ import annotations
 
 import pytest
-
 from browser import wait_for
 from test_watch import on_page
 from test_watch_hub import line, page_server
+
 from swarm.viewers.watch import WatchHub
 
 # The lanes as they are (drawing once more for any news since the last frame),
@@ -46,24 +46,33 @@ def ended(n: int, t: float, **fields) -> bytes:
 # drew ("late"), as a live page gets: runs end earlier than drawn, a resume
 # links back to its pause.
 BATCHES = [
-    [turn("turn.queued", 1, 0.5, tokens=3), turn("turn.admitted", 1, 0.6, slot=0),
-     turn("turn.queued", 2, 0.7, tokens=3), turn("turn.admitted", 2, 0.8, slot=1),
-     turn("turn.queued", 3, 4.0, tokens=3, priority=10),
-     # a band (a row of its own: the canvas grows now, not later, which would redraw it whole)
-     line("priority.inherited", t=1.0, agent="b", priority=10, by_agent="a", base_priority=0)],
+    [
+        turn("turn.queued", 1, 0.5, tokens=3),
+        turn("turn.admitted", 1, 0.6, slot=0),
+        turn("turn.queued", 2, 0.7, tokens=3),
+        turn("turn.admitted", 2, 0.8, slot=1),
+        turn("turn.queued", 3, 4.0, tokens=3, priority=10),
+        # a band (a row of its own: the canvas grows now, not later, which would redraw it whole)
+        line("priority.inherited", t=1.0, agent="b", priority=10, by_agent="a", base_priority=0),
+    ],
     # late: turn 2 ended at 3; turn 3 takes slot 0 from turn 1 (a pause mark)
-    [ended(2, 3.0), turn("turn.preempted", 1, 6.0, slot=0, tokens=2, by_turn=3, by_agent="a", by_priority=10),
-     turn("turn.admitted", 3, 6.0, slot=0, priority=10)],
+    [
+        ended(2, 3.0),
+        turn("turn.preempted", 1, 6.0, slot=0, tokens=2, by_turn=3, by_agent="a", by_priority=10),
+        turn("turn.admitted", 3, 6.0, slot=0, priority=10),
+    ],
     [turn("turn.queued", 4, 10.0, tokens=3)],
     # late: turn 3 ended at 8, turn 1 resumed in slot 1 at 8.5; the source
     # reconnected (a gap: a red line at the newest time)
-    [ended(3, 8.0, priority=10), turn("turn.resumed", 1, 8.5, slot=1, paused_s=2.5),
-     line("swarm.started", t=8.7, unix_time=5.0, slots=3)],
+    [ended(3, 8.0, priority=10), turn("turn.resumed", 1, 8.5, slot=1, paused_s=2.5), line("swarm.started", t=8.7, unix_time=5.0, slots=3)],
     # a run long enough for its label
     [turn("turn.admitted", 4, 11.0, slot=2), line("turn.queued", t=13.0, turn=9, agent="c", priority=0, tokens=1)],
     # late: the band ended at 12, turn 1 at 12.5
-    [line("priority.restored", t=12.0, agent="b", priority=0, base_priority=0), ended(1, 12.5),
-     line("turn.queued", t=14.0, turn=10, agent="c", priority=0, tokens=1)],
+    [
+        line("priority.restored", t=12.0, agent="b", priority=0, base_priority=0),
+        ended(1, 12.5),
+        line("turn.queued", t=14.0, turn=10, agent="c", priority=0, tokens=1),
+    ],
     [ended(4, 14.5)],
 ]
 

@@ -64,8 +64,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("llama"),
         Architecture("qwen2", rope="neox", qkv_bias=True),
         Architecture("qwen3", rope="neox", qk_norm=True),
-        Architecture("gemma3", rope="neox", qk_norm=True, post_norms=True, activation="gelu",
-                     embed_scale=True, swa_pattern=6),  # fmt: skip
+        Architecture("gemma3", rope="neox", qk_norm=True, post_norms=True, activation="gelu", embed_scale=True, swa_pattern=6),  # fmt: skip
     )
 }
 
@@ -200,7 +199,9 @@ def read_config(path: Path, md: dict[str, object], tensors: dict) -> ModelConfig
         norm_eps=number("attention.layer_norm_rms_epsilon"),
         context_length=integer("context_length"),
         arch=arch,
-        sliding_window=(integer("attention.sliding_window", 0) if md.get(f"{a}.attention.sliding_window") else 0) if arch.swa_pattern else 0,
+        sliding_window=(integer("attention.sliding_window", 0) if md.get(f"{a}.attention.sliding_window") else 0)
+        if arch.swa_pattern
+        else 0,
         rope_factors=factors,
         rope_linear_scale=linear,
     )

@@ -64,7 +64,7 @@ def resolve_model(spec: str | Path | None = None, *, progress: bool = True) -> P
     if text in CATALOGUE:
         return fetch(CATALOGUE[text], cache_dir(), progress=progress)
     if text.startswith(HF_PREFIX):
-        return _from_hugging_face(text[len(HF_PREFIX):])
+        return _from_hugging_face(text[len(HF_PREFIX) :])
     if looks_like_a_name(text):
         raise ConfigError(unknown_model(text))
     raise ModelFormatError(

@@ -115,10 +115,7 @@ def _read_tensors(path: Path, raw_tensors: list[GGUFTensor]) -> dict[str, Weight
         qtype = t.qtype
         if qtype not in SUPPORTED_TYPES:
             supported = ", ".join(sorted(q.name for q in SUPPORTED_TYPES))
-            raise UnsupportedModelError(
-                f"{path}: tensor {t.name!r} has type {qtype.name}, which is not supported "
-                f"(supported: {supported})"
-            )
+            raise UnsupportedModelError(f"{path}: tensor {t.name!r} has type {qtype.name}, which is not supported (supported: {supported})")
         shape = [int(n) for n in t.shape]  # ggml order: [cols, rows, ...]
         if len(shape) == 1:
             rows, cols = 1, shape[0]
@@ -128,9 +125,7 @@ def _read_tensors(path: Path, raw_tensors: list[GGUFTensor]) -> dict[str, Weight
             raise ModelFormatError(f"{path}: tensor {t.name!r} has {len(shape)} dimensions {shape}")
         block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         if cols % block:
-            raise ModelFormatError(
-                f"{path}: tensor {t.name!r} has {cols} columns, not a multiple of the {qtype.name} block ({block})"
-            )
+            raise ModelFormatError(f"{path}: tensor {t.name!r} has {cols} columns, not a multiple of the {qtype.name} block ({block})")
         if qtype in (Q.F32, Q.F16):  # BF16 stays raw bytes, like the block types
             expected = (rows, cols)
         else:
@@ -148,7 +143,4 @@ def _check_tensors(path: Path, config: ModelConfig, tensors: dict[str, WeightTen
             raise ModelFormatError(f"{path}: tensor {name!r} is missing")
         t = tensors[name]
         if (t.rows, t.cols) != (rows, cols):
-            raise ModelFormatError(
-                f"{path}: tensor {name!r} has shape (rows={t.rows}, cols={t.cols}), "
-                f"expected (rows={rows}, cols={cols})"
-            )
+            raise ModelFormatError(f"{path}: tensor {name!r} has shape (rows={t.rows}, cols={t.cols}), expected (rows={rows}, cols={cols})")

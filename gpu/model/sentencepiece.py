@@ -7,7 +7,7 @@ merges the highest-scoring pair first), and a character with no piece falls back
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import gguf
 from tokenizers import Tokenizer as HFTokenizer
@@ -17,9 +17,10 @@ from runtime.errors import ModelFormatError
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
+
 def spm_token_bytes(tokens: Sequence[str], types: Sequence[int], name: str) -> list[bytes]:
     out = []
-    for i, (text, kind) in enumerate(zip(tokens, types)):
+    for i, (text, kind) in enumerate(zip(tokens, types, strict=False)):
         if kind == gguf.TokenType.BYTE:
             if not _BYTE_TOKEN.fullmatch(text):
                 raise ModelFormatError(f"{name}: byte token {i} is spelt {text!r}, not <0xXX>")
@@ -31,8 +32,9 @@ def spm_token_bytes(tokens: Sequence[str], types: Sequence[int], name: str) -> l
     return out
 
 
-def build_spm(tokens: Sequence[str], types: Sequence[int], scores: Sequence[float] | None,
-               add_space_prefix: bool, name: str) -> HFTokenizer:
+def build_spm(
+    tokens: Sequence[str], types: Sequence[int], scores: Sequence[float] | None, add_space_prefix: bool, name: str
+) -> HFTokenizer:
     """SentencePiece BPE as `tokenizers` BPE, the way transformers converts it: merges are every
     split of a normal piece into two pieces, ranked by the merged piece's score. The caller adds
     the control and user-defined pieces."""

@@ -40,10 +40,34 @@ CHATML_TEMPLATE = (
 
 # Merges (in priority order) over GPT-2 byte-level spellings; "Ġ" is a space.
 TINY_MERGES = (
-    ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("e", "r"), ("a", "n"), ("Ġ", "a"),
-    ("o", "n"), ("r", "e"), ("Ġ", "s"), ("e", "n"), ("a", "t"), ("o", "r"), ("Ġ", "w"),
-    ("l", "l"), ("Ġ", "o"), ("i", "s"), ("e", "s"), ("Ġ", "c"), ("in", "g"), ("e", "d"),
-    ("Ġ", "f"), ("o", "u"), ("Ġ", "b"), ("Ġ", "p"), ("i", "t"), ("Ġ", "m"), ("a", "r"),
+    ("Ġ", "t"),
+    ("h", "e"),
+    ("Ġt", "he"),
+    ("i", "n"),
+    ("e", "r"),
+    ("a", "n"),
+    ("Ġ", "a"),
+    ("o", "n"),
+    ("r", "e"),
+    ("Ġ", "s"),
+    ("e", "n"),
+    ("a", "t"),
+    ("o", "r"),
+    ("Ġ", "w"),
+    ("l", "l"),
+    ("Ġ", "o"),
+    ("i", "s"),
+    ("e", "s"),
+    ("Ġ", "c"),
+    ("in", "g"),
+    ("e", "d"),
+    ("Ġ", "f"),
+    ("o", "u"),
+    ("Ġ", "b"),
+    ("Ġ", "p"),
+    ("i", "t"),
+    ("Ġ", "m"),
+    ("a", "r"),
     ("Ġ", "h"),
 )  # 3 specials + 256 bytes + 29 merges = 288 tokens
 
@@ -59,7 +83,11 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 K_QUANT_SCALES = {  # byte offsets of (d, dmin) in each 256-weight block; None = no dmin
-    Q.Q2_K: (80, 82), Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None),
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108, None),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208, None),
 }
 
 
@@ -232,8 +260,9 @@ def write_tiny_gguf(
     return path
 
 
-def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low: float = 1.0,
-                        high: float = 4.0, original_context: int = 64) -> np.ndarray:
+def llama3_rope_factors(
+    head_dim: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0, original_context: int = 64
+) -> np.ndarray:
     """rope_freqs.weight as llama.cpp's converter computes it from Llama 3's rope_scaling
     (a tiny original context, so a tiny model's frequencies span all three bands)."""
     freqs = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)

@@ -24,12 +24,13 @@ encode right. The chat template itself is gpu/model/templates.py's.
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import gguf
-from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from gpu.model.load import Model
 from gpu.model.sentencepiece import build_spm, spm_token_bytes
@@ -104,17 +105,15 @@ class Tokenizer:
         index = {t: i for i, t in enumerate(tokens)}
         ends = {eos_id} | {index[t] for t in END_OF_TURN_TOKENS if t in index}
         self.eos_ids: frozenset[int] = frozenset(ends)
-        self.special_ids: frozenset[int] = frozenset(
-            i for i, t in enumerate(token_types) if t == gguf.TokenType.CONTROL
-        )
+        self.special_ids: frozenset[int] = frozenset(i for i, t in enumerate(token_types) if t == gguf.TokenType.CONTROL)
         self._tokens = list(tokens)
         # Some vocabularies (SmolLM2's among them) lack a token for a few bytes (rare control
         # characters, UTF-8 lead bytes 0xF1/0xF2 of planes 4-12). Like the model's own tokenizer,
         # encode drops such bytes silently; this says which they are.
         present = set(tokens)
-        self.missing_bytes: frozenset[int] = frozenset(
-            b for b, c in bytes_to_unicode().items() if c not in present
-        ) if kind == "gpt2" else frozenset()
+        self.missing_bytes: frozenset[int] = (
+            frozenset(b for b, c in bytes_to_unicode().items() if c not in present) if kind == "gpt2" else frozenset()
+        )
         specials = {"bos_token": tokens[bos_id], "eos_token": tokens[eos_id]}
         self._template = ChatTemplate(chat_template, name, specials) if chat_template else None
 
@@ -130,9 +129,9 @@ class Tokenizer:
         kind = need("tokenizer.ggml.model")
         if kind not in ("gpt2", "llama"):
             raise UnsupportedModelError(
-                f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2' "
-                f"and SentencePiece 'llama')"
+                f"{model.path}: tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2' and SentencePiece 'llama')"
             )
+
         def list_of(key: str, kinds: type | tuple[type, ...], length: int | None = None) -> list:
             value = need(key)
             if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value):
@@ -155,10 +154,7 @@ class Tokenizer:
 
         tokens = list_of("tokenizer.ggml.tokens", str)
         if len(tokens) != model.config.vocab_size:
-            raise ModelFormatError(
-                f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is "
-                f"{model.config.vocab_size}"
-            )
+            raise ModelFormatError(f"{model.path}: {len(tokens)} tokens in the vocabulary but vocab_size is {model.config.vocab_size}")
         if "tokenizer.ggml.token_type" in md:
             types = list_of("tokenizer.ggml.token_type", int, len(tokens))
         else:
@@ -190,9 +186,7 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text for `ids`; the exact inverse of `encode` on valid UTF-8. Invalid byte runs
         (a character cut off mid-way) decode to U+FFFD."""
-        data = b"".join(
-            self.token_bytes(i) for i in ids if not (skip_special and i in self.special_ids)
-        )
+        data = b"".join(self.token_bytes(i) for i in ids if not (skip_special and i in self.special_ids))
         return data.decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -222,9 +216,7 @@ class Tokenizer:
         model's tool-call format (runtime.toolcalls)."""
         uses_tools = bool(tools) or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
         if uses_tools and self._template is not None and self._template.takes_tools:
-            return self._template.render(
-                template_messages(messages), add_generation_prompt, tools=[t.as_openai() for t in tools] or None
-            )
+            return self._template.render(template_messages(messages), add_generation_prompt, tools=[t.as_openai() for t in tools] or None)
         if uses_tools:
             messages = self.tool_format.fold(messages, tools)
         if self._template is None:
@@ -274,7 +266,7 @@ class TextStream:
 def _token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
     out = []
-    for text, kind in zip(tokens, types):
+    for text, kind in zip(tokens, types, strict=False):
         if kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED):
             out.append(text.encode("utf-8"))  # spelled literally, not byte-level
         else:
@@ -301,16 +293,16 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
     elif pre in _PLAIN_GPT2:
         tok.pre_tokenizer = byte_level
     elif pre in _REGEX_SPLITTING:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_REGEX_SPLITTING[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_REGEX_SPLITTING[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         if pre in _NFC:
             tok.normalizer = normalizers.NFC()
     else:
-        raise UnsupportedModelError(
-            f"{name}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})"
-        )
+        raise UnsupportedModelError(f"{name}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})")
     tok.decoder = decoders.ByteLevel()
     _add_special(tok, tokens, types)
     return tok
@@ -318,13 +310,11 @@ def _build_bpe(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
 
 def _add_special(tok: HFTokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
     control = [
-        AddedToken(t, special=True, normalized=False)
-        for t, kind in zip(tokens, types)
-        if kind == gguf.TokenType.CONTROL
+        AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types, strict=False) if kind == gguf.TokenType.CONTROL
     ]
     user = [
         AddedToken(t, special=False, normalized=False)
-        for t, kind in zip(tokens, types)
+        for t, kind in zip(tokens, types, strict=False)
         if kind == gguf.TokenType.USER_DEFINED
     ]
     tok.add_special_tokens(control)

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import msgspec
 
-from runtime.errors import ActorError, UsageError
 from runtime.actors.mailbox import build_dispatch, handler
+from runtime.errors import ActorError, UsageError
 from runtime.scheduling.priority import BACKGROUND
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Awaitable, Generator, Generic, Self, TypeVar
+from collections.abc import Awaitable, Generator
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream

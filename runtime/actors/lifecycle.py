@@ -14,18 +14,19 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runtime.events.kinds import AgentCrashed
 from runtime.actors.mailbox import Envelope, Reply, find_handler
 from runtime.actors.serving import MAILBOX, on_behalf
+from runtime.events.kinds import AgentCrashed
 
 if TYPE_CHECKING:
     from runtime.actors.actor import Actor
-    from runtime.events.bus import EventBus
     from runtime.actors.waits import WaitGraph
+    from runtime.events.bus import EventBus
 
 log = logging.getLogger("runtime.actors.system")  # the system's log: an actor's life is part of it
 
@@ -97,8 +98,9 @@ class Lifecycles:
                 if reply is not None:
                     reply.fail(exc)
                 else:
-                    log.error("actor %r: handler %s() failed on a told %s", cell.name, method.__name__,
-                              type(msg).__qualname__, exc_info=exc)
+                    log.error(
+                        "actor %r: handler %s() failed on a told %s", cell.name, method.__name__, type(msg).__qualname__, exc_info=exc
+                    )
             else:
                 if reply is not None:
                     reply.succeed(result)

@@ -30,15 +30,16 @@ Rules:
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Union
+from typing import Union
 
 import anyio
 
 from runtime.actors.actor import Actor
-from runtime.errors import ActorError, UsageError, WaitCycle
 from runtime.actors.serving import on_behalf
 from runtime.actors.waits import WaitGraph, WaitHandle
+from runtime.errors import ActorError, UsageError, WaitCycle
 
 Owner = Union[Actor, str]
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -52,9 +53,7 @@ def build_dispatch(cls: type) -> dict[type, str]:
                 continue
             for msg_type in _message_types(klass, attr, fn):
                 if msg_type in own:
-                    raise UsageError(
-                        f"{klass.__qualname__}: both {own[msg_type]}() and {attr}() handle {msg_type.__qualname__}"
-                    )
+                    raise UsageError(f"{klass.__qualname__}: both {own[msg_type]}() and {attr}() handle {msg_type.__qualname__}")
                 own[msg_type] = attr
         table.update(own)
     return table
@@ -82,8 +81,7 @@ def _message_types(klass: type, attr: str, fn: Callable[..., Any]) -> list[type]
         hints = typing.get_type_hints(fn)
     except NameError as exc:
         raise UsageError(
-            f"{where}: cannot resolve its annotations ({exc}); define message types at module level, "
-            "before the actor class"
+            f"{where}: cannot resolve its annotations ({exc}); define message types at module level, before the actor class"
         ) from None
     annotation = hints.get(params[1].name)
     if annotation is None:

@@ -11,9 +11,9 @@ its own. `lift_key(agent, via)` names one part, for the scheduler.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 MAILBOX = "mailbox"  # the part of an actor an ask (or a blocked tell) waits on
 

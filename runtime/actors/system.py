@@ -6,24 +6,26 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import anyio
 import msgspec
 
 from runtime.actors.actor import Actor, Ref, Target
-from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, UsageError
-from runtime.events.bus import EventBus
-from runtime.events.kinds import Inherited, Restored
 from runtime.actors.lifecycle import Cell, Lifecycles
 from runtime.actors.mailbox import Envelope, Reply, find_handler, handled_names
 from runtime.actors.serving import MAILBOX
 from runtime.actors.waits import WaitGraph
+from runtime.errors import ActorCrashed, ActorError, AskTimeout, UnhandledMessage, UsageError
+from runtime.events.bus import EventBus
+from runtime.events.kinds import Inherited, Restored
 
 __all__ = ["ActorSystem"]
 
 log = logging.getLogger(__name__)
+
 
 def check_timeout(timeout: object) -> None:
     if timeout is None:
@@ -91,9 +93,7 @@ class ActorSystem(Lifecycles):
         if self._tg is None or self._closing:
             raise ActorError("the actor system is not running: use `async with ActorSystem(bus) as system`")
         if not isinstance(actor, Actor) or "name" not in vars(actor):
-            raise UsageError(
-                f"spawn takes an Actor whose __init__ called super().__init__(name), got {type(actor).__qualname__}"
-            )
+            raise UsageError(f"spawn takes an Actor whose __init__ called super().__init__(name), got {type(actor).__qualname__}")
         if actor._system is not None:
             raise ActorError(f"actor {actor.name!r} is already spawned")
         if actor.name in self._cells:
@@ -164,9 +164,7 @@ class ActorSystem(Lifecycles):
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise self._gone(cell, type(msg).__qualname__) from None
 
-    async def ask(
-        self, target: Target, msg: msgspec.Struct, *, timeout: float | None = None, sender: str | None = None
-    ) -> Any:
+    async def ask(self, target: Target, msg: msgspec.Struct, *, timeout: float | None = None, sender: str | None = None) -> Any:
         """Send `msg` and wait for the handler's return value (or its exception)."""
         check_timeout(timeout)
         cell = self._cell(target)
@@ -246,7 +244,9 @@ class ActorSystem(Lifecycles):
             event = Restored(t=t, step=step, agent=agent, priority=effective, base_priority=base)
         else:
             serves = self.waits.serves(agent)
-            event = Inherited(t=t, step=step, agent=agent, priority=effective, by_agent=origin, base_priority=base, request="; ".join(serves) or None)
+            event = Inherited(
+                t=t, step=step, agent=agent, priority=effective, by_agent=origin, base_priority=base, request="; ".join(serves) or None
+            )
         self.bus.emit(event)
         for hook in list(self.on_priority_change):
             try:

@@ -34,18 +34,19 @@ changes, `from_agent` being the origin of the chain, not the direct waiter.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
+from runtime.actors.serving import MAILBOX, lift_key, serving
 from runtime.errors import UsageError, WaitCycle
 from runtime.scheduling.priority import BACKGROUND
-from runtime.actors.serving import MAILBOX, lift_key, serving
 
 OnChange = Callable[[str, int, "int | None", "str | None"], None]
 _Wait = tuple[str, "str | None", tuple[str, ...]]  # (waiter, request, the parts of the waiter it is made from)
 _Memo = dict[str, dict[str, tuple[int, str]]]  # agent -> its lifts with their origins, for one question
 OnLift = Callable[[str, str, "int | None"], None]
+
 
 @dataclass(eq=False, slots=True)
 class WaitHandle:
@@ -148,7 +149,9 @@ class WaitGraph:
             self._base.pop(agent, None)
             self._gone.discard(agent)
 
-    def wait(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> WaitHandle:
+    def wait(
+        self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None
+    ) -> WaitHandle:
         """Record that `waiter` waits on `holder` (on its part `via`, for
         `request`, a label for events), from code serving `serves` (default: the
         `serving` context of the caller, who is the waiter). Raises WaitCycle,
@@ -183,7 +186,9 @@ class WaitGraph:
                 self.forget(agent)
 
     @contextmanager
-    def waiting(self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None) -> Iterator[WaitHandle]:
+    def waiting(
+        self, waiter: str, holder: str, via: str = MAILBOX, request: str | None = None, serves: tuple[str, ...] | None = None
+    ) -> Iterator[WaitHandle]:
         handle = self.wait(waiter, holder, via, request, serves)
         try:
             yield handle
@@ -236,7 +241,9 @@ class WaitGraph:
             if inherited != (None if was_from is None else was):
                 notices.append((agent, now, inherited, now_from))
             lifts = _priorities(self._lifts_of(agent, memo))
-            lifted += [(agent, via, lifts.get(via)) for via in sorted(was_lifts.keys() | lifts.keys()) if was_lifts.get(via) != lifts.get(via)]
+            lifted += [
+                (agent, via, lifts.get(via)) for via in sorted(was_lifts.keys() | lifts.keys()) if was_lifts.get(via) != lifts.get(via)
+            ]
         if self._on_change is not None:
             for notice in notices:
                 self._on_change(*notice)

@@ -12,15 +12,16 @@ from __future__ import annotations
 import collections
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 import anyio
 import msgspec
 import structlog
 
-from runtime.events.kinds import Dropped, Event, SwarmStarted, encode
 from runtime.events.files import open_private
+from runtime.events.kinds import Dropped, Event, SwarmStarted, encode
 
 
 class Subscription:

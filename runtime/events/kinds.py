@@ -60,8 +60,9 @@ The bus that carries them to the log and the viewers is `runtime.events.bus`.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Union
 
 import msgspec
 
@@ -237,9 +238,24 @@ class Unrecognized(msgspec.Struct):
 
 
 KINDS: tuple[type[Event], ...] = (
-    SwarmStarted, SwarmStopped, Queued, Admitted, Preempted, Resumed, Progress, Finished,
-    Cancelled, Failed, Inherited, Restored, SwappedOut, SwappedIn, Recomputed,
-    AgentCrashed, StepAbandoned, ToolCalled,
+    SwarmStarted,
+    SwarmStopped,
+    Queued,
+    Admitted,
+    Preempted,
+    Resumed,
+    Progress,
+    Finished,
+    Cancelled,
+    Failed,
+    Inherited,
+    Restored,
+    SwappedOut,
+    SwappedIn,
+    Recomputed,
+    AgentCrashed,
+    StepAbandoned,
+    ToolCalled,
 )
 AnyEvent = Union[KINDS]  # type: ignore[valid-type]
 _BY_NAME = {kind.__struct_config__.tag: kind for kind in KINDS}

@@ -4,8 +4,8 @@ figures are computed from a turn's token times, for the turn's end event
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,6 @@ def felt(asked: float, token_times: Sequence[float], until: float | None = None)
     return Felt(
         ttft_s=first - asked,
         turn_s=last - asked,
-        gaps_s=[b - a for a, b in zip(token_times, token_times[1:])],
+        gaps_s=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
         mean_gap_s=((last if until is None else until) - first) / (n - 1) if n > 1 else None,
     )

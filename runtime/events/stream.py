@@ -173,9 +173,7 @@ async def _adopt(conn: socket.socket, sub: Subscription, started: Event | None, 
     await _serve_client(stream, sub, started, waits)
 
 
-async def _serve_client(
-    stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None, waits: RoomWaits
-) -> None:
+async def _serve_client(stream: anyio.abc.SocketStream, sub: Subscription, started: Event | None, waits: RoomWaits) -> None:
     room = _Room(stream.extra(anyio.abc.SocketAttribute.raw_socket), waits)
     try:
         async with stream, anyio.create_task_group() as tg:

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from runtime.events.bus import EventBus
-from runtime.scheduling.cost import StepCost
 from runtime.events.kinds import StepAbandoned
 from runtime.owner.messages import TurnRequest
+from runtime.scheduling.cost import StepCost
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import Plan
 from runtime.scheduling.work import CHECK_POINTS
-
 
 
 def worth_abandoning(plan: Plan, cost: StepCost, slack: float) -> bool:
@@ -128,7 +127,13 @@ class StepAbandon:
         """The step stopped early: say so; nothing else changes."""
         self.steps_abandoned += 1
         by = self._by
-        self.bus.emit(StepAbandoned(
-            t=self.bus.now(), step=self.scheduler.step, turns=len(plan.works), tokens=sum(len(w.tokens) for w in plan.works),
-            by_agent=by.agent if by is not None else None, by_priority=by.priority if by is not None else None,
-        ))
+        self.bus.emit(
+            StepAbandoned(
+                t=self.bus.now(),
+                step=self.scheduler.step,
+                turns=len(plan.works),
+                tokens=sum(len(w.tokens) for w in plan.works),
+                by_agent=by.agent if by is not None else None,
+                by_priority=by.priority if by is not None else None,
+            )
+        )

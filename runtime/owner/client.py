@@ -16,12 +16,13 @@ any other actor would. One client serves a swarm; every agent spawned into it
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from runtime.scheduling.constraints import ConstraintChecker
-from runtime.scheduling.work import TextCodec
 from runtime.errors import ActorError, TurnCancelled
 from runtime.owner.messages import CancelTurn, TurnChannel, TurnRequest
+from runtime.scheduling.constraints import ConstraintChecker
+from runtime.scheduling.work import TextCodec
 
 if TYPE_CHECKING:
     from runtime.actors.system import ActorSystem
@@ -53,7 +54,12 @@ class LocalGPU(GPUClient):
     """The GPU client of one owner in this process, through its mailbox."""
 
     def __init__(
-        self, system: ActorSystem, owner: str, clock: Callable[[], float], tokenizer: TextCodec | None, constraints: ConstraintChecker | None = None,
+        self,
+        system: ActorSystem,
+        owner: str,
+        clock: Callable[[], float],
+        tokenizer: TextCodec | None,
+        constraints: ConstraintChecker | None = None,
     ) -> None:
         self._system = system
         self._owner = owner

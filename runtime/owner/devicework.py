@@ -9,9 +9,9 @@ import collections
 import logging
 import time
 
-from runtime.scheduling.work import DeadEnd, Engine
 from runtime.owner.flight import Ran, StepInFlight
 from runtime.scheduling.turns import Plan
+from runtime.scheduling.work import DeadEnd, Engine
 
 log = logging.getLogger("runtime.owner.owner")  # the owner's log: this is part of it
 
@@ -72,9 +72,9 @@ class DeviceWork:
             self.step_seconds.append(spent)  # KV moves excluded: the law prices the step
         self._step_ended = time.perf_counter()
         self.steps_run += 1
-        flight.sampled = {w.turn: t for w, t in zip(runnable, out) if w.sample}
+        flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample}
         if len(runnable) != len(works):  # (a decode left out: its token never came)
-            got = dict(zip((w.turn for w in runnable), out))
+            got = dict(zip((w.turn for w in runnable), out, strict=False))
             out = [got.get(w.turn) for w in works]
         return out, faults, spent
 

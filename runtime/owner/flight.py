@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime.scheduling.work import Work
 from runtime.scheduling.turns import UNKNOWN, Plan
+from runtime.scheduling.work import Work
 
 if TYPE_CHECKING:
-    from runtime.scheduling.scheduler import Scheduler
     from runtime.owner.stepthread import Job
+    from runtime.scheduling.scheduler import Scheduler
 
 # What a step hands back from the step thread: a token (or None) per work (None
 # for all: it was abandoned, runtime.owner.abandon), the turns it alone failed with

@@ -15,12 +15,19 @@ import logging
 
 import anyio
 
-from runtime.events.bus import EventBus
 from runtime.actors.channel import UpdateSender
 from runtime.errors import UsageError
+from runtime.events.bus import EventBus
 from runtime.events.kinds import Failed
 from runtime.owner.messages import (
-    CancelAgent, CancelTurn, OwnerRequest, SetInherited, TurnChannel, TurnRequest, TurnUpdate, turn_request_problem,
+    CancelAgent,
+    CancelTurn,
+    OwnerRequest,
+    SetInherited,
+    TurnChannel,
+    TurnRequest,
+    TurnUpdate,
+    turn_request_problem,
 )
 from runtime.scheduling.scheduler import Scheduler
 
@@ -97,12 +104,18 @@ class Intake:
             self._refuse(request, f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, request: object, reason: str) -> None:
-        if not isinstance(request, TurnRequest) or not isinstance(request.reply, TurnChannel) or request.reply.turn_id in self.scheduler.turns:
+        if (
+            not isinstance(request, TurnRequest)
+            or not isinstance(request.reply, TurnChannel)
+            or request.reply.turn_id in self.scheduler.turns
+        ):
             return  # no turn of its own to end
         reply = request.reply
         agent = request.agent if isinstance(request.agent, str) else repr(request.agent)
         priority = request.priority if isinstance(request.priority, int) else 0
-        failed = Failed(t=self.bus.now(), step=self.scheduler.step, turn=reply.turn_id, agent=agent, priority=priority, tokens=0, reason=reason)
+        failed = Failed(
+            t=self.bus.now(), step=self.scheduler.step, turn=reply.turn_id, agent=agent, priority=priority, tokens=0, reason=reason
+        )
         self.bus.emit(failed)
         self.replies.pop(reply.turn_id, None)
         try:
@@ -120,9 +133,17 @@ class Intake:
             # Arrival is when the agent asked, not this boundary: the wait a person
             # sees includes the rest of the step that was running.
             sched.submit(
-                request.agent, request.priority, request.prompt, request.max_tokens, min(request.t, now),
-                sampling=request.sampling, ignore_eos=request.ignore_eos, turn_id=turn_id, lifts=request.lifts,
-                constraint=request.constraint, prior_output=request.prior_output,
+                request.agent,
+                request.priority,
+                request.prompt,
+                request.max_tokens,
+                min(request.t, now),
+                sampling=request.sampling,
+                ignore_eos=request.ignore_eos,
+                turn_id=turn_id,
+                lifts=request.lifts,
+                constraint=request.constraint,
+                prior_output=request.prior_output,
             )
         elif isinstance(request, CancelTurn):
             sched.cancel(request.turn, now, STOPPED if self.closing else request.reason)

@@ -12,9 +12,9 @@ from typing import Any, Union
 import msgspec
 
 from runtime.actors.channel import UpdateReceiver, UpdateSender, open_channel
+from runtime.events.kinds import TurnEvent
 from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, constraint_problem  # noqa: F401 (the constraints are part of a request)
 from runtime.scheduling.work import GREEDY, Sampling
-from runtime.events.kinds import TurnEvent
 
 # ------------------------------------------------------------------ requests
 
@@ -88,6 +88,7 @@ def turn_request_problem(request: TurnRequest) -> str | None:
     if not isinstance(request.lifts, list) or not all(isinstance(k, str) and k.startswith(f"{request.agent}/") for k in request.lifts):
         return f"lifts must name requests the agent {request.agent!r} itself serves, got {request.lifts!r}"
     return None
+
 
 # ------------------------------------------------------------------- updates
 

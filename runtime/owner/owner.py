@@ -41,22 +41,22 @@ import math
 import anyio
 import msgspec
 
-from runtime.owner.abandon import StepAbandon
 from runtime.actors.actor import Actor, handler
-from runtime.scheduling.blocks import BlockPool
-from runtime.owner.devicework import STEP_HISTORY, DeviceWork
-from runtime.scheduling.work import Engine
-from runtime.events.bus import EventBus
 from runtime.actors.channel import UpdateSender
+from runtime.actors.serving import lift_key
+from runtime.events.bus import EventBus
 from runtime.events.kinds import Ended, Event, Progress, TurnEvent
+from runtime.owner.abandon import StepAbandon
+from runtime.owner.devicework import STEP_HISTORY, DeviceWork
 from runtime.owner.flight import Ran, StepInFlight
 from runtime.owner.intake import STOPPED, Intake
 from runtime.owner.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
+from runtime.owner.stepthread import StepThread
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
-from runtime.actors.serving import lift_key
-from runtime.owner.stepthread import StepThread
 from runtime.scheduling.turns import Plan, SchedulerConfig, Turn
+from runtime.scheduling.work import Engine
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,12 @@ class GPUOwner(Actor):
         self.bus = bus
         self._decided: list[Event] = []
         self.scheduler = Scheduler(
-            config, BlockPool(engine.num_blocks, engine.block_size, namespace=engine.model_id), eos_token_ids=engine.eos_token_ids,
-            vocab_size=engine.vocab_size, emit=self._decided.append, cost=engine.cost,
+            config,
+            BlockPool(engine.num_blocks, engine.block_size, namespace=engine.model_id),
+            eos_token_ids=engine.eos_token_ids,
+            vocab_size=engine.vocab_size,
+            emit=self._decided.append,
+            cost=engine.cost,
         )
         # Turn id -> where its updates go, from its request's intake to its end.
         self.replies: dict[int, UpdateSender[TurnUpdate]] = {}

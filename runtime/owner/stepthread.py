@@ -16,7 +16,8 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import anyio
 

@@ -11,14 +11,16 @@ accounted in two halves, so the next step can be planned while it runs.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import UNKNOWN, Plan, SchedulerConfig, Status, Turn
 
 
 class Accounting:
-    def __init__(self, config: SchedulerConfig, prefix: PrefixCache, eos: Iterable[int], finish: Callable[[Turn, str, float], None]) -> None:
+    def __init__(
+        self, config: SchedulerConfig, prefix: PrefixCache, eos: Iterable[int], finish: Callable[[Turn, str, float], None]
+    ) -> None:
         self.config = config
         self.prefix = prefix
         self.eos = frozenset(eos)
@@ -35,7 +37,7 @@ class Accounting:
         starts. A turn whose owed token is its last by length or context has no
         more work; one that ends on end-of-sequence is only known to at
         postprocess, and its work in the step after is thrown away."""
-        for work, turn in zip(plan.works, plan.turns):
+        for work, turn in zip(plan.works, plan.turns, strict=False):
             n = len(work.tokens)
             turn.computed += n
             turn.flying += n
@@ -47,7 +49,7 @@ class Accounting:
     def repeat(self, plan: Plan, tokens: Sequence[int | None], times: int, now: float) -> None:
         """The plan's step ran `times` more times, each item decoding its token
         again (Scheduler.repeatable): before `postprocess` accounts the last."""
-        for work, turn, token in zip(plan.works, plan.turns, tokens):
+        for work, turn, token in zip(plan.works, plan.turns, tokens, strict=False):
             if turn.status is not Status.RUNNING:
                 continue
             turn.computed += times
@@ -60,7 +62,7 @@ class Accounting:
         """Undo `advance` for a step that counts for nothing after all (abandoned,
         runtime.owner.abandon: what it wrote is written again when its work runs again).
         Of two steps in flight, the later is retracted first."""
-        for work, turn in zip(plan.works, plan.turns):
+        for work, turn in zip(plan.works, plan.turns, strict=False):
             if turn.status is Status.ENDED:
                 continue
             n = len(work.tokens)
@@ -77,8 +79,13 @@ class Accounting:
         takes its token (it was sampled before the pause), an ended one does not."""
         advanced = plan.advanced
         delivered = []
-        commit, eos, max_context, finish = self.prefix.commit, self.eos, self.config.max_context, self._finish  # (once per step, not per turn)
-        for work, turn, token in zip(plan.works, plan.turns, tokens):
+        commit, eos, max_context, finish = (
+            self.prefix.commit,
+            self.eos,
+            self.config.max_context,
+            self._finish,
+        )  # (once per step, not per turn)
+        for work, turn, token in zip(plan.works, plan.turns, tokens, strict=False):
             status = turn.status
             if status is Status.ENDED:
                 continue

@@ -18,15 +18,16 @@ pauses a turn, except through `KVMemory.reserve` when memory runs short.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.work import Work
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
 from runtime.scheduling.shaping import StepBudget, protected_priority
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
+from runtime.scheduling.work import Work
 
 
 class Running(Protocol):
@@ -42,7 +43,13 @@ class Running(Protocol):
 
 class Batching:
     def __init__(
-        self, config: SchedulerConfig, cost: StepCost, prefix: PrefixCache, priorities: Priorities, memory: KVMemory, seats: Running,
+        self,
+        config: SchedulerConfig,
+        cost: StepCost,
+        prefix: PrefixCache,
+        priorities: Priorities,
+        memory: KVMemory,
+        seats: Running,
     ) -> None:
         self.config = config
         self.policy = config.policy
@@ -127,7 +134,11 @@ class Batching:
             return False
         key = turn.hashes[i]
         # (the step in flight too: what it computes is only shared once it is accounted)
-        pairs = zip(plan.works + in_flight.works, plan.turns + in_flight.turns) if in_flight is not None else zip(plan.works, plan.turns)
+        pairs = (
+            zip(plan.works + in_flight.works, plan.turns + in_flight.turns, strict=False)
+            if in_flight is not None
+            else zip(plan.works, plan.turns, strict=False)
+        )
         for work, other in pairs:
             if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
                 continue

@@ -178,7 +178,7 @@ class BlockPool:
         for block in self._starting.get((parent, tokens[0]), ()):
             rows = rows_of[block][1]
             n = 0
-            for a, b in zip(rows, tokens):
+            for a, b in zip(rows, tokens, strict=False):
                 if a != b:
                     break
                 n += 1

@@ -16,8 +16,9 @@ the engine with each piece of a constrained turn's work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol, Union
+from typing import Literal, Protocol, Union
 
 import anyio
 import msgspec
@@ -67,7 +68,9 @@ def constraint_problem(constraint: object) -> str | None:
             return f"Regex.pattern must be a str, got {type(pattern).__name__}"
         case Grammar(text=text, syntax=syntax) if not isinstance(text, str) or syntax not in ("lark", "gbnf"):
             return f"Grammar needs a str text and syntax 'lark' or 'gbnf', got {type(text).__name__} and {syntax!r}"
-        case Choices(options=options) if not isinstance(options, (tuple, list)) or not options or not all(isinstance(o, str) and o for o in options):
+        case Choices(options=options) if (
+            not isinstance(options, (tuple, list)) or not options or not all(isinstance(o, str) and o for o in options)
+        ):
             return "Choices.options must be one or more non-empty strs"
     if (size := _size(constraint)) > MAX_CONSTRAINT_CHARS:
         return f"the constraint is {size} characters long; at most {MAX_CONSTRAINT_CHARS} are taken (compiling it would take too long)"

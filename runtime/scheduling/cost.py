@@ -32,7 +32,7 @@ is a 20% slower foreground token.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -54,7 +54,17 @@ def step_features(works: Sequence[Work]) -> tuple[int, int]:
 class StepCost:
     """Predicts step seconds; `observe` refits it from measured steps."""
 
-    def __init__(self, fixed_s: float = 0.01, token_s: float = 0.0, kv_s: float = 0.0, *, learns: bool = True, window: int = 256, refit_every: int = 16, refit_seconds: float = 0.02) -> None:
+    def __init__(
+        self,
+        fixed_s: float = 0.01,
+        token_s: float = 0.0,
+        kv_s: float = 0.0,
+        *,
+        learns: bool = True,
+        window: int = 256,
+        refit_every: int = 16,
+        refit_seconds: float = 0.02,
+    ) -> None:
         self.fixed_s, self.token_s, self.kv_s = float(fixed_s), float(token_s), float(kv_s)
         self.learns = learns  # False: an exact law (the simulator's), never refitted
         self.anchors: list[tuple[int, int, float]] = []  # calibration samples, kept for good
@@ -132,7 +142,7 @@ class StepCost:
         recent = self._window()
         weights = np.ones(len(recent) + len(self._anchor_rows))
         if self.anchors:
-            weights[len(recent):] = max(1.0, 0.25 * len(self._ring) / len(self.anchors))
+            weights[len(recent) :] = max(1.0, 0.25 * len(self._ring) / len(self.anchors))
         data = np.concatenate((recent, self._anchor_rows))
         self._since_refit = (0, 0.0)
         fitted = fit_rows(data, weights)
@@ -177,7 +187,7 @@ def shape_rows(rows: np.ndarray, fixed_s: float, token_s: float, kv_s: float) ->
     # The middle one, or the mean of the middle two (what statistics.median returns).
     low, high = ratios[starts + (counts - 1) // 2], ratios[starts + counts // 2]
     medians = (low + high) / 2
-    return {int(n): float(m) for n, m in zip(values, medians)}
+    return {int(n): float(m) for n, m in zip(values, medians, strict=False)}
 
 
 def fit(samples: Sequence[tuple[int, int, float]], weights: Sequence[float] | None = None) -> tuple[float, float, float] | None:

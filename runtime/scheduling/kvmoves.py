@@ -14,10 +14,11 @@ only whose K/V stays.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from runtime.scheduling.blocks import BlockPool
 from runtime.events.kinds import Event, Recomputed, SwappedOut
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
 from runtime.scheduling.turns import Copy, Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
@@ -38,8 +39,14 @@ class Seats(Protocol):
 
 class KVMemory:
     def __init__(
-        self, config: SchedulerConfig, pool: BlockPool, prefix: PrefixCache, priorities: Priorities, seats: Seats,
-        emit: Callable[[Event], None], about: Callable[[Turn, float], dict[str, Any]],
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool,
+        prefix: PrefixCache,
+        priorities: Priorities,
+        seats: Seats,
+        emit: Callable[[Event], None],
+        about: Callable[[Turn, float], dict[str, Any]],
     ) -> None:
         self.config = config
         self.policy = config.policy
@@ -93,7 +100,7 @@ class KVMemory:
         self.swapped_blocks -= len(fresh)
         if fresh:
             plan.moves.append(SwapIn(turn.id, list(fresh)))
-        kept_at = dict(zip(turn.swap_kept, kept))
+        kept_at = dict(zip(turn.swap_kept, kept, strict=False))
         fresh.reverse()
         turn.blocks = [kept_at[i] if i in kept_at else fresh.pop() for i in range(len(kept) + len(fresh))]
         turn.status, turn.committed = Status.PAUSED, 0
@@ -109,7 +116,11 @@ class KVMemory:
             victim = victim_of(paused, now)
             if victim is None or self.priorities.effective(victim, now) > self.priorities.effective(keep, now):
                 batched = set(plan.turns)
-                candidates = [t for t in self.seats.running.values() if t not in batched and self.priorities.effective(t, now) <= self.priorities.effective(keep, now)]
+                candidates = [
+                    t
+                    for t in self.seats.running.values()
+                    if t not in batched and self.priorities.effective(t, now) <= self.priorities.effective(keep, now)
+                ]
                 victim = victim_of(candidates, now)
                 if victim is None:
                     return False

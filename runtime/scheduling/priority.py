@@ -25,7 +25,8 @@ SetInherited message on an owner, which may live in another process), and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from runtime.errors import UsageError
 

@@ -29,21 +29,35 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from runtime.errors import UsageError
+from runtime.events.kinds import (
+    Admitted,
+    Cancelled,
+    Ended,
+    Event,
+    Failed,
+    Finished,
+    Preempted,
+    Progress,
+    Queued,
+    Recomputed,
+    Resumed,
+    SwappedIn,
+)
+from runtime.events.latency import felt
 from runtime.scheduling.accounting import Accounting
 from runtime.scheduling.batching import Batching
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.constraints import Constraint, TurnConstraint
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.work import GREEDY, Sampling
-from runtime.errors import UsageError
-from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Progress, Queued, Recomputed, Resumed, SwappedIn
 from runtime.scheduling.kvmoves import KVMemory
-from runtime.events.latency import felt
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import BACKGROUND, Priorities
 from runtime.scheduling.turns import Plan, Policy, SchedulerConfig, Status, Turn
+from runtime.scheduling.work import GREEDY, Sampling
 
 # A running turn's tokens so far are told (turn.progress) at most this often, in
 # seconds of the swarm clock: a viewer counts a long turn before it ends, and
@@ -113,8 +127,17 @@ class Scheduler:
         if turn_id in self.turns:
             raise UsageError(f"turn id {turn_id} is already live")
         turn = Turn(
-            turn_id, agent, priority, list(prompt), max_tokens, sampling, ignore_eos,
-            arrived=now, waiting_since=now, lifts=(agent, *lifts), enqueued=next(self._enqueues),
+            turn_id,
+            agent,
+            priority,
+            list(prompt),
+            max_tokens,
+            sampling,
+            ignore_eos,
+            arrived=now,
+            waiting_since=now,
+            lifts=(agent, *lifts),
+            enqueued=next(self._enqueues),
         )
         if constraint is not None:
             turn.constraint = TurnConstraint(constraint, len(turn.prompt) - prior_output, turn.tokens)
@@ -215,7 +238,7 @@ class Scheduler:
         simulator prices them at once: swarm.sim.)"""
         if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
-        for work, turn in zip(plan.works, plan.turns):
+        for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or not turn.ignore_eos:
                 return 1
             steps = min(steps, turn.max_tokens - len(turn.output))
@@ -223,9 +246,9 @@ class Scheduler:
             return 1
         size = self.pool.block_size
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns)) > self.pool.num_free:
+        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns, strict=False)) > self.pool.num_free:
             return 1
-        for end, turn in zip(ends, plan.turns):
+        for end, turn in zip(ends, plan.turns, strict=False):
             self.pool.grow(turn.blocks, end)
         return steps
 
@@ -326,10 +349,16 @@ class Scheduler:
         else:
             # (For memory a running turn of equal priority may give way: that is
             # no slot taken by a higher priority, and the reason says so.)
-            self.emit(Preempted(
-                **self._about(victim, now), tokens=len(victim.output), by_turn=by.id, by_agent=by.agent, by_priority=self.priorities.effective(by, now),
-                reason="memory" if memory else None,
-            ))
+            self.emit(
+                Preempted(
+                    **self._about(victim, now),
+                    tokens=len(victim.output),
+                    by_turn=by.id,
+                    by_agent=by.agent,
+                    by_priority=self.priorities.effective(by, now),
+                    reason="memory" if memory else None,
+                )
+            )
         self._unslot(victim, now)
         victim.preemptions += 1
         plan.preemptions += 1
@@ -400,7 +429,14 @@ class Scheduler:
         if turn.owed:  # tokens a step in flight samples for it are thrown away
             del turn.output[-turn.owed :]
             turn.owed = 0
-        turn.ended = kind(**self._about(turn, now), tokens=len(turn.output), reason=reason, cached_tokens=turn.cache_hits, computed_tokens=turn.prefilled, **_latencies(turn, now, self.priorities.unaged(turn)))
+        turn.ended = kind(
+            **self._about(turn, now),
+            tokens=len(turn.output),
+            reason=reason,
+            cached_tokens=turn.cache_hits,
+            computed_tokens=turn.prefilled,
+            **_latencies(turn, now, self.priorities.unaged(turn)),
+        )
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
             self.memory.release_host(turn)

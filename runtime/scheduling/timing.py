@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 
 from runtime.scheduling.cost import StepCost, step_features
-from runtime.scheduling.work import Work
 from runtime.scheduling.turns import Plan
+from runtime.scheduling.work import Work
 
 
 class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +48,9 @@ class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TimingEngine:
-    def __init__(self, model: TimingModel = TimingModel(), *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1, realtime: bool = False) -> None:
+    def __init__(
+        self, model: TimingModel = TimingModel(), *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1, realtime: bool = False
+    ) -> None:
         self.model = model
         self.realtime = realtime  # sleep through each step, for runs on a wall clock
         self.blocking = realtime  # (else a step returns at once: the owner calls it inline)
@@ -123,4 +125,8 @@ class TimingEngine:
         moved += sum(len(blocks) * self.block_size for _, blocks in plan.swap_in)
         copied = 2 * len(plan.copies) * self.block_size  # read and written once each
         per_token = self.model.kv_bytes_per_token
-        return plan.preemptions * self.model.flush_s + moved * per_token / (self.model.swap_gb_s * 1e9) + copied * per_token / (self.model.copy_gb_s * 1e9)
+        return (
+            plan.preemptions * self.model.flush_s
+            + moved * per_token / (self.model.swap_gb_s * 1e9)
+            + copied * per_token / (self.model.copy_gb_s * 1e9)
+        )

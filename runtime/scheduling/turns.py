@@ -7,13 +7,13 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from runtime.scheduling.constraints import TurnConstraint
-from runtime.scheduling.cost import step_features
-from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
 from runtime.errors import ConfigError
 from runtime.events.kinds import Ended, Event
+from runtime.scheduling.constraints import TurnConstraint
+from runtime.scheduling.cost import step_features
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
 
 UNKNOWN = -1  # a token sampled by a step still in flight (runtime.scheduling.scheduler.Scheduler.advance)
 
@@ -99,12 +99,16 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
-        if self.swap_blocks is not None and (isinstance(self.swap_blocks, bool) or not isinstance(self.swap_blocks, int) or self.swap_blocks < 0):
+        if self.swap_blocks is not None and (
+            isinstance(self.swap_blocks, bool) or not isinstance(self.swap_blocks, int) or self.swap_blocks < 0
+        ):
             raise ConfigError(f"swap_blocks must be None or an int >= 0, got {self.swap_blocks!r}")
         if self.slots < 1:
             raise ConfigError(f"slots must be at least 1, got {self.slots}")
         if self.step_tokens < self.slots:
-            raise ConfigError(f"step_tokens ({self.step_tokens}) must be at least slots ({self.slots}), so every running turn can decode each step")
+            raise ConfigError(
+                f"step_tokens ({self.step_tokens}) must be at least slots ({self.slots}), so every running turn can decode each step"
+            )
         if self.aging_s <= 0:
             raise ConfigError(f"aging_s must be positive, got {self.aging_s}")
         if self.slack < 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ def percentiles(samples: Sequence[float]) -> dict[str, float] | None:
 
 
 def format_duration(seconds: float | None, ms_digits: int = 1) -> str:
-    """"12.3 ms" below a second (`ms_digits` after the point), "1.23 s" above;
+    """ "12.3 ms" below a second (`ms_digits` after the point), "1.23 s" above;
     "-" for none."""
     if seconds is None:
         return "-"

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from runtime.scheduling.constraints import ConstraintChecker, TurnConstraint
 from runtime.errors import EngineError, UsageError
+from runtime.scheduling.constraints import ConstraintChecker, TurnConstraint
 
 if TYPE_CHECKING:
     from runtime.scheduling.cost import StepCost
@@ -149,6 +150,7 @@ class Engine(Protocol):
         """Time a few deliberately varied steps to seed `cost`. Called once by the
         GPU owner before the first turn; cheap to call again (it does nothing)."""
         ...
+
     model_id: str  # what K/V depends on besides the tokens; keys the prefix cache
 
     def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:

@@ -24,9 +24,18 @@ from swarm.cluster import ClusterSwarm, Pinned
 def _cluster(args: argparse.Namespace, policy: str, owners: int, pins: dict[str, str]) -> ClusterSwarm:
     name, _, variant = policy.partition(":")
     return ClusterSwarm(
-        owners, address=None if args.cluster == "local" else args.cluster, model=args.model, device=args.device, kernels=args.kernels,
-        slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=not args.no_shaping and variant != "unshaped",
-        slack=args.slack, abandon_steps=variant != "whole", placement=Pinned(owners=pins),
+        owners,
+        address=None if args.cluster == "local" else args.cluster,
+        model=args.model,
+        device=args.device,
+        kernels=args.kernels,
+        slots=args.slots,
+        policy=name,
+        step_tokens=args.step_tokens,
+        shaping=not args.no_shaping and variant != "unshaped",
+        slack=args.slack,
+        abandon_steps=variant != "whole",
+        placement=Pinned(owners=pins),
     )
 
 
@@ -50,6 +59,7 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     preempted: Counter[str] = Counter()
     abandoned: Counter[str] = Counter()
     async with _cluster(args, policy, args.owners, pins) as swarm, anyio.create_task_group() as tg:
+
         async def tally(sub: Any) -> None:
             async for event in sub:
                 if isinstance(event, Preempted) and event.owner and stats[event.owner].measuring:
@@ -79,10 +89,12 @@ async def bench_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         steps = {}
         for name in names:
             run, seconds = await swarm.handles[name].steps.remote()
-            steps[name] = seconds[-(run - before[name]):] if run > before[name] else []
+            steps[name] = seconds[-(run - before[name]) :] if run > before[name] else []
         tg.cancel_scope.cancel()
     owners = {name: row(stats[name], elapsed, preempted[name], steps[name], abandoned[name]) for name in names}
-    total = row(_pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s], sum(abandoned.values()))
+    total = row(
+        _pooled(list(stats.values())), elapsed, sum(preempted.values()), [x for s in steps.values() for x in s], sum(abandoned.values())
+    )
     return {"total": total, "owners": owners}
 
 
@@ -119,5 +131,7 @@ def run(args: argparse.Namespace, policies: list[str]) -> dict[str, Any]:
     return {
         "policies": {policy: r["total"] for policy, r in results.items()},
         "solo": solo,
-        "owners": {name: {"policies": {policy: r["owners"][name] for policy, r in results.items()}} for name in results[policies[0]]["owners"]},
+        "owners": {
+            name: {"policies": {policy: r["owners"][name] for policy, r in results.items()}} for name in results[policies[0]]["owners"]
+        },
     }

@@ -21,8 +21,8 @@ import jsonschema
 
 from gpu.engine import OpenCLEngine
 from runtime.scheduling.constraints import JsonSchema, TurnConstraint
-from runtime.scheduling.work import Sampling, Work
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import Sampling, Work
 
 BATCH = 8
 WARM_UP = 4  # untimed steps first: a matcher's first masks build its lexer's states
@@ -169,14 +169,14 @@ def run_constrained_bench(engine: OpenCLEngine, steps: int = 64) -> dict:
             t0 = time.perf_counter()
             tokens = engine.step(batch)
             times[name].append(time.perf_counter() - t0)
-            for t, token in zip(turns, tokens):
+            for t, token in zip(turns, tokens, strict=False):
                 t.out.append(token)
     m = engine.mask_times
     for t in free + held:
         engine.forget(t.turn)
     free_ms, held_ms = 1e3 * statistics.median(times["free"]), 1e3 * statistics.median(times["held"])
     # (each held step against the free step just before it: the machine's load drifts less in between)
-    paired = statistics.median(h / f for f, h in zip(times["free"], times["held"]))
+    paired = statistics.median(h / f for f, h in zip(times["free"], times["held"], strict=False))
     return {
         "device": engine.device_name,
         "model": engine.model_name,
@@ -226,7 +226,7 @@ def run_validity(engine: OpenCLEngine, generations: int = 80, max_tokens: int = 
             turn.name = name
             turns.append(turn)
         tables = _tables(engine, len(turns), max(len(t.prompt) for t in turns) + max_tokens + 1)
-        for t, table in zip(turns, tables):
+        for t, table in zip(turns, tables, strict=False):
             t.table = table
         _prefill(engine, turns)
         eos = engine.eos_token_ids
@@ -234,7 +234,7 @@ def run_validity(engine: OpenCLEngine, generations: int = 80, max_tokens: int = 
             live = [t for t in turns if t.out[-1] not in eos]
             if not live:
                 break
-            for t, token in zip(live, engine.step([t.work(engine)[0] for t in live])):
+            for t, token in zip(live, engine.step([t.work(engine)[0] for t in live]), strict=False):
                 t.out.append(token)
         for t in turns:
             engine.forget(t.turn)

@@ -19,12 +19,12 @@ import time
 import numpy as np
 
 from gpu.engine import OpenCLEngine
-from runtime.scheduling.cost import step_features
 from runtime.scheduling.blocks import BlockPool
-from runtime.scheduling.work import Work
+from runtime.scheduling.cost import step_features
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import SchedulerConfig
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import Work
 
 BATCHES = (1, 2, 4, 8)
 PROMPT = 64  # positions each turn holds before the decode steps
@@ -157,7 +157,7 @@ def long_context_step(engine: OpenCLEngine, rng: np.random.Generator, steps: int
         chunk = prompt[c0 : c0 + engine.max_batch_tokens]
         engine.step([Work(turn=0, tokens=chunk, start=c0, block_table=tables[0], sample=False)])
     for t in range(1, batch):
-        for source, target in zip(tables[0][: ceil_div(positions, size)], tables[t]):
+        for source, target in zip(tables[0][: ceil_div(positions, size)], tables[t], strict=False):
             engine.copy(source, target)
     times, profiles = [], []
     for k in range(steps + 1):

@@ -29,11 +29,15 @@ TASKS = Path(__file__).resolve().parent.parent / "tests" / "fixtasks"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="MODEL", default="qwen2.5-coder-0.5b", help="GGUF path or catalogue name (default qwen2.5-coder-0.5b)")
+    parser.add_argument(
+        "--model", metavar="MODEL", default="qwen2.5-coder-0.5b", help="GGUF path or catalogue name (default qwen2.5-coder-0.5b)"
+    )
     parser.add_argument("--device", metavar="D", help="OpenCL device")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family")
     parser.add_argument("--tasks", metavar="NAMES", help=f"comma-separated task names (default: all under {TASKS})")
-    parser.add_argument("--mode", choices=("swarm", "single", "both"), default="both", help="the fixer swarm, the single-shot baseline, or both")
+    parser.add_argument(
+        "--mode", choices=("swarm", "single", "both"), default="both", help="the fixer swarm, the single-shot baseline, or both"
+    )
     parser.add_argument("--candidates", type=int, default=4, metavar="N", help="candidates a round in swarm mode (default 4)")
     parser.add_argument("--temperature", type=float, default=0.8, metavar="T", help="sampling temperature in swarm mode (default 0.8)")
     parser.add_argument("--task-timeout", type=float, default=600.0, metavar="S", help="seconds per task in swarm mode (default 600)")
@@ -67,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             if not args.json:
                 print(format_row(row), flush=True)
-    report = {"model": getattr(engine, "model_name", None) or args.model, "rows": rows, "solved": {
-        mode: f"{sum(r['solved'] for r in rows if r['mode'] == mode)}/{sum(1 for r in rows if r['mode'] == mode)}" for mode in modes}}
+    report = {
+        "model": getattr(engine, "model_name", None) or args.model,
+        "rows": rows,
+        "solved": {
+            mode: f"{sum(r['solved'] for r in rows if r['mode'] == mode)}/{sum(1 for r in rows if r['mode'] == mode)}" for mode in modes
+        },
+    }
     print(json.dumps(report) if args.json else "solved: " + ", ".join(f"{m} {s}" for m, s in report["solved"].items()))
     return 0
 
@@ -90,8 +99,14 @@ async def solve_task(engine, name: str, mode: str, args: argparse.Namespace) -> 
         failing = baseline.failing
         message = "\n".join(f"{t}:\n{baseline.messages.get(t, '')[-500:]}" for t in failing)
         single = mode == "single"
-        fixer = Fixer("fixer", tools=tools, candidates=1 if single else args.candidates, temperature=0.0 if single else args.temperature,
-                      rounds=1 if single else None, max_tokens=320)
+        fixer = Fixer(
+            "fixer",
+            tools=tools,
+            candidates=1 if single else args.candidates,
+            temperature=0.0 if single else args.temperature,
+            rounds=1 if single else None,
+            max_tokens=320,
+        )
         result = None
         async with Swarm(engine, slots=args.slots) as swarm:
             await swarm.spawn(fixer)
@@ -99,12 +114,20 @@ async def solve_task(engine, name: str, mode: str, args: argparse.Namespace) -> 
                 result = await fixer.solve(Failure(failing[0] if failing else "", message), targets=failing)
         tokens = sum(r.tokens for r in fixer.records)
         return {
-            "task": name, "mode": mode, "solved": bool(result and result.verified), "seconds": round(time.monotonic() - started, 1),
-            "candidates": len(fixer.records), "tokens": tokens, "rounds": result.rounds if result else None,
-            "failing_before": len(failing), "diff": result.diff if result and result.verified else "",
+            "task": name,
+            "mode": mode,
+            "solved": bool(result and result.verified),
+            "seconds": round(time.monotonic() - started, 1),
+            "candidates": len(fixer.records),
+            "tokens": tokens,
+            "rounds": result.rounds if result else None,
+            "failing_before": len(failing),
+            "diff": result.diff if result and result.verified else "",
         }
 
 
 def format_row(row: dict) -> str:
-    return (f"{row['mode']:<6} {row['task']:<26} {'solved' if row['solved'] else 'not solved':<10} {row['seconds']:>7.1f} s  "
-            f"{row['candidates']:>3} candidates  {row['tokens']:>6} tokens")
+    return (
+        f"{row['mode']:<6} {row['task']:<26} {'solved' if row['solved'] else 'not solved':<10} {row['seconds']:>7.1f} s  "
+        f"{row['candidates']:>3} candidates  {row['tokens']:>6} tokens"
+    )

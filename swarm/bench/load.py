@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import numpy as np
@@ -76,7 +77,9 @@ class Foreground(Agent):
     """A person: a turn, then a pause of random length, then the next. `turns`
     stops it after that many (the solo run)."""
 
-    def __init__(self, name: str, gaps: Iterator[float], prompts: Iterator[list[int]], tokens: int, stats: Stats, turns: int | None = None) -> None:
+    def __init__(
+        self, name: str, gaps: Iterator[float], prompts: Iterator[list[int]], tokens: int, stats: Stats, turns: int | None = None
+    ) -> None:
         super().__init__(name, FOREGROUND)
         self.gaps, self.prompts, self.tokens, self.stats, self.turns = gaps, prompts, tokens, stats, turns
 
@@ -150,5 +153,3 @@ def vs_solo(result: dict[str, Any], solo: dict[str, Any]) -> dict[str, float | N
             ok = mine and base and base[p] > 0
             out[f"{key[3:-2]}_{p}"] = mine[p] / base[p] if ok else None
     return out
-
-

@@ -46,8 +46,8 @@ from typing import Any
 import anyio
 
 from runtime.agent import Agent
-from runtime.scheduling.cost import StepCost, kv_reads
 from runtime.events.kinds import Admitted
+from runtime.scheduling.cost import StepCost, kv_reads
 from runtime.scheduling.priority import BACKGROUND
 from runtime.scheduling.timing import TimingEngine, TimingModel
 
@@ -58,7 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2000, metavar="N", help="measured steps per configuration")
     parser.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per configuration; the best is reported")
     parser.add_argument("--turn-tokens", type=int, default=512, metavar="N", help="tokens per background turn")
-    parser.add_argument("--device-ms", type=float, default=2.0, metavar="MS", help="step time of the device whose idle time between steps is measured (0: skip)")
+    parser.add_argument(
+        "--device-ms",
+        type=float,
+        default=2.0,
+        metavar="MS",
+        help="step time of the device whose idle time between steps is measured (0: skip)",
+    )
     parser.add_argument("--device-seconds", type=float, default=3.0, metavar="S", help="how long to measure it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -144,7 +150,7 @@ async def measure_device(step_ms: float, seconds: float, slots: int = 8) -> dict
         first = len(engine.doors)
         await anyio.sleep(seconds)
         doors = engine.doors[first:]
-    idle = [b[0] - a[1] for a, b in zip(doors, doors[1:]) if a[2] == b[2] == slots] or [float("nan")]
+    idle = [b[0] - a[1] for a, b in zip(doors, doors[1:], strict=False) if a[2] == b[2] == slots] or [float("nan")]
     steps = [out - came for came, out, _ in doors] or [float("nan")]
     return {
         "slots": slots, "step_ms": 1e3 * statistics.median(steps), "steps": len(doors),

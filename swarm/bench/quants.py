@@ -23,8 +23,8 @@ import gguf
 from gpu.engine import OpenCLEngine, open_engine
 from gpu.model.load import ModelConfig
 from gpu.model.synthetic import write_tiny_gguf
-from runtime.scheduling.work import Work
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import Work
 
 Q = gguf.GGMLQuantizationType
 TYPES = (Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -52,7 +52,7 @@ def run_quant_bench(config: ModelConfig, *, device=None, kernels=None, steps: in
         device_bytes = sum(m.nbytes for L in w.layers for m in (L.qkv, L.out, L.gate_up, L.down))
         file_bytes = sum(m.file_bytes for L in w.layers for m in (L.qkv, L.out, L.gate_up, L.down))
         ns = statistics.median(per_byte[qtype])
-        vs = statistics.median(a / b for a, b in zip(per_byte[qtype], per_byte[Q.Q4_1]))
+        vs = statistics.median(a / b for a, b in zip(per_byte[qtype], per_byte[Q.Q4_1], strict=False))
         out[qtype.name] = {
             "kind": w.layers[0].down.kind,
             "ns_per_device_byte": ns,

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, default=8, help="slots, and background streams")
     parser.add_argument("--model", help="GGUF model file (default: the default model)")
     parser.add_argument("--device", help="OpenCL device (default: a GPU if any, else the first usable; env SWARM_DEVICE)")
-    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
+    parser.add_argument(
+        "--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu"
+    )
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
     parser.add_argument("--fg-tokens", type=int, default=48, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths")
@@ -80,9 +82,14 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
         first = True
         while True:
             stream = await client.completions.create(
-                model=model, prompt=next(bg_prompts), max_tokens=next(lengths), temperature=0, stream=True,
+                model=model,
+                prompt=next(bg_prompts),
+                max_tokens=next(lengths),
+                temperature=0,
+                stream=True,
                 stream_options={"include_usage": True, "continuous_usage_stats": True},
-                extra_body={"ignore_eos": True}, extra_headers={"X-Swarm-Agent": f"bg{i}"},
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Swarm-Agent": f"bg{i}"},
             )
             seen = 0
             async with stream:
@@ -101,8 +108,13 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
             times: list[float] = []
             usage: dict[str, Any] = {}
             stream = await client.completions.create(
-                model=model, prompt=next(fg_prompts), max_tokens=args.fg_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+                model=model,
+                prompt=next(fg_prompts),
+                max_tokens=args.fg_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
                 extra_headers={"X-Swarm-Agent": "fg", "X-Swarm-Priority": "foreground"},
             )
             async with stream:
@@ -114,7 +126,7 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
             if not stats.measuring or not times:
                 continue
             stats.fg_ttft_s.append(times[0] - sent)
-            stats.fg_itl_s += [b - a for a, b in zip(times, times[1:])]
+            stats.fg_itl_s += [b - a for a, b in zip(times, times[1:], strict=False)]
             if usage.get("ttft_s") is not None:
                 stats.fg_server_ttft_s.append(usage["ttft_s"])
                 stats.fg_waited_s.append(usage["waited_s"])
@@ -135,11 +147,16 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
             elapsed = time.monotonic() - started
             tg.cancel_scope.cancel()  # hang up: the server cancels every turn
     return {
-        "fg_ttft_s": percentiles(stats.fg_ttft_s), "fg_itl_s": percentiles(stats.fg_itl_s),
-        "fg_server_ttft_s": percentiles(stats.fg_server_ttft_s), "fg_wait_s": percentiles(stats.fg_waited_s),
-        "fg_turns": len(stats.fg_ttft_s), "bg_streams_started": stats.started,
-        "bg_tok_per_s": stats.bg_tokens / elapsed, "seconds": elapsed,
-        "fg_ttft_samples_s": stats.fg_ttft_s, "fg_server_ttft_samples_s": stats.fg_server_ttft_s,
+        "fg_ttft_s": percentiles(stats.fg_ttft_s),
+        "fg_itl_s": percentiles(stats.fg_itl_s),
+        "fg_server_ttft_s": percentiles(stats.fg_server_ttft_s),
+        "fg_wait_s": percentiles(stats.fg_waited_s),
+        "fg_turns": len(stats.fg_ttft_s),
+        "bg_streams_started": stats.started,
+        "bg_tok_per_s": stats.bg_tokens / elapsed,
+        "seconds": elapsed,
+        "fg_ttft_samples_s": stats.fg_ttft_s,
+        "fg_server_ttft_samples_s": stats.fg_server_ttft_s,
     }
 
 
@@ -147,8 +164,24 @@ class _Server:
     """`swarm serve` in a child process on a free loopback port."""
 
     def __init__(self, args: argparse.Namespace, model_id: str) -> None:
-        cmd = [sys.executable, "-m", "swarm.cli", "serve", "--port", "0", "--served-model-name", model_id, "--slots", str(args.slots),
-               "--policy", args.policy, "--step-tokens", str(args.step_tokens), "--kernels", args.kernels]
+        cmd = [
+            sys.executable,
+            "-m",
+            "swarm.cli",
+            "serve",
+            "--port",
+            "0",
+            "--served-model-name",
+            model_id,
+            "--slots",
+            str(args.slots),
+            "--policy",
+            args.policy,
+            "--step-tokens",
+            str(args.step_tokens),
+            "--kernels",
+            args.kernels,
+        ]
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--device", args.device] if args.device else []
         # The child runs this very code, wherever it was imported from.
@@ -227,12 +260,19 @@ def print_table(out: dict[str, Any]) -> None:
     rows = [("over HTTP", out["http"])] + ([("in process", out["in_process"])] if "in_process" in out else [])
     for name, r in rows:
         ttft, itl = r["fg_ttft_s"] or {}, r["fg_itl_s"] or {}
-        table.add_row(name, str(r["fg_turns"]), *(format_duration(ttft.get(k), 0) for k in ("p50", "p90", "p99", "max")),
-                      *(format_duration(itl.get(k), 0) for k in ("p50", "p90", "p99", "max")), f"{r['bg_tok_per_s']:.1f}")
+        table.add_row(
+            name,
+            str(r["fg_turns"]),
+            *(format_duration(ttft.get(k), 0) for k in ("p50", "p90", "p99", "max")),
+            *(format_duration(itl.get(k), 0) for k in ("p50", "p90", "p99", "max")),
+            f"{r['bg_tok_per_s']:.1f}",
+        )
     console = Console()
     console.print(table)
     server = out["http"]["fg_server_ttft_s"]
     if server:
-        console.print(f"server-side ttft (usage.ttft_s) over HTTP: p50 {format_duration(server['p50'], 0)}, p99 {format_duration(server['p99'], 0)}")
+        console.print(
+            f"server-side ttft (usage.ttft_s) over HTTP: p50 {format_duration(server['p50'], 0)}, p99 {format_duration(server['p99'], 0)}"
+        )
     if out.get("fg_ttft_p99_vs_in_process") is not None:
         console.print(f"foreground ttft p99, HTTP / in process: {out['fg_ttft_p99_vs_in_process']:.2f}x (target <= 2x)")

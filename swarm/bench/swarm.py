@@ -29,41 +29,74 @@ from typing import Any
 
 import anyio
 
-from runtime.scheduling.work import Engine
 from runtime.errors import ConfigError
 from runtime.events.kinds import Admitted, Preempted, StepAbandoned
 from runtime.scheduling.turns import Policy
 from runtime.scheduling.units import format_duration
+from runtime.scheduling.work import Engine
 from swarm import Swarm
 from swarm.bench.load import Background, Foreground, Stats, feel, row, streams, vs_solo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per policy (after the warm-up)")
-    parser.add_argument("--policies", default="resident,priority,fcfs", help="comma-separated, from: " + ", ".join(p.value for p in Policy) + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step)")
+    parser.add_argument(
+        "--policies",
+        default="resident,priority,fcfs",
+        help="comma-separated, from: "
+        + ", ".join(p.value for p in Policy)
+        + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8, help="turns decoded together")
-    parser.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
+    parser.add_argument(
+        "--model",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
+    )
     parser.add_argument("--device", help="OpenCL device (default: a GPU if any, else the first usable; env SWARM_DEVICE)")
-    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
+    parser.add_argument(
+        "--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu"
+    )
     parser.add_argument("--fg-interval", type=float, default=5.0, help="mean seconds between foreground turns")
     parser.add_argument("--fg-tokens", type=int, default=48, help="tokens per foreground turn")
     parser.add_argument("--bg-max", type=int, default=256, help="clip background turn lengths (a CPU decodes slowly)")
-    parser.add_argument("--step-tokens", type=int, default=16, help="tokens one step may process (small on a CPU: a prefill chunk lengthens its step, and so the wait)")
-    parser.add_argument("--prompt", type=int, default=300, help="mean prompt tokens per turn (lognormal mixture, clipped to 32 .. 4x the mean)")
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=16,
+        help="tokens one step may process (small on a CPU: a prefill chunk lengthens its step, and so the wait)",
+    )
+    parser.add_argument(
+        "--prompt", type=int, default=300, help="mean prompt tokens per turn (lognormal mixture, clipped to 32 .. 4x the mean)"
+    )
     parser.add_argument("--no-shaping", action="store_true", help="turn step shaping off for every policy")
-    parser.add_argument("--slack", type=float, default=0.25, help="shaping: background decodes may lengthen a foreground step by this fraction")
+    parser.add_argument(
+        "--slack", type=float, default=0.25, help="shaping: background decodes may lengthen a foreground step by this fraction"
+    )
     parser.add_argument("--warmup", type=float, default=30.0, help="at most this many seconds for every slot to fill first")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the load")
-    parser.add_argument("--cluster", nargs="?", const="local", metavar="ADDRESS",
-                        help="the same load over GPU owners as Ray actors (a local Ray instance, or the cluster at ADDRESS)")
+    parser.add_argument(
+        "--cluster",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="the same load over GPU owners as Ray actors (a local Ray instance, or the cluster at ADDRESS)",
+    )
     parser.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2)")
 
 
 def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
     name, _, variant = policy.partition(":")
     shaping = not args.no_shaping and variant != "unshaped"
-    return Swarm(engine, slots=args.slots, policy=name, step_tokens=args.step_tokens, shaping=shaping, slack=args.slack, abandon_steps=variant != "whole")
+    return Swarm(
+        engine,
+        slots=args.slots,
+        policy=name,
+        step_tokens=args.step_tokens,
+        shaping=shaping,
+        slack=args.slack,
+        abandon_steps=variant != "whole",
+    )
 
 
 async def bench_policy(engine: Engine, policy: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -156,9 +189,19 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
 def _report(args: argparse.Namespace, device: str, **out: Any) -> int:
     out = {
-        "workload": {"slots": args.slots, "seconds": args.seconds, "fg_interval_s": args.fg_interval, "fg_tokens": args.fg_tokens,
-                     "bg_max": args.bg_max, "step_tokens": args.step_tokens, "prompt": args.prompt, "seed": args.seed,
-                     "shaping": not args.no_shaping, "slack": args.slack, "device": device},
+        "workload": {
+            "slots": args.slots,
+            "seconds": args.seconds,
+            "fg_interval_s": args.fg_interval,
+            "fg_tokens": args.fg_tokens,
+            "bg_max": args.bg_max,
+            "step_tokens": args.step_tokens,
+            "prompt": args.prompt,
+            "seed": args.seed,
+            "shaping": not args.no_shaping,
+            "slack": args.slack,
+            "device": device,
+        },
         **out,
     }
     return report(out, args.json, _print_tables)
@@ -186,8 +229,10 @@ def print_table(out: dict[str, Any]) -> None:
 
     w = out["workload"]
     console = Console()
-    console.print(f"{w['slots']} slots on {w['device']}, foreground every ~{w['fg_interval_s']:.0f} s ({w['fg_tokens']} tokens), "
-                  f"prompts ~{w['prompt']} tokens, background <= {w['bg_max']} tokens")
+    console.print(
+        f"{w['slots']} slots on {w['device']}, foreground every ~{w['fg_interval_s']:.0f} s ({w['fg_tokens']} tokens), "
+        f"prompts ~{w['prompt']} tokens, background <= {w['bg_max']} tokens"
+    )
     feel = Table(title="what the foreground feels (x solo: over the same turns on the idle engine)")
     for col in ("policy", "turns", "wait p50", "p99", "ttft p50", "p99", "x solo", "itl p50", "p99", "x solo", "turn p50", "p99", "x solo"):
         feel.add_column(col, justify="right")
@@ -197,7 +242,11 @@ def print_table(out: dict[str, Any]) -> None:
         cells = [format_duration(wait.get("p50"), 0), format_duration(wait.get("p99"), 0)]
         for key, (p, x) in (("fg_ttft_s", ("p50", "ttft_p99")), ("fg_itl_s", ("p50", "itl_p50")), ("fg_turn_s", ("p50", "turn_p50"))):
             v = r.get(key) or {}
-            cells += [format_duration(v.get(p), 0), format_duration(v.get("p99"), 0), "-" if ratio is None or ratio.get(x) is None else f"{ratio[x]:.2f}x"]
+            cells += [
+                format_duration(v.get(p), 0),
+                format_duration(v.get("p99"), 0),
+                "-" if ratio is None or ratio.get(x) is None else f"{ratio[x]:.2f}x",
+            ]
         feel.add_row(name, str(r["fg_turns"]), *cells)
     console.print(feel)
     load = Table(title="the background")
@@ -205,6 +254,14 @@ def print_table(out: dict[str, Any]) -> None:
         load.add_column(col, justify="right")
     for name, r in out["policies"].items():
         idle, late = r["bg_tok_per_s_idle"], r.get("fg_late_s") or {}
-        load.add_row(name, f"{r['bg_tok_per_s']:.1f}", "-" if idle is None else f"{idle:.1f}", str(r["preemptions"]), str(r.get("abandoned_steps", 0)), format_duration(r["paused_s"], 0),
-                     format_duration(r["step_s_median"], 0), format_duration(late.get("p99"), 0))
+        load.add_row(
+            name,
+            f"{r['bg_tok_per_s']:.1f}",
+            "-" if idle is None else f"{idle:.1f}",
+            str(r["preemptions"]),
+            str(r.get("abandoned_steps", 0)),
+            format_duration(r["paused_s"], 0),
+            format_duration(r["step_s_median"], 0),
+            format_duration(late.get("p99"), 0),
+        )
     console.print(load)

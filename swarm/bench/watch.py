@@ -61,7 +61,9 @@ QUESTIONS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pages", type=int, default=50, help="pages open in the B rounds (default 50)")
     parser.add_argument(
-        "--readers", choices=("chromium", "raw"), default="chromium",
+        "--readers",
+        choices=("chromium", "raw"),
+        default="chromium",
         help="chromium: real pages in a headless browser; raw: bare event-stream connections from another "
         "process (what the server alone costs, without the browser's drawing on the same CPU)",
     )
@@ -268,8 +270,11 @@ def _print(result: dict[str, Any]) -> None:
             f"  {r['pages']:>3} pages ({r['readers']} reading): {r['steps']:>5} steps, {r['steps_per_s']:.1f}/s, "
             f"median {_ms(r['step_s_median'])}, p90 {_ms(r['step_s_p90'])}, mean {_ms(r['step_s_mean'])}, "
             f"{r['events_per_s']:.0f} events/s, readers {r['readers_cpu']:.0%} of a core (settled after {r['settled_s']:.0f} s)"
-            + (f"; pages drew every {drew['interval_ms'] / 1000:.1f} s, {drew['frame_ms']:.1f} ms a frame"
-               if drew and drew["frame_ms"] is not None else "")
+            + (
+                f"; pages drew every {drew['interval_ms'] / 1000:.1f} s, {drew['frame_ms']:.1f} ms a frame"
+                if drew and drew["frame_ms"] is not None
+                else ""
+            )
         )
     for n in result["step_s_median"]:
         print(

@@ -22,17 +22,18 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import msgspec
 
-from runtime.events.bus import EventBus
-from runtime.owner.client import GPUClient
-from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
-from runtime.errors import ConfigError, TurnCancelled
-from runtime.owner.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from runtime.actors.serving import lift_key
+from runtime.errors import ConfigError, TurnCancelled
+from runtime.events.bus import EventBus
+from runtime.events.kinds import Admitted, Cancelled, Ended, Event, Failed, Finished, Preempted, Queued, Resumed, decode
+from runtime.owner.client import GPUClient
+from runtime.owner.messages import Token, TurnChannel, TurnRequest, turn_request_problem
 from swarm.cluster.placement import Router
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,15 @@ class ClusterGPU(GPUClient):
     """The GPU client (runtime.owner.client.GPUClient) of owners spread over Ray."""
 
     def __init__(
-        self, handles: dict[str, Any], offsets: dict[str, float], router: Router, bus: EventBus, tokenizer: Any, tasks: anyio.abc.TaskGroup,
-        lent: Callable[[str], int | None], constraints: Any = None,
+        self,
+        handles: dict[str, Any],
+        offsets: dict[str, float],
+        router: Router,
+        bus: EventBus,
+        tokenizer: Any,
+        tasks: anyio.abc.TaskGroup,
+        lent: Callable[[str], int | None],
+        constraints: Any = None,
     ) -> None:
         self.handles = handles  # owner name -> Ray actor handle
         self.offsets = offsets  # owner name -> its clock zero minus ours, in seconds
@@ -147,7 +155,9 @@ class ClusterGPU(GPUClient):
             # An end the driver decides; but if the lost owner's own end reached
             # the log first, that is the end, and the one the agent hears.
             if not placed:  # no owner ever queued it: the log shows it asked, and ended
-                self.bus.emit(Queued(t=request.t, step=0, turn=turn_id, agent=request.agent, priority=request.priority, tokens=len(request.prompt)))
+                self.bus.emit(
+                    Queued(t=request.t, step=0, turn=turn_id, agent=request.agent, priority=request.priority, tokens=len(request.prompt))
+                )
             logged = self.ends.decided_here(end)
             tell(end if logged is None else _as_told(logged, len(tokens)))
 
@@ -169,7 +179,14 @@ class ClusterGPU(GPUClient):
                 self._inboxes[turn_id] = (owner, inbox)
                 # On the owner's clock: its wait starts when the agent asked, crossing included.
                 asked = (request.t if moved_at is None else moved_at) - self.offsets[owner]
-                remote = msgspec.structs.replace(request, reply=None, prompt=request.prompt + tokens, max_tokens=request.max_tokens - len(tokens), prior_output=request.prior_output + len(tokens), t=asked)
+                remote = msgspec.structs.replace(
+                    request,
+                    reply=None,
+                    prompt=request.prompt + tokens,
+                    max_tokens=request.max_tokens - len(tokens),
+                    prior_output=request.prior_output + len(tokens),
+                    t=asked,
+                )
                 lifts = {key: p for key in request.lifts if (p := self._lent(key)) is not None}
                 placed = True
                 try:
@@ -257,7 +274,15 @@ class ClusterGPU(GPUClient):
             if isinstance(event, Queued):
                 return None
             if isinstance(event, Admitted):
-                return Resumed(t=t, step=event.step, turn=event.turn, agent=event.agent, priority=event.priority, slot=event.slot, paused_s=t - moved_at)
+                return Resumed(
+                    t=t,
+                    step=event.step,
+                    turn=event.turn,
+                    agent=event.agent,
+                    priority=event.priority,
+                    slot=event.slot,
+                    paused_s=t - moved_at,
+                )
         if isinstance(event, Ended):
             return msgspec.structs.replace(event, t=t, tokens=len(tokens))
         return msgspec.structs.replace(event, t=t)
@@ -271,7 +296,15 @@ class ClusterGPU(GPUClient):
         self._owner_gone(owner)
         self.moves += 1
         now = self.bus.now()
-        paused = Preempted(t=now, step=0, turn=turn_id, agent=request.agent, priority=self._priority_of(request)(), tokens=len(tokens), reason=f"owner {owner} lost")
+        paused = Preempted(
+            t=now,
+            step=0,
+            turn=turn_id,
+            agent=request.agent,
+            priority=self._priority_of(request)(),
+            tokens=len(tokens),
+            reason=f"owner {owner} lost",
+        )
         self.bus.emit(msgspec.structs.replace(paused, owner=owner))
         tell(paused)
         return now

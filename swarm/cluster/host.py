@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, AsyncIterator, Callable, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -76,9 +77,21 @@ class OwnerHost:
         spec = self.spec
         try:
             engine = await anyio.to_thread.run_sync(
-                lambda: open_engine(spec.model, spec.device, kernels=spec.kernels, **({"num_blocks": spec.num_blocks} if spec.num_blocks else {}))
+                lambda: open_engine(
+                    spec.model, spec.device, kernels=spec.kernels, **({"num_blocks": spec.num_blocks} if spec.num_blocks else {})
+                )
             )
-            swarm = Swarm(engine, slots=spec.slots, policy=spec.policy, step_tokens=spec.step_tokens, shaping=spec.shaping, slack=spec.slack, prefix_cache=spec.prefix_cache, abandon_steps=spec.abandon_steps, model_name=engine.model_name)
+            swarm = Swarm(
+                engine,
+                slots=spec.slots,
+                policy=spec.policy,
+                step_tokens=spec.step_tokens,
+                shaping=spec.shaping,
+                slack=spec.slack,
+                prefix_cache=spec.prefix_cache,
+                abandon_steps=spec.abandon_steps,
+                model_name=engine.model_name,
+            )
         except Exception as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             self._ready.set()
@@ -98,7 +111,9 @@ class OwnerHost:
             raise RuntimeError(f"owner {self.spec.name} could not start: {self._failure}")
         swarm = self._swarm
         started = swarm.bus.last_started
-        return OwnerInfo(self.spec.name, swarm.engine.device_name, swarm.engine.model_name or "", os.getpid(), started.unix_time - started.t)
+        return OwnerInfo(
+            self.spec.name, swarm.engine.device_name, swarm.engine.model_name or "", os.getpid(), started.unix_time - started.t
+        )
 
     async def start(self, turn_id: int, request: TurnRequest, lifts: dict[str, int]) -> None:
         """Run one turn here, under the lifts in force for it (an owner hears only

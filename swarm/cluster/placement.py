@@ -12,8 +12,9 @@ background ones and a new foreground agent lands where it has the least to preem
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from runtime.errors import ConfigError
 

@@ -18,17 +18,18 @@ backend of anyio.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import anyio
 
-from runtime.events.bus import EventBus
+from runtime.actors.system import ActorSystem
 from runtime.errors import ConfigError
+from runtime.events.bus import EventBus
 from runtime.events.kinds import SwarmStarted, SwarmStopped
 from runtime.events.stream import serve_events
-from runtime.actors.system import ActorSystem
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
 from swarm.cluster.placement import Placement, Router
@@ -74,7 +75,19 @@ class ClusterSwarm(AgentHost):
                 raise ConfigError(f"a cluster needs at least one owner, got {owners}")
             model = None if model is None else str(model)
             owners = [
-                OwnerSpec(name=f"gpu{i}", model=model, device=device, kernels=kernels, slots=slots, policy=str(policy), step_tokens=step_tokens, shaping=shaping, slack=slack, prefix_cache=prefix_cache, abandon_steps=abandon_steps)
+                OwnerSpec(
+                    name=f"gpu{i}",
+                    model=model,
+                    device=device,
+                    kernels=kernels,
+                    slots=slots,
+                    policy=str(policy),
+                    step_tokens=step_tokens,
+                    shaping=shaping,
+                    slack=slack,
+                    prefix_cache=prefix_cache,
+                    abandon_steps=abandon_steps,
+                )
                 for i in range(owners)
             ]
         names = [spec.name for spec in owners]
@@ -119,19 +132,31 @@ class ClusterSwarm(AgentHost):
 
             zero = time.time() - self.bus.now()
             self.client = ClusterGPU(
-                self.handles, {name: info.unix_start - zero for name, info in self.infos.items()},
-                Router({name: info.model for name, info in self.infos.items()}, self.placement), self.bus, tokenizer, tasks,
-                lent=self.system.waits.lent, constraints=ConstraintCompiler(tokenizer, tokenizer.vocab_size),
+                self.handles,
+                {name: info.unix_start - zero for name, info in self.infos.items()},
+                Router({name: info.model for name, info in self.infos.items()}, self.placement),
+                self.bus,
+                tokenizer,
+                tasks,
+                lent=self.system.waits.lent,
+                constraints=ConstraintCompiler(tokenizer, tokenizer.vocab_size),
             )
             stack.push_async_callback(self._stop_owners, tasks)
             self.system.on_lift.append(self.client.lifted)
             self.system.on_actor_stopped.append(self.client.agent_stopped)
             await stack.enter_async_context(self.system)
             stack.push_async_callback(self._stop_agents)
-            self.bus.emit(SwarmStarted(
-                t=self.bus.now(), step=0, unix_time=time.time(), slots=sum(s.slots for s in self.specs), policy=self.specs[0].policy,
-                device=f"cluster of {len(self.specs)}: " + ", ".join(f"{i.name}={i.device}" for i in infos), model=infos[0].model,
-            ))
+            self.bus.emit(
+                SwarmStarted(
+                    t=self.bus.now(),
+                    step=0,
+                    unix_time=time.time(),
+                    slots=sum(s.slots for s in self.specs),
+                    policy=self.specs[0].policy,
+                    device=f"cluster of {len(self.specs)}: " + ", ".join(f"{i.name}={i.device}" for i in infos),
+                    model=infos[0].model,
+                )
+            )
             for name in self.handles:
                 tasks.start_soon(self._follow, name)
             self._stack = stack.pop_all()
@@ -195,7 +220,6 @@ class ClusterSwarm(AgentHost):
     async def _announce_stop(self) -> None:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=0, unix_time=time.time()))
         self.bus.close()
-
 
     def kill_owner(self, name: str) -> None:
         """Kill an owner's process, as a crash would (fault drills and tests)."""

@@ -47,7 +47,7 @@ def read_proposal(answer: str, files: dict[str, str], default: str | None = None
             if diff:
                 return Proposal(diff, "diff")
     if not fences and "+++ " in answer and DIFF_START.search(answer):
-        diff = _clean_diff(answer[DIFF_START.search(answer).start():])
+        diff = _clean_diff(answer[DIFF_START.search(answer).start() :])
         if diff:
             return Proposal(diff, "diff")
     for lang, body in fences:
@@ -130,7 +130,9 @@ def _slots(tree: ast.Module) -> dict[str, list[ast.AST]]:
     return slots
 
 
-def _edits_for(d: ast.AST, slots: dict[str, list[ast.AST]], new_lines: list[str], old_tree: ast.Module) -> list[tuple[int, int, list[str]]] | None:
+def _edits_for(
+    d: ast.AST, slots: dict[str, list[ast.AST]], new_lines: list[str], old_tree: ast.Module
+) -> list[tuple[int, int, list[str]]] | None:
     places = slots.get(d.name, [])
     if not places:
         return None
@@ -150,7 +152,7 @@ def _edits_for(d: ast.AST, slots: dict[str, list[ast.AST]], new_lines: list[str]
 def _edit(old: ast.AST, new: ast.AST, new_lines: list[str]) -> tuple[int, int, list[str]]:
     start = min([old.lineno] + [x.lineno for x in old.decorator_list]) - 1
     first = min([new.lineno] + [x.lineno for x in new.decorator_list]) - 1
-    lines = textwrap.dedent("".join(new_lines[first:new.end_lineno])).splitlines(keepends=True)
+    lines = textwrap.dedent("".join(new_lines[first : new.end_lineno])).splitlines(keepends=True)
     indent = " " * old.col_offset
     return start, old.end_lineno, [indent + line if line.strip() else line for line in lines]
 
@@ -173,7 +175,7 @@ def _clean_diff(text: str) -> str:
     if start is None:
         return ""
     keep = []
-    for line in text[start.start():].splitlines():
+    for line in text[start.start() :].splitlines():
         if line.startswith("```"):
             break
         if line.startswith(("diff --git", "index ", "--- ", "+++ ", "@@", "+", "-", " ", "\\")) or line == "":
@@ -231,7 +233,7 @@ def reanchor(tree: Path, diff: str) -> str | None:
             at = _find(lines, before)
             if at is None:
                 return None
-            lines[at:at + len(before)] = [line + "\n" for line in after]
+            lines[at : at + len(before)] = [line + "\n" for line in after]
         new = "".join(lines)
         if new != old:
             out.append(make_diff(path, old, new))
@@ -270,7 +272,7 @@ def _find(lines: list[str], block: list[str]) -> int | None:
         want = [strip(b) for b in block]
         have = [strip(line) for line in lines]
         for i in range(len(have) - len(want) + 1):
-            if have[i:i + len(want)] == want:
+            if have[i : i + len(want)] == want:
                 return i
     return None
 
@@ -316,7 +318,9 @@ class Judgement(msgspec.Struct, kw_only=True):
         return "\n".join(parts) or "All tests pass."
 
 
-def judge(before: TestReport, after: TestReport | None, targets: list[str], diff: str, *, applies: bool = True, error: str = "") -> Judgement:
+def judge(
+    before: TestReport, after: TestReport | None, targets: list[str], diff: str, *, applies: bool = True, error: str = ""
+) -> Judgement:
     changed = sum(1 for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---")))
     if not applies or after is None:
         return Judgement(applies=False, error=error, diff_lines=changed, diff=diff)

@@ -24,7 +24,9 @@ from runtime.errors import ConfigError, SlotswarmError
 IGNORED = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.pyc")
 
 
-def git(args: list[str], cwd: Path, *, input: str | None = None, check: bool = True, ceiling: Path | None = None) -> subprocess.CompletedProcess:
+def git(
+    args: list[str], cwd: Path, *, input: str | None = None, check: bool = True, ceiling: Path | None = None
+) -> subprocess.CompletedProcess:
     """git with a fixed identity and, given `ceiling`, no repository looked for
     above it (so `git apply` in a scratch copy inside another repository patches
     that copy, as plain patch would)."""

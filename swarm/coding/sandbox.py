@@ -26,9 +26,9 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 KINDS = ("bwrap", "rlimit")
 
@@ -64,7 +64,7 @@ _detected: str | None = None
 
 
 def detect_sandbox() -> str:
-    """"bwrap" where bubblewrap is installed and can make its namespaces here,
+    """ "bwrap" where bubblewrap is installed and can make its namespaces here,
     else "rlimit". Checked by running `true` in one, once a process."""
     global _detected
     if _detected is None:
@@ -74,7 +74,8 @@ def detect_sandbox() -> str:
             try:
                 probe = subprocess.run(
                     [bwrap, *_bwrap_namespaces(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"],
-                    capture_output=True, timeout=30,
+                    capture_output=True,
+                    timeout=30,
                 )
                 if probe.returncode == 0:
                     _detected = "bwrap"
@@ -117,8 +118,21 @@ class Sandbox:
         root = Path(root).resolve()
         env = {**_base_env(), **(env or {})}
         if self.kind == "bwrap":
-            command = [shutil.which("bwrap") or "bwrap", *_bwrap_namespaces(), "--ro-bind", "/", "/", "--dev", "/dev",
-                       "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+            command = [
+                shutil.which("bwrap") or "bwrap",
+                *_bwrap_namespaces(),
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--tmpfs",
+                "/tmp",
+                "--tmpfs",
+                "/var/tmp",
+            ]
             for folder in (root, *writable):
                 command += ["--bind", str(Path(folder).resolve()), str(Path(folder).resolve())]
             command += ["--chdir", str(root), "--", *argv]
@@ -128,16 +142,26 @@ class Sandbox:
         notes = [] if cgroup is not None or os.geteuid() != 0 else ["no pids cgroup: running as root, the process limit does not bind"]
         started = time.monotonic()
         process = subprocess.Popen(
-            command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=self._limit_child(cgroup),
+            command,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=self._limit_child(cgroup),
         )
         try:
             output, cut_off = self._collect(process, started)
         finally:
             self._kill(process, cgroup)
         return RunResult(
-            returncode=process.returncode, output=output.decode(errors="replace"), seconds=time.monotonic() - started,
-            cut_off=cut_off, sandbox=self.kind, notes=notes,
+            returncode=process.returncode,
+            output=output.decode(errors="replace"),
+            seconds=time.monotonic() - started,
+            cut_off=cut_off,
+            sandbox=self.kind,
+            notes=notes,
         )
 
     def _limit_child(self, cgroup: _PidsCgroup | None):

@@ -11,8 +11,9 @@ result into the user's tree.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import anyio
 
@@ -60,13 +61,22 @@ class CodingTeam:
         self.sandbox = sandbox or Sandbox()
         self.tools = Toolbox(self.copy, self.runner, self.sandbox, self.out / "scratch")
         names = [f"fixer-{i + 1}" for i in range(fixers)]
-        self.fixers = [Fixer(n, tools=self.tools, candidates=candidates, temperature=temperature, rounds=rounds, max_tokens=fixer_tokens)
-                       for n in names]
+        self.fixers = [
+            Fixer(n, tools=self.tools, candidates=candidates, temperature=temperature, rounds=rounds, max_tokens=fixer_tokens)
+            for n in names
+        ]
         self.reviewer = PatchReviewer("reviewer", tools=self.tools) if reviewer else None
         self.tester = TestAuthor("tester", tools=self.tools) if tester else None
         self.planner = Planner(
-            "planner", tools=self.tools, fixers=names, reviewer="reviewer" if reviewer else None, tester="tester" if tester else None,
-            script=script, interactive=interactive, interval_s=interval_s, say=say,
+            "planner",
+            tools=self.tools,
+            fixers=names,
+            reviewer="reviewer" if reviewer else None,
+            tester="tester" if tester else None,
+            script=script,
+            interactive=interactive,
+            interval_s=interval_s,
+            say=say,
         )
         self.agents: list[Any] = [*self.fixers, *filter(None, (self.reviewer, self.tester)), self.planner]
         self.final: Judgement | None = None
@@ -139,7 +149,8 @@ class CodingTeam:
         p = self.planner
         before = p.baseline
         lines = [
-            "# Coding session report", "",
+            "# Coding session report",
+            "",
             f"- project: `{self.copy.source}` (the team worked on a private copy; the project's files were "
             f"{'written by --apply: ' + ', '.join(self.applied) if self.applied else 'not written'})",
             f"- tests: `{command_line(self.runner)}` in the sandbox: {describe_sandbox(self.sandbox.kind)}",
@@ -163,19 +174,29 @@ class CodingTeam:
             if not result.verified:
                 lines += [f"Not fixed by {result.fixer} after {took}. Last: {result.note[:500]}", ""]
                 continue
-            lines += [f"Fixed and verified by {result.fixer} after {took}. It fixes: {', '.join(result.fixed)}.", "",
-                      "```diff", result.diff.rstrip(), "```", ""]
+            lines += [
+                f"Fixed and verified by {result.fixer} after {took}. It fixes: {', '.join(result.fixed)}.",
+                "",
+                "```diff",
+                result.diff.rstrip(),
+                "```",
+                "",
+            ]
             if failure.test in p.reviews:
                 review = p.reviews[failure.test]
                 lines += [f"Review ({'approved' if review.approved else 'rejected'}): {review.text[:400]}", ""]
             if failure.test in p.new_tests:
                 new = p.new_tests[failure.test]
-                lines += (["New test (runs and passes with the fix):", "", "```diff", new.diff.rstrip(), "```", ""] if new.ran
-                          else [f"New test: none that runs ({new.note[:300]})", ""])
+                lines += (
+                    ["New test (runs and passes with the fix):", "", "```diff", new.diff.rstrip(), "```", ""]
+                    if new.ran
+                    else [f"New test: none that runs ({new.note[:300]})", ""]
+                )
         if p.answers:
             lines += ["## Questions", ""] + [f"- **{q}**: {a}" for q, a in p.answers] + [""]
-        lines += [f"Patches: `{self.out / 'patches'}` ({len(winners)} verified fix(es)"
-                  f"{', combined.patch all of them' if winners else ''})."]
+        lines += [
+            f"Patches: `{self.out / 'patches'}` ({len(winners)} verified fix(es){', combined.patch all of them' if winners else ''})."
+        ]
         return "\n".join(lines) + "\n"
 
 

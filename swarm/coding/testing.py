@@ -11,8 +11,9 @@ from __future__ import annotations
 import shlex
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -71,8 +72,18 @@ class PytestRunner:
     name = "pytest"
 
     def argv(self, root: Path, results: Path, selected: Sequence[str] = ()) -> list[str]:
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-o", "junit_family=xunit1",
-                f"--junitxml={results / 'junit.xml'}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--tb=short",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={results / 'junit.xml'}",
+        ]
         if not any((root / name).is_file() for name in PYTEST_CONFIGS):
             # No configuration of its own: keep pytest from taking one from a folder above the copy.
             (results / "pytest.ini").write_text("[pytest]\n")
@@ -120,7 +131,11 @@ class CommandRunner:
 
 def _report(run: RunResult, outcomes: dict[str, str], messages: dict[str, str]) -> TestReport:
     return TestReport(
-        outcomes=outcomes, messages=messages, returncode=run.returncode, cut_off=run.cut_off, seconds=run.seconds,
+        outcomes=outcomes,
+        messages=messages,
+        returncode=run.returncode,
+        cut_off=run.cut_off,
+        seconds=run.seconds,
         output_tail=run.output[-3000:],
     )
 
@@ -130,7 +145,7 @@ def _node_id(case: ET.Element) -> str:
     classname = case.get("classname") or ""
     name = case.get("name") or "?"
     module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
-    cls = classname[len(module) + 1:] if module and classname.startswith(module + ".") else ("" if module == classname else classname)
+    cls = classname[len(module) + 1 :] if module and classname.startswith(module + ".") else ("" if module == classname else classname)
     parts = [file or classname] + ([cls] if cls else []) + [name]
     return "::".join(parts)
 

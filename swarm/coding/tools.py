@@ -18,9 +18,9 @@ import itertools
 import re
 import shutil
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import anyio
 

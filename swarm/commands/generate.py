@@ -16,9 +16,9 @@ import sys
 
 import anyio
 
-from runtime.scheduling.work import GREEDY, Engine, Sampling
 from runtime.errors import ConfigError
 from runtime.scheduling.units import ceil_div
+from runtime.scheduling.work import GREEDY, Engine, Sampling
 from swarm import FOREGROUND, Agent, Swarm, TurnHandle
 
 BLOCK_SIZE = 16
@@ -32,9 +32,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, metavar="T", help="sample at temperature T instead")
     parser.add_argument("--top-p", type=float, metavar="P", help="with --temperature: nucleus sampling mass (default 1)")
     parser.add_argument("--seed", type=int, metavar="S", help="with --temperature: sampling seed (default 0)")
-    parser.add_argument("--model", metavar="MODEL", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL")
-    parser.add_argument("--device", metavar="D", help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)')
-    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu")
+    parser.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
+    )
+    parser.add_argument(
+        "--device",
+        metavar="D",
+        help='OpenCL device, "platform:device" index or name part (default: a GPU if any, else the first usable; env SWARM_DEVICE)',
+    )
+    parser.add_argument(
+        "--kernels", choices=("auto", "cpu", "gpu"), default="auto", help="kernel family: auto (shaped for the device), cpu or gpu"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     parser.set_defaults(func=run)
 

@@ -54,5 +54,7 @@ def write_hollow(model: str, file: str) -> int:
     if target.exists() and target.resolve() == source.resolve():
         raise ConfigError(f"{file} is the model itself: name another file for its hollow twin")
     kept = write(source, target)
-    print(f"{target}: the hollow twin of {source.name}, {source.stat().st_size / 1e6:.0f} MB with {kept / 1e6:.1f} MB of header, the rest zeros")
+    print(
+        f"{target}: the hollow twin of {source.name}, {source.stat().st_size / 1e6:.0f} MB with {kept / 1e6:.1f} MB of header, the rest zeros"
+    )
     return 0

@@ -16,33 +16,50 @@ from rich.console import Console
 from rich.table import Table
 
 from runtime.events.kinds import read_events
-from runtime.scheduling.turns import SchedulerConfig
-from swarm.api import Swarm
 from runtime.events.stream import default_socket_path
-from swarm.viewers import tail
+from runtime.scheduling.turns import SchedulerConfig
+from runtime.scheduling.units import format_duration, percentiles
+from swarm.api import Swarm
 from swarm.coding import command as coding
 from swarm.runner import SessionRunner
 from swarm.session import DEMO_SESSION, load_session
-from runtime.scheduling.units import format_duration, percentiles
 from swarm.summary import Summary, summarize
+from swarm.viewers import tail
 from swarm.viewers.watch import DEFAULT_PORT, bind_loopback
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a swarm from a session file (or the built-in demo)", description=__doc__)
     p.add_argument("session", nargs="?", help="session TOML file (default: the coding team on the built-in sample project)")
-    p.add_argument("--model", help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)")
+    p.add_argument(
+        "--model",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)",
+    )
     p.add_argument("--device", help="OpenCL device (overrides the session's; env SWARM_DEVICE below it)")
-    p.add_argument("--kernels", choices=("auto", "cpu", "gpu"), help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)")
+    p.add_argument(
+        "--kernels",
+        choices=("auto", "cpu", "gpu"),
+        help="kernel family: auto (shaped for the device), cpu or gpu" + " (overrides the session's)",
+    )
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
     p.add_argument("--watch", action="store_true", help="also show the swarm live in the browser (see swarm watch)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")
-    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
-                   help="compute every prompt in full (to measure what the prefix cache saves)")
-    p.add_argument("--cluster", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the GPU owners as Ray actors: a local Ray instance, or the cluster at ADDRESS (needs the cluster extra)")
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        default=None,
+        help="compute every prompt in full (to measure what the prefix cache saves)",
+    )
+    p.add_argument(
+        "--cluster",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the GPU owners as Ray actors: a local Ray instance, or the cluster at ADDRESS (needs the cluster extra)",
+    )
     p.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2; one per GPU where the cluster has GPUs)")
     coding.add_arguments(p)
     p.set_defaults(func=run)
@@ -62,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("runtime.actors.system").setLevel(logging.CRITICAL)
     socket = default_socket_path()
     runner = SessionRunner(
-        session, socket=socket,
+        session,
+        socket=socket,
         on_event=None if args.quiet else (lambda e: console.print(tail.render(e))),
         say=lambda text: console.print(text, style="bold cyan", markup=False),
-        page_sockets=[bind_loopback(args.port)] if args.watch else [], cluster=args.cluster, owners=args.owners,
+        page_sockets=[bind_loopback(args.port)] if args.watch else [],
+        cluster=args.cluster,
+        owners=args.owners,
     )
     console.print(f"events: {runner.events_path}\nlive:   swarm tail {socket}\nout:    {runner.out}")
     if runner.page_urls:
@@ -97,7 +117,9 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     for name, a in s.agents.items():
         table.add_row(name, str(a.turns), str(a.tokens), f"{a.paused_s:.1f} s", str(a.preempted), str(a.inherited), a.crashed or "")
     console.print(table)
-    waits = Table(title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law plus the owner's median time per step")
+    waits = Table(
+        title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law plus the owner's median time per step"
+    )
     for col in ("", "n", "p50", "p90", "p99", "max", "idle p50", "x idle"):
         waits.add_column(col, justify="right")
     rows = (
@@ -114,7 +136,9 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     console.print(waits)
     total = s.prompt_computed + s.prompt_reused
     if total:
-        console.print(f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})")
+        console.print(
+            f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})"
+        )
     if isinstance(runner.swarm, Swarm) and runner.swarm.owner.step_seconds:
         console.print(f"median decode step: {format_duration(statistics.median(runner.swarm.owner.step_seconds), 0)}")
     console.print(f"events: {runner.events_path}\nproposals: {runner.out}")

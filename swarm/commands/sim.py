@@ -17,7 +17,6 @@ from runtime.scheduling.turns import Policy
 from runtime.scheduling.units import format_duration
 from swarm.sim import POLICIES, Workload, load_workload, simulate
 
-
 _LENGTHS = {
     "dist": "turn-length distribution of {who} turns: lognormal or pareto",
     "mean": "mean new tokens of a {who} turn",
@@ -105,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _simulate_all(workload: Workload, policies: list[str], jobs: int, quiet: bool):
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=quiet
+    ) as bar:
         tasks = {p: bar.add_task(f"{p:>9}", total=workload.arrivals) for p in policies}
         if jobs <= 1 or len(policies) == 1:
             return [simulate(workload, p, lambda n, t=tasks[p]: bar.advance(t, n)) for p in policies]
@@ -144,12 +145,41 @@ def _print_table(workload: Workload, results) -> None:
         f"shaping {'on' if workload.shaping else 'off'}"
     )
     table = Table(title=title)
-    for col in ("policy", "fg wait p50", "p99", "max", "ttft p50", "p99", "itl p50", "p99", "turn p50", "p99", "bg tok/s", "preempts", "resumes cost", "prompt reused"):
+    for col in (
+        "policy",
+        "fg wait p50",
+        "p99",
+        "max",
+        "ttft p50",
+        "p99",
+        "itl p50",
+        "p99",
+        "turn p50",
+        "p99",
+        "bg tok/s",
+        "preempts",
+        "resumes cost",
+        "prompt reused",
+    ):
         table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         s = r.summary()
         w = s["fg_wait_s"]
         feel = [format_duration(s[key][p]) for key in ("fg_ttft_s", "fg_itl_s", "fg_turn_s") for p in ("p50", "p99")]
-        cost = f"{r.recomputed_tokens / 1e3:.0f}k tok" if r.recomputed_tokens else f"{s['swapped_mb'] / 1e3:.1f} GB" if r.swapped_bytes else "-"
-        table.add_row(r.policy, *(format_duration(w[k]) for k in ("p50", "p99", "max")), *feel, f"{s['bg_tok_per_s']:.1f}", str(s["preemptions"]), cost, f"{s['prompt_reused']:.0%}")
+        cost = (
+            f"{r.recomputed_tokens / 1e3:.0f}k tok"
+            if r.recomputed_tokens
+            else f"{s['swapped_mb'] / 1e3:.1f} GB"
+            if r.swapped_bytes
+            else "-"
+        )
+        table.add_row(
+            r.policy,
+            *(format_duration(w[k]) for k in ("p50", "p99", "max")),
+            *feel,
+            f"{s['bg_tok_per_s']:.1f}",
+            str(s["preemptions"]),
+            cost,
+            f"{s['prompt_reused']:.0%}",
+        )
     Console(width=max(Console().width, 170)).print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from rich.console import Console
 
@@ -23,12 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("path", nargs="?", metavar="PATH", help="events file (.jsonl) or swarm socket")
-    parser.add_argument(
-        "-f", "--follow", action="store_true", help="keep reading lines appended to the file (a socket always follows)"
-    )
-    parser.add_argument(
-        "--agent", action="append", default=[], metavar="A", help="only events of (or caused by) agent A; repeatable"
-    )
+    parser.add_argument("-f", "--follow", action="store_true", help="keep reading lines appended to the file (a socket always follows)")
+    parser.add_argument("--agent", action="append", default=[], metavar="A", help="only events of (or caused by) agent A; repeatable")
     parser.add_argument(
         "--event",
         action="append",

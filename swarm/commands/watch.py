@@ -56,7 +56,7 @@ async def _serve(hub: WatchHub, kind: str, path: str | None, sock: socket.socket
 
 
 def _kind(path: str | None) -> str:
-    """"socket" or "file". A path that does not exist yet is a socket to wait for."""
+    """ "socket" or "file". A path that does not exist yet is a socket to wait for."""
     if path is None:
         return "socket"
     try:

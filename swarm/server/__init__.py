@@ -20,8 +20,8 @@ import contextlib
 import errno
 import signal
 import socket
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import anyio
 import anyio.abc
@@ -82,7 +82,12 @@ async def serve(
     app = build_app(gateway, metrics, api_key=api_key, host=host, routes=[*watch_routes(hub), *routes])  # the live page at /
     sock = sock or listen(host, port)
     config = uvicorn.Config(
-        app, log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none",
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="none",
         timeout_graceful_shutdown=grace_s + 10,  # a backstop: the gateway ends every turn by grace_s
     )
     server = _Server(config)

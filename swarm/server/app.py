@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -28,23 +29,22 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.events.bus import Subscription
 from runtime.errors import RequestError
+from runtime.events.bus import Subscription
 from runtime.events.stream import CLIENT_BUFFER, encode_line
 from runtime.toolcalls import ToolCall
 from swarm.server.calls import CallSplitter, call_deltas
 from swarm.server.gateway import Gateway
-from swarm.server.turn import ServedTurn
 from swarm.server.metrics import CONTENT_TYPE, Metrics
 from swarm.server.protocol import SSE_DONE, Reply, TurnSpec, encode, error_body, parse_chat, parse_completion, sse
+from swarm.server.turn import ServedTurn
 from swarm.viewers.watch import trusted_hosts
 
 MAX_BODY = 4 * 1024 * 1024
 EVENTS_PING_S = 15.0
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 JSON = [(b"content-type", b"application/json")]
-SERVED = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/events, GET /health, GET /metrics "
-          "and the live page at /")
+SERVED = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/events, GET /health, GET /metrics and the live page at /"
 
 
 def build_app(
@@ -54,7 +54,8 @@ def build_app(
     is the address it listens on, which the Host header must name."""
     api = _Api(gateway, metrics)
     app = Starlette(
-        routes=[*routes, 
+        routes=[
+            *routes,
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completion, methods=["POST"]),
             Route("/v1/models", api.models, methods=["GET"]),
@@ -88,7 +89,12 @@ class _Api:
         # In a worker thread: decoding scales with the body, and this loop drives the GPU owner.
         spec = await anyio.to_thread.run_sync(parse, await _read_body(request), limiter=self.gateway.workers)
         if spec.model != self.gateway.model_id:
-            raise RequestError(f"model {spec.model!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
+            raise RequestError(
+                f"model {spec.model!r} does not exist; this server has {self.gateway.model_id!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
         caller = self.gateway.caller(request.headers, spec, request.client and (request.client.host, request.client.port))
         turn = self.gateway.turn(caller, spec, arrived)
 
@@ -115,7 +121,12 @@ class _Api:
     async def model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
         if model_id != self.gateway.model_id:
-            raise RequestError(f"model {model_id!r} does not exist; this server has {self.gateway.model_id!r}", status=404, param="model", code="model_not_found")
+            raise RequestError(
+                f"model {model_id!r} does not exist; this server has {self.gateway.model_id!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
         return _json(self._model())
 
     def _model(self) -> dict[str, Any]:
@@ -312,7 +323,8 @@ class _Guard:
         else:
             error = RequestError(
                 "invalid API key: send `Authorization: Bearer KEY` with the server's --api-key (in a browser, open /?key=KEY)",
-                status=401, code="invalid_api_key",
+                status=401,
+                code="invalid_api_key",
             )
             response = _json(error_body(error), 401)
         await response(scope, receive, send)
@@ -340,7 +352,8 @@ def _check_json(request: Request) -> None:
     if media != "application/json" and not media.endswith("+json"):
         raise RequestError(
             f"the body must be JSON, sent with `Content-Type: application/json`; got {media or 'no content type'!r}",
-            status=415, code="unsupported_media_type",
+            status=415,
+            code="unsupported_media_type",
         )
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from runtime.scheduling.constraints import Constraint, Grammar, JsonSchema
 from runtime.errors import RequestError
+from runtime.scheduling.constraints import Constraint, Grammar, JsonSchema
 from runtime.toolcalls import ToolCall, ToolCallFormat, ToolChoice, read_call
 from runtime.tools import ToolSpec
 
@@ -97,7 +97,10 @@ class ToolPlan:
 
 
 def plan_tools(
-    tools: list[ToolDef] | None, tool_choice: str | NamedToolChoice | None, parallel: bool | None, response_format: ResponseFormat | None,
+    tools: list[ToolDef] | None,
+    tool_choice: str | NamedToolChoice | None,
+    parallel: bool | None,
+    response_format: ResponseFormat | None,
 ) -> ToolPlan:
     """The request's tool and format parameters, checked (a 400 naming the parameter)."""
     plan = ToolPlan()
@@ -112,13 +115,17 @@ def plan_tools(
                 raise RequestError(f"tools[{i}].type must be 'function', got {t.type!r}", param=f"tools[{i}].type")
             name = t.function.name
             if not _FUNCTION_NAME.fullmatch(name):
-                raise RequestError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name!r}", param=f"tools[{i}].function.name")
+                raise RequestError(
+                    f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name!r}", param=f"tools[{i}].function.name"
+                )
             if name in seen:
                 raise RequestError(f"two tools are named {name!r}", param=f"tools[{i}].function.name")
             seen.add(name)
             parameters = t.function.parameters if t.function.parameters is not None else _EMPTY_PARAMETERS
             if parameters.get("type", "object") != "object":
-                raise RequestError(f"tools[{i}].function.parameters must be a JSON Schema of an object", param=f"tools[{i}].function.parameters")
+                raise RequestError(
+                    f"tools[{i}].function.parameters must be a JSON Schema of an object", param=f"tools[{i}].function.parameters"
+                )
             plan.tools.append(ToolSpec(name, t.function.description or "", parameters))
     if tool_choice is not None:
         if not plan.tools:
@@ -197,7 +204,7 @@ class CallSplitter:
         out: list[str | ToolCall] = []
         opening = self.fmt.call_open.strip()
         while (end := self._held.find(self._close)) >= 0:
-            block, self._held = self._held[: end + len(self._close)], self._held[end + len(self._close):]
+            block, self._held = self._held[: end + len(self._close)], self._held[end + len(self._close) :]
             body = block.strip().removeprefix(opening).removesuffix(self._close)
             call = read_call(body.strip())
             if call is None:  # not a call after all (an unconstrained turn): text

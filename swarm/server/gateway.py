@@ -16,21 +16,23 @@ is a foreground one; once closing, every new request is refused (503).
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import IO, Any, AsyncIterator, Callable
+from typing import IO, Any
 
 import anyio
 import msgspec
 
-from runtime.agent import Agent, TurnHandle
-from runtime.events.files import open_private
-from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
-from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.actors.serving import MAILBOX, on_behalf
+from runtime.agent import Agent, TurnHandle
+from runtime.errors import RequestError, SlotswarmError, TurnCancelled, TurnError, UsageError, WaitCycle
+from runtime.events.files import open_private
+from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from swarm.api import Swarm
 from swarm.server.protocol import TurnSpec, check_agent_name, parse_priority
 from swarm.server.turn import ServedTurn
+
 
 class Caller(msgspec.Struct, frozen=True):
     agent: str
@@ -80,12 +82,17 @@ class Gateway:
             host, port = connection or ("unknown", 0)
             name = f"conn-{host}:{port}"
         if name in self.swarm.system.names():
-            raise RequestError(f"agent name {name!r} belongs to an in-process agent of this swarm; choose another", param="X-Swarm-Agent", code="invalid_agent")
+            raise RequestError(
+                f"agent name {name!r} belongs to an in-process agent of this swarm; choose another",
+                param="X-Swarm-Agent",
+                code="invalid_agent",
+            )
         header = parse_priority(headers.get("x-swarm-priority"))
         if header is not None and spec.priority is not None and header != spec.priority:
             raise RequestError(
                 f"the body's priority ({-spec.priority}, lower first as in vLLM) and X-Swarm-Priority ({header}, higher first) disagree",
-                param="priority", code="invalid_priority",
+                param="priority",
+                code="invalid_priority",
             )
         priority = spec.priority if spec.priority is not None else header if header is not None else BACKGROUND
         waits_on = headers.get("x-swarm-waits-on")
@@ -119,7 +126,8 @@ class Gateway:
         if pool.blocks_for(len(ids) + max_tokens) > pool.num_blocks:
             raise RequestError(
                 f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has ({pool.num_blocks * pool.block_size} positions)",
-                param="max_tokens", code="context_length_exceeded",
+                param="max_tokens",
+                code="context_length_exceeded",
             )
         return ids, max_tokens
 
@@ -146,13 +154,15 @@ class Gateway:
         if at_least >= limit:
             raise RequestError(
                 f"the prompt's text is {size} bytes, at least {at_least} tokens; this server takes prompts under {int(limit)}",
-                param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+                param="messages" if spec.kind == "chat" else "prompt",
+                code="context_length_exceeded",
             )
 
     def _too_long(self, spec: TurnSpec, what: str) -> RequestError:
         return RequestError(
             f"this model's context is {self.context} tokens; {what}",
-            param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded",
+            param="messages" if spec.kind == "chat" else "prompt",
+            code="context_length_exceeded",
         )
 
     def waiting(self) -> int:
@@ -178,7 +188,10 @@ class Gateway:
         if self.max_queue is not None and caller.priority < FOREGROUND and (waiting := self.waiting()) >= self.max_queue:
             raise RequestError(
                 f"{waiting} requests are already waiting for a slot (--max-queue {self.max_queue}); retry later",
-                status=429, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"},
+                status=429,
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
             )
         waits = self.swarm.system.waits
         self._in_flight.setdefault(caller.agent, []).append(caller.priority)
@@ -196,7 +209,9 @@ class Gateway:
                 # An outside caller is all request: whoever waits on it waits on this
                 # turn, so the turn carries the caller's mailbox lift.
                 with on_behalf(MAILBOX):
-                    handle = agent.generate(prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint)
+                    handle = agent.generate(
+                        prompt, max_tokens=max_tokens, sampling=spec.sampling, ignore_eos=spec.ignore_eos, constraint=constraint
+                    )
             except UsageError as exc:
                 raise RequestError(str(exc)) from None
             served = ServedTurn(self, caller, handle, spec, arrived)
@@ -255,9 +270,13 @@ class Gateway:
             return
         spec = served.spec
         record = {
-            "turn": served.handle.id, "agent": served.caller.agent, "priority": served.caller.priority,
+            "turn": served.handle.id,
+            "agent": served.caller.agent,
+            "priority": served.caller.priority,
             "prompt": spec.messages if spec.messages is not None else spec.text if spec.text is not None else spec.token_ids,
-            "completion": "".join(served.text), "finish_reason": served.finish_reason, "usage": served.usage(),
+            "completion": "".join(served.text),
+            "finish_reason": served.finish_reason,
+            "usage": served.usage(),
         }
         self._prompt_log.write(msgspec.json.encode(record).decode() + "\n")
 

@@ -14,7 +14,7 @@ Each server has its own registry, so several can live in one process.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -42,8 +42,20 @@ class Metrics:
         self.responses = Counter("slotswarm_http_responses", "HTTP responses, by path and status", ["path", "status"], registry=r)
         self.tokens = Counter("slotswarm_http_completion_tokens", "Tokens sent to HTTP callers", ["class"], registry=r)
         self.wait = Histogram("slotswarm_wait_seconds", "Request to first slot, every turn", ["class"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("slotswarm_time_to_first_token_seconds", "HTTP request arrival to its first text", ["class"], buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("slotswarm_inter_token_latency_seconds", "Between successive texts of one HTTP response", ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "slotswarm_time_to_first_token_seconds",
+            "HTTP request arrival to its first text",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "slotswarm_inter_token_latency_seconds",
+            "Between successive texts of one HTTP response",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         for klass in ("foreground", "background"):  # so both series exist from the start
             for family in (self.tokens, self.wait, self.ttft, self.itl):
                 family.labels(klass)

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime.scheduling.work import GREEDY, Sampling
 from runtime.errors import RequestError
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.work import GREEDY, Sampling
 from swarm.server.calls import MessageToolCall, NamedToolChoice, ResponseFormat, ToolDef, ToolPlan, message_calls, plan_tools
 
 MAX_STOPS = 4
@@ -155,14 +155,18 @@ def parse_priority(header: str | None) -> int | None:
         value = int(word)
     except ValueError:
         raise RequestError(
-            f"X-Swarm-Priority must be foreground, background or an integer, got {header!r}", param="X-Swarm-Priority", code="invalid_priority"
+            f"X-Swarm-Priority must be foreground, background or an integer, got {header!r}",
+            param="X-Swarm-Priority",
+            code="invalid_priority",
         ) from None
     return check_priority(value, "X-Swarm-Priority")
 
 
 def check_priority(value: int, param: str) -> int:
     if not -PRIORITY_RANGE <= value <= PRIORITY_RANGE:
-        raise RequestError(f"{param} must be between {-PRIORITY_RANGE} and {PRIORITY_RANGE}, got {value}", param=param, code="invalid_priority")
+        raise RequestError(
+            f"{param} must be between {-PRIORITY_RANGE} and {PRIORITY_RANGE}, got {value}", param=param, code="invalid_priority"
+        )
     return value
 
 
@@ -170,7 +174,8 @@ def check_agent_name(name: str, param: str) -> str:
     if not _NAME.fullmatch(name):
         raise RequestError(
             f"{param} must be 1-64 characters of letters, digits and ._:@/+- (starting with a letter or digit), got {name!r}",
-            param=param, code="invalid_agent",
+            param=param,
+            code="invalid_agent",
         )
     return name
 
@@ -195,14 +200,17 @@ def _decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
 def _unsupported(name: str) -> RequestError:
     return RequestError(
         f"parameter `{name}` is not supported by slotswarm (it is never silently ignored); remove it from the request",
-        param=name, code="unsupported_parameter",
+        param=name,
+        code="unsupported_parameter",
     )
 
 
 def _message(i: int, m: Message) -> dict[str, Any]:
     role = "system" if m.role == "developer" else m.role
     if role not in ("system", "user", "assistant", "tool"):
-        raise RequestError(f"messages[{i}].role must be system, developer, user, assistant or tool, got {m.role!r}", param=f"messages[{i}].role")
+        raise RequestError(
+            f"messages[{i}].role must be system, developer, user, assistant or tool, got {m.role!r}", param=f"messages[{i}].role"
+        )
     if m.tool_calls is not None and role != "assistant":
         raise RequestError(f"messages[{i}]: only an assistant message has tool_calls", param=f"messages[{i}].tool_calls")
     if (role == "tool") != (m.tool_call_id is not None):
@@ -221,8 +229,16 @@ def _message(i: int, m: Message) -> dict[str, Any]:
     if isinstance(m.content, list):
         texts = []
         for part in m.content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}):
-                raise RequestError(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported", param=f"messages[{i}].content")
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+                and set(part) <= {"type", "text"}
+            ):
+                raise RequestError(
+                    f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                    param=f"messages[{i}].content",
+                )
             texts.append(part["text"])
         return {"role": role, "content": "".join(texts), **extra}
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
@@ -267,8 +283,14 @@ def _common(req: _Request, kind: Literal["chat", "text"], max_tokens: int | None
     if req.stream_options is not None and not req.stream:
         raise RequestError("`stream_options` needs `stream: true`", param="stream_options")
     return TurnSpec(
-        kind=kind, model=req.model, max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=req.ignore_eos,
-        stream=req.stream, include_usage=options.include_usage or options.continuous_usage_stats,
+        kind=kind,
+        model=req.model,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+        stream=req.stream,
+        include_usage=options.include_usage or options.continuous_usage_stats,
         continuous_usage=options.continuous_usage_stats,
         # vLLM's convention, so its clients work unchanged: lower values first, 0 by
         # default. Negated, it is slotswarm's (higher first, background 0).
@@ -318,9 +340,13 @@ class Reply:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, usage: dict[str, Any] | None = None, *, first: bool = False) -> dict[str, Any]:
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, usage: dict[str, Any] | None = None, *, first: bool = False
+    ) -> dict[str, Any]:
         if self.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text is not None else {})
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": text or ""} if first else ({"content": text} if text is not None else {})
+            )
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         else:

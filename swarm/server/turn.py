@@ -114,7 +114,12 @@ class ServedTurn:
         h = self.handle
         prompt, completion = len(h.prompt), len(h.tokens)
         return {
-            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": h.cached_tokens},
-            "waited_s": h.waited_s, "ttft_s": h.ttft_s, "paused_s": h.paused_s, "preemptions": len(h.pauses),
+            "waited_s": h.waited_s,
+            "ttft_s": h.ttft_s,
+            "paused_s": h.paused_s,
+            "preemptions": len(h.pauses),
         }

@@ -17,22 +17,21 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import msgspec
 from rich.text import Text
 
-from runtime.events import kinds as ev
 from runtime.errors import ConfigError
+from runtime.events import kinds as ev
 from runtime.events.kinds import Dropped, Event, Unrecognized, decode
+from runtime.events.stream import default_socket_dir, live_sockets
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.units import format_duration
-from runtime.events.stream import default_socket_dir, live_sockets
 
 Item = Event | Unrecognized | Dropped
 Line = tuple[bytes, Item]
-
 
 
 def parse_line(raw: bytes, where: str) -> Item:
@@ -282,4 +281,6 @@ def describe(e: Event | Unrecognized) -> str:
     who = f"turn {e.turn} ({e.agent})" if isinstance(e, ev.TurnEvent) else ""
     waited, paused, duration = (format_duration(getattr(e, name, None)) for name in ("waited_s", "paused_s", "duration_s"))
     cached = getattr(e, "cached_tokens", None)
-    return phrase.format(e=e, who=who, waited=waited, paused=paused, duration=duration, cached=CACHED.get(type(e), "").format(cached) if cached else "")
+    return phrase.format(
+        e=e, who=who, waited=waited, paused=paused, duration=duration, cached=CACHED.get(type(e), "").format(cached) if cached else ""
+    )

@@ -23,7 +23,14 @@ from swarm.viewers.plot.timeline import Timeline, build_timeline, draw_timeline,
 from swarm.viewers.tail import read_file
 
 __all__ = [
-    "Timeline", "build_timeline", "draw_timeline", "foreground_answers", "load", "plot_bench", "plot_file", "plot_timeline",
+    "Timeline",
+    "build_timeline",
+    "draw_timeline",
+    "foreground_answers",
+    "load",
+    "plot_bench",
+    "plot_file",
+    "plot_timeline",
 ]
 
 
@@ -47,8 +54,7 @@ def load(path: str | os.PathLike[str]) -> tuple[str, Any]:
         return "bench", whole
     if whole is not None and not (isinstance(whole, dict) and "event" in whole):
         raise ConfigError(
-            f"{name}: neither an events file (JSON lines with an 'event' field) "
-            "nor bench results (an object with 'policies')"
+            f"{name}: neither an events file (JSON lines with an 'event' field) nor bench results (an object with 'policies')"
         )
     events = [item for _, item in read_file(path) if isinstance(item, Event)]
     if not events:

@@ -16,7 +16,6 @@ from matplotlib.figure import Figure
 from runtime.errors import ConfigError
 from swarm.viewers.plot.common import FLOOR_MS, PERCENTILES, save
 
-
 # ---------------------------------------------------------------- bench results
 
 
@@ -55,8 +54,14 @@ def _draw_token_times(ax: Any, turns: dict[str, list[float]]) -> None:
     """What the person sees: tokens arriving over time, one line per policy."""
     for i, (name, times) in enumerate(turns.items()):
         solo = name.startswith("solo")
-        ax.step([0.0, *times], range(len(times) + 1), where="post", color="black" if solo else f"C{(i - 1) % 10}",
-                linestyle="--" if solo else "-", label=f"{name}: {len(times)} tokens in {times[-1]:.2f} s")
+        ax.step(
+            [0.0, *times],
+            range(len(times) + 1),
+            where="post",
+            color="black" if solo else f"C{(i - 1) % 10}",
+            linestyle="--" if solo else "-",
+            label=f"{name}: {len(times)} tokens in {times[-1]:.2f} s",
+        )
     ax.set_xlabel("seconds since the request (the median foreground turn by turn time)")
     ax.set_ylabel("tokens received")
     ax.set_title("the foreground turn's tokens over time")

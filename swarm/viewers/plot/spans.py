@@ -77,6 +77,7 @@ class _Turn:
 def owner_lanes(events: list[Event]) -> tuple[list[Event], list[str] | None]:
     """A cluster's merged stream drawn as one lane group per owner: slot s of an
     owner becomes lane (lanes of the owners before it) + s. Without owners, as is."""
+
     def owner(e: Event) -> str | None:
         return getattr(e, "owner", None)  # (an unrecognized kind has none)
 
@@ -167,7 +168,16 @@ def build_timeline(events: list[Event]) -> Timeline:
         band.end, band.open = end, True
     slots = max(started.slots if started and started.slots else 0, max_slot + 1, 1)
     return Timeline(
-        runs, pauses, waits, preemptions, max(slots, len(lane_names or ())), list(agents), min(e.t for e in events), end, started, lane_names,
+        runs,
+        pauses,
+        waits,
+        preemptions,
+        max(slots, len(lane_names or ())),
+        list(agents),
+        min(e.t for e in events),
+        end,
+        started,
+        lane_names,
         bands,
     )
 

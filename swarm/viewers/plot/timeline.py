@@ -67,7 +67,10 @@ def draw_timeline(events: list[Event], title: str | None = None) -> Figure:
         ax.scatter(
             [t for t, _ in tl.preemptions],
             [row[("slot", s)] - 0.42 for _, s in tl.preemptions],
-            marker="v", s=18, color="red", zorder=3,
+            marker="v",
+            s=18,
+            color="red",
+            zorder=3,
         )
     _draw_waits(ax, tl, row)
     _draw_bands(ax, tl, row)
@@ -94,7 +97,13 @@ def draw_timeline(events: list[Event], title: str | None = None) -> Figure:
     if grid is not None:
         below = fig.add_subplot(grid[1], sharex=ax)
         for turn, agent, times in answers:
-            below.step([times[0] - 1e-9, *times], range(len(times) + 1), where="post", color=colours.get(agent, "black"), label=f"{agent} turn {turn}")
+            below.step(
+                [times[0] - 1e-9, *times],
+                range(len(times) + 1),
+                where="post",
+                color=colours.get(agent, "black"),
+                label=f"{agent} turn {turn}",
+            )
         below.set_ylabel("tokens received")
         below.set_title("foreground turns' tokens over time")
         below.grid(alpha=0.3)
@@ -107,9 +116,7 @@ def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
     groups: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
     for span in tl.runs:
         if span.slot is not None:
-            groups.setdefault((span.slot, span.agent, span.foreground), []).append(
-                (span.start, max(span.end - span.start, 1e-9))
-            )
+            groups.setdefault((span.slot, span.agent, span.foreground), []).append((span.start, max(span.end - span.start, 1e-9)))
     for (slot, agent, fg), xranges in groups.items():
         ax.broken_barh(
             xranges,
@@ -124,8 +131,14 @@ def _draw_runs(ax: Any, tl: Timeline, row: dict, colours: dict) -> None:
     spans = [s for s in tl.runs if s.slot is not None and s.end - s.start >= wide]
     for span in spans[:MAX_TURN_LABELS]:
         ax.text(
-            (span.start + span.end) / 2, row[("slot", span.slot)], f"t{span.turn}",
-            ha="center", va="center", fontsize=6, color="white" if span.foreground else "black", clip_on=True,
+            (span.start + span.end) / 2,
+            row[("slot", span.slot)],
+            f"t{span.turn}",
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="white" if span.foreground else "black",
+            clip_on=True,
         )
 
 
@@ -168,7 +181,11 @@ def _draw_waits(ax: Any, tl: Timeline, row: dict) -> None:
         ax.annotate(
             format_duration(w.waited),
             (w.admitted, row[("slot", w.slot)] + 0.42),
-            xytext=(-2, 1), textcoords="offset points", fontsize=7, ha="right", va="bottom",
+            xytext=(-2, 1),
+            textcoords="offset points",
+            fontsize=7,
+            ha="right",
+            va="bottom",
         )
 
 
@@ -176,12 +193,25 @@ def _draw_bands(ax: Any, tl: Timeline, row: dict) -> None:
     for band in tl.bands:
         y = row[("lifted", band.agent)]
         ax.broken_barh(
-            [(band.start, max(band.end - band.start, 1e-9))], (y - 0.3, 0.6),
-            facecolors=LENT_FILL, edgecolors=LENT_EDGE, linewidths=0.8, gid="lent priority",
+            [(band.start, max(band.end - band.start, 1e-9))],
+            (y - 0.3, 0.6),
+            facecolors=LENT_FILL,
+            edgecolors=LENT_EDGE,
+            linewidths=0.8,
+            gid="lent priority",
         )
         ax.annotate(
-            f"p{band.priority}: {band.by_agent} waits on it", (band.start, y), xytext=(3, 0), textcoords="offset points",
-            ha="left", va="center", fontsize=6, color=LENT_TEXT, annotation_clip=True, clip_on=True, gid="lent priority",
+            f"p{band.priority}: {band.by_agent} waits on it",
+            (band.start, y),
+            xytext=(3, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=6,
+            color=LENT_TEXT,
+            annotation_clip=True,
+            clip_on=True,
+            gid="lent priority",
         )
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import anyio
 import msgspec
@@ -76,9 +76,7 @@ class WatchHub:
     `mode` is "live" (follow as events arrive) or "replay" (the page gets the
     whole recording and plays it back with its own clock)."""
 
-    def __init__(
-        self, *, mode: str = "live", source: str = "", max_history: int = MAX_HISTORY, max_bytes: int = MAX_HISTORY_BYTES
-    ) -> None:
+    def __init__(self, *, mode: str = "live", source: str = "", max_history: int = MAX_HISTORY, max_bytes: int = MAX_HISTORY_BYTES) -> None:
         self.mode = mode
         self.source = source
         self.max_history = max_history

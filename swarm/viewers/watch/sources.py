@@ -22,9 +22,7 @@ POLL_S = 0.2  # how often to look for a swarm that is not there (yet)
 MAX_LINE = 1 << 20
 
 
-async def follow_bus(
-    hub: WatchHub, bus: EventBus, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-) -> None:
+async def follow_bus(hub: WatchHub, bus: EventBus, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Feed `hub` from an in-process bus until the bus closes. Start it with
     `tg.start` before the swarm starts, and the pages miss nothing."""
     sub = bus.subscribe()
