@@ -64,7 +64,9 @@ class Fixer(CodingAgent):
             prompt = self.request(context, failure, test_code, feedback)
             judged: list[Judgement] = []
 
-            async def candidate(i: int) -> None:
+            # The group below finishes within this round: the defaults only say
+            # which round's values a candidate uses.
+            async def candidate(i: int, round_: int = round_, prompt: str = prompt, judged: list[Judgement] = judged) -> None:
                 nonlocal tried, tokens
                 sampling = (
                     self.sampling

@@ -190,7 +190,8 @@ class GPUFamily:
 
     def options(self, engine: OpenCLEngine) -> list[str]:
         return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}",
-                f"-DMAX_SPLITS={self.MAX_SPLITS}", f"-DSPLIT_SPAN={self.span}"] + subgroups.build_options(self.subgroups, self.c_version)  # fmt: skip
+                f"-DMAX_SPLITS={self.MAX_SPLITS}", f"-DSPLIT_SPAN={self.span}",
+                *subgroups.build_options(self.subgroups, self.c_version)]  # fmt: skip
 
     def splits(self, positions: int) -> int:
         """Work-groups per (token, KV head) in attention for a step whose longest

@@ -277,7 +277,7 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
     positions = min(ROPE_TABLE_POSITIONS, c.context_length)
     layers = []
     for i in range(c.n_layers):
-        t = lambda name: model.tensor(f"blk.{i}.{name}")  # noqa: E731
+        t = lambda name, i=i: model.tensor(f"blk.{i}.{name}")  # noqa: E731
         if arch.qkv_bias:
             bias = np.concatenate([fix(t("attn_q.bias")).dequantize(), fix(t("attn_k.bias")).dequantize(),
                                    t("attn_v.bias").dequantize()])  # fmt: skip

@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -281,7 +282,7 @@ class Agent(Actor):
                 group.start_soon(run, i, call)
         return [o for o in outcomes if o is not None]
 
-    def waiting_on(self, agent: str) -> ContextManager[object]:
+    def waiting_on(self, agent: str) -> AbstractContextManager[object]:
         """`with self.waiting_on("aider"):` lends this agent's priority to another
         while it waits for it: one without a mailbox to ask, such as an outside
         caller of `swarm serve`, whose requests (like handlers) are then lifted.

@@ -117,7 +117,7 @@ class Tool:
         kwargs = msgspec.structs.asdict(args)
         try:
             with anyio.fail_after(limit):
-                if inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None)):
+                if inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(self.fn.__call__):
                     result = await self.fn(**kwargs)
                 else:  # plain code may block: off the event loop
                     result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs), abandon_on_cancel=True)

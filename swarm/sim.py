@@ -10,6 +10,7 @@ stretches one plan over many steps and skips ahead (Scheduler.repeatable).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import tomllib
@@ -279,8 +280,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         # (priced once: the plan does not change until it is accounted)
         overhead_s, first_s, next_s, items = engine.overhead_s(plan), engine.first_step_s(plan), engine.next_step_s(plan), len(plan.works)
 
-        def span_s(steps: int) -> float:
-            return engine.steps_s(first_s, next_s, items, steps)
+        span_s = functools.partial(engine.steps_s, first_s, next_s, items)  # the plan's n steps last span_s(n)
 
         if next_fg < len(arrivals):
             steps = before_arrival(span_s, overhead_s, steps, now, arrivals[next_fg])

@@ -91,7 +91,7 @@ def test_a_fenced_function_replaces_only_itself() -> None:
     answer = "Fixed:\n```python\ndef add(a, b):\n    return a + b\n```"
     proposal = read_proposal(answer, {"calc.py": CALC}, default="calc.py")
     assert proposal is not None and proposal.source == "fragment"
-    assert "+    return a + b" in proposal.diff and "mul" not in "".join(l for l in proposal.diff.splitlines() if l[:1] in "+-")
+    assert "+    return a + b" in proposal.diff and "mul" not in "".join(line for line in proposal.diff.splitlines() if line[:1] in "+-")
     assert splice(CALC, "not python (") is None
 
 
@@ -186,7 +186,13 @@ def test_a_method_given_alone_replaces_its_namesake_indented() -> None:
 
 
 def test_a_class_holding_some_methods_replaces_just_those() -> None:
-    fragment = "class Inventory:\n    def remove(self, name, qty):\n        if self.items[name] < qty:\n            raise ValueError(name)\n        self.items[name] -= qty\n"
+    fragment = (
+        "class Inventory:\n"
+        "    def remove(self, name, qty):\n"
+        "        if self.items[name] < qty:\n"
+        "            raise ValueError(name)\n"
+        "        self.items[name] -= qty\n"
+    )
     new = splice(INVENTORY, fragment)
     assert new is not None and "if self.items[name] < qty:" in new
     assert "def __init__" in new and "+ 1" in new  # the methods it did not give are kept

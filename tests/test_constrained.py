@@ -26,7 +26,7 @@ from gpu.model.synthetic import write_tiny_gguf
 from runtime.errors import TurnFailed, UsageError
 from runtime.events.kinds import Ended, Failed, Finished, Preempted, Queued, Recomputed, SwappedOut
 from runtime.scheduling.constraints import Choices, Constraint, Grammar, JsonSchema, Regex, TurnConstraint
-from runtime.scheduling.work import Sampling, Work
+from runtime.scheduling.work import GREEDY, Sampling, Work
 from swarm import BACKGROUND, FOREGROUND, Swarm
 
 POINT = json.dumps({
@@ -60,9 +60,7 @@ class Decoding:
     """One turn driven straight through `engine.step`, as the scheduler would:
     its prompt in one step, then a decode a step."""
 
-    def __init__(
-        self, turn: int, prompt: list[int], constraint: Constraint | None, sampling: Sampling = Sampling(), *, prior: int = 0
-    ) -> None:
+    def __init__(self, turn: int, prompt: list[int], constraint: Constraint | None, sampling: Sampling = GREEDY, *, prior: int = 0) -> None:
         self.turn, self.prompt, self.sampling, self.out = turn, list(prompt), sampling, []
         seen = lambda a, b: (self.prompt + self.out)[a:b]  # noqa: E731
         self.constraint = TurnConstraint(constraint, len(self.prompt) - prior, seen) if constraint is not None else None

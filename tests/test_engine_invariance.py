@@ -70,7 +70,8 @@ def test_a_turn_among_others_gives_the_bits_it_gives_alone(engine: OpenCLEngine)
     together = [step(engine, works((4, mates[4], 0), (1, tokens[4:], 4), (2, [7], 30)), 1)]
     for k, token in enumerate(fed):
         if k < 3:
-            batch = works((2, [k + 1], 31 + k), (3, [k], 20 + k), (1, [token], 10 + k), (4, [k], 70 + k), (5, mates[5], 0) if k == 0 else (5, [k], 2 + k))  # fmt: skip
+            batch = works((2, [k + 1], 31 + k), (3, [k], 20 + k), (1, [token], 10 + k), (4, [k], 70 + k),
+                          (5, mates[5], 0) if k == 0 else (5, [k], 2 + k))  # fmt: skip
         else:
             batch = works((1, [token], 10 + k), (4, [k], 70 + k))
         together.append(step(engine, batch, 1))

@@ -30,21 +30,21 @@ CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), 
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def run(device, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG) -> np.ndarray:
+def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG) -> np.ndarray:
     """The matmul kernel on x's columns: (columns, ROWS)."""
     ncols, cols = x.shape
-    ctx, flags = device.context, cl.mem_flags
+    ctx, flags = dev.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
     y = cl.Buffer(ctx, flags.WRITE_ONLY, ncols * ROWS * 4)
     w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)])
     assert w.kind in LOWBIT_KINDS or cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
-                       local_mem=int(device.device.local_mem_size) - 4 * MAX_COLS, gemm=True)  # fmt: skip
+                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=True)  # fmt: skip
     assert launch.gemm_tile == (8 if w.kind in LOWBIT_KINDS else 32)
-    launch.enqueue(device.queue, ncols)
+    launch.enqueue(dev.queue, ncols)
     got = np.empty((ncols, ROWS), np.float32)
-    cl.enqueue_copy(device.queue, got, y)
+    cl.enqueue_copy(dev.queue, got, y)
     return got
 
 

@@ -67,12 +67,12 @@ async def test_the_next_step_is_planned_and_launched_while_the_one_before_is_on_
             for k in range(1, n):
                 # Step k is held on the device; step k+1 is planned, on a token
                 # nobody knows yet, and handed to the step thread behind it.
-                await until(lambda: sched.step == k + 1 and len(engine.inputs) == k, f"step {k + 1} planned")
+                await until(lambda k=k: sched.step == k + 1 and len(engine.inputs) == k, f"step {k + 1} planned")
                 assert engine.steps == k - 1  # step k has not ended
                 assert len(got) <= k - 1  # so its token cannot have been delivered
                 engine.gate.release()
                 # Step k+1 reaches the device with step k's token put in.
-                await until(lambda: len(engine.inputs) == k + 1, f"step {k + 1} started")
+                await until(lambda k=k: len(engine.inputs) == k + 1, f"step {k + 1} started")
                 assert engine.inputs[k] == [[reference_output(prompt, n)[k - 1]]]
             engine.gate.release()  # the last step: its token is the turn's last, so nothing follows it
     assert got == reference_output(prompt, n)

@@ -226,7 +226,7 @@ def test_a_swapped_turn_whose_shared_blocks_were_evicted_is_recomputed():
     rig.step()
     low = rig.submit("b", PROMPT, max_tokens=10)
     rig.step()
-    big = rig.submit("pair", list(range(100, 130)), max_tokens=8, priority=FOREGROUND)
+    rig.submit("pair", list(range(100, 130)), max_tokens=8, priority=FOREGROUND)
     rig.step()
     assert low.status is Status.SWAPPED and low.swap_kept == [0, 1, 2, 3, 4]
     rig.sched.cancel(keep.id, rig.now)  # the shared blocks are now only cached...

@@ -311,7 +311,7 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_turn(server: ServerProces
     body = {**GOOD, "max_tokens": LONG, "ignore_eos": True, "stream": True}
     stream = SSE(server, "/v1/chat/completions", body, {"X-Swarm-Agent": "quitter"})
     assert stream.status == 200
-    for i, _ in zip(range(3), stream.chunks(), strict=False):
+    for _ in zip(range(3), stream.chunks(), strict=False):
         pass
     stream.hang_up()
     ended = server.wait_for_event(lambda e: isinstance(e, Ended) and e.agent == "quitter")

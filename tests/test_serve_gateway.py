@@ -292,7 +292,8 @@ async def test_careless_tool_requests_are_one_400_each_and_the_server_goes_on(to
     engine = kv_engine(tokenizer)
     tool = lambda i: {"type": "function", "function": {"name": f"tool_{i}"}}  # noqa: E731
     called = [{"role": "user", "content": "hi"},
-              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
+              {"role": "assistant", "content": None,
+               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
               {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # fmt: skip
     async with Swarm(engine, slots=2) as swarm, anyio.create_task_group() as tg:
         handle = await started(swarm, tg)

@@ -195,7 +195,11 @@ async def test_a_turn_never_paused_counts_its_tokens_on_the_page_while_it_runs(b
 async def test_the_window_all_fits_a_recording_and_a_stopped_swarm(browser):
     pick_all = "const w = document.getElementById('window'); w.value = '0'; w.onchange();"
     # A frame due before the pick still draws the 30 s window: wait for one drawn after it.
-    drawn_all = "window.swarmState.drawing.frames > {frames} && window.swarmState.drawing.axis[1] - window.swarmState.drawing.axis[0] != 30 && window.swarmState.drawing"
+    drawn_all = (
+        "window.swarmState.drawing.frames > {frames}"
+        " && window.swarmState.drawing.axis[1] - window.swarmState.drawing.axis[0] != 30"
+        " && window.swarmState.drawing"
+    )
     hub = WatchHub(mode="replay", source="test")
     async with page_server(hub) as url:
         hub.publish(line("swarm.started", unix_time=5.0, slots=1))
@@ -311,7 +315,8 @@ def test_replaying_a_recording_reaches_the_counts_of_swarm_plot_and_the_run_summ
         browser.get(url)
         wait_for(browser, f"window.swarmState.replay && window.swarmState.replay.loaded == {len(events)}")
         browser.execute_script(
-            "document.getElementById('speed').value = '100'; document.getElementById('speed').onchange({target: document.getElementById('speed')})"
+            "document.getElementById('speed').value = '100';"
+            " document.getElementById('speed').onchange({target: document.getElementById('speed')})"
         )
         wait_for(browser, "window.swarmState.replay.clock > 0")  # it plays by itself
         browser.find_element("id", "to-end").click()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Union
 
 import anyio
 
@@ -41,7 +40,7 @@ from runtime.actors.serving import on_behalf
 from runtime.actors.waits import WaitGraph, WaitHandle
 from runtime.errors import ActorError, UsageError, WaitCycle
 
-Owner = Union[Actor, str]
+Owner = Actor | str
 
 
 class _Waiter:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from contextlib import nullcontext
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import anyio
 import msgspec
@@ -219,7 +219,7 @@ class ActorSystem(Lifecycles):
             return ActorCrashed(f"actor {cell.name!r} {state} before replying to {what}", agent=cell.name, reason=cell.crash)
         return ActorCrashed(f"actor {cell.name!r} has {state}; it cannot take {what}", agent=cell.name, reason=cell.crash)
 
-    def _waiting(self, sender: str | None, holder: str, request: str) -> ContextManager[object]:
+    def _waiting(self, sender: str | None, holder: str, request: str) -> AbstractContextManager[object]:
         # On the holder's mailbox: whatever handler it runs until this one is served is in the way.
         return nullcontext() if sender is None else self.waits.waiting(sender, holder, MAILBOX, request)
 

@@ -257,7 +257,7 @@ KINDS: tuple[type[Event], ...] = (
     StepAbandoned,
     ToolCalled,
 )
-AnyEvent = Union[KINDS]  # type: ignore[valid-type]
+AnyEvent = Union[KINDS]  # type: ignore[valid-type]  # noqa: UP007 (a union of a tuple built at run time: `|` cannot spell it)
 _BY_NAME = {kind.__struct_config__.tag: kind for kind in KINDS}
 
 

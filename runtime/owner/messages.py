@@ -7,7 +7,7 @@ events.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -57,7 +57,7 @@ class SetInherited(msgspec.Struct, tag="inherit", kw_only=True):
     priority: int | None  # None: back to its own
 
 
-OwnerRequest = Union[TurnRequest, CancelTurn, CancelAgent, SetInherited]
+OwnerRequest = TurnRequest | CancelTurn | CancelAgent | SetInherited
 
 
 def _int(x: object) -> bool:
@@ -102,7 +102,7 @@ class Token(msgspec.Struct, tag="token", kw_only=True):
     t: float  # on the swarm's clock
 
 
-TurnUpdate = Union[Token, TurnEvent]
+TurnUpdate = Token | TurnEvent
 
 
 class TurnChannel:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, Union
+from typing import Literal, Protocol
 
 import anyio
 import msgspec
@@ -44,7 +44,7 @@ class Choices(msgspec.Struct, tag="choices", frozen=True):
     options: tuple[str, ...]
 
 
-Constraint = Union[JsonSchema, Regex, Grammar, Choices]
+Constraint = JsonSchema | Regex | Grammar | Choices
 CONSTRAINTS = (JsonSchema, Regex, Grammar, Choices)
 
 # The most characters a constraint's text may have. Compiling grows faster than

@@ -47,9 +47,18 @@ class TimingModel(msgspec.Struct, frozen=True, kw_only=True):
         return cls(decode_step_s=0.010, prefill_tok_per_s=400.0, kv_read_s=2e-8, copy_gb_s=30.0)
 
 
+DEFAULT_TIMING = TimingModel()
+
+
 class TimingEngine:
     def __init__(
-        self, model: TimingModel = TimingModel(), *, block_size: int = 16, num_blocks: int = 1 << 20, token: int = 1, realtime: bool = False
+        self,
+        model: TimingModel = DEFAULT_TIMING,
+        *,
+        block_size: int = 16,
+        num_blocks: int = 1 << 20,
+        token: int = 1,
+        realtime: bool = False,
     ) -> None:
         self.model = model
         self.realtime = realtime  # sleep through each step, for runs on a wall clock

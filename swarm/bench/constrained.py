@@ -199,9 +199,12 @@ def format_constrained(r: dict) -> str:
     return "\n".join([
         f"device: {r['device']}, model {r['model']}: {r['batch']} turns, {r['steps']} decode steps each way, alternating",
         f"  inter-token latency, free:            {r['free_itl_ms']:7.2f} ms (median step)",
-        f"  inter-token latency, JSON schema:     {r['held_itl_ms']:7.2f} ms  ({r['ratio']:.3f}x; step by step, median {r['paired_ratio']:.3f}x)",
-        f"  masks' host time: {r['mask_ms_per_row']:.3f} ms a row, {r['mask_ms_per_step']:.3f} ms a step (CPU time {r['mask_cpu_ms_per_row']:.3f} ms a row)",
-        f"  computed while the device had work queued: {100 * r['hidden']:.1f}% (the device ran dry first: {r['exposed_ms_per_step']:.3f} ms a step)",
+        f"  inter-token latency, JSON schema:     {r['held_itl_ms']:7.2f} ms  "
+        f"({r['ratio']:.3f}x; step by step, median {r['paired_ratio']:.3f}x)",
+        f"  masks' host time: {r['mask_ms_per_row']:.3f} ms a row, {r['mask_ms_per_step']:.3f} ms a step "
+        f"(CPU time {r['mask_cpu_ms_per_row']:.3f} ms a row)",
+        f"  computed while the device had work queued: {100 * r['hidden']:.1f}% "
+        f"(the device ran dry first: {r['exposed_ms_per_step']:.3f} ms a step)",
         f"  a held turn wrote: {r['held_sample']!r}",
     ])  # fmt: skip
 

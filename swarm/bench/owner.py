@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"engine": "timing model, zero cost", "configs": results, "threaded": threaded, "device": device}))
     else:
-        print("owner host work per step, zero-cost engine called inline (best of %d runs)" % args.repeats)
+        print(f"owner host work per step, zero-cost engine called inline (best of {args.repeats} runs)")
         for r in results:
             print(_line(r))
         print("the same through the step thread, as a blocking engine's steps go")
@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         if device is not None:
             print(
                 f"  device idle between steps, a {device['step_ms']:.2f} ms step at {device['slots']} slots: "
-                f"{device['idle_ms_per_step']:.3f} ms (median; mean {device['idle_ms_mean']:.3f} ms), {100 * device['idle_share']:.1f}% of a step"
+                f"{device['idle_ms_per_step']:.3f} ms (median; mean {device['idle_ms_mean']:.3f} ms), "
+                f"{100 * device['idle_share']:.1f}% of a step"
             )
     return 0

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, default=8, help="turns decoded together")
     parser.add_argument(
         "--model",
-        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; "
+        "see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
     )
     parser.add_argument("--device", help="OpenCL device (default: a GPU if any, else the first usable; env SWARM_DEVICE)")
     parser.add_argument(
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     if args.cluster is not None:
         from swarm.bench import cluster as bench_cluster
 
-        return _report(args, "cluster of %d owners" % args.owners, **bench_cluster.run(args, policies))
+        return _report(args, f"cluster of {args.owners} owners", **bench_cluster.run(args, policies))
     if engine is None:
         from gpu.engine import open_engine
 

@@ -250,7 +250,7 @@ class ClusterGPU(GPUClient):
                 log.exception("lost the turn stream of GPU owner %s", owner)
             ending = LOST
         finally:
-            for turn_id, (where, inbox) in list(self._inboxes.items()):
+            for where, inbox in list(self._inboxes.values()):
                 if where == owner:
                     inbox.send_nowait(ending)
 

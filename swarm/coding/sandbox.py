@@ -88,7 +88,10 @@ def describe_sandbox(kind: str | None = None) -> str:
     kind = kind or detect_sandbox()
     if kind == "bwrap":
         return "bubblewrap: read-only file system but the scratch copy, no network, own process namespace, resource limits, timeout"
-    return "a subprocess with resource limits and a timeout (bubblewrap is missing or cannot make namespaces here: writes and sockets are not stopped)"
+    return (
+        "a subprocess with resource limits and a timeout "
+        "(bubblewrap is missing or cannot make namespaces here: writes and sockets are not stopped)"
+    )
 
 
 def process_cap() -> str | None:

@@ -148,6 +148,7 @@ class CodingTeam:
     def report(self, model: str, winners: list[tuple[str, str]]) -> str:
         p = self.planner
         before = p.baseline
+        after = self.final.report.summary() if self.final and self.final.report else "no fix to test"
         lines = [
             "# Coding session report",
             "",
@@ -157,7 +158,7 @@ class CodingTeam:
             f"- model: {model or 'default'}; {len(self.fixers)} fixer(s), "
             f"{self.fixers[0].candidates if self.fixers else 0} candidates a round each",
             f"- before: {before.summary() if before else 'the tests did not run'}",
-            f"- after (every verified fix together): {self.final.report.summary() if self.final and self.final.report else 'no fix to test'}",
+            f"- after (every verified fix together): {after}",
             "",
         ]
         if before is not None and before.cut_off:

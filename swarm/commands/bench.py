@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--model",
         metavar="MODEL",
-        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; "
+        "see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
     )
     engine.add_argument(
         "--device",

@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--fetch", nargs="+", metavar="NAME", help="fetch these catalogue models into the cache")
     p.add_argument("--hollow", nargs=2, metavar=("MODEL", "FILE"),
-                   help="write MODEL's hollow twin to FILE: its shapes, types and tokenizer, every weight zero (timing does not depend on them)")  # fmt: skip
+                   help="write MODEL's hollow twin to FILE: its shapes, types and tokenizer, "
+                        "every weight zero (timing does not depend on them)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -55,6 +56,7 @@ def write_hollow(model: str, file: str) -> int:
         raise ConfigError(f"{file} is the model itself: name another file for its hollow twin")
     kept = write(source, target)
     print(
-        f"{target}: the hollow twin of {source.name}, {source.stat().st_size / 1e6:.0f} MB with {kept / 1e6:.1f} MB of header, the rest zeros"
+        f"{target}: the hollow twin of {source.name}, "
+        f"{source.stat().st_size / 1e6:.0f} MB with {kept / 1e6:.1f} MB of header, the rest zeros"
     )
     return 0

@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", nargs="?", help="session TOML file (default: the coding team on the built-in sample project)")
     p.add_argument(
         "--model",
-        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; "
+        "see swarm models) or hf:OWNER/REPO/FILE (overrides the session's; env SWARM_MODEL below it)",
     )
     p.add_argument("--device", help="OpenCL device (overrides the session's; env SWARM_DEVICE below it)")
     p.add_argument(
@@ -118,7 +119,8 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
         table.add_row(name, str(a.turns), str(a.tokens), f"{a.paused_s:.1f} s", str(a.preempted), str(a.inherited), a.crashed or "")
     console.print(table)
     waits = Table(
-        title="foreground (turns at foreground priority); idle: the same turns alone, by the engine's step cost law plus the owner's median time per step"
+        title="foreground (turns at foreground priority); "
+        "idle: the same turns alone, by the engine's step cost law plus the owner's median time per step"
     )
     for col in ("", "n", "p50", "p90", "p99", "max", "idle p50", "x idle"):
         waits.add_column(col, justify="right")
@@ -137,7 +139,8 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     total = s.prompt_computed + s.prompt_reused
     if total:
         console.print(
-            f"prompt tokens: {s.prompt_computed:,} computed, {s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})"
+            f"prompt tokens: {s.prompt_computed:,} computed, "
+            f"{s.prompt_reused:,} reused from the prefix cache ({s.prompt_reused / total:.0%})"
         )
     if isinstance(runner.swarm, Swarm) and runner.swarm.owner.step_seconds:
         console.print(f"median decode step: {format_duration(statistics.median(runner.swarm.owner.step_seconds), 0)}")

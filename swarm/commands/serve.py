@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         metavar="MODEL",
-        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
+        help="GGUF path, catalogue name (smollm2-135m, the default; qwen2.5-coder-0.5b; qwen2.5-coder-1.5b; gemma3-270m; "
+        "see swarm models) or hf:OWNER/REPO/FILE; env SWARM_MODEL",
     )
     p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file's name without .gguf)")
     p.add_argument(
@@ -63,7 +64,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--api-key",
         metavar="KEY",
         default=os.environ.get("SWARM_API_KEY"),
-        help="require `Authorization: Bearer KEY` on every path but /health; a browser opens the page at /?key=KEY (env SWARM_API_KEY; no default)",
+        help="require `Authorization: Bearer KEY` on every path but /health; "
+        "a browser opens the page at /?key=KEY (env SWARM_API_KEY; no default)",
     )
     p.add_argument(
         "--max-queue",

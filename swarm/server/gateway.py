@@ -125,7 +125,8 @@ class Gateway:
         max_tokens = spec.max_tokens if spec.max_tokens is not None else int(room)
         if pool.blocks_for(len(ids) + max_tokens) > pool.num_blocks:
             raise RequestError(
-                f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has ({pool.num_blocks * pool.block_size} positions)",
+                f"{len(ids)} + {max_tokens} tokens need more KV memory than this server has "
+                f"({pool.num_blocks * pool.block_size} positions)",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
