@@ -100,7 +100,7 @@ SCHEMAS = {
                     "additionalProperties": False,
                 },
             },
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
         },
         "required": ["steps", "confidence"],
         "additionalProperties": False,
