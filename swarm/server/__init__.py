@@ -17,7 +17,6 @@ its client gets an error), and `serve` returns. A second signal skips the grace.
 from __future__ import annotations
 
 import contextlib
-import errno
 import signal
 import socket
 from collections.abc import Iterator, Sequence
@@ -34,6 +33,7 @@ from swarm.server.app import build_app
 from swarm.server.gateway import Gateway
 from swarm.server.metrics import Metrics
 from swarm.viewers.watch import WatchHub, follow_bus, watch_routes
+from swarm.viewers.watch import listen as watch_listen
 
 __all__ = ["ServerHandle", "listen", "serve"]
 
@@ -114,21 +114,9 @@ class _Server(uvicorn.Server):
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on `host`:`port` (0: any free port), or a ConfigError
-    saying why not."""
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port must be between 0 and 65535, got {port}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} is already in use on {host}; choose another with --port") from None
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
+    """A listening socket on `host`:`port` (0: any free port) for uvicorn, or a
+    ConfigError saying why not."""
+    sock = watch_listen(host, port)
     sock.setblocking(False)
     return sock
 

@@ -16,7 +16,7 @@ To serve the page at `/` of another Starlette app (as `swarm serve` does):
     await tg.start(follow_bus, hub, swarm.bus)    # before the swarm starts
 """
 
-from swarm.viewers.watch.app import DEFAULT_PORT, bind_loopback, create_app, serve_http, trusted_hosts, watch_routes
+from swarm.viewers.watch.app import DEFAULT_PORT, bind_loopback, create_app, listen, serve_http, trusted_hosts, watch_routes
 from swarm.viewers.watch.hub import WatchHub
 from swarm.viewers.watch.sources import follow_bus, follow_socket, load_file
 
@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_PORT",
     "WatchHub",
     "bind_loopback",
+    "listen",
     "create_app",
     "follow_bus",
     "follow_socket",

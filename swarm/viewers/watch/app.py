@@ -129,21 +129,29 @@ async def serve_http(app: Starlette, sock: socket.socket | list[socket.socket], 
             server.should_exit = True
 
 
-def bind_loopback(port: int = DEFAULT_PORT) -> socket.socket:
-    """A listening socket on 127.0.0.1:`port` (0: any free port; see
-    `sock.getsockname()[1]`). Pages can connect from here on: the kernel queues
-    them until the server runs."""
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host`:`port` (0: any free port; see
+    `sock.getsockname()[1]`), or a ConfigError saying why not. Clients can
+    connect from here on: the kernel queues them until the server runs."""
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((LOOPBACK, port))
+        sock.bind((host, port))
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} is already in use on {LOOPBACK}; choose another with --port") from None
-        raise ConfigError(f"cannot listen on {LOOPBACK}:{port}: {exc.strerror}") from None
-    sock.listen(128)
+            raise ConfigError(f"port {port} is already in use on {host}; choose another with --port") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
+
+
+def bind_loopback(port: int = DEFAULT_PORT) -> socket.socket:
+    """A listening socket on 127.0.0.1:`port`, which a page server started
+    later in another process can inherit."""
+    sock = listen(LOOPBACK, port)
     sock.set_inheritable(True)
     return sock
