@@ -17,9 +17,8 @@ import json
 import statistics
 import time
 
-import jsonschema
-
 from gpu.engine import OpenCLEngine
+from runtime.errors import ConfigError
 from runtime.scheduling.constraints import JsonSchema, TurnConstraint
 from runtime.scheduling.units import ceil_div
 from runtime.scheduling.work import Sampling, Work
@@ -211,6 +210,10 @@ def format_constrained(r: dict) -> str:
 
 def run_validity(engine: OpenCLEngine, generations: int = 80, max_tokens: int = 200, seed: int = 0) -> dict:
     """`generations` constrained turns in batches of 8, schemas and sampling in turn."""
+    try:
+        import jsonschema  # the judge of validity, not the engine's: a test dependency
+    except ImportError:
+        raise ConfigError("--validity checks answers with jsonschema: pip install jsonschema (or slotswarm[test])") from None
     tok = engine.tokenizer
     names = list(SCHEMAS)
     samplings = [Sampling(), Sampling(temperature=0.8, seed=seed), Sampling(temperature=1.0, top_p=0.9, seed=seed + 1)]
