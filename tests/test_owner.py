@@ -260,7 +260,7 @@ def test_bench_owner_reports_host_and_gap_time_per_step(capsys: pytest.CaptureFi
     assert [(c["slots"], c["agents"]) for c in out["threaded"]] == [(8, 8), (8, 64), (64, 64)]
     for c in out["configs"] + out["threaded"]:
         assert c["steps"] >= 40 and c["steps_per_s"] > 0 and c["cpu_ms_per_step"] > 0
-        assert 0 < c["gap_ms_per_step"] <= c["host_ms_per_step"] * 10
+        assert c["gap_ms_per_step"] > 0  # (its size against host time is the machine's, not a property)
         # The agents read every token as it comes: about one per slot per step
         # (a step's tokens reach them during the next one, hence the margin).
         busy = min(c["slots"], c["agents"])
