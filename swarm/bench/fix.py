@@ -25,7 +25,7 @@ import anyio
 
 from runtime.errors import ConfigError
 
-TASKS = Path(__file__).resolve().parent.parent / "tests" / "fixtasks"
+TASKS = Path(__file__).resolve().parents[2] / "tests" / "fixtasks"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
