@@ -177,7 +177,7 @@ class Agent(Actor):
             if constraint is not None or len(shorthand) > 1:
                 raise UsageError(f"agent {self.name!r}: a turn takes one constraint (constraint, schema, regex, grammar, choices or tools)")
             constraint = shorthand[0]
-        return TurnHandle(self, self._encode(prompt, specs), max_tokens, sampling, ignore_eos, constraint)
+        return TurnHandle(self, self._encoder(prompt, specs), max_tokens, sampling, ignore_eos, constraint)
 
     async def complete(self, prompt: Prompt, *, schema: Any = None, **kwargs: Any) -> Any:
         """Run a turn to its end and return its text; with a `schema`, the answer
@@ -296,7 +296,11 @@ class Agent(Actor):
             return [dict(m) for m in prompt]
         raise UsageError(f"agent {self.name!r}: a conversation is a str or a list of messages, not {type(prompt).__name__}")
 
-    def _encode(self, prompt: Prompt, tools: Sequence[ToolSpec] = ()) -> list[int]:
+    def _encoder(self, prompt: Prompt, tools: Sequence[ToolSpec] = ()) -> list[int] | Chat:
+        """The prompt's token ids, or for a chat what makes them. The
+        prompt's shape is checked here, so a bad one is the caller's error at
+        once; the chat template and the tokenizer run when the turn is entered,
+        off the event loop when the text is long (TurnHandle.__aenter__)."""
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if not isinstance(prompt, (list, tuple)):
@@ -304,16 +308,15 @@ class Agent(Actor):
                 f"agent {self.name!r}: a prompt is a str, a list of messages or a list of token ids, not {type(prompt).__name__}"
             )
         if prompt and all(isinstance(m, dict) for m in prompt):
-            if self.tokenizer is None:
+            tokenizer = self.tokenizer
+            if tokenizer is None:
                 raise ActorError(f"agent {self.name!r}: this engine has no tokenizer; pass token ids")
             for m in prompt:
                 # An assistant message that calls tools may have no text.
                 text_ok = isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls"))
                 if not isinstance(m.get("role"), str) or not text_ok:
                     raise UsageError(f"agent {self.name!r}: each message needs a str 'role' and a str 'content'")
-            if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in prompt):
-                return self.tokenizer.chat(list(prompt), tools=tools)
-            return self.tokenizer.chat(list(prompt))
+            return Chat(tokenizer, list(prompt), tuple(tools))
         if tools:
             raise UsageError(f"agent {self.name!r}: tools need a chat prompt (messages or a str), not token ids")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
@@ -326,6 +329,30 @@ class Agent(Actor):
         return self.gpu
 
 
+@dataclass(frozen=True)
+class Chat:
+    """A chat prompt, checked and not yet tokenized."""
+
+    tokenizer: TextCodec
+    messages: list[dict[str, Any]]
+    tools: tuple[ToolSpec, ...] = ()
+
+    # Past this much text, the template and the tokenizer run in a worker thread
+    # (they scale with the text and would stall every other turn's tokens);
+    # below it the hop to a thread costs more than the work.
+    INLINE_CHARS = 4096
+
+    async def encode(self) -> list[int]:
+        if sum(len(m.get("content") or "") for m in self.messages) > self.INLINE_CHARS:
+            return await anyio.to_thread.run_sync(self.tokens)
+        return self.tokens()
+
+    def tokens(self) -> list[int]:
+        if self.tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in self.messages):
+            return self.tokenizer.chat(self.messages, tools=self.tools)
+        return self.tokenizer.chat(self.messages)
+
+
 _STOPPED = object()  # the update stream ended
 
 
@@ -334,17 +361,24 @@ class TurnHandle:
     `tokens`, `text` and the timings say what happened."""
 
     def __init__(
-        self, agent: Agent, prompt: list[int], max_tokens: int, sampling: Sampling, ignore_eos: bool, constraint: Constraint | None = None
+        self,
+        agent: Agent,
+        prompt: list[int] | Chat,
+        max_tokens: int,
+        sampling: Sampling,
+        ignore_eos: bool,
+        constraint: Constraint | None = None,
     ) -> None:
         self.agent = agent
-        self.prompt = prompt
+        self._chat = prompt if isinstance(prompt, Chat) else None  # tokenized on entry
+        self.prompt: list[int] = prompt if isinstance(prompt, list) else []
         # Started inside a handler or a critical section: the turn serves that
         # request, and runs at whatever priority its waiters lend it.
         lifts = [lift_key(agent.name, via) for via in serving.get()]
         self._request = TurnRequest(
             agent=agent.name,
             priority=agent.priority,
-            prompt=prompt,
+            prompt=self.prompt,
             max_tokens=max_tokens,
             sampling=sampling,
             ignore_eos=ignore_eos,
@@ -402,6 +436,9 @@ class TurnHandle:
             await check_constraint(self._gpu.constraints, self._request.constraint)
         except UsageError as exc:
             raise UsageError(f"agent {self.agent.name!r}: {exc}") from None
+        if self._chat is not None:
+            self.prompt = await self._chat.encode()
+            self._request = msgspec.structs.replace(self._request, prompt=self.prompt)
         self._channel = await self._gpu.submit(self.id, self._request)
         return self
 

@@ -179,3 +179,28 @@ async def test_the_reviewer_answers_with_typed_findings(tiny_engine, tmp_path: P
     if not verdict.findings and verdict.text != "No problems found.":
         # held to the schema, the only way to miss it is to run out of tokens first
         assert reviewer.records[-1].tokens == max_tokens
+
+
+@pytest.mark.asyncio
+async def test_a_long_chat_is_tokenized_off_the_event_loop(tiny_engine, monkeypatch) -> None:
+    import threading
+
+    tokenizer = tiny_engine.tokenizer
+    threads = []
+
+    def chat(messages, *args, **kwargs):
+        threads.append(threading.current_thread())
+        return type(tokenizer).chat(tokenizer, messages, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "chat", chat)
+    loop = threading.current_thread()
+    with anyio.fail_after(300):
+        async with Swarm(tiny_engine, slots=2) as swarm:
+            agent = await spawn(swarm, Agent("reader"))
+            await agent.complete("Short.", max_tokens=1)
+            long = "ab " * 1400  # past Chat.INLINE_CHARS, still inside the context
+            async with agent.generate(long, max_tokens=1) as turn:
+                async for _ in turn:
+                    pass
+    assert threads[0] is loop and threads[1] is not loop
+    assert len(turn.prompt) > 100 and turn.ended is not None
