@@ -3,9 +3,13 @@
 It runs the tests, hands each failure to a fixer (round robin), sends every
 verified patch to the patch reviewer and the test author, and keeps the score.
 Meanwhile it answers the person: questions typed at the prompt (stdin a
-terminal), or scripted ones (`--ask`, a session's script), about the project,
-with the project's code and the session's state in the prompt. `status` is
-answered from the score alone, without the model.
+terminal), or scripted ones (`--ask`, a session's script), about the project.
+The model looks for itself: it is given the session's state and the project's
+tools (list, read and search files, run tests) as tool calls (runtime.agent's
+`use_tools`), and answers once it has read what it needs. On an engine that
+cannot hold a turn to tool calls (no tokenizer: the timing model), the
+project's code goes into the prompt instead. `status` is answered from the
+score alone, without the model.
 
 Its own run ends when every failure has a verified fix (or its fixer gave up)
 and the notes on each are in, and the person is done: end of input or `quit` at
@@ -21,8 +25,14 @@ from typing import Any
 import anyio
 
 from agents.coding import TEAM_SYSTEM, CodingAgent, Failure, FixRequest, FixResult, NewTests, ReviewNote, VerifiedPatch
-from swarm import FOREGROUND, TurnFailed, handler
+from swarm import FOREGROUND, TurnFailed, UsageError, handler, tool
 from swarm.coding.testing import TestReport
+
+TOOL_READ_CHARS = 3000  # of a file the model reads with a tool: a small model's context is short
+ASK_SYSTEM = (
+    TEAM_SYSTEM + " A person asks you about the project and the session. Use the tools to look at the project's files and tests "
+    "when you need to, then answer in a few sentences."
+)
 
 
 class Planner(CodingAgent):
@@ -38,6 +48,7 @@ class Planner(CodingAgent):
         interactive: bool = False,
         interval_s: float = 0.0,
         max_tokens: int = 160,
+        tool_rounds: int = 2,
         say: Callable[[str], None] | None = None,
         prompt: Callable[[], None] | None = None,
         **kwargs: Any,
@@ -49,6 +60,7 @@ class Planner(CodingAgent):
         self.interactive = interactive
         self.interval_s = interval_s
         self.max_tokens = max_tokens
+        self.tool_rounds = tool_rounds  # rounds of tool calls before the model must answer
         self.say = say or (lambda text: print(text, flush=True))
         self.prompt = prompt or (lambda: (sys.stdout.write("you> "), sys.stdout.flush()))
         self.baseline: TestReport | None = None
@@ -105,6 +117,47 @@ class Planner(CodingAgent):
     async def handle(self, question: str) -> str:
         if question.strip().lower() == "status":
             return self.status()
+        if not self.can_constrain:
+            return await self._answer_from_context(question)
+        try:
+            asked = f"State of the session: {self.status()}\n\n{question}"
+            reply = await self.use_tools(
+                [{"role": "system", "content": ASK_SYSTEM}, {"role": "user", "content": asked}],
+                tools=[self.list_files, self.read_file, self.search, self.run_tests],
+                max_rounds=self.tool_rounds,
+                max_tokens=self.max_tokens,
+            )
+        except TurnFailed as exc:  # e.g. a prompt past the model's context: say so, and go on
+            return f"(I could not answer that: {exc.reason})"
+        return reply.strip()
+
+    @tool(name="list_files")
+    async def list_files(self) -> str:
+        """List the project's files."""
+        return "\n".join(await self.tools.list_files())
+
+    @tool(name="read_file")
+    async def read_file(self, path: str) -> str:
+        """Read one file of the project (a path list_files gives)."""
+        text = await self.tools.read_file(path)
+        return text if len(text) <= TOOL_READ_CHARS else text[:TOOL_READ_CHARS] + "\n... (truncated)\n"
+
+    @tool(name="search")
+    async def search(self, pattern: str) -> str:
+        """Lines of the project's files that match a regular expression, as path:line: text."""
+        return "\n".join(await self.tools.search(pattern, limit=20)) or "(no line matches)"
+
+    @tool(name="run_tests", timeout_s=300)
+    async def run_tests(self, tests: list[str]) -> str:
+        """Run the project's tests: the given test ids (path::name), or all of them for an empty list."""
+        try:
+            report = await self.tools.run_tests(tests)
+        except UsageError as exc:
+            return str(exc)
+        failing = "".join(f"\n{t}: {report.messages.get(t, '')[-300:]}" for t in report.failing[:5])
+        return report.summary() + failing
+
+    async def _answer_from_context(self, question: str) -> str:
         context = await self.project_context(4000, mentioned_in=question)
         try:
             reply = await self.answer(
