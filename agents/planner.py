@@ -76,8 +76,9 @@ class Planner(CodingAgent):
         self.baseline = await self.use("run_tests", self.tools.run_tests())
         self.say(f"{self.name}> tests before: {self.baseline.summary()}")
         self.failures = [Failure(t, self.baseline.messages.get(t, "")) for t in self.baseline.failing]
-        # Every failure to a fixer, round robin; spare fixers double up on the first ones.
-        for i in range(max(len(self.failures), len(self.fixers)) if self.failures else 0):
+        # Every failure to a fixer, round robin; spare fixers double up on the first
+        # ones. (No fixers: it only answers the person, as `swarm bench session` has it.)
+        for i in range(max(len(self.failures), len(self.fixers)) if self.failures and self.fixers else 0):
             await self.tell(self.fixers[i % len(self.fixers)], FixRequest(self.failures[i % len(self.failures)]))
         self._check_done()
         if self.interactive:

@@ -96,7 +96,8 @@ class ScriptedEngine(KVEngine):
         dead: dict[int, str] = {}
         for w in batch:
             if w.turn not in self.answers:
-                self.prompts.setdefault(w.turn, []).extend(w.tokens)
+                prompt = self.prompts.setdefault(w.turn, [])
+                prompt[w.start :] = w.tokens  # by position: a step taken back and sent again reads the same
                 if w.sample:
                     text = self.tokenizer.decode(self.prompts[w.turn])
                     self.asked.append(text)
@@ -122,6 +123,13 @@ class ScriptedEngine(KVEngine):
         if dead:
             raise DeadEnd(out, dead)
         return out
+
+    def calibrate(self) -> None:
+        # An owner starting (before any turn of it): it numbers its turns from 1,
+        # as the last swarm on this engine did.
+        self.prompts.clear()
+        self.answers.clear()
+        self.masks = TurnMasks(self.constraints)
 
     def forget(self, turn: int) -> None:
         super().forget(turn)
