@@ -4,12 +4,15 @@ It runs the tests, hands each failure to a fixer (round robin), sends every
 verified patch to the patch reviewer and the test author, and keeps the score.
 Meanwhile it answers the person: questions typed at the prompt (stdin a
 terminal), or scripted ones (`--ask`, a session's script), about the project.
-The model looks for itself: it is given the session's state and the project's
-tools (list, read and search files, run tests) as tool calls (runtime.agent's
-`use_tools`), and answers once it has read what it needs. On an engine that
-cannot hold a turn to tool calls (no tokenizer: the timing model), the
-project's code goes into the prompt instead. `status` is answered from the
-score alone, without the model.
+The prompt holds the project's code and the session's state, and the model may
+call the project's tools (list, read and search files, run tests) for what the
+prompt lacks (runtime.agent's `use_tools`) before it answers. The code stays in
+the prompt because a small model does not look for itself: qwen2.5-coder-0.5b,
+given the tools alone, called none and made up the project; made to call one,
+it called them with placeholder arguments (`path/to/file.txt`). On an engine
+that cannot hold a turn to tool calls (no tokenizer: the timing model), it
+answers from the prompt alone. `status` is answered from the score alone,
+without the model.
 
 Its own run ends when every failure has a verified fix (or its fixer gave up)
 and the notes on each are in, and the person is done: end of input or `quit` at
@@ -30,8 +33,8 @@ from swarm.coding.testing import TestReport
 
 TOOL_READ_CHARS = 3000  # of a file the model reads with a tool: a small model's context is short
 ASK_SYSTEM = (
-    TEAM_SYSTEM + " A person asks you about the project and the session. Use the tools to look at the project's files and tests "
-    "when you need to, then answer in a few sentences."
+    TEAM_SYSTEM + " A person asks you about the project and the session. Its code is below; use the tools for what is not "
+    "(other files, a test run), then answer in a few sentences."
 )
 
 
@@ -118,10 +121,11 @@ class Planner(CodingAgent):
     async def handle(self, question: str) -> str:
         if question.strip().lower() == "status":
             return self.status()
+        context = await self.project_context(4000, mentioned_in=question)
+        asked = f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}"
         if not self.can_constrain:
-            return await self._answer_from_context(question)
+            return await self._answer_without_tools(asked)
         try:
-            asked = f"State of the session: {self.status()}\n\n{question}"
             reply = await self.use_tools(
                 [{"role": "system", "content": ASK_SYSTEM}, {"role": "user", "content": asked}],
                 tools=[self.list_files, self.read_file, self.search, self.run_tests],
@@ -158,12 +162,9 @@ class Planner(CodingAgent):
         failing = "".join(f"\n{t}: {report.messages.get(t, '')[-300:]}" for t in report.failing[:5])
         return report.summary() + failing
 
-    async def _answer_from_context(self, question: str) -> str:
-        context = await self.project_context(4000, mentioned_in=question)
+    async def _answer_without_tools(self, asked: str) -> str:
         try:
-            reply = await self.answer(
-                TEAM_SYSTEM, f"{context}\nState of the session: {self.status()}\n\nA person asks: {question}", max_tokens=self.max_tokens
-            )
+            reply = await self.answer(TEAM_SYSTEM, asked, max_tokens=self.max_tokens)
         except TurnFailed as exc:  # e.g. a prompt past the model's context: say so, and go on
             return f"(I could not answer that: {exc.reason})"
         return reply.strip()

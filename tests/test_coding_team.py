@@ -104,10 +104,10 @@ def test_a_right_answer_is_verified_reviewed_tested_reported_and_applied(tmp_pat
     # the project's code, then the failure.
     fixer_prompts = [p for p in engine.asked if "Reply with the corrected function" in p]
     assert len(fixer_prompts) == 2 * 3 and len(set(fixer_prompts)) == 1
-    # The planner looked for itself: it called read_file, and answered from what it read.
+    # The planner was offered the tools, called read_file, and answered with its result.
     asked_planner = [p for p in engine.asked if "What does add do?" in p]
     assert len(asked_planner) == 2 and "<tool>read_file:" in asked_planner[0]
-    assert "<call>read_file" in asked_planner[1] and "return a - b" in asked_planner[1]
+    assert "<call>read_file" in asked_planner[1] and "<tool>\ndef add(a, b):" in asked_planner[1]
     assert engine.bent == 0  # every written answer was already in its constraint's shape
 
 
@@ -179,3 +179,25 @@ def test_a_fix_for_one_failure_of_two_is_reported_combined_and_applied(tmp_path:
     assert team.final is not None and team.final.verified and team.final.fixed == ["test_calc.py::test_add"]
     assert "after (every verified fix together): 1 failed, 1 passed" in report
     assert "return a + b" in (project / "calc.py").read_text() and "a ** b" in (project / "calc.py").read_text()
+
+
+def test_a_rejecting_verdict_reaches_the_planner_typed(tmp_path: Path) -> None:
+    """The reviewer's answer is a PatchVerdict decoded from its schema: a REJECT
+    is a note that does not approve, with the reason it gave."""
+
+    def rejecting_model(prompt: str) -> str:
+        if "APPROVE or REJECT" in prompt:
+            return '{"verdict":"REJECT","reason":"It special-cases the test."}'
+        return good_model(prompt)
+
+    project = make_repo(tmp_path / "proj")
+    out = tmp_path / "out"
+    out.mkdir()
+    engine = ScriptedEngine(rejecting_model)
+    team = CodingTeam(project, out, fixers=1, candidates=1, rounds=1, tester=False, worktree=False)
+    runner = SessionRunner(Session(slots=4, prefix_cache=False, workspace=str(project), duration=300), engine=engine, out=out)
+    runner.agents = team.agents
+    anyio.run(runner.run)
+    note = team.planner.reviews["test_calc.py::test_add"]
+    assert not note.approved and note.text == "REJECT: It special-cases the test."
+    assert engine.bent == 0

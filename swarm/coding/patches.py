@@ -35,8 +35,9 @@ from swarm.coding.testing import FAILED, TestReport
 
 FENCE = re.compile(r"```[ \t]*([\w.+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 DIFF_START = re.compile(r"^(?:diff --git |--- )", re.M)
-# One fenced Python block and nothing else: the code holds no ``` of its own.
-PYTHON_BLOCK = r"```python\n(?:[^`]|`[^`]|``[^`])*\n```"
+# One fenced Python block and nothing else: the code holds no ``` of its own
+# (its last line may end in one or two backticks).
+PYTHON_BLOCK = r"```python\n(?:[^`]|`[^`]|``[^`])*`{0,2}\n```"
 _PYTHON_BLOCK = re.compile(PYTHON_BLOCK)
 
 
