@@ -45,11 +45,23 @@ class RecordingAgent(Agent):
         self.records: list[TurnRecord] = []
         self.log_text = log_text  # keep prompts and answers in the agent's own files
 
-    async def answer(self, system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY, schema: Any = None) -> str:
+    async def answer(
+        self,
+        system: str,
+        user: str,
+        *,
+        max_tokens: int = MAX_TOKENS,
+        sampling: Sampling = GREEDY,
+        schema: Any = None,
+        regex: str | None = None,
+    ) -> str:
         """One chat turn: a system prompt and a user message in, the reply out
-        (held to `schema`'s JSON if one is given)."""
+        (held to `schema`'s JSON, or to `regex`, if one is given; a `regex` is
+        dropped where the engine cannot hold a turn to one: see `can_constrain`)."""
         prompt = self.chat(system, user)
-        async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling, schema=schema) as turn:
+        if not self.can_constrain:
+            regex = None
+        async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling, schema=schema, regex=regex) as turn:
             priority = self.turn_priority  # lent while someone waits on the request this serves
             async for _ in turn:
                 pass

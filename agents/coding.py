@@ -3,9 +3,9 @@
 The planner (foreground) runs the tests and hands each failure to a fixer; a
 fixer answers with a `FixResult`; verified patches go to the patch reviewer and
 the test author, whose notes come back to the planner. Every message is a
-msgspec Struct. Free text from the model is parsed at one place
-(swarm.coding.patches); when typed answers land (issue 24) the parsing goes and
-these messages stay.
+msgspec Struct, and what the model writes for one is held to its shape as it
+is decoded: a fixer's and the test author's code to one fenced Python block
+(swarm.coding.patches.PYTHON_BLOCK), the patch reviewer's verdict to a schema.
 """
 
 from __future__ import annotations

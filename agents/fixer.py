@@ -3,8 +3,9 @@ keeps the one the tests verify.
 
 Each round asks the model `candidates` times at `temperature` with one prompt
 (the project's code first, shared by every fixer and candidate: the prefix
-cache computes it once), turns each answer into a patch (swarm.coding.patches)
-and runs the tests on it, each on its own scratch copy. A candidate is judged by:
+cache computes it once), each answer held to one fenced Python block (the
+corrected function, nothing else: swarm.coding.patches.PYTHON_BLOCK), turns it
+into a patch (swarm.coding.patches) and runs the tests on it, each on its own scratch copy. A candidate is judged by:
 the failing test passes, no passing test breaks, the smallest diff. When none is
 verified, the best one and what its tests said go into the next round's prompt.
 """
@@ -20,7 +21,7 @@ import anyio
 from agents.coding import TEAM_SYSTEM, CodingAgent, Failure, FixRequest, FixResult
 from runtime.scheduling.work import GREEDY, Sampling
 from swarm import BACKGROUND, TurnCancelled, TurnFailed, handler
-from swarm.coding.patches import Judgement, read_proposal
+from swarm.coding.patches import PYTHON_BLOCK, Judgement, code_block, code_proposal, read_proposal
 
 
 class Fixer(CodingAgent):
@@ -78,12 +79,14 @@ class Fixer(CodingAgent):
                     )
                 )
                 try:
-                    answer = await self.answer(TEAM_SYSTEM, prompt, max_tokens=self.max_tokens, sampling=sampling)
+                    answer = await self.answer(TEAM_SYSTEM, prompt, max_tokens=self.max_tokens, sampling=sampling, regex=PYTHON_BLOCK)
                 except TurnFailed:
                     return
                 tried += 1
                 tokens += self.records[-1].tokens if self.records else 0
-                proposal = read_proposal(answer, files)
+                code = code_block(answer)
+                # (free text where the engine cannot constrain, or a block cut off at max_tokens)
+                proposal = code_proposal(code, files) if code is not None else read_proposal(answer, files)
                 if proposal is None:
                     return
                 if proposal.diff not in seen:

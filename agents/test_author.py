@@ -1,5 +1,7 @@
 """The test author: writes a new test for each verified fix. The new test must
-run: collected, and passing with the fix applied, with nothing else broken."""
+run: collected, and passing with the fix applied, with nothing else broken.
+Its answer is held to one fenced Python block (swarm.coding.patches.PYTHON_BLOCK):
+the test file's code, nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from agents.coding import TEAM_SYSTEM, CodingAgent, NewTests, VerifiedPatch
 from swarm import BACKGROUND, TurnFailed, handler
-from swarm.coding.patches import FENCE
+from swarm.coding.patches import FENCE, PYTHON_BLOCK, code_block
 
 NAME = re.compile(r"[^a-z0-9]+")
 
@@ -43,8 +45,11 @@ class TestAuthor(CodingAgent):
                 "Reply with the test and its imports in one ```python block."
             ),
             max_tokens=self.max_tokens,
+            regex=PYTHON_BLOCK,
         )
-        code = next((body for lang, body in FENCE.findall(answer) if lang.lower() in ("", "py", "python")), "")
+        code = code_block(answer)
+        if code is None:  # free text where the engine cannot constrain, or a block cut off at max_tokens
+            code = next((body for lang, body in FENCE.findall(answer) if lang.lower() in ("", "py", "python")), "")
         if "def test" not in code:
             return NewTests(test=msg.test, ran=False, note="the answer held no test function")
         slug = NAME.sub("_", msg.test.split("::")[-1].lower()).strip("_")[:40]

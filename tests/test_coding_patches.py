@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from runtime.errors import ConfigError
-from swarm.coding.patches import read_proposal, splice
+from swarm.coding.patches import PYTHON_BLOCK, code_block, code_proposal, read_proposal, splice
 from swarm.coding.project import ProjectCopy, apply_patch
 from swarm.coding.sandbox import Limits, Sandbox
 from swarm.coding.testing import CommandRunner, detect_runner
@@ -201,3 +201,17 @@ def test_a_class_holding_some_methods_replaces_just_those() -> None:
 def test_a_fragment_that_fits_nowhere_is_no_proposal() -> None:
     assert splice(INVENTORY, "def unrelated(x):\n    return x\n") is None
     assert read_proposal("```python\ndef unrelated(x):\n    return x\n```", {"inventory.py": INVENTORY}) is None
+
+
+def test_an_answer_held_to_one_python_block_is_read_whole() -> None:
+    import re
+
+    answer = "```python\ndef add(a, b):\n    return a + b  # `a` and `b`\n```"
+    assert re.fullmatch(PYTHON_BLOCK, answer)
+    code = code_block(answer)
+    assert code == "def add(a, b):\n    return a + b  # `a` and `b`\n"
+    proposal = code_proposal(code, {"calc.py": CALC})
+    assert proposal is not None and "+    return a + b" in proposal.diff and proposal.source == "fragment"
+    # Prose, or a block cut off before it closed, is not one: the fixer then reads it as free text.
+    assert code_block("Here:\n" + answer) is None and code_block(answer[:-3]) is None
+    assert not re.fullmatch(PYTHON_BLOCK, "```python\nx = 1\n```\nand more")

@@ -20,21 +20,30 @@ from tests.scripted_engine import ScriptedEngine
 
 CALC = 'def add(a, b):\n    """The sum."""\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n'
 TESTS = "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-FIX = 'The operator is wrong.\n```python\ndef add(a, b):\n    """The sum."""\n    return a + b\n```\n'
-NEW_TEST = "```python\nfrom calc import add\n\n\ndef test_add_negatives():\n    assert add(-1, -2) == -3\n```\n"
+# The answers as the constrained team writes them: the fixer's and the test
+# author's one Python block, the reviewer's verdict as JSON, the planner's tool
+# call in its model's format (Hermes) and then its answer.
+FIX = '```python\ndef add(a, b):\n    """The sum."""\n    return a + b\n```'
+NEW_TEST = "```python\nfrom calc import add\n\n\ndef test_add_negatives():\n    assert add(-1, -2) == -3\n```"
+VERDICT = '{"verdict":"APPROVE","reason":"It fixes the operator for every input."}'
+READ_CALC = '<tool_call>\n{"name": "read_file", "arguments": {"path": "calc.py"}}\n</tool_call>'
 
 
 def good_model(prompt: str) -> str:
     if "APPROVE or REJECT" in prompt:
-        return "APPROVE: it fixes the operator for every input."
+        return VERDICT
     if "Write one new pytest test" in prompt:
         return NEW_TEST
     if "Reply with the corrected function" in prompt:
         return FIX
-    return "It adds two numbers."
+    if "<tool>\n" in prompt:  # the file it asked for is in the conversation
+        return "It adds two numbers." if "return a - b" in prompt else "I could not read it."
+    return READ_CALC
 
 
 def garbage_model(prompt: str) -> str:
+    """Free text where a code block is asked for: the constraint bends it into a
+    block, which holds no function of the project."""
     if "Reply with the corrected function" in prompt:
         return "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -9,9 +9,9 @@\n-nothing\n+here\n```\n"
     return "No idea."
@@ -95,6 +104,11 @@ def test_a_right_answer_is_verified_reviewed_tested_reported_and_applied(tmp_pat
     # the project's code, then the failure.
     fixer_prompts = [p for p in engine.asked if "Reply with the corrected function" in p]
     assert len(fixer_prompts) == 2 * 3 and len(set(fixer_prompts)) == 1
+    # The planner was offered the tools, called read_file, and answered with its result.
+    asked_planner = [p for p in engine.asked if "What does add do?" in p]
+    assert len(asked_planner) == 2 and "<tool>read_file:" in asked_planner[0]
+    assert "<call>read_file" in asked_planner[1] and "<tool>\ndef add(a, b):" in asked_planner[1]
+    assert engine.bent == 0  # every written answer was already in its constraint's shape
 
 
 def test_garbage_is_never_verified_and_the_tree_is_untouched(tmp_path: Path) -> None:
@@ -103,14 +117,14 @@ def test_garbage_is_never_verified_and_the_tree_is_untouched(tmp_path: Path) -> 
     project_before = snapshot(tmp_path / "proj")
     (result,) = team.planner.results.values()
     assert not result.verified and result.candidates == 6 and result.rounds == 2
-    assert "did not apply" in result.note
+    assert result.note == "no answer held a patch" and engine.bent > 0
     report = report_path.read_text()
     assert "Not fixed by fixer-" in report and "no fix to test" in report
     assert not any((tmp_path / "out" / "patches").iterdir())
     assert (tmp_path / "proj" / "calc.py").read_text() == CALC and snapshot(tmp_path / "proj") == project_before
     # The second round was told why the first failed.
     fixer_prompts = [p for p in engine.asked if "Reply with the corrected function" in p]
-    assert "An earlier attempt" not in fixer_prompts[0] and "did not" in fixer_prompts[-1]
+    assert "An earlier answer" not in fixer_prompts[0] and "An earlier answer held no code block" in fixer_prompts[-1]
 
 
 def test_the_files_a_traceback_names_come_first_only_when_not_all_fit(tmp_path: Path) -> None:
@@ -165,3 +179,25 @@ def test_a_fix_for_one_failure_of_two_is_reported_combined_and_applied(tmp_path:
     assert team.final is not None and team.final.verified and team.final.fixed == ["test_calc.py::test_add"]
     assert "after (every verified fix together): 1 failed, 1 passed" in report
     assert "return a + b" in (project / "calc.py").read_text() and "a ** b" in (project / "calc.py").read_text()
+
+
+def test_a_rejecting_verdict_reaches_the_planner_typed(tmp_path: Path) -> None:
+    """The reviewer's answer is a PatchVerdict decoded from its schema: a REJECT
+    is a note that does not approve, with the reason it gave."""
+
+    def rejecting_model(prompt: str) -> str:
+        if "APPROVE or REJECT" in prompt:
+            return '{"verdict":"REJECT","reason":"It special-cases the test."}'
+        return good_model(prompt)
+
+    project = make_repo(tmp_path / "proj")
+    out = tmp_path / "out"
+    out.mkdir()
+    engine = ScriptedEngine(rejecting_model)
+    team = CodingTeam(project, out, fixers=1, candidates=1, rounds=1, tester=False, worktree=False)
+    runner = SessionRunner(Session(slots=4, prefix_cache=False, workspace=str(project), duration=300), engine=engine, out=out)
+    runner.agents = team.agents
+    anyio.run(runner.run)
+    note = team.planner.reviews["test_calc.py::test_add"]
+    assert not note.approved and note.text == "REJECT: It special-cases the test."
+    assert engine.bent == 0

@@ -6,8 +6,14 @@ A small model's answer is plain text. `read_proposal` takes from it, in order:
   functions and classes all exist in the file replaces just those; anything
   else that parses replaces the whole file. The diff is then made here (difflib),
   so the model never has to count lines.
-Anything else is no proposal. The seam for structured output (issue 24): a typed
-answer would hand `Proposal` its diff or file directly, skipping the parsing.
+Anything else is no proposal.
+
+The team's agents do not leave that shape to chance: their answers are held to
+`PYTHON_BLOCK` (runtime.agent: `regex=`), so every answer is exactly one fenced
+Python block, no prose around it, and `code_block` takes its code out whole.
+The code stays code: not escaped into a JSON string, which costs a small
+model's code quality. `read_proposal` still reads a free answer (an engine that
+cannot constrain, a person's paste).
 
 `verify` applies a patch to its own scratch copy (`git apply --check` first) and
 runs the tests there; `judge` ranks the results.
@@ -29,6 +35,10 @@ from swarm.coding.testing import FAILED, TestReport
 
 FENCE = re.compile(r"```[ \t]*([\w.+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 DIFF_START = re.compile(r"^(?:diff --git |--- )", re.M)
+# One fenced Python block and nothing else: the code holds no ``` of its own
+# (its last line may end in one or two backticks).
+PYTHON_BLOCK = r"```python\n(?:[^`]|`[^`]|``[^`])*`{0,2}\n```"
+_PYTHON_BLOCK = re.compile(PYTHON_BLOCK)
 
 
 class Proposal(msgspec.Struct):
@@ -51,13 +61,28 @@ def read_proposal(answer: str, files: dict[str, str], default: str | None = None
         if diff:
             return Proposal(diff, "diff")
     for lang, body in fences:
-        if lang not in ("", "py", "python", "python3"):
-            continue
-        for target in _targets(answer, body, files, default):
-            new = splice(files[target], body)
-            if new is not None and new != files[target]:
-                return Proposal(make_diff(target, files[target], new), "fragment" if new != _ensure_newline(body.strip("\n")) else "file")
+        if lang in ("", "py", "python", "python3") and (proposal := code_proposal(body, files, default, answer=answer)) is not None:
+            return proposal
     return None
+
+
+def code_proposal(code: str, files: dict[str, str], default: str | None = None, *, answer: str = "") -> Proposal | None:
+    """The change Python `code` proposes (functions to replace, or a whole file),
+    against `files`, or None. `answer`, the text around the code, may name its file."""
+    for target in _targets(answer, code, files, default):
+        new = splice(files[target], code)
+        if new is not None and new != files[target]:
+            return Proposal(make_diff(target, files[target], new), "fragment" if new != _ensure_newline(code.strip("\n")) else "file")
+    return None
+
+
+def code_block(answer: str) -> str | None:
+    """The code of an answer held to PYTHON_BLOCK, or None where it is not one
+    (the answer ran out of tokens before its block closed)."""
+    text = answer.strip()
+    if not _PYTHON_BLOCK.fullmatch(text):
+        return None
+    return text[len("```python\n") : -len("```")]
 
 
 def _targets(answer: str, body: str, files: dict[str, str], default: str | None) -> list[str]:

@@ -8,8 +8,9 @@
 
 Everything that touches the disk or runs a process runs off the event loop. An
 agent reports each call as a tool.called event (agents.coding.CodingAgent.use): its
-name and duration, never its arguments or results, as with prompts. When tool
-calls land (issue 24) these are the functions a model would call.
+name and duration, never its arguments or results, as with prompts. The
+planner lets its model call the read-only ones and run_tests itself
+(agents.planner: `use_tools`).
 """
 
 from __future__ import annotations
