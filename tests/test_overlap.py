@@ -1,4 +1,5 @@
-"""The GPU owner plans step N+1 while step N runs (Scheduler.advance): the step
+"""The GPU owner plans step N+1 while step N runs (Scheduler.advance, the
+scheduler's steps in flight in runtime.scheduling.inflight): the step
 thread puts step N's tokens into N+1's decodes and starts it as soon as N ends.
 
 Proved with explicit synchronisation (a step held on the device while the test
@@ -15,6 +16,7 @@ import threading
 from collections import Counter
 
 import anyio
+import msgspec
 import pytest
 from kv_engine import EOS, KVEngine, reference_output
 
@@ -22,7 +24,8 @@ from runtime.events.kinds import Ended, Event, Finished, Queued
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
-from runtime.scheduling.turns import UNKNOWN, Policy, SchedulerConfig
+from runtime.scheduling.turns import Policy, SchedulerConfig
+from runtime.scheduling.work import NOT_SAMPLED
 from swarm import Agent, Swarm
 
 
@@ -163,7 +166,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         for turn_id, at in cancel_at.items():
             if at == boundary:
                 sched.cancel(turn_id, now)
-        plan = sched.schedule(now, in_flight=flight[0] if flight is not None else None)
+        plan = sched.schedule(now)
         if plan.moves:
             land()
             for move in plan.moves:
@@ -178,12 +181,10 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         sched.advance(plan)
         # The device runs steps in order: the step before has ended when this one
         # starts (accounted or not: moves take it in first), and its tokens go
-        # into this one's decodes.
-        for w in plan.works:
-            if w.tokens[-1] == UNKNOWN:
-                w.tokens[-1] = sampled[w.turn]
-        tokens = engine.step(plan.works)
-        sampled = {w.turn: t for w, t in zip(plan.works, tokens, strict=False) if w.sample}
+        # into this one's decodes, in copies (as StepInFlight.hand_over does).
+        works = [msgspec.structs.replace(w, tokens=[*w.tokens[:-1], sampled[w.turn]], follows=False) if w.follows else w for w in plan.works]
+        tokens = engine.step(works)
+        sampled = {w.turn: t for w, t in zip(works, tokens, strict=False) if w.sample}
         land()
         flight = (plan, tokens)
 
@@ -209,7 +210,7 @@ def test_a_scheduler_planning_one_step_ahead_gives_every_turn_what_it_gives_in_o
             if ended[t.id].reason != "cancelled":
                 assert t.output == reference_output(t.prompt, t.max_tokens, eos_every=7, ignore_eos=t.ignore_eos)
                 assert isinstance(ended[t.id], Finished) and ended[t.id].tokens == len(t.output)
-        assert UNKNOWN not in [x for t in turns if ended[t.id].reason != "cancelled" for x in t.output]
+        assert not sched.in_flight.plans and not sched.in_flight.sampling(turns[0]) and sched.step == engine.steps
         outcomes.append({k: v for k, v in outputs.items() if v[1] != "cancelled"})
     both = outcomes[0].keys() & outcomes[1].keys()  # (a cancel may find a turn ended already in one run)
     assert len(both) >= 7 and {k: outcomes[0][k] for k in both} == {k: outcomes[1][k] for k in both}
@@ -244,12 +245,15 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
 
     before = step_of([], None)
     before.sampled = {1: 42, 2: 43}
-    planned = [Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True), Work(3, [7, 8], 0, [2], True)]
+    def follower(turn: int, start: int, table: list[int]) -> Work:
+        return Work(turn, [NOT_SAMPLED], start, table, True, follows=True)
+
+    planned = [follower(1, 9, [0]), follower(2, 5, [1]), Work(3, [7, 8], 0, [2], True)]
     after = step_of(planned, before)
     runs = after.hand_over()
-    assert [(w.turn, w.tokens) for w in runs] == [(1, [42]), (2, [43]), (3, [7, 8])]
-    assert [w.tokens for w in after.plan.works] == [[UNKNOWN], [UNKNOWN], [7, 8]]
+    assert [(w.turn, w.tokens, w.follows) for w in runs] == [(1, [42], False), (2, [43], False), (3, [7, 8], False)]
+    assert [(w.tokens, w.follows) for w in after.plan.works] == [([NOT_SAMPLED], True), ([NOT_SAMPLED], True), ([7, 8], False)]
     before.sampled = {1: 42}  # turn 2's step faulted: no token for it
-    faulted = step_of([Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True)], before)
+    faulted = step_of([follower(1, 9, [0]), follower(2, 5, [1])], before)
     assert [(w.turn, w.tokens) for w in faulted.hand_over()] == [(1, [42])]
-    assert [w.tokens for w in faulted.plan.works] == [[UNKNOWN], [UNKNOWN]]
+    assert [w.tokens for w in faulted.plan.works] == [[NOT_SAMPLED], [NOT_SAMPLED]]
