@@ -3,8 +3,8 @@
 `postprocess` takes a step's tokens: it extends each turn's output and K/V,
 registers the blocks it filled with the prefix cache, and ends a turn on
 end-of-sequence, `max_tokens` or the context. A step launched before its tokens
-were known (the GPU owner's overlap) is taken out of the steps in flight
-(runtime.scheduling.inflight) as it lands.
+were known (the GPU owner's overlap, runtime.scheduling.inflight) changed no
+turn then: it is accounted here like any other, when it lands.
 
 `Accounting` is a part the scheduler owns; it ends a turn through the
 `finish` it is given (the scheduler's), and the scheduler counts the steps.
@@ -12,25 +12,18 @@ were known (the GPU owner's overlap) is taken out of the steps in flight
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
-from runtime.scheduling.inflight import InFlight
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
 
 
 class Accounting:
     def __init__(
-        self,
-        config: SchedulerConfig,
-        prefix: PrefixCache,
-        in_flight: InFlight,
-        eos: Iterable[int],
-        finish: Callable[[Turn, str, float], None],
+        self, config: SchedulerConfig, prefix: PrefixCache, eos: Iterable[int], finish: Callable[[Turn, str, float], None]
     ) -> None:
         self.config = config
         self.prefix = prefix
-        self.in_flight = in_flight
         self.eos = frozenset(eos)
         self._finish = finish  # ends a turn as Finished, for a reason
 
@@ -46,12 +39,12 @@ class Accounting:
                     turn.first_token_at = now
                 turn.output.extend([token] * times)
 
-    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float) -> list[tuple[Turn, int]]:
+    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, lost: Collection[Turn] = ()) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
-        A step launched (runtime.scheduling.inflight) lands here: a turn paused since
-        still takes its token (it was sampled before the pause), an ended one does
-        not, and one whose K/V was dropped since gains no positions."""
-        void = self.in_flight.land(plan)
+        A step launched before (runtime.scheduling.inflight) is accounted the same
+        way as it lands: a turn paused since still takes its token (it was
+        sampled before the pause), an ended one does not, and one whose K/V was
+        dropped since (in `lost`) gains no positions."""
         delivered = []
         commit, eos, max_context, finish = (
             self.prefix.commit,
@@ -64,7 +57,7 @@ class Accounting:
             if status is Status.ENDED:
                 continue
             n = len(work.tokens)
-            if not void or turn not in void:
+            if not lost or turn not in lost:
                 turn.computed += n
             if n > 1 or work.start < len(turn.prompt):
                 turn.prefilled += n  # (not a decode: its prompt, or a recompute)

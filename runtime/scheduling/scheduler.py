@@ -97,9 +97,7 @@ class Scheduler:
         self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.memory = KVMemory(config, blocks, self.prefix, self.in_flight, self.priorities, self, emit, self._about)
         self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self)
-        self.accounting = Accounting(
-            config, self.prefix, self.in_flight, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now)
-        )
+        self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
         self._enqueues = itertools.count(1)
@@ -223,12 +221,11 @@ class Scheduler:
         repeats - 1 decode their token again, the last is accounted as usual."""
         if plan.moved:
             self._tell_moves(plan)
+        lost = self.in_flight.land(plan)  # (a launched step leaves the steps in flight as it lands)
+        self._steps_landed += repeats
         if repeats > 1:
-            self._steps_landed += repeats - 1
             self.accounting.repeat(plan, tokens, repeats - 1, now)
-        delivered = self.accounting.postprocess(plan, tokens, now)
-        self._steps_landed += 1
-        return delivered
+        return self.accounting.postprocess(plan, tokens, now, lost)
 
     def tell_progress(self, now: float) -> None:
         """Tell each running turn's tokens so far (turn.progress) where it has
