@@ -165,11 +165,10 @@ class Batching:
         end = start + n
         if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
-        known = turn.length  # (past it, the token a step in flight samples)
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == in_flight.length(turn)
-        follows = end > known
-        if follows:  # (its input is that token: whoever runs the steps puts it there)
+        follows = end > turn.length
+        if follows:  # (its input is the token a step in flight samples: whoever runs the steps puts it there)
             tokens = [*turn.tokens(start, end - 1), NOT_SAMPLED]
         else:
             tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
