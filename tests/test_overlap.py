@@ -25,7 +25,7 @@ from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.turns import Policy, SchedulerConfig
-from runtime.scheduling.work import NOT_SAMPLED
+from runtime.scheduling.work import NOT_SAMPLED, Work
 from swarm import Agent, Swarm
 
 
@@ -145,6 +145,11 @@ async def test_turns_that_end_mid_batch_cancel_or_are_preempted_while_a_step_is_
 # ------------------------------------------------------- the scheduler alone
 
 
+def given(work: Work, token: int) -> Work:
+    """A decode planned on a token not sampled yet, given it (in a copy)."""
+    return msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token], follows=False)
+
+
 def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[int, int], arrive_at: dict[int, list]) -> None:
     """Run every turn to its end, the way the owner does (`ahead`: plan a step
     before the one before is accounted) or in order. `cancel_at` cancels a turn
@@ -182,7 +187,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         # The device runs steps in order: the step before has ended when this one
         # starts (accounted or not: moves take it in first), and its tokens go
         # into this one's decodes, in copies (as StepInFlight.hand_over does).
-        works = [msgspec.structs.replace(w, tokens=[*w.tokens[:-1], sampled[w.turn]], follows=False) if w.follows else w for w in plan.works]
+        works = [given(w, sampled[w.turn]) if w.follows else w for w in plan.works]
         tokens = engine.step(works)
         sampled = {w.turn: t for w, t in zip(works, tokens, strict=False) if w.sample}
         land()
@@ -238,13 +243,13 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
     the plan the scheduler accounts keeps what it planned."""
     from runtime.owner.flight import StepInFlight
     from runtime.scheduling.turns import Plan
-    from runtime.scheduling.work import Work
 
     def step_of(works: list[Work], ahead: StepInFlight | None) -> StepInFlight:
         return StepInFlight(Plan(works=works), ahead, None, chained=ahead is not None)
 
     before = step_of([], None)
     before.sampled = {1: 42, 2: 43}
+
     def follower(turn: int, start: int, table: list[int]) -> Work:
         return Work(turn, [NOT_SAMPLED], start, table, True, follows=True)
 
@@ -257,3 +262,48 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
     faulted = step_of([follower(1, 9, [0]), follower(2, 5, [1])], before)
     assert [(w.turn, w.tokens) for w in faulted.hand_over()] == [(1, [42])]
     assert [w.tokens for w in faulted.plan.works] == [[NOT_SAMPLED], [NOT_SAMPLED]]
+
+
+def test_a_step_in_flight_changes_no_turn_until_it_lands_and_an_abandoned_one_none_at_all():
+    """Turns hold only settled facts: what a step launched will add is in the
+    scheduler's steps in flight (runtime.scheduling.inflight) until it lands, and
+    a step abandoned is forgotten with nothing to undo."""
+    engine = KVEngine(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(slots=2, step_tokens=8), BlockPool(16, 4))
+    turn = sched.submit("a", BACKGROUND, [5, 6, 7], 4, 0.0, ignore_eos=True)
+    first = sched.schedule(0.0)
+    sched.advance(first)
+    ahead = sched.in_flight
+    assert (turn.output, turn.computed) == ([], 0) and sched.step == 1
+    assert (ahead.computed(turn), ahead.length(turn), ahead.sampling(turn), ahead.pending(turn)) == (3, 4, 1, 1)
+    second = sched.schedule(0.1)  # planned on the token the first samples
+    [work] = second.works
+    assert work.follows and work.start == 3 and work.sample and work.tokens == [NOT_SAMPLED]
+    sched.advance(second)
+    assert sched.step == 2 and ahead.computed(turn) == 4 and ahead.sampling(turn) == 2
+    sched.discard(second)  # abandoned
+    assert sched.step == 1 and [p is first for p in ahead.plans] == [True] and ahead.computed(turn) == 3
+    assert (turn.output, turn.computed) == ([], 0)
+    tokens = engine.step(first.works)
+    sched.postprocess(first, tokens, 0.2)
+    assert (turn.output, turn.computed, sched.step) == ([tokens[0]], 3, 1) and not ahead.plans
+    assert (ahead.computed(turn), ahead.sampling(turn)) == (3, 0)
+    again = sched.schedule(0.3)  # the abandoned step's work, planned again on settled facts
+    assert [(w.tokens, w.start, w.follows) for w in again.works] == [([tokens[0]], 3, False)]
+
+
+def test_a_turn_whose_kv_is_dropped_while_its_step_flies_keeps_its_token_and_none_of_the_kv():
+    engine = KVEngine(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(slots=1, policy=Policy.RECOMPUTE, step_tokens=8), BlockPool(16, 4))
+    bg = sched.submit("bg", BACKGROUND, [5, 6, 7], 4, 0.0, ignore_eos=True)
+    prefill = sched.schedule(0.0)
+    sched.postprocess(prefill, engine.step(prefill.works), 0.0)
+    decode = sched.schedule(0.1)
+    sched.advance(decode)
+    assert (bg.computed, sched.in_flight.computed(bg)) == (3, 4)
+    sched.submit("fg", FOREGROUND, [9], 2, 0.2)
+    takeover = sched.schedule(0.2)  # bg is paused for it, its K/V dropped, while its decode flies
+    assert bg.status.name == "DROPPED" and (bg.computed, sched.in_flight.computed(bg)) == (0, 0)
+    sched.advance(takeover)
+    sched.postprocess(decode, engine.step(decode.works), 0.3)
+    assert bg.computed == 0 and len(bg.output) == 2  # the token sampled before the pause, none of its K/V

@@ -16,9 +16,9 @@ Step N+1 is planned and launched while step N runs, as vLLM's async scheduling
 and SGLang's overlap scheduler do: the plan assumes every running decode yields
 a token (the scheduler's steps in flight, runtime.scheduling.inflight), and the
 step thread, right after step N, puts N's tokens into N+1's decodes and starts
-it (StepInFlight.hand_over), before this loop has even heard that N ended. So the device waits for no host
-work but that hand-over; a turn that ended at N on end-of-sequence has its N+1
-work thrown away.
+it (StepInFlight.hand_over), before this loop has even heard that N ended. So
+the device waits for no host work but that hand-over; a turn that ended at N on
+end-of-sequence has its N+1 work thrown away.
 
 A step with KV moves is the exception: the step in flight is landed first, the
 moves run, then the step. Requests are only ever applied at a boundary, and
