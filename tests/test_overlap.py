@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Collection
 
 import anyio
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_engine import EOS, KVEngine, reference_output
 
 from runtime.events.kinds import Ended, Event, Finished, Queued
@@ -145,15 +148,24 @@ async def test_turns_that_end_mid_batch_cancel_or_are_preempted_while_a_step_is_
 # ------------------------------------------------------- the scheduler alone
 
 
-def given(work: Work, token: int) -> Work:
+def with_token(work: Work, token: int) -> Work:
     """A decode planned on a token not sampled yet, given it (in a copy)."""
     return msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token], follows=False)
 
 
-def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[int, int], arrive_at: dict[int, list]) -> None:
+def drive(
+    sched: Scheduler,
+    engine: KVEngine,
+    *,
+    ahead: bool,
+    cancel_at: dict[int, int],
+    arrive_at: dict[int, list],
+    abandon_at: Collection[int] = (),
+) -> None:
     """Run every turn to its end, the way the owner does (`ahead`: plan a step
     before the one before is accounted) or in order. `cancel_at` cancels a turn
-    at a boundary, `arrive_at` submits turns there."""
+    at a boundary, `arrive_at` submits turns there; `abandon_at` abandons the
+    step in flight there (runtime.owner.abandon: it counts for nothing)."""
     now, boundary, flight = 0.0, 0, None
     sampled: dict[int, int | None] = {}
 
@@ -165,7 +177,11 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
 
     while sched.turns or flight or any(b >= boundary for b in arrive_at):
         boundary += 1
+        assert boundary < 10_000, "the turns never end"
         now += 0.01
+        if flight is not None and boundary in abandon_at:
+            sched.discard(flight[0])
+            flight = None
         for args in arrive_at.get(boundary, []):
             sched.submit(*args[:4], now, ignore_eos=args[4])
         for turn_id, at in cancel_at.items():
@@ -187,7 +203,7 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         # The device runs steps in order: the step before has ended when this one
         # starts (accounted or not: moves take it in first), and its tokens go
         # into this one's decodes, in copies (as StepInFlight.hand_over does).
-        works = [given(w, sampled[w.turn]) if w.follows else w for w in plan.works]
+        works = [with_token(w, sampled[w.turn]) if w.follows else w for w in plan.works]
         tokens = engine.step(works)
         sampled = {w.turn: t for w, t in zip(works, tokens, strict=False) if w.sample}
         land()
@@ -219,6 +235,27 @@ def test_a_scheduler_planning_one_step_ahead_gives_every_turn_what_it_gives_in_o
         outcomes.append({k: v for k, v in outputs.items() if v[1] != "cancelled"})
     both = outcomes[0].keys() & outcomes[1].keys()  # (a cancel may find a turn ended already in one run)
     assert len(both) >= 7 and {k: outcomes[0][k] for k in both} == {k: outcomes[1][k] for k in both}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=st.sampled_from(list(Policy)),
+    num_blocks=st.sampled_from([12, 16, 40]),
+    prompts=st.lists(st.lists(st.integers(3, 60), min_size=1, max_size=9), min_size=2, max_size=8),
+    abandon_at=st.sets(st.integers(1, 80), max_size=25),
+)
+def test_steps_abandoned_while_the_next_is_planned_change_no_turn(policy, num_blocks, prompts, abandon_at):
+    engine = KVEngine(num_blocks=num_blocks, block_size=4, eos_every=7)
+    events: list[Event] = []
+    config = SchedulerConfig(slots=3, policy=policy, step_tokens=8)
+    sched = Scheduler(config, BlockPool(num_blocks, 4), eos_token_ids={EOS}, emit=events.append)
+    turns = [sched.submit(f"bg{i}", BACKGROUND, p, 3 + i % 5, 0.0, ignore_eos=i % 3 == 0) for i, p in enumerate(prompts)]
+    late = {3: [("fg", FOREGROUND, [50, 51], 4, False)]}
+    drive(sched, engine, ahead=True, cancel_at={}, arrive_at=late, abandon_at=abandon_at)
+    for t in turns:
+        assert t.output == reference_output(t.prompt, t.max_tokens, eos_every=7, ignore_eos=t.ignore_eos)
+    assert Counter(e.turn for e in events if isinstance(e, Ended)) == Counter({e.turn: 1 for e in events if isinstance(e, Queued)})
+    assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0 and not sched.in_flight.plans
 
 
 @pytest.mark.parametrize("ahead", [False, True])
