@@ -62,12 +62,14 @@ class Batching:
         self.priorities = priorities
         self.memory = memory
         self.seats = seats
+        self._step = 0
 
     def fill(self, now: float, plan: Plan) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
         turn above background priority is live, the step is shaped for it instead.
         Each turn is taken as it stands once the steps in flight land."""
+        self._step = self.seats.step  # (the step being planned, noted on each turn taken)
         protected = self._protected_priority()
         if protected is not None and self._batch_shaped(protected, now, plan):
             return
@@ -158,31 +160,29 @@ class Batching:
         the tokens added (0: none, it could not run this step)."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
-        in_flight = self.in_flight
-        if in_flight.sampling(turn) and self._samples_last(turn):
-            return 0  # its last token is being sampled: it ends when that step lands
-        start = in_flight.computed(turn)
+        ahead = self.in_flight.of(turn)
+        known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
+        if ahead.tokens:
+            # Its last token may be the one being sampled, by length or context: it
+            # ends when that step lands.
+            output, max_context = len(turn.output) + ahead.tokens, self.config.max_context
+            if output >= turn.max_tokens or (max_context and known + ahead.tokens >= max_context):
+                return 0
+        start = turn.computed + ahead.positions
         end = start + n
         if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
-        sample = end == in_flight.length(turn)
-        follows = end > turn.length
-        if follows:  # (its input is the token a step in flight samples: whoever runs the steps puts it there)
-            tokens = [*turn.tokens(start, end - 1), NOT_SAMPLED]
-        else:
-            tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
+        sample = end == known + ahead.tokens
+        if end <= known:
+            tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
+        else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
+            tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
         plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows))
         plan.turns.append(turn)
-        turn.last_stepped = self.seats.step
+        turn.last_stepped = self._step
         return n
-
-    def _samples_last(self, turn: Turn) -> bool:
-        """Whether the tokens steps in flight sample for the turn take it to its
-        end, by length or context."""
-        sampling, max_context = self.in_flight.sampling(turn), self.config.max_context
-        return len(turn.output) + sampling >= turn.max_tokens or bool(max_context and turn.length + sampling >= max_context)
 
     def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):

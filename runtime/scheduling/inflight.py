@@ -41,6 +41,7 @@ class _Launched:
 
 
 NOTHING: frozenset[Turn] = frozenset()
+SETTLED = Ahead()  # the share of a turn with nothing in flight (shared: never changed)
 
 
 class InFlight:
@@ -114,6 +115,10 @@ class InFlight:
 
     # ----------------------------------------------- a turn, one step ahead
 
+    def of(self, turn: Turn) -> Ahead:
+        """The turn's share of the steps in flight, to read (SETTLED if none)."""
+        return self._ahead.get(turn, SETTLED)
+
     def computed(self, turn: Turn) -> int:
         """Positions whose K/V is there once the steps in flight land."""
         share = self._ahead.get(turn)
@@ -127,10 +132,10 @@ class InFlight:
     def pending(self, turn: Turn) -> int:
         """Tokens to feed before its next sample, once the steps in flight land:
         the unprefilled prompt, or 1 (Turn.pending, one step ahead)."""
-        share = self._ahead.get(turn)
+        share = self._ahead.get(turn)  # (Turn.pending, inlined: asked twice a step per turn)
         if share is None:
-            return turn.length - turn.computed
-        return turn.length + share.tokens - turn.computed - share.positions
+            return len(turn.prompt) + len(turn.output) - turn.computed
+        return len(turn.prompt) + len(turn.output) + share.tokens - turn.computed - share.positions
 
     def sampling(self, turn: Turn) -> int:
         """Tokens the steps in flight sample for it, not known yet."""
