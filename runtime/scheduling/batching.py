@@ -74,14 +74,13 @@ class Batching:
         if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
-        pending = self.in_flight.pending
-        for turn in self._batch_order(self.seats.running.values(), now):
+        for turn, pending in self._batch_order(self.seats.running.values(), now):
             if budget <= 0:
                 break
-            if pending(turn) == 1:  # a decode: nothing to catch up on (_catch_up's first test)
+            if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan)
-            elif self._catch_up(turn, plan):
-                budget -= self._take(turn, min(pending(turn), budget), now, plan)
+            elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
+                budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
 
     def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
@@ -91,7 +90,7 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         pending, computed = self.in_flight.pending, self.in_flight.computed
-        for turn in self._batch_order(protected, now):
+        for turn, _ in self._batch_order(protected, now):
             n = self._take(turn, min(pending(turn), chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
             if n:
                 budget.add(plan.works[-1].start, n)
@@ -112,9 +111,12 @@ class Batching:
                 room -= n if pending(turn) > 1 else 0
         return True
 
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[Turn, int]]:
+        """The turns in the order their work is taken, each with what it has to
+        feed before its next sample (InFlight.pending): decodes first, then the
+        highest priority, then the earliest admitted."""
         effective, pending = self.priorities.effective, self.in_flight.pending  # (the key runs for every turn at every step)
-        return sorted(turns, key=lambda t: (pending(t) > 1, -effective(t, now), t.last_admit))
+        return sorted(((t, pending(t)) for t in turns), key=lambda tp: (tp[1] > 1, -effective(tp[0], now), tp[0].last_admit))
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has

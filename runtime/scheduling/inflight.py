@@ -132,7 +132,7 @@ class InFlight:
     def pending(self, turn: Turn) -> int:
         """Tokens to feed before its next sample, once the steps in flight land:
         the unprefilled prompt, or 1 (Turn.pending, one step ahead)."""
-        share = self._ahead.get(turn)  # (Turn.pending, inlined: asked twice a step per turn)
+        share = self._ahead.get(turn)  # (Turn.pending, inlined: asked for every turn at every step)
         if share is None:
             return len(turn.prompt) + len(turn.output) - turn.computed
         return len(turn.prompt) + len(turn.output) + share.tokens - turn.computed - share.positions
