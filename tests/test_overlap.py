@@ -1,4 +1,5 @@
-"""The GPU owner plans step N+1 while step N runs (Scheduler.advance): the step
+"""The GPU owner plans step N+1 while step N runs (Scheduler.advance, the
+scheduler's steps in flight in runtime.scheduling.inflight): the step
 thread puts step N's tokens into N+1's decodes and starts it as soon as N ends.
 
 Proved with explicit synchronisation (a step held on the device while the test
@@ -13,16 +14,21 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Collection
 
 import anyio
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_engine import EOS, KVEngine, reference_output
 
 from runtime.events.kinds import Ended, Event, Finished, Queued
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
-from runtime.scheduling.turns import UNKNOWN, Policy, SchedulerConfig
+from runtime.scheduling.turns import Policy, SchedulerConfig
+from runtime.scheduling.work import NOT_SAMPLED, Work
 from swarm import Agent, Swarm
 
 
@@ -142,10 +148,24 @@ async def test_turns_that_end_mid_batch_cancel_or_are_preempted_while_a_step_is_
 # ------------------------------------------------------- the scheduler alone
 
 
-def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[int, int], arrive_at: dict[int, list]) -> None:
+def with_token(work: Work, token: int) -> Work:
+    """A decode planned on a token not sampled yet, given it (in a copy)."""
+    return msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token], follows=False)
+
+
+def drive(
+    sched: Scheduler,
+    engine: KVEngine,
+    *,
+    ahead: bool,
+    cancel_at: dict[int, int],
+    arrive_at: dict[int, list],
+    abandon_at: Collection[int] = (),
+) -> None:
     """Run every turn to its end, the way the owner does (`ahead`: plan a step
     before the one before is accounted) or in order. `cancel_at` cancels a turn
-    at a boundary, `arrive_at` submits turns there."""
+    at a boundary, `arrive_at` submits turns there; `abandon_at` abandons the
+    step in flight there (runtime.owner.abandon: it counts for nothing)."""
     now, boundary, flight = 0.0, 0, None
     sampled: dict[int, int | None] = {}
 
@@ -157,13 +177,17 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
 
     while sched.turns or flight or any(b >= boundary for b in arrive_at):
         boundary += 1
+        assert boundary < 10_000, "the turns never end"
         now += 0.01
+        if flight is not None and boundary in abandon_at:
+            sched.discard(flight[0])
+            flight = None
         for args in arrive_at.get(boundary, []):
             sched.submit(*args[:4], now, ignore_eos=args[4])
         for turn_id, at in cancel_at.items():
             if at == boundary:
                 sched.cancel(turn_id, now)
-        plan = sched.schedule(now, in_flight=flight[0] if flight is not None else None)
+        plan = sched.schedule(now)
         if plan.moves:
             land()
             for move in plan.moves:
@@ -178,12 +202,10 @@ def drive(sched: Scheduler, engine: KVEngine, *, ahead: bool, cancel_at: dict[in
         sched.advance(plan)
         # The device runs steps in order: the step before has ended when this one
         # starts (accounted or not: moves take it in first), and its tokens go
-        # into this one's decodes.
-        for w in plan.works:
-            if w.tokens[-1] == UNKNOWN:
-                w.tokens[-1] = sampled[w.turn]
-        tokens = engine.step(plan.works)
-        sampled = {w.turn: t for w, t in zip(plan.works, tokens, strict=False) if w.sample}
+        # into this one's decodes, in copies (as StepInFlight.hand_over does).
+        works = [with_token(w, sampled[w.turn]) if w.follows else w for w in plan.works]
+        tokens = engine.step(works)
+        sampled = {w.turn: t for w, t in zip(works, tokens, strict=False) if w.sample}
         land()
         flight = (plan, tokens)
 
@@ -209,10 +231,31 @@ def test_a_scheduler_planning_one_step_ahead_gives_every_turn_what_it_gives_in_o
             if ended[t.id].reason != "cancelled":
                 assert t.output == reference_output(t.prompt, t.max_tokens, eos_every=7, ignore_eos=t.ignore_eos)
                 assert isinstance(ended[t.id], Finished) and ended[t.id].tokens == len(t.output)
-        assert UNKNOWN not in [x for t in turns if ended[t.id].reason != "cancelled" for x in t.output]
+        assert not sched.in_flight.plans and not sched.in_flight.sampling(turns[0]) and sched.step == engine.steps
         outcomes.append({k: v for k, v in outputs.items() if v[1] != "cancelled"})
     both = outcomes[0].keys() & outcomes[1].keys()  # (a cancel may find a turn ended already in one run)
     assert len(both) >= 7 and {k: outcomes[0][k] for k in both} == {k: outcomes[1][k] for k in both}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=st.sampled_from(list(Policy)),
+    num_blocks=st.sampled_from([12, 16, 40]),
+    prompts=st.lists(st.lists(st.integers(3, 60), min_size=1, max_size=9), min_size=2, max_size=8),
+    abandon_at=st.sets(st.integers(1, 80), max_size=25),
+)
+def test_steps_abandoned_while_the_next_is_planned_change_no_turn(policy, num_blocks, prompts, abandon_at):
+    engine = KVEngine(num_blocks=num_blocks, block_size=4, eos_every=7)
+    events: list[Event] = []
+    config = SchedulerConfig(slots=3, policy=policy, step_tokens=8)
+    sched = Scheduler(config, BlockPool(num_blocks, 4), eos_token_ids={EOS}, emit=events.append)
+    turns = [sched.submit(f"bg{i}", BACKGROUND, p, 3 + i % 5, 0.0, ignore_eos=i % 3 == 0) for i, p in enumerate(prompts)]
+    late = {3: [("fg", FOREGROUND, [50, 51], 4, False)]}
+    drive(sched, engine, ahead=True, cancel_at={}, arrive_at=late, abandon_at=abandon_at)
+    for t in turns:
+        assert t.output == reference_output(t.prompt, t.max_tokens, eos_every=7, ignore_eos=t.ignore_eos)
+    assert Counter(e.turn for e in events if isinstance(e, Ended)) == Counter({e.turn: 1 for e in events if isinstance(e, Queued)})
+    assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0 and not sched.in_flight.plans
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -237,19 +280,67 @@ def test_the_hand_over_gives_the_step_resolved_copies_and_leaves_its_plan_as_pla
     the plan the scheduler accounts keeps what it planned."""
     from runtime.owner.flight import StepInFlight
     from runtime.scheduling.turns import Plan
-    from runtime.scheduling.work import Work
 
     def step_of(works: list[Work], ahead: StepInFlight | None) -> StepInFlight:
         return StepInFlight(Plan(works=works), ahead, None, chained=ahead is not None)
 
     before = step_of([], None)
     before.sampled = {1: 42, 2: 43}
-    planned = [Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True), Work(3, [7, 8], 0, [2], True)]
+
+    def follower(turn: int, start: int, table: list[int]) -> Work:
+        return Work(turn, [NOT_SAMPLED], start, table, True, follows=True)
+
+    planned = [follower(1, 9, [0]), follower(2, 5, [1]), Work(3, [7, 8], 0, [2], True)]
     after = step_of(planned, before)
     runs = after.hand_over()
-    assert [(w.turn, w.tokens) for w in runs] == [(1, [42]), (2, [43]), (3, [7, 8])]
-    assert [w.tokens for w in after.plan.works] == [[UNKNOWN], [UNKNOWN], [7, 8]]
+    assert [(w.turn, w.tokens, w.follows) for w in runs] == [(1, [42], False), (2, [43], False), (3, [7, 8], False)]
+    assert [(w.tokens, w.follows) for w in after.plan.works] == [([NOT_SAMPLED], True), ([NOT_SAMPLED], True), ([7, 8], False)]
     before.sampled = {1: 42}  # turn 2's step faulted: no token for it
-    faulted = step_of([Work(1, [UNKNOWN], 9, [0], True), Work(2, [UNKNOWN], 5, [1], True)], before)
+    faulted = step_of([follower(1, 9, [0]), follower(2, 5, [1])], before)
     assert [(w.turn, w.tokens) for w in faulted.hand_over()] == [(1, [42])]
-    assert [w.tokens for w in faulted.plan.works] == [[UNKNOWN], [UNKNOWN]]
+    assert [w.tokens for w in faulted.plan.works] == [[NOT_SAMPLED], [NOT_SAMPLED]]
+
+
+def test_a_step_in_flight_changes_no_turn_until_it_lands_and_an_abandoned_one_none_at_all():
+    """Turns hold only settled facts: what a step launched will add is in the
+    scheduler's steps in flight (runtime.scheduling.inflight) until it lands, and
+    a step abandoned is forgotten with nothing to undo."""
+    engine = KVEngine(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(slots=2, step_tokens=8), BlockPool(16, 4))
+    turn = sched.submit("a", BACKGROUND, [5, 6, 7], 4, 0.0, ignore_eos=True)
+    first = sched.schedule(0.0)
+    sched.advance(first)
+    ahead = sched.in_flight
+    assert (turn.output, turn.computed) == ([], 0) and sched.step == 1
+    assert (ahead.computed(turn), ahead.length(turn), ahead.sampling(turn), ahead.pending(turn)) == (3, 4, 1, 1)
+    second = sched.schedule(0.1)  # planned on the token the first samples
+    [work] = second.works
+    assert work.follows and work.start == 3 and work.sample and work.tokens == [NOT_SAMPLED]
+    sched.advance(second)
+    assert sched.step == 2 and ahead.computed(turn) == 4 and ahead.sampling(turn) == 2
+    sched.discard(second)  # abandoned
+    assert sched.step == 1 and [p is first for p in ahead.plans] == [True] and ahead.computed(turn) == 3
+    assert (turn.output, turn.computed) == ([], 0)
+    tokens = engine.step(first.works)
+    sched.postprocess(first, tokens, 0.2)
+    assert (turn.output, turn.computed, sched.step) == ([tokens[0]], 3, 1) and not ahead.plans
+    assert (ahead.computed(turn), ahead.sampling(turn)) == (3, 0)
+    again = sched.schedule(0.3)  # the abandoned step's work, planned again on settled facts
+    assert [(w.tokens, w.start, w.follows) for w in again.works] == [([tokens[0]], 3, False)]
+
+
+def test_a_turn_whose_kv_is_dropped_while_its_step_flies_keeps_its_token_and_none_of_the_kv():
+    engine = KVEngine(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(slots=1, policy=Policy.RECOMPUTE, step_tokens=8), BlockPool(16, 4))
+    bg = sched.submit("bg", BACKGROUND, [5, 6, 7], 4, 0.0, ignore_eos=True)
+    prefill = sched.schedule(0.0)
+    sched.postprocess(prefill, engine.step(prefill.works), 0.0)
+    decode = sched.schedule(0.1)
+    sched.advance(decode)
+    assert (bg.computed, sched.in_flight.computed(bg)) == (3, 4)
+    sched.submit("fg", FOREGROUND, [9], 2, 0.2)
+    takeover = sched.schedule(0.2)  # bg is paused for it, its K/V dropped, while its decode flies
+    assert bg.status.name == "DROPPED" and (bg.computed, sched.in_flight.computed(bg)) == (0, 0)
+    sched.advance(takeover)
+    sched.postprocess(decode, engine.step(decode.works), 0.3)
+    assert bg.computed == 0 and len(bg.output) == 2  # the token sampled before the pause, none of its K/V

@@ -5,15 +5,18 @@ SGLang's overlap scheduler do, so the device waits for no host work but the
 hand-over of N's tokens. Everything that overlap needs about one step is here,
 in one object:
 
-- the plan, accounted by the scheduler as launched (`Scheduler.advance`) so
-  the next step can be planned on it;
+- the plan, entered in the scheduler's steps in flight as launched
+  (`Scheduler.advance`, runtime.scheduling.inflight) so the next step can be
+  planned on it;
 - the device job that runs it in the owner's step thread;
 - the abandon flag it was launched with (runtime.owner.abandon), None if it runs to
   its end;
 - the token hand-over: the step it was planned on (`ahead`) and what that step
   sampled, put into this step's decodes in the step thread right before it
-  starts;
-- what to undo if it is abandoned (`undo`: the scheduler forgets the launch).
+  starts.
+
+If it is abandoned there is nothing to undo: no turn changed when it was
+launched, and the scheduler simply forgets it (`Scheduler.discard`).
 
 The owner keeps the newest one; the one before it is landed right after the
 newest is launched.
@@ -26,12 +29,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime.scheduling.turns import UNKNOWN, Plan
+from runtime.scheduling.turns import Plan
 from runtime.scheduling.work import Work
 
 if TYPE_CHECKING:
     from runtime.owner.stepthread import Job
-    from runtime.scheduling.scheduler import Scheduler
 
 # What a step hands back from the step thread: a token (or None) per work (None
 # for all: it was abandoned, runtime.owner.abandon), the turns it alone failed with
@@ -57,7 +59,7 @@ class StepInFlight:
     def hand_over(self) -> list[Work]:
         """In the step thread, right before the step starts: the works to run,
         its decodes planned on a token the step before had not sampled yet
-        (UNKNOWN) given that token, as SGLang resolves its future tokens on the
+        (`Work.follows`) given that token, as SGLang resolves its future tokens on the
         device side. The plan's own works are left as planned (copies carry the
         tokens), so nothing the scheduler holds changes under it. A decode whose
         token never came (its turn faulted) is left out of what runs; otherwise
@@ -68,15 +70,10 @@ class StepInFlight:
             return works
         sampled, runnable = ahead.sampled, []
         for work in works:
-            if work.tokens[-1] == UNKNOWN:
+            if work.follows:
                 token = sampled.get(work.turn)
                 if token is None:
                     continue
-                work = msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token])
+                work = msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token], follows=False)
             runnable.append(work)
         return runnable
-
-    def undo(self, scheduler: Scheduler) -> None:
-        """It counts for nothing (abandoned): the scheduler forgets its launch.
-        Of two steps in flight, the later is undone first."""
-        scheduler.retract(self.plan)

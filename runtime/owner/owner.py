@@ -6,7 +6,7 @@ priorities lent. Its handler only queues them; its loop, once per token
 boundary (`_boundary`), makes five named calls:
 
     drain requests   intake.drain(): submit, cancel, lend          (runtime.owner.intake)
-    schedule         scheduler.schedule(now, in_flight): admit, preempt, batch
+    schedule         scheduler.schedule(now): admit, preempt, batch
     launch           hand the plan to the step thread: a StepInFlight (runtime.owner.flight)
     land             take in the step launched before: scheduler.postprocess
     deliver          that step's tokens, then the decisions, each on its turn's
@@ -14,11 +14,11 @@ boundary (`_boundary`), makes five named calls:
 
 Step N+1 is planned and launched while step N runs, as vLLM's async scheduling
 and SGLang's overlap scheduler do: the plan assumes every running decode yields
-a token (runtime.scheduling.scheduler.advance), and the step thread, right after step N,
-puts N's tokens into N+1's decodes and starts it (StepInFlight.hand_over),
-before this loop has even heard that N ended. So the device waits for no host
-work but that hand-over; a turn that ended at N on end-of-sequence has its N+1
-work thrown away.
+a token (the scheduler's steps in flight, runtime.scheduling.inflight), and the
+step thread, right after step N, puts N's tokens into N+1's decodes and starts
+it (StepInFlight.hand_over), before this loop has even heard that N ended. So
+the device waits for no host work but that hand-over; a turn that ended at N on
+end-of-sequence has its N+1 work thrown away.
 
 A step with KV moves is the exception: the step in flight is landed first, the
 moves run, then the step. Requests are only ever applied at a boundary, and
@@ -197,7 +197,7 @@ class GPUOwner(Actor):
             await self._land_all()
         self.intake.drain()
         planned_on = self._flight  # its tokens feed this plan's decodes, even if it lands before the launch
-        plan = self._schedule()
+        plan = self.scheduler.schedule(self.bus.now())
         if plan.moves:
             # A move touches blocks the step in flight may use, and one that fails
             # changes this plan (and is not to be reported as made): the step in
@@ -227,9 +227,6 @@ class GPUOwner(Actor):
             # Its steps are done when launched: nothing above waited, so the
             # agents get their turn (and a cancellation lands) here.
             await anyio.lowlevel.checkpoint()
-
-    def _schedule(self) -> Plan:
-        return self.scheduler.schedule(self.bus.now(), in_flight=self._flight.plan if self._flight is not None else None)
 
     def _launch(self, plan: Plan, planned_on: StepInFlight | None, device: StepThread) -> StepInFlight | None:
         """Hand the plan's step to the step thread, before the step in flight has
@@ -278,8 +275,8 @@ class GPUOwner(Actor):
                 assert later.job is not None
                 with anyio.CancelScope(shield=True):
                     await later.job.result()
-                later.undo(self.scheduler)
-            flight.undo(self.scheduler)
+                self.scheduler.discard(later.plan)
+            self.scheduler.discard(plan)
             self.abandon.abandoned(plan)
             self.abandon.disarm()
             self._chained = False

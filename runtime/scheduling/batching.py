@@ -22,12 +22,13 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from runtime.scheduling.cost import StepCost
+from runtime.scheduling.inflight import InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
 from runtime.scheduling.shaping import StepBudget, protected_priority
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
-from runtime.scheduling.work import Work
+from runtime.scheduling.work import NOT_SAMPLED, Work
 
 
 class Running(Protocol):
@@ -47,6 +48,7 @@ class Batching:
         config: SchedulerConfig,
         cost: StepCost,
         prefix: PrefixCache,
+        in_flight: InFlight,
         priorities: Priorities,
         memory: KVMemory,
         seats: Running,
@@ -56,37 +58,40 @@ class Batching:
         self.cost = cost
         self.block_size = memory.pool.block_size
         self.prefix = prefix
+        self.in_flight = in_flight  # the turns are planned as they stand once it lands
         self.priorities = priorities
         self.memory = memory
         self.seats = seats
+        self._step = 0
 
-    def fill(self, now: float, plan: Plan, in_flight: Plan | None) -> None:
+    def fill(self, now: float, plan: Plan) -> None:
         """Pick this step's work: every decode first (one token each), then prefill
         chunks in priority order from what is left of the token budget. While a
         turn above background priority is live, the step is shaped for it instead.
-        `in_flight` is the step launched and not yet accounted, if any."""
+        Each turn is taken as it stands once the steps in flight land."""
+        self._step = self.seats.step  # (the step being planned, noted on each turn taken)
         protected = self._protected_priority()
-        if protected is not None and self._batch_shaped(protected, now, plan, in_flight):
+        if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
-        for turn in self._batch_order(self.seats.running.values(), now):
+        for turn, pending in self._batch_order(self.seats.running.values(), now):
             if budget <= 0:
                 break
-            pending = turn.pending
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan)
-            elif self._catch_up(turn, plan, in_flight):
-                budget -= self._take(turn, min(turn.pending, budget), now, plan)
+            elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
+                budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
 
-    def _batch_shaped(self, at: int, now: float, plan: Plan, in_flight: Plan | None) -> bool:
+    def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
         unaged = self.priorities.unaged
         protected = [t for t in self.seats.running.values() if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
-        for turn in self._batch_order(protected, now):
-            n = self._take(turn, min(turn.pending, chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan, in_flight) else 0
+        pending, computed = self.in_flight.pending, self.in_flight.computed
+        for turn, _ in self._batch_order(protected, now):
+            n = self._take(turn, min(pending(turn), chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
             if n:
                 budget.add(plan.works[-1].start, n)
                 chunk -= n if n > 1 else 0
@@ -97,49 +102,50 @@ class Batching:
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         others = [t for t in self.seats.running.values() if unaged(t) < at]
         room = self.config.step_tokens
-        for turn in sorted(others, key=lambda t: (t.pending > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
-            if not self._catch_up(turn, plan, in_flight):
+        for turn in sorted(others, key=lambda t: (pending(t) > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
+            if not self._catch_up(turn, plan):
                 continue
-            n = budget.largest(turn.computed, min(turn.pending, room))
+            n = budget.largest(computed(turn), min(pending(turn), room))
             if n and self._take(turn, n, now, plan):
-                budget.add(turn.computed, n)
-                room -= n if turn.pending > 1 else 0
+                budget.add(computed(turn), n)
+                room -= n if pending(turn) > 1 else 0
         return True
 
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[Turn]:
-        effective = self.priorities.effective  # (the key runs for every turn at every step)
-        return sorted(turns, key=lambda t: (len(t.prompt) + len(t.output) - t.computed > 1, -effective(t, now), t.last_admit))
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[Turn, int]]:
+        """The turns in the order their work is taken, each with what it has to
+        feed before its next sample (InFlight.pending): decodes first, then the
+        highest priority, then the earliest admitted."""
+        effective, pending = self.priorities.effective, self.in_flight.pending  # (the key runs for every turn at every step)
+        return sorted(((t, pending(t)) for t in turns), key=lambda tp: (tp[1] > 1, -effective(tp[0], now), tp[0].last_admit))
 
-    def _catch_up(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
+    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
         gained since (runtime.scheduling.prefix). False if the turn should wait this step,
         because a batch-mate computes its next block for the same tokens."""
-        if turn.status is not Status.RUNNING or turn.pending <= 1 or not self.prefix.enabled:
+        if turn.status is not Status.RUNNING or self.in_flight.pending(turn) <= 1 or not self.prefix.enabled:
             return True
         self.prefix.extend(turn)
-        if self._computed_alongside(turn, plan, in_flight):
+        if self._computed_alongside(turn, plan):
             plan.held.append(turn)
             return False
         self.prefix.copy_rows(turn, plan.moves)
         return True
 
-    def _computed_alongside(self, turn: Turn, plan: Plan, in_flight: Plan | None) -> bool:
-        """Whether a turn already in this step, or in the step in flight, computes
+    def _computed_alongside(self, turn: Turn, plan: Plan) -> bool:
+        """Whether a turn already in this step, or in a step in flight, computes
         the full block the turn would compute next, for the same tokens: then it is registered after the
         step and the turn takes it by reference (turns that arrive together with
         one system prompt compute it once)."""
         size = self.block_size
-        i, rest = divmod(turn.computed, size)
+        i, rest = divmod(self.in_flight.computed(turn), size)
         if rest or i >= len(turn.hashes):
             return False
         key = turn.hashes[i]
-        # (the step in flight too: what it computes is only shared once it is accounted)
-        pairs = (
-            zip(plan.works + in_flight.works, plan.turns + in_flight.turns, strict=False)
-            if in_flight is not None
-            else zip(plan.works, plan.turns, strict=False)
-        )
-        for work, other in pairs:
+        # (the steps in flight too: what they compute is only shared once they land)
+        works, turns = plan.works, plan.turns
+        for launched in self.in_flight.plans:
+            works, turns = works + launched.works, turns + launched.turns
+        for work, other in zip(works, turns, strict=False):
             if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
                 continue
             if len(other.hashes) <= i:
@@ -156,26 +162,29 @@ class Batching:
         the tokens added (0: none, it could not run this step)."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
-        if turn.owed and self._owes_last(turn):
-            return 0  # its last token is being sampled: it ends when that step is accounted
-        start = turn.computed
+        ahead = self.in_flight.of(turn)
+        known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
+        if ahead.tokens:
+            # Its last token may be the one being sampled, by length or context: it
+            # ends when that step lands.
+            output, max_context = len(turn.output) + ahead.tokens, self.config.max_context
+            if output >= turn.max_tokens or (max_context and known + ahead.tokens >= max_context):
+                return 0
+        start = turn.computed + ahead.positions
         end = start + n
         if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
-        sample = end == len(turn.prompt) + len(turn.output)
-        tokens = [turn.token_at(start)] if n == 1 else turn.tokens(start, end)
+        sample = end == known + ahead.tokens
+        if end <= known:
+            tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
+        else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
+            tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint))
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows))
         plan.turns.append(turn)
-        turn.last_stepped = self.seats.step
+        turn.last_stepped = self._step
         return n
-
-    def _owes_last(self, turn: Turn) -> bool:
-        """Whether the token a step in flight owes the turn is its last, by length
-        or context (Scheduler.advance)."""
-        max_context = self.config.max_context
-        return len(turn.output) >= turn.max_tokens or bool(max_context and turn.length >= max_context)
 
     def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):

@@ -19,9 +19,11 @@ from typing import Any, Protocol
 
 from runtime.events.kinds import Event, Recomputed, SwappedOut
 from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.inflight import InFlight
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
 from runtime.scheduling.turns import Copy, Forget, Plan, Policy, SchedulerConfig, Status, SwapIn, SwapOut, Turn
+from runtime.scheduling.units import ceil_div
 
 
 class Seats(Protocol):
@@ -43,6 +45,7 @@ class KVMemory:
         config: SchedulerConfig,
         pool: BlockPool,
         prefix: PrefixCache,
+        in_flight: InFlight,
         priorities: Priorities,
         seats: Seats,
         emit: Callable[[Event], None],
@@ -52,6 +55,7 @@ class KVMemory:
         self.policy = config.policy
         self.pool = pool
         self.prefix = prefix
+        self.in_flight = in_flight  # K/V a step in flight writes counts as there: a move runs after it lands
         self.priorities = priorities
         self.seats = seats
         self.emit = emit
@@ -65,7 +69,7 @@ class KVMemory:
         if turn in plan.turns:
             i = plan.turns.index(turn)
             del plan.turns[i], plan.works[i]
-        turn.computed = turn.flying = 0
+        self._forget_kv(turn)
         if turn.status is Status.SWAPPED:
             self.swapped_blocks -= turn.host_blocks(self.pool.block_size)
             turn.status, turn.swapped_len, turn.swap_kept = Status.DROPPED, 0, []  # kv.recomputed when it resumes
@@ -75,7 +79,8 @@ class KVMemory:
             self.pool.release(turn.blocks)
             turn.cached_tokens = self.prefix.reuse(turn)
             if turn.status is Status.RUNNING:
-                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
+                tokens = self.in_flight.length(turn) - turn.cached_tokens
+                self.emit(Recomputed(**self._about(turn, now), tokens=tokens, cached_tokens=turn.cached_tokens))
 
     def release_host(self, turn: Turn) -> None:
         """A swapped-out turn ended: its host copy is freed."""
@@ -91,7 +96,8 @@ class KVMemory:
         if kept is None:
             self.swapped_blocks -= turn.host_blocks(size)
             plan.moves.append(Forget(turn.id))
-            turn.computed, turn.flying, turn.swap_kept, turn.status = 0, 0, [], Status.DROPPED
+            self._forget_kv(turn)
+            turn.swap_kept, turn.status = [], Status.DROPPED
             return True
         fresh: list[int] = []
         if not self.reserve(fresh, turn.host_blocks(size) * size, now, plan, keep=turn):
@@ -135,11 +141,12 @@ class KVMemory:
         """Free a turn's device blocks: swap them out while host room lasts, else drop."""
         if not turn.blocks:
             return
-        if turn.computed == 0:  # nothing in them yet: nothing to keep
+        computed = self.in_flight.computed(turn)
+        if computed == 0:  # nothing in them yet: nothing to keep
             self.pool.release(turn.blocks)
             return
         size = self.pool.block_size
-        n = turn.computed_blocks(size)
+        n = ceil_div(computed, size)
         # Blocks other turns hold stay on the device anyway: leave them, take them
         # back by their keys at swap-in.
         kept = self.prefix.shared_blocks(turn, n)
@@ -149,8 +156,8 @@ class KVMemory:
             if copied:
                 skip = set(kept)
                 blocks = [b for i, b in enumerate(turn.blocks[:n]) if i not in skip]
-                plan.moves.append(SwapOut(turn.id, blocks, turn.computed - len(kept) * size))
-            turn.swapped_len, turn.swap_kept = turn.computed, kept
+                plan.moves.append(SwapOut(turn.id, blocks, computed - len(kept) * size))
+            turn.swapped_len, turn.swap_kept = computed, kept
             turn.status = Status.SWAPPED
             self.swapped_blocks += copied
             self.prefix.settle(turn)
@@ -169,5 +176,10 @@ class KVMemory:
             plan.moves[:] = [m for m in plan.moves if not (isinstance(m, Copy) and m.turn == turn.id)]
         self.prefix.settle(turn)
         self.pool.release(turn.blocks)
-        turn.computed = turn.flying = 0
+        self._forget_kv(turn)
         turn.status = Status.DROPPED
+
+    def _forget_kv(self, turn: Turn) -> None:
+        """Nothing of the turn's K/V counts any more, nor what steps in flight write."""
+        turn.computed = 0
+        self.in_flight.forget_kv(turn)

@@ -24,6 +24,7 @@ import hashlib
 from array import array
 
 from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.inflight import InFlight
 from runtime.scheduling.turns import Copy, Turn
 
 
@@ -35,9 +36,12 @@ class PrefixCache:
     """The scheduler's hooks into a sharing BlockPool: `reuse` at admission,
     `commit` after each step, `shared_blocks` / `restore` around a swap."""
 
-    def __init__(self, pool: BlockPool, enabled: bool = True) -> None:
+    def __init__(self, pool: BlockPool, enabled: bool = True, in_flight: InFlight | None = None) -> None:
         self.pool = pool
         self.enabled = enabled
+        # The scheduler's steps in flight: a turn's K/V is only shared once it has
+        # landed, and what a prompt takes from the cache continues what they write.
+        self.in_flight = in_flight if in_flight is not None else InFlight()
         self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
         self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
 
@@ -77,9 +81,9 @@ class PrefixCache:
         batch-mate with the same prefix has just computed. The positions gained."""
         size = self.pool.block_size
         start = turn.computed
-        if not self.enabled or start != len(turn.blocks) * size or turn.flying:
-            # (flying: a step in flight still writes its last blocks, which are
-            # committed when it is accounted; it catches up after that)
+        if not self.enabled or start != len(turn.blocks) * size or self.in_flight.writing(turn):
+            # (a step in flight still writes its last blocks, which are committed
+            # when it lands; it catches up after that)
             return 0
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
@@ -103,7 +107,7 @@ class PrefixCache:
         block itself where that loses nothing, so only the rest is computed. The
         positions gained."""
         size = self.pool.block_size
-        start, last = turn.computed, turn.length - 1
+        start, last = self.in_flight.computed(turn), self.in_flight.length(turn) - 1
         if not self.enabled or start != len(turn.blocks) * size or start >= last:
             return 0
         i = len(turn.blocks)
@@ -121,7 +125,7 @@ class PrefixCache:
         else:
             if not self._copy(turn, source, moves):
                 return 0
-        turn.computed += rows
+        turn.computed += rows  # (past what a step in flight writes: it lands before the copy runs)
         turn.cache_hits += rows
         return rows
 
@@ -142,7 +146,7 @@ class PrefixCache:
         if not self.enabled:
             return
         size = self.pool.block_size
-        landed = turn.computed - turn.flying  # (K/V a step in flight writes is not there to share yet)
+        landed = turn.computed  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
             self._register(turn, full)
@@ -188,7 +192,7 @@ class PrefixCache:
 
     def _note_last(self, turn: Turn) -> None:
         size = self.pool.block_size
-        landed = turn.computed - turn.flying
+        landed = turn.computed
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)))

@@ -8,8 +8,11 @@ same way, once per token boundary:
     tokens = engine.step(plan.works)
     scheduler.postprocess(plan, tokens, now)
 
-or, as the GPU owner does, one step ahead: `advance(plan)` accounts a step as
-launched, the next is planned while it runs, and its `postprocess` comes after.
+or, as the GPU owner does, one step ahead: `advance(plan)` enters a step
+launched in the steps in flight (runtime.scheduling.inflight), the next is planned
+while it runs, and its `postprocess` lands it after; `discard(plan)` forgets one
+abandoned. Turns hold only settled facts; planning reads them one step ahead
+through the steps in flight.
 
 Between boundaries the caller may `submit`, `cancel`, `fail` and `set_inherited`.
 Every decision is reported through `emit` as one of `runtime.events.kinds`' kinds.
@@ -19,7 +22,8 @@ how a turn ends. It is built from parts it owns, each in its own module:
 `Priorities` (runtime.scheduling.priority: the effective priority, and what is lent
 through `set_inherited`), `Batching` (runtime.scheduling.batching: the work of the step),
 `KVMemory` (runtime.scheduling.kvmoves: growing blocks, swapping and dropping others') and
-`Accounting` (runtime.scheduling.accounting: what a step's tokens do to their turns). A
+`Accounting` (runtime.scheduling.accounting: what a step's tokens do to their turns),
+and `InFlight` (runtime.scheduling.inflight: what the steps launched will add). A
 turn's `status` (runtime.scheduling.turns.Status) is the one record of where it is.
 Preemption happens only for a strictly higher effective priority, and the victim
 is the lowest effective priority, latest admitted.
@@ -53,6 +57,7 @@ from runtime.scheduling.batching import Batching
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.constraints import Constraint, TurnConstraint
 from runtime.scheduling.cost import StepCost
+from runtime.scheduling.inflight import InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import BACKGROUND, Priorities
@@ -84,13 +89,14 @@ class Scheduler:
         self.cost = cost or StepCost(fixed_s=1.0)
         self.policy = config.policy
         self.pool = blocks
-        self.prefix = PrefixCache(blocks, config.prefix_cache)
+        self.in_flight = InFlight()
+        self.prefix = PrefixCache(blocks, config.prefix_cache, self.in_flight)
         self.emit = emit
-        self.step = 0
+        self._steps_landed = 0
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.priorities = Priorities(config.aging_s, config.aging_cap)
-        self.memory = KVMemory(config, blocks, self.prefix, self.priorities, self, emit, self._about)
-        self.batching = Batching(config, self.cost, self.prefix, self.priorities, self.memory, self)
+        self.memory = KVMemory(config, blocks, self.prefix, self.in_flight, self.priorities, self, emit, self._about)
+        self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self)
         self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
@@ -189,18 +195,24 @@ class Scheduler:
             self.emit(event)
         plan.moved.clear()
 
+    @property
+    def step(self) -> int:
+        """Steps run or running: those landed and those in flight."""
+        return self._steps_landed + len(self.in_flight)
+
     def advance(self, plan: Plan) -> None:
-        """Account a step just launched as if it had run (runtime.scheduling.accounting), so
-        the next can be planned while it runs."""
+        """A step was launched and its tokens are not known yet: it enters the
+        steps in flight (runtime.scheduling.inflight), so the next can be planned
+        while it runs. Its `postprocess` lands it."""
         if plan.moved:
             self._tell_moves(plan)
-        self.step += 1
-        self.accounting.advance(plan)
+        self.in_flight.launch(plan)
 
-    def retract(self, plan: Plan) -> None:
-        """Undo `advance` for a step that counts for nothing after all."""
-        self.step -= 1
-        self.accounting.retract(plan)
+    def discard(self, plan: Plan) -> None:
+        """A step launched counts for nothing after all (abandoned,
+        runtime.owner.abandon: what it wrote is written again when its work runs
+        again): it leaves the steps in flight, and no turn has changed."""
+        self.in_flight.discard(plan)
 
     def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
@@ -209,12 +221,11 @@ class Scheduler:
         repeats - 1 decode their token again, the last is accounted as usual."""
         if plan.moved:
             self._tell_moves(plan)
-        if not plan.advanced:
-            self.step += 1
+        lost = self.in_flight.land(plan)  # (a launched step leaves the steps in flight as it lands)
+        self._steps_landed += repeats
         if repeats > 1:
-            self.step += repeats - 1
             self.accounting.repeat(plan, tokens, repeats - 1, now)
-        return self.accounting.postprocess(plan, tokens, now)
+        return self.accounting.postprocess(plan, tokens, now, lost)
 
     def tell_progress(self, now: float) -> None:
         """Tell each running turn's tokens so far (turn.progress) where it has
@@ -225,7 +236,7 @@ class Scheduler:
             return
         self._next_progress = now + PROGRESS_S
         for turn in self.running.values():
-            tokens = len(turn.output) - turn.owed
+            tokens = len(turn.output)
             if tokens > turn.told_tokens:
                 turn.told_tokens = tokens
                 self.emit(Progress(**self._about(turn, now), tokens=tokens))
@@ -296,10 +307,9 @@ class Scheduler:
 
     # ------------------------------------------------------------- schedule
 
-    def schedule(self, now: float, in_flight: Plan | None = None) -> Plan:
-        """This boundary's decisions. `in_flight` is the step launched (`advance`d)
-        and not yet accounted, if any: a prompt does not compute again a block it
-        computes."""
+    def schedule(self, now: float) -> Plan:
+        """This boundary's decisions, on the turns as they stand once the steps in
+        flight land: a prompt does not compute again a block one of them computes."""
         plan = Plan()
         waiting = [] if self._queue_stuck(now) else self.waiting
         for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
@@ -314,7 +324,7 @@ class Scheduler:
                 self.preempt(victim, turn, now, plan)
             if not self._admit(turn, free, now, plan):
                 break
-        self.batching.fill(now, plan, in_flight)
+        self.batching.fill(now, plan)
         if plan.moved and not plan.moves:
             self._tell_moves(plan)  # (the shared blocks it kept: nothing to copy, nothing can fail)
         return plan
@@ -344,15 +354,16 @@ class Scheduler:
         """Pause a running turn at this token boundary. `by` is the turn taking its
         slot, or the one it frees KV memory for (`memory`), or None when it is
         paused to free memory for itself."""
+        tokens = len(victim.output) + self.in_flight.sampling(victim)  # (it still takes the tokens in flight)
         if by is None or by is victim:
-            self.emit(Preempted(**self._about(victim, now), tokens=len(victim.output), reason="memory"))
+            self.emit(Preempted(**self._about(victim, now), tokens=tokens, reason="memory"))
         else:
             # (For memory a running turn of equal priority may give way: that is
             # no slot taken by a higher priority, and the reason says so.)
             self.emit(
                 Preempted(
                     **self._about(victim, now),
-                    tokens=len(victim.output),
+                    tokens=tokens,
                     by_turn=by.id,
                     by_agent=by.agent,
                     by_priority=self.priorities.effective(by, now),
@@ -372,7 +383,7 @@ class Scheduler:
         if swapped and not self.memory.swap_in(turn, now, plan):
             return False
         recomputed = turn.status is Status.DROPPED
-        if recomputed or (turn.status.resident and not turn.blocks and turn.computed == 0):
+        if recomputed or (turn.status.resident and not turn.blocks and self.in_flight.computed(turn) == 0):
             turn.cached_tokens = self.prefix.reuse(turn, plan.moves)
         turn.aging_kept = self.priorities.aging_levels(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
@@ -386,7 +397,8 @@ class Scheduler:
             turn.paused_s += paused
             self.emit(Resumed(**self._about(turn, now), paused_s=paused))
             if recomputed:
-                self.emit(Recomputed(**self._about(turn, now), tokens=turn.length - turn.cached_tokens, cached_tokens=turn.cached_tokens))
+                tokens = self.in_flight.length(turn) - turn.cached_tokens
+                self.emit(Recomputed(**self._about(turn, now), tokens=tokens, cached_tokens=turn.cached_tokens))
             elif swapped:
                 plan.moved.append(SwappedIn(**self._about(turn, now), blocks=len(turn.blocks) - len(turn.swap_kept)))
         return True
@@ -426,9 +438,8 @@ class Scheduler:
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
         if turn.done:
             return
-        if turn.owed:  # tokens a step in flight samples for it are thrown away
-            del turn.output[-turn.owed :]
-            turn.owed = 0
+        # (What a step in flight samples for it never reaches it: an ended turn
+        # takes nothing when that step lands.)
         turn.ended = kind(
             **self._about(turn, now),
             tokens=len(turn.output),

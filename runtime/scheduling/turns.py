@@ -15,8 +15,6 @@ from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.units import ceil_div
 from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
 
-UNKNOWN = -1  # a token sampled by a step still in flight (runtime.scheduling.scheduler.Scheduler.advance)
-
 
 class Policy(enum.StrEnum):
     FCFS = "fcfs"  # no priority at all
@@ -150,8 +148,9 @@ class Turn:
     arrived: float = 0.0
     constraint: TurnConstraint | None = None  # what its output must be (runtime.scheduling.constraints)
     lifts: tuple[str, ...] = ()  # names a priority may be lent under: its agent, the requests it serves
-    output: list[int] = field(default_factory=list)
-    computed: int = 0  # positions whose K/V is in the cache
+    # Settled facts only: what steps in flight will add is runtime.scheduling.inflight's.
+    output: list[int] = field(default_factory=list)  # the tokens sampled so far
+    computed: int = 0  # positions whose K/V is in the cache (landed)
     blocks: list[int] = field(default_factory=list)
     status: Status = Status.QUEUED
     swapped_len: int = 0
@@ -174,14 +173,6 @@ class Turn:
     preemptions: int = 0
     told_tokens: int = 0  # its tokens so far as last told in turn.progress (runtime.scheduling.scheduler)
     ended: Ended | None = None  # its terminal event, once it has one
-    # While a step runs, the next can be planned as if it had ended (Scheduler.advance):
-    owed: int = 0  # tokens sampled by steps in flight, not known yet: the last `owed` of output are UNKNOWN
-    flying: int = 0  # positions of `computed` that a step in flight is still writing
-
-    @property
-    def landed(self) -> int:
-        """Positions whose K/V is written: `computed` less what steps in flight write."""
-        return self.computed - self.flying
 
     @property
     def done(self) -> bool:
@@ -223,10 +214,6 @@ class Turn:
     def blocks_missing(self, positions: int, size: int) -> int:
         """Blocks its table lacks to cover `positions` (0 when it covers them)."""
         return max(0, ceil_div(positions, size) - len(self.blocks))
-
-    def computed_blocks(self, size: int) -> int:
-        """Blocks its computed K/V fills, the last possibly in part."""
-        return ceil_div(self.computed, size)
 
     def full_blocks(self, size: int) -> int:
         """Leading blocks it holds whose every position is computed (cacheable)."""
@@ -307,7 +294,6 @@ class Plan:
     # What its KV moves do (kv.swapped_out, kv.swapped_in), told only once they
     # are made: a move may fail (Scheduler.settle_moves).
     moved: list[Event] = field(default_factory=list)
-    advanced: bool = False  # accounted by Scheduler.advance before its tokens were known
 
     @functools.cached_property
     def features(self) -> tuple[int, int]:

@@ -85,6 +85,14 @@ class Work(msgspec.Struct):
     sampling: Sampling = GREEDY
     # Its turn's constraint, if it has one: the token sampled is one it allows.
     constraint: TurnConstraint | None = None
+    # A decode planned while the step before it runs, on the token that step
+    # samples for its turn (runtime.scheduling.inflight): its last token is
+    # NOT_SAMPLED until whoever runs the steps puts that token there, in a copy
+    # (runtime.owner.flight.StepInFlight.hand_over). An engine never sees one set.
+    follows: bool = False
+
+
+NOT_SAMPLED = -1  # the last token of a Work that `follows`, until it is known: never a token id
 
 
 class DeadEnd(EngineError):

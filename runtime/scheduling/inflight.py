@@ -1,0 +1,148 @@
+"""The steps in flight: what steps launched and not yet landed will add to their turns.
+
+The GPU owner plans step N+1 while step N runs (runtime.owner.flight), as vLLM's
+async scheduling and SGLang's overlap scheduler do. A turn holds only settled
+facts: its `output` is the tokens sampled so far, its `computed` the positions
+whose K/V has landed. What a step in flight will add is kept here, in the one
+place the scheduler owns: entered when the step is launched (`launch`), applied
+to its turns when it lands (`land`, from the scheduler's postprocess), and
+simply forgotten when it is abandoned (`discard`).
+
+Planning asks for a turn one step ahead: its K/V as it stands once the steps in
+flight land (`computed`), its length with the tokens they sample (`length`),
+what it still has to feed (`pending`), and how many of its tokens are not known
+yet (`sampling`). A decode planned on a token a step in flight samples says so
+on its Work (`Work.follows`); whoever runs the steps puts that token there.
+
+A turn whose K/V is dropped while a step writes it (`forget_kv`) keeps nothing
+of what that step writes: its positions count for nothing when it lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.scheduling.turns import Plan, Turn
+
+
+@dataclass(slots=True)
+class Ahead:
+    """One turn's share of the steps in flight."""
+
+    positions: int = 0  # positions they write past turn.computed (that still count)
+    tokens: int = 0  # tokens they sample for it, not known yet
+
+
+@dataclass(slots=True)
+class _Launched:
+    plan: Plan
+    # Turns whose K/V was dropped since the launch: what it writes for them is lost.
+    void: set[Turn] = field(default_factory=set)
+
+
+NOTHING: frozenset[Turn] = frozenset()
+SETTLED = Ahead()  # the share of a turn with nothing in flight (shared: never changed)
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._launched: list[_Launched] = []  # oldest first
+        self._ahead: dict[Turn, Ahead] = {}  # only turns with work in a step in flight
+
+    def __len__(self) -> int:
+        return len(self._launched)
+
+    @property
+    def plans(self) -> list[Plan]:
+        """The steps in flight, oldest first."""
+        return [launched.plan for launched in self._launched]
+
+    # -------------------------------------------------------- the ledger
+
+    def launch(self, plan: Plan) -> None:
+        """A step was launched: what it writes and samples is ahead of its turns."""
+        ahead = self._ahead
+        for work, turn in zip(plan.works, plan.turns, strict=False):
+            share = ahead.get(turn)
+            if share is None:
+                share = ahead[turn] = Ahead()
+            share.positions += len(work.tokens)
+            share.tokens += work.sample
+        self._launched.append(_Launched(plan))
+
+    def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
+        """The step has run: it leaves the ledger (its turns are accounted by the
+        caller). Returns the turns whose positions it wrote count for nothing,
+        their K/V dropped since; none for a plan that was never launched. Steps
+        land in the order they were launched."""
+        if not self._launched or self._launched[0].plan is not plan:
+            assert all(launched.plan is not plan for launched in self._launched), "steps land in the order launched"
+            return NOTHING
+        launched = self._launched.pop(0)
+        self._leave(launched)
+        return launched.void
+
+    def discard(self, plan: Plan) -> None:
+        """The step counts for nothing (abandoned): forget it, as if never launched."""
+        for i, launched in enumerate(self._launched):
+            if launched.plan is plan:
+                del self._launched[i]
+                self._leave(launched)
+                return
+        raise ValueError("discard: that step is not in flight")
+
+    def forget_kv(self, turn: Turn) -> None:
+        """The turn's K/V is dropped (its `computed` is 0): what steps in flight
+        write for it is lost with it."""
+        share = self._ahead.get(turn)
+        if share is None:
+            return
+        share.positions = 0
+        for launched in self._launched:
+            launched.void.add(turn)
+
+    def _leave(self, launched: _Launched) -> None:
+        ahead, void = self._ahead, launched.void
+        for work, turn in zip(launched.plan.works, launched.plan.turns, strict=False):
+            share = ahead.get(turn)
+            if share is None:
+                continue  # (its K/V dropped and nothing to sample: forgotten already)
+            if turn not in void:
+                share.positions -= len(work.tokens)
+            share.tokens -= work.sample
+            if not share.tokens and not share.positions:
+                del ahead[turn]
+
+    # ----------------------------------------------- a turn, one step ahead
+
+    def of(self, turn: Turn) -> Ahead:
+        """The turn's share of the steps in flight, to read (SETTLED if none)."""
+        return self._ahead.get(turn, SETTLED)
+
+    def computed(self, turn: Turn) -> int:
+        """Positions whose K/V is there once the steps in flight land."""
+        share = self._ahead.get(turn)
+        return turn.computed if share is None else turn.computed + share.positions
+
+    def length(self, turn: Turn) -> int:
+        """Its length once the steps in flight land, with the tokens they sample."""
+        share = self._ahead.get(turn)
+        return turn.length if share is None else turn.length + share.tokens
+
+    def pending(self, turn: Turn) -> int:
+        """Tokens to feed before its next sample, once the steps in flight land:
+        the unprefilled prompt, or 1 (Turn.pending, one step ahead)."""
+        share = self._ahead.get(turn)  # (Turn.pending, inlined: asked for every turn at every step)
+        if share is None:
+            return len(turn.prompt) + len(turn.output) - turn.computed
+        return len(turn.prompt) + len(turn.output) + share.tokens - turn.computed - share.positions
+
+    def sampling(self, turn: Turn) -> int:
+        """Tokens the steps in flight sample for it, not known yet."""
+        share = self._ahead.get(turn)
+        return 0 if share is None else share.tokens
+
+    def writing(self, turn: Turn) -> int:
+        """Positions of its K/V the steps in flight still write."""
+        share = self._ahead.get(turn)
+        return 0 if share is None else share.positions
