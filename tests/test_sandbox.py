@@ -47,6 +47,14 @@ def test_a_command_runs_in_its_copy(kind: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_run_yields_the_cpu_to_the_engine(kind: str, tmp_path: Path) -> None:
+    import os
+
+    result, _ = run(kind, tmp_path, "import os; print(os.nice(0))", nice=7)
+    assert result.returncode == 0 and int(result.output.split()[-1]) == os.nice(0) + 7
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_run_that_sleeps_forever_is_cut_off(kind: str, tmp_path: Path) -> None:
     token = uuid.uuid4().hex
     result, _ = run(kind, tmp_path, f"import os, time; os.fork(); time.sleep(10_000)  # {token}", timeout_s=2)
