@@ -214,7 +214,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     def prompt(agent: str, n: int) -> list[int]:
         shared = round(workload.prefix_share * n)
-        return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + [next(fresh) for _ in range(n - shared)]
+        return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + list(itertools.islice(fresh, n - shared))
 
     config = SchedulerConfig(
         slots=workload.slots,
@@ -265,7 +265,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
             next_fg += 1
             progress(1)
         horizon = [arrivals[next_fg]] if next_fg < len(arrivals) else []
-        aging = sched.next_aging(now) if sched.waiting else None
+        aging = sched.next_aging(now)
         if aging is not None:
             horizon.append(aging)
         # A decode step of every slot bounds the steps to come from above, so
