@@ -41,7 +41,8 @@ def _tile(ncols: int, widest: int = 8) -> int:
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 
-NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8"}  # read by kernels/cpu/nibbles.cl
+# read by kernels/cpu/nibbles.cl
+NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8", "q4_k": "nibq4k", "q6_k": "nibq6k", "q5_0": "nibq50"}
 
 
 def cpu_variant(kind: str) -> str:

@@ -3,17 +3,21 @@
 GGUF stores a quantized row as a run of blocks (32 weights, or 256 for the
 K-quants), each its scale(s) then its quants. Those blocks are not 16-byte
 aligned, so the upload repacks every type into blocks of 32 in one of a few
-device kinds (kernels/quant.cl lists them): the quants (`qs`, nibbles or int8)
-in one array and the scales (`dm`, widened to float32) in another, so kernels
-use aligned vector loads. The repacking is exact: every K-quant sub-block
-becomes its own (scale, offset), except in Q2_K and Q3_K, which stay whole
-super-blocks of 256 with their integer sub-block scales (as floats those would
-outweigh their quants), laid out for the CPU matmuls' integer arithmetic. F16
-and BF16 are widened to float32.
+device kinds (kernels/quant.cl lists them), so kernels use aligned vector loads.
+The repacking is exact. Batch-1 decode reads every weight byte once a step, so
+the types of the coding models (Q4_K, Q6_K, Q5_0) keep their file's bytes, only
+moved: a group of 8 blocks' quants, then its scales as stored (the compact kinds
+q4_k, q6_k, q5_0; the kernels read f16 as bits). The others keep the quants
+(`qs`, nibbles or int8) in one array and the scales (`dm`, widened to float32)
+in another, every Q5_1/Q5_K sub-block its own (scale, offset), except Q2_K and
+Q3_K, which stay whole super-blocks of 256 with their integer sub-block scales,
+laid out for the CPU matmuls' integer arithmetic. F16 and BF16 are widened to
+float32.
 
-Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
-Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K 0.34 (0.33), Q3_K 0.5 (0.43);
-a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
+Device bytes per weight against the file's: Q4_K 0.5625, Q6_K 0.82, Q5_0 0.69
+(the file's; Q5_0 in rows of a multiple of 128, else 1.0), Q4_0/Q4_1 0.75 (file
+0.56-0.63), Q5_1/Q5_K 1.0 (0.69-0.75), Q8_0 1.125 (1.06), Q2_K 0.34 (0.33), Q3_K
+0.5 (0.43); a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ Q = gguf.GGMLQuantizationType
 class DeviceMatrix:
     """A [rows, cols] weight matrix on the device: kind is the kernel suffix."""
 
-    kind: str  # "q4_1" | "q5" | "q6" | "q2" | "q3" | "q8_0" | "q8x2" | "f32"
+    kind: str  # "q4_1" | "q5" | "q6" | "q4_k" | "q6_k" | "q5_0" | "q2" | "q3" | "q8_0" | "q8x2" | "f32"
     rows: int
     cols: int
     qs: cl.Buffer
@@ -92,6 +96,8 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
         return "q4_1", b[:, 2:18], _dm(d, -8 * d)
     if t.qtype == Q.Q4_1:
         return "q4_1", b[:, 4:20], _dm(_f16(b, 0), _f16(b, 2))
+    if t.qtype in COMPACT and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
+        return COMPACT[t.qtype](b)
     if t.qtype in (Q.Q5_0, Q.Q5_1):
         at = 2 if t.qtype == Q.Q5_0 else 4
         d = _f16(b, 0)
@@ -114,6 +120,35 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
         return "q6", _nibbles(q6 & 15), _dm(scale[:, 0], scale[:, 1],
                                             words=[_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)])  # fmt: skip
     return _low_bit(t, b)
+
+
+def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order), then its head."""
+    nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 128)
+    return "q4_k", np.concatenate([nibbles, b[:, 0:16]], axis=1), np.zeros(0, np.uint8)
+
+
+def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high-bit words (two a block
+    of 32: its halves' 2-bit fields), the 16 int8 scales, and its f16 d in dm."""
+    q6 = (quants.SUBBLOCKS[Q.Q6_K](b)[0].reshape(-1, 32) + 32).astype(np.uint8)
+    high = q6 >> 4
+    words = np.stack([_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)], axis=1)
+    group = [_nibbles(q6 & 15).reshape(len(b), 128), words.view(np.uint8).reshape(len(b), 64), b[:, 192:208]]
+    return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
+
+
+def _q5_0(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """Q5_0 blocks in groups of 8 (the last padded with zero blocks), 176 bytes each: the
+    8 blocks' nibbles, their 8 words of fifth bits, their 8 f16 scales."""
+    b = np.concatenate([b, np.zeros((-len(b) % 8, b.shape[1]), np.uint8)])
+    groups = len(b) // 8
+    nibbles = b[:, 6:22].reshape(groups, 128)
+    return "q5_0", np.concatenate([nibbles, b[:, 2:6].reshape(groups, 32), b[:, 0:2].reshape(groups, 16)], axis=1), np.zeros(0, np.uint8)
+
+
+# Types the device keeps in their file's bytes, moved (kernels/quant.cl: the compact kinds)
+COMPACT = {Q.Q4_K: _q4_k, Q.Q6_K: _q6_k, Q.Q5_0: _q5_0}
 
 
 def _lanes(values: np.ndarray, bits: int) -> np.ndarray:
@@ -177,6 +212,9 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
         raise UnsupportedModelError(f"cannot stack {[t.name for t in tensors]}: different widths")
     if cols % 32:
         raise UnsupportedModelError(f"{tensors[0].name}: width {cols} is not a multiple of 32")
+    if len({t.qtype for t in tensors}) == 1:  # one run of blocks: a compact kind's groups span them
+        t = tensors[0]
+        return repack(WeightTensor(t.name, t.qtype, sum(t.rows for t in tensors), cols, np.concatenate([t.raw for t in tensors])))
     parts = [repack(t) for t in tensors]
     kinds = {kind for kind, _, _ in parts}
     if len(kinds) == 1:

@@ -24,9 +24,11 @@ ROWS = 67  # odd: the last work-item's pair is one row
 
 
 # (type, row length, normalized): 576 is SmolLM2's d_model, four groups and two blocks
-CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0),
-         (Q.Q5_0, 576, 1), (Q.Q5_0, 96, 0), (Q.Q5_1, 576, 0), (Q.Q5_K, 512, 1), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
-         (Q.Q8_0, 576, 1), (Q.Q8_0, 256, 0)]  # fmt: skip
+# (the compact kinds: Q4_K, Q6_K, and Q5_0 in rows of whole groups of four blocks, 640 an odd
+# number of halves a row, so the last group of 8 blocks straddles rows, and the very last is padded)
+CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0), (Q.Q4_K, 512, 1),
+         (Q.Q5_0, 576, 1), (Q.Q5_0, 96, 0), (Q.Q5_0, 640, 1), (Q.Q5_0, 512, 0), (Q.Q5_1, 576, 0), (Q.Q5_K, 512, 1),
+         (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0), (Q.Q8_0, 576, 1), (Q.Q8_0, 256, 0)]  # fmt: skip
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
@@ -67,13 +69,14 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
 def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
     family = CPUFamily(device)  # the width the device's own build takes
     program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}"])
-    cols = 576 if qtype not in K_QUANTS else 512  # 32-weight blocks: with blocks past the last group
+    # 32-weight blocks: with blocks past the last group, or (compact Q5_0) a row's last half-group
+    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
