@@ -23,7 +23,7 @@ Device bytes per weight against the file's: Q4_K 0.5625, Q6_K 0.82, Q5_0 0.69
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gguf
 import numpy as np
@@ -47,6 +47,8 @@ class DeviceMatrix:
     dm: cl.Buffer
     nbytes: int  # bytes a full pass over the matrix reads on the device
     file_bytes: int = 0  # the same weights' bytes in the GGUF file
+    first_row: int = 0  # where its rows start in the stack it is a part of
+    parts: list[DeviceMatrix] = field(default_factory=list)  # a split stack's (kind "split"): runs of one type
 
 
 def _buffer(context: cl.Context, array: np.ndarray) -> cl.Buffer:
@@ -239,6 +241,29 @@ def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor]) -> Devic
     return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
 
 
+def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool) -> DeviceMatrix:
+    """Tensors stacked by rows. With `split`, tensors of different types (Qwen2.5's Q and K
+    in Q4_K, V in Q6_K) stay apart, each run of one type a part in its own kind (compact
+    where that kind is), read by a launch of its own from its first row: a step then reads
+    their file's bytes, where `pack` would widen them all to one kind that holds every
+    type (q8x2: 1.5 B/weight). A part starts on an even row, so no row pair straddles two."""
+    runs: list[list[WeightTensor]] = []
+    for t in tensors:
+        if runs and runs[-1][0].qtype == t.qtype:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    starts = np.cumsum([0] + [sum(t.rows for t in run) for run in runs])
+    if not split or len(runs) == 1 or any(start % 2 for start in starts):
+        return upload_matrix(context, tensors)
+    parts = [upload_matrix(context, run) for run in runs]
+    for part, start in zip(parts, starts, strict=False):
+        part.first_row = int(start)
+    none = _buffer(context, np.zeros(0, np.uint8))
+    return DeviceMatrix("split", int(starts[-1]), tensors[0].cols, none, none, sum(m.nbytes for m in parts),
+                        sum(m.file_bytes for m in parts), parts=parts)  # fmt: skip
+
+
 def upload_vector(context: cl.Context, tensor: WeightTensor) -> cl.Buffer:
     return _buffer(context, tensor.dequantize().reshape(-1).astype(np.float32))
 
@@ -304,8 +329,9 @@ def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
     return np.stack([np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))], axis=-1).astype(np.float32).ravel()
 
 
-def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
-    """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture asks."""
+def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False) -> ModelWeights:
+    """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture
+    asks; with `split_stacks`, a QKV stack of different types in parts (upload_stack)."""
     c, arch = model.config, model.config.arch
     if arch.rope == "neox":
         fix = lambda t: neox_to_adjacent(t, c.head_dim)  # noqa: E731
@@ -323,7 +349,7 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
             bias = np.zeros(c.q_dim + 2 * c.kv_dim, np.float32)
         L = LayerWeights(
             attn_norm=vector(t("attn_norm.weight")),
-            qkv=upload_matrix(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")]),
+            qkv=upload_stack(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")], split_stacks),
             rope=_buffer(
                 context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32), rope_table(c.inv_freq(i), positions)])
             ),

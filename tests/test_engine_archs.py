@@ -62,12 +62,19 @@ def test_tensor_type_matches_reference(tmp_path: Path, qtype, kernels: str) -> N
 
 
 @FAMILIES
-@pytest.mark.parametrize("v_type, kind", [(Q.Q8_0, "q8_0"), (Q.Q6_K, "q8x2")])
-def test_mixed_qkv_types_match_reference(tmp_path: Path, v_type, kind: str, kernels: str) -> None:
-    """Q and K in one type, V in another (as in Qwen2.5's and Gemma 3's files): one matrix of
-    the narrowest kind that holds both exactly."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q5_0 if kind == "q8_0" else Q.Q4_K, v_type=v_type, **SHAPE)
-    assert OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].qkv.kind == kind
+@pytest.mark.parametrize("qk_type, v_type", [(Q.Q5_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K)], ids=["Q5_0-Q8_0", "Q4_K-Q6_K"])
+def test_mixed_qkv_types_match_reference(tmp_path: Path, qk_type, v_type, kernels: str) -> None:
+    """Q and K in one type, V in another (as in Qwen2.5's and Gemma 3's files): on the CPU
+    family, two parts read as stored (a launch each, V's from its first row); on the GPU
+    family, one matrix of the narrowest kind that holds both."""
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=qk_type, v_type=v_type, **SHAPE)
+    qkv = OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].qkv
+    if kernels == "cpu":
+        kinds = {Q.Q5_0: "q5_0", Q.Q8_0: "q8_0", Q.Q4_K: "q4_k", Q.Q6_K: "q6_k"}
+        assert [(m.kind, m.first_row) for m in qkv.parts] == [(kinds[qk_type], 0), (kinds[v_type], SHAPE["d_model"] * 3 // 2)]
+        assert all(m.nbytes == m.file_bytes for m in qkv.parts if m.kind != "q8_0")  # (q8_0: a float scale a block)
+    else:
+        assert qkv.kind == ("q8_0" if v_type == Q.Q8_0 else "q8x2")
     compare(path, steps=2, kernels=kernels)
 
 

@@ -235,10 +235,13 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           int layer EXTRA)                                      \
 {                                                                               \
     BEGIN(1)                                                                    \
+    /* a part of a split stack (gpu/weights.py) runs from its first row pair, the  \
+       global offset: its own rows count from there, and rows is where it ends */ \
+    const int w0 = r - 2 * (int)get_global_offset(0);                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         TILE_BEGIN(TILE, 1)                                                     \
         float o0[TILE], o1[TILE];                                               \
-        DOT(WTYPE, TILE, 1, r, r + 1, o0, o1);                                  \
+        DOT(WTYPE, TILE, 1, w0, w0 + 1, o0, o1);                                \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const int t = c0 + c, p = pos[t];                                   \
             const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
