@@ -100,8 +100,28 @@ typedef ushort ushort32 __attribute__((ext_vector_type(32)));
    2l, 2l + 1, the weights of steps 0 and 2), `w2` their second halves, d per block.
    (Rows of 18 blocks start 32 bytes off a 64-byte line: the loads are 16- and 8-byte
    ones the compiler may join.) */
+#define COMPACT_KIND(wtype) ((wtype) == WT_Q4_K || (wtype) == WT_Q6_K || (wtype) == WT_Q5_0)
+
+/* A compact kind's scales for the group of 8 blocks holding block `blk`, decoded once for
+   both its halves: q4_k's 8 sub-block scales then their 8 offsets, q6_k's 16 scales (one
+   per 16 weights), q5_0's 8 d */
+__attribute__((always_inline)) inline float16 group_scales(const int wtype, __global const uchar *qs,
+        __global const float *dm, size_t blk)
+{
+    const size_t g = blk / 8;
+    if (wtype == WT_Q4_K) {
+        float8 scale, offset;
+        q4_k_scales(((__global const uchar16 *)(qs + (size_t)Q4_K_GROUP * g + 128))[0], &scale, &offset);
+        return (float16)(scale, offset);
+    }
+    if (wtype == WT_Q6_K)
+        return q6_k_scales(qs + (size_t)Q6_K_GROUP * g, dm, g);
+    return (float16)(halves_to_float8(((__global const ushort8 *)(qs + (size_t)Q5_0_GROUP * g + 160))[0]), (float8)0.0f);
+}
+
+/* (The compact kinds take their group's scales, `group_scales_in`, from group_scales.) */
 __attribute__((always_inline)) inline void read_nibbles(const int wtype, __global const uchar *qs,
-        __global const float *dm, size_t blk, short32 *w, short32 *w2, float16 *d, float16 *m,
+        __global const float *dm, size_t blk, float16 group_scales_in, short32 *w, short32 *w2, float16 *d, float16 *m,
         ushort32 *h0, ushort32 *h1)
 {
     *h0 = *h1 = (ushort32)0;
@@ -114,32 +134,28 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
         *m = (float16)0.0f;
         return;
     }
-    if (wtype == WT_Q4_K || wtype == WT_Q6_K || wtype == WT_Q5_0) {
+    if (COMPACT_KIND(wtype)) {
         /* blk is a multiple of 4 (host: rows of whole groups of four), so the four
            blocks are one half of a group of 8 */
         const int upper = (blk / 4) % 2;
-        const size_t g = blk / 8;
-        __global const uchar *group = qs + (size_t)(wtype == WT_Q4_K ? Q4_K_GROUP : wtype == WT_Q6_K ? Q6_K_GROUP : Q5_0_GROUP) * g;
+        const float16 scales = group_scales_in;
+        __global const uchar *group = qs + (size_t)(wtype == WT_Q4_K ? Q4_K_GROUP : wtype == WT_Q6_K ? Q6_K_GROUP : Q5_0_GROUP) * (blk / 8);
         __global const uint4 *q = (__global const uint4 *)group + 4 * upper;
         *w = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
         if (wtype == WT_Q4_K) {
-            float8 scale, offset;
-            q4_k_scales(((__global const uchar16 *)(group + 128))[0], &scale, &offset);
-            const float4 s4 = upper ? scale.hi : scale.lo, m4 = upper ? offset.hi : offset.lo;
+            const float4 s4 = upper ? scales.s4567 : scales.s0123, m4 = upper ? scales.scdef : scales.s89ab;
             *d = s4.s0000111122223333;
             *m = m4.s0000111122223333;
         } else if (wtype == WT_Q5_0) {
             const uint4 u = ((__global const uint4 *)(group + 128))[upper];
-            const float8 dd = halves_to_float8(((__global const ushort8 *)(group + 160))[0]);
-            const float4 d4 = upper ? dd.hi : dd.lo;
+            const float4 d4 = upper ? scales.s4567 : scales.s0123;
             *d = d4.s0000111122223333;
             *m = -16.0f * *d;
             const uint16 u16 = u.s0000111122223333;
             *h0 = __builtin_astype(LOW_HALVES(u16), ushort32);
             *h1 = __builtin_astype(HIGH_HALVES(u16), ushort32);
         } else {
-            const float16 s = q6_k_scales(group, dm, g);
-            const float8 s8 = upper ? s.hi : s.lo;
+            const float8 s8 = upper ? scales.hi : scales.lo;
             *d = s8.s0000222244446666;
             *m = s8.s1111333355557777;
             __global const uint4 *hw = (__global const uint4 *)(group + 128) + 2 * upper;
@@ -225,13 +241,19 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
+    float16 g0 = 0.0f, g1 = 0.0f;  /* a compact kind's group scales, rows r0 and r1 */
     for (int s = 0; s < ng; s++) {
         short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
         ushort32 h00, h01, h10, h11;
+        const size_t b0 = (size_t)r0 * nb + 4 * s, b1 = (size_t)r1 * nb + 4 * s;
         prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, QS_BYTES(wtype), DM_BYTES(wtype));
-        read_nibbles(wtype, qs, dm, (size_t)r0 * nb + 4 * s, &w0, &v0, &d0, &m0, &h00, &h01);
-        read_nibbles(wtype, qs, dm, (size_t)r1 * nb + 4 * s, &w1, &v1, &d1, &m1, &h10, &h11);
+        if (COMPACT_KIND(wtype) && (s == 0 || b0 % 8 == 0))  /* a row may start half-way in a group */
+            g0 = group_scales(wtype, qs, dm, b0);
+        if (COMPACT_KIND(wtype) && (s == 0 || b1 % 8 == 0))
+            g1 = group_scales(wtype, qs, dm, b1);
+        read_nibbles(wtype, qs, dm, b0, g0, &w0, &v0, &d0, &m0, &h00, &h01);
+        read_nibbles(wtype, qs, dm, b1, g1, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
             const int at = c * ng + s;
             __local const short32 *xv = xq + (size_t)at * 4;
