@@ -88,7 +88,7 @@ class CPUMatmul:
         self.global_size = (ceil_div(pairs, wg) * wg,)
         # a part of a split stack (qkv only): its work-items start at its first row pair,
         # and the kernel reads its rows from there (cpu/matmul.cl)
-        self.offset = (w.first_row // 2,)
+        self.offset = (w.first_row // 2,) if w.first_row else None
         rows += w.first_row
         self.tiles = {}
         wide = gemm and w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
