@@ -76,6 +76,15 @@ class GPUTuning:
     subgroups: str = "auto"
 
 
+def compact_layouts() -> bool:
+    """SLOTSWARM_COMPACT=1: Q4_K, Q6_K and Q5_0 keep their file's bytes on the device
+    (gpu/weights.py's compact kinds). Off by default: a step reads a quarter fewer bytes on
+    Qwen2.5-Coder-1.5B, but decoding their packed scales made the batch-1 matmuls take 1.6x
+    Q4_1's time per file byte on the 2-core machine (swarm bench engine --quants), where
+    they are bound by instructions, not memory."""
+    return os.environ.get("SLOTSWARM_COMPACT", "0") == "1"
+
+
 def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = None) -> CPUFamily | GPUFamily:
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
@@ -105,6 +114,7 @@ class CPUFamily:
         # the same bits, so the two can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
+        self.compact = compact_layouts()
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
@@ -181,6 +191,7 @@ class GPUFamily:
         if tuning.span < 1:
             raise ConfigError(f"attention splits need a span of at least one position, got {tuning.span}")
         self.span = tuning.span
+        self.compact = compact_layouts()
         self.c_version = device.device.opencl_c_version
         self.subgroups = subgroups.choose(device.device.extensions, self.c_version, tuning.subgroups)
         self.lanes = subgroups.MAX_LANES  # the most lanes a matmul unit has (set by fit)

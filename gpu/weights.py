@@ -88,7 +88,7 @@ def _dm(*columns: np.ndarray, words: Sequence[np.ndarray] = ()) -> np.ndarray:
     return out
 
 
-def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
+def repack(t: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
     """(kind, qs (n_blocks, bytes), dm (n_blocks, k) float32) of one matrix, blocks of 32 in row order."""
     if t.qtype in (Q.F32, Q.F16, Q.BF16):
         return "f32", t.dequantize().reshape(t.rows, t.cols).astype(np.float32), np.zeros(4, np.uint8)
@@ -98,7 +98,7 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
         return "q4_1", b[:, 2:18], _dm(d, -8 * d)
     if t.qtype == Q.Q4_1:
         return "q4_1", b[:, 4:20], _dm(_f16(b, 0), _f16(b, 2))
-    if t.qtype in COMPACT and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
+    if compact and t.qtype in COMPACT and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
         return COMPACT[t.qtype](b)
     if t.qtype in (Q.Q5_0, Q.Q5_1):
         at = 2 if t.qtype == Q.Q5_0 else 4
@@ -205,7 +205,7 @@ def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 SYMMETRIC_32 = (Q.Q4_0, Q.Q5_0, Q.Q8_0)
 
 
-def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
+def pack(tensors: Sequence[WeightTensor], compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
     """Stack the rows of `tensors` into one matrix and split it into (kind, qs, dm). Tensors
     of different device kinds (Qwen2.5 stores Q and K as Q5_0, V as Q8_0) meet in the
     narrowest kind that holds them all exactly: q8_0, else q8x2, else float32."""
@@ -216,8 +216,8 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
         raise UnsupportedModelError(f"{tensors[0].name}: width {cols} is not a multiple of 32")
     if len({t.qtype for t in tensors}) == 1:  # one run of blocks: a compact kind's groups span them
         t = tensors[0]
-        return repack(WeightTensor(t.name, t.qtype, sum(t.rows for t in tensors), cols, np.concatenate([t.raw for t in tensors])))
-    parts = [repack(t) for t in tensors]
+        return repack(WeightTensor(t.name, t.qtype, sum(t.rows for t in tensors), cols, np.concatenate([t.raw for t in tensors])), compact)
+    parts = [repack(t, compact) for t in tensors]
     kinds = {kind for kind, _, _ in parts}
     if len(kinds) == 1:
         kind = kinds.pop()
@@ -233,15 +233,17 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
     return "q8x2", q, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
 
 
-def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor]) -> DeviceMatrix:
-    kind, qs, dm = pack(tensors)
+def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact: bool = False) -> DeviceMatrix:
+    """`tensors` stacked by rows as one matrix; with `compact`, Q4_K, Q6_K and Q5_0 in the
+    compact kinds (the file's bytes)."""
+    kind, qs, dm = pack(tensors, compact)
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
     file_bytes = sum(t.raw.nbytes for t in tensors)
     return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
 
 
-def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool) -> DeviceMatrix:
+def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool, compact: bool = False) -> DeviceMatrix:
     """Tensors stacked by rows. With `split`, tensors of different types (Qwen2.5's Q and K
     in Q4_K, V in Q6_K) stay apart, each run of one type a part in its own kind (compact
     where that kind is), read by a launch of its own from its first row: a step then reads
@@ -255,8 +257,8 @@ def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bo
             runs.append([t])
     starts = np.cumsum([0] + [sum(t.rows for t in run) for run in runs])
     if not split or len(runs) == 1 or any(start % 2 for start in starts):
-        return upload_matrix(context, tensors)
-    parts = [upload_matrix(context, run) for run in runs]
+        return upload_matrix(context, tensors, compact)
+    parts = [upload_matrix(context, run, compact) for run in runs]
     for part, start in zip(parts, starts, strict=False):
         part.first_row = int(start)
     none = _buffer(context, np.zeros(0, np.uint8))
@@ -329,9 +331,10 @@ def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
     return np.stack([np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))], axis=-1).astype(np.float32).ravel()
 
 
-def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False) -> ModelWeights:
+def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False, compact: bool = False) -> ModelWeights:
     """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture
-    asks; with `split_stacks`, a QKV stack of different types in parts (upload_stack)."""
+    asks; with `split_stacks`, a QKV stack of different types in parts (upload_stack); with
+    `compact`, Q4_K, Q6_K and Q5_0 in the compact kinds."""
     c, arch = model.config, model.config.arch
     if arch.rope == "neox":
         fix = lambda t: neox_to_adjacent(t, c.head_dim)  # noqa: E731
@@ -349,20 +352,20 @@ def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False
             bias = np.zeros(c.q_dim + 2 * c.kv_dim, np.float32)
         L = LayerWeights(
             attn_norm=vector(t("attn_norm.weight")),
-            qkv=upload_stack(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")], split_stacks),
+            qkv=upload_stack(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")], split_stacks, compact),
             rope=_buffer(
                 context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32), rope_table(c.inv_freq(i), positions)])
             ),
-            out=upload_matrix(context, [t("attn_output.weight")]),
+            out=upload_matrix(context, [t("attn_output.weight")], compact),
             ffn_norm=vector(t("ffn_norm.weight")),
-            gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")]),
-            down=upload_matrix(context, [t("ffn_down.weight")]),
+            gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")], compact),
+            down=upload_matrix(context, [t("ffn_down.weight")], compact),
         )
         if arch.qk_norm:
             L.q_norm, L.k_norm = vector(fix(t("attn_q_norm.weight"))), vector(fix(t("attn_k_norm.weight")))
         if arch.post_norms:
             L.post_attn_norm, L.post_ffw_norm = vector(t("post_attention_norm.weight")), vector(t("post_ffw_norm.weight"))
         layers.append(L)
-    embed = upload_matrix(context, [model.tensor("token_embd.weight")])
-    output = embed if model.tied else upload_matrix(context, [model.output_weight()])
+    embed = upload_matrix(context, [model.tensor("token_embd.weight")], compact)
+    output = embed if model.tied else upload_matrix(context, [model.output_weight()], compact)
     return ModelWeights(embed, layers, vector(model.tensor("output_norm.weight")), output, positions)

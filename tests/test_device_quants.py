@@ -25,9 +25,9 @@ def program():
     return device, device.build(source("quant") + source("common"), SHAPE)
 
 
-def device_rows(program, tensor: WeightTensor) -> tuple[str, np.ndarray]:
+def device_rows(program, tensor: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray]:
     device, prog = program
-    m = upload_matrix(device.context, [tensor])
+    m = upload_matrix(device.context, [tensor], compact)
     out = np.empty((tensor.rows, tensor.cols), np.float32)
     x = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, out.nbytes)
     rows = cl.Buffer(device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -79,7 +79,7 @@ def test_compact_kinds_keep_the_file_bytes_and_read_any_f16_scale(program, qtype
             blocks[b, at : at + 2] = SPECIAL_SCALES[(b + j) % len(SPECIAL_SCALES) : (b + j) % len(SPECIAL_SCALES) + 1].view(np.uint8)
     tensor = WeightTensor("w", qtype, rows, cols, raw)
     device, _ = program
-    m = upload_matrix(device.context, [tensor])
+    m = upload_matrix(device.context, [tensor], compact=True)
     assert (m.kind, m.nbytes) == (kind, m.file_bytes)
-    _, got = device_rows(program, tensor)
+    _, got = device_rows(program, tensor, compact=True)
     np.testing.assert_allclose(got, gguf.quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-9)
