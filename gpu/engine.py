@@ -148,7 +148,7 @@ class OpenCLEngine:
         self.max_blocks = ceil_div(cfg.context_length, block_size)  # block table width
         self.step_positions = 0  # the most positions a token of the step attends to
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
-        self.weights = upload_weights(self.device.context, self.model)
+        self.weights = upload_weights(self.device.context, self.model, split_stacks=self.family.splits_stacks, compact=self.family.compact)
         self._allocate(max_batch_tokens)
         self.launches = self.family.bind(self, self._build())
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device

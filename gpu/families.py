@@ -76,6 +76,15 @@ class GPUTuning:
     subgroups: str = "auto"
 
 
+def compact_layouts() -> bool:
+    """SLOTSWARM_COMPACT=1: Q4_K, Q6_K and Q5_0 keep their file's bytes on the device
+    (gpu/weights.py's compact kinds). Off by default: a step reads a quarter fewer bytes on
+    Qwen2.5-Coder-1.5B, but decoding their packed scales made the batch-1 matmuls take 1.6x
+    Q4_1's time per file byte on the 2-core machine (swarm bench engine --quants), where
+    they are bound by instructions, not memory."""
+    return os.environ.get("SLOTSWARM_COMPACT", "0") == "1"
+
+
 def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = None) -> CPUFamily | GPUFamily:
     choice = kernels or "auto"
     if choice not in KERNEL_CHOICES:
@@ -95,6 +104,7 @@ class CPUFamily:
     WG = 64
     LOWBIT_WG = 32  # q2/q3 matmuls: a work-group quantizes its inputs once for 64 rows
     ARGMAX_WG = 16  # common.cl's per-row kernels (sample_hot): a row's work-items share it
+    splits_stacks = True  # a QKV stack of different types as parts, one launch each (cpu/matmul.cl's qkv)
 
     def __init__(self, device: Device):
         self.wg, self.argmax_wg = self.WG, self.ARGMAX_WG
@@ -104,6 +114,7 @@ class CPUFamily:
         # the same bits, so the two can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
+        self.compact = compact_layouts()
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
@@ -125,6 +136,11 @@ class CPUFamily:
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
             return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm)
 
+        def qkv(L, layer):
+            """The QKV matmul, a launch per part of a split stack."""
+            kv = (b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
+            return [matmul("qkv", "qkv", part, L.attn_norm, b.x, b.all_rows, b.qkv, *kv) for part in L.qkv.parts or [L.qkv]]
+
         def residual(name, w, x, post_norm):
             """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""
             if post_norm is None:
@@ -134,10 +150,9 @@ class CPUFamily:
 
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
-            kv = (b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
             # Attention and embedding as 1x1 work-groups: PoCL would put a whole
             # (heads, tokens) grid in one work-group, on one core.
-            layers.append(matmul("qkv", "qkv", L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, *kv))
+            layers += qkv(L, layer)
             layers += qk_norm(program, e, L, layer)
             layers.append(Grid("attention", program, "attention", cfg.n_heads, (1, 1), b.qkv, b.pos, b.seq, b.tables,
                                width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
@@ -167,6 +182,7 @@ class CPUFamily:
 
 class GPUFamily:
     name = "gpu"
+    splits_stacks = False  # its kernels read a stack as one matrix of one kind
     SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
     MAX_WG = 256
     MAX_SPLITS = 16
@@ -175,6 +191,7 @@ class GPUFamily:
         if tuning.span < 1:
             raise ConfigError(f"attention splits need a span of at least one position, got {tuning.span}")
         self.span = tuning.span
+        self.compact = compact_layouts()
         self.c_version = device.device.opencl_c_version
         self.subgroups = subgroups.choose(device.device.extensions, self.c_version, tuning.subgroups)
         self.lanes = subgroups.MAX_LANES  # the most lanes a matmul unit has (set by fit)

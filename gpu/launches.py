@@ -41,7 +41,8 @@ def _tile(ncols: int, widest: int = 8) -> int:
 LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 
-NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8"}  # read by kernels/cpu/nibbles.cl
+# read by kernels/cpu/nibbles.cl
+NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8", "q4_k": "nibq4k", "q6_k": "nibq6k", "q5_0": "nibq50"}
 
 
 def cpu_variant(kind: str) -> str:
@@ -85,6 +86,10 @@ class CPUMatmul:
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
         pairs = ceil_div(rows, 2)
         self.global_size = (ceil_div(pairs, wg) * wg,)
+        # a part of a split stack (qkv only): its work-items start at its first row pair,
+        # and the kernel reads its rows from there (cpu/matmul.cl)
+        self.offset = (w.first_row // 2,) if w.first_row else None
+        rows += w.first_row
         self.tiles = {}
         wide = gemm and w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
         for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
@@ -100,7 +105,7 @@ class CPUMatmul:
         if self.widths[tile] != ncols:
             kernel.set_arg(self.NCOLS, i32(ncols))
             self.widths[tile] = ncols
-        return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,))
+        return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,), global_work_offset=self.offset)
 
 
 OP_MATMUL, OP_SWIGLU, OP_QKV = 0, 1, 2

@@ -3,23 +3,27 @@
 GGUF stores a quantized row as a run of blocks (32 weights, or 256 for the
 K-quants), each its scale(s) then its quants. Those blocks are not 16-byte
 aligned, so the upload repacks every type into blocks of 32 in one of a few
-device kinds (kernels/quant.cl lists them): the quants (`qs`, nibbles or int8)
-in one array and the scales (`dm`, widened to float32) in another, so kernels
-use aligned vector loads. The repacking is exact: every K-quant sub-block
-becomes its own (scale, offset), except in Q2_K and Q3_K, which stay whole
-super-blocks of 256 with their integer sub-block scales (as floats those would
-outweigh their quants), laid out for the CPU matmuls' integer arithmetic. F16
-and BF16 are widened to float32.
+device kinds (kernels/quant.cl lists them), so kernels use aligned vector loads.
+The repacking is exact. Batch-1 decode reads every weight byte once a step, so
+the types of the coding models (Q4_K, Q6_K, Q5_0) keep their file's bytes, only
+moved: a group of 8 blocks' quants, then its scales as stored (the compact kinds
+q4_k, q6_k, q5_0; the kernels read f16 as bits). The others keep the quants
+(`qs`, nibbles or int8) in one array and the scales (`dm`, widened to float32)
+in another, every Q5_1/Q5_K sub-block its own (scale, offset), except Q2_K and
+Q3_K, which stay whole super-blocks of 256 with their integer sub-block scales,
+laid out for the CPU matmuls' integer arithmetic. F16 and BF16 are widened to
+float32.
 
-Device bytes per weight against the file's: Q4_0/Q4_1/Q4_K 0.75 (file 0.56-0.63),
-Q5_x 1.0 (0.69), Q6_K 1.0 (0.82), Q8_0 1.125 (1.06), Q2_K 0.34 (0.33), Q3_K 0.5 (0.43);
-a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
+Device bytes per weight against the file's: Q4_K 0.5625, Q6_K 0.82, Q5_0 0.69
+(the file's; Q5_0 in rows of a multiple of 128, else 1.0), Q4_0/Q4_1 0.75 (file
+0.56-0.63), Q5_1/Q5_K 1.0 (0.69-0.75), Q8_0 1.125 (1.06), Q2_K 0.34 (0.33), Q3_K
+0.5 (0.43); a matrix stacking different kinds is q8_0 (1.125) or q8x2 (1.5).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gguf
 import numpy as np
@@ -36,13 +40,15 @@ Q = gguf.GGMLQuantizationType
 class DeviceMatrix:
     """A [rows, cols] weight matrix on the device: kind is the kernel suffix."""
 
-    kind: str  # "q4_1" | "q5" | "q6" | "q2" | "q3" | "q8_0" | "q8x2" | "f32"
+    kind: str  # "q4_1" | "q5" | "q6" | "q4_k" | "q6_k" | "q5_0" | "q2" | "q3" | "q8_0" | "q8x2" | "f32"
     rows: int
     cols: int
     qs: cl.Buffer
     dm: cl.Buffer
     nbytes: int  # bytes a full pass over the matrix reads on the device
     file_bytes: int = 0  # the same weights' bytes in the GGUF file
+    first_row: int = 0  # where its rows start in the stack it is a part of
+    parts: list[DeviceMatrix] = field(default_factory=list)  # a split stack's (kind "split"): runs of one type
 
 
 def _buffer(context: cl.Context, array: np.ndarray) -> cl.Buffer:
@@ -82,7 +88,7 @@ def _dm(*columns: np.ndarray, words: Sequence[np.ndarray] = ()) -> np.ndarray:
     return out
 
 
-def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
+def repack(t: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
     """(kind, qs (n_blocks, bytes), dm (n_blocks, k) float32) of one matrix, blocks of 32 in row order."""
     if t.qtype in (Q.F32, Q.F16, Q.BF16):
         return "f32", t.dequantize().reshape(t.rows, t.cols).astype(np.float32), np.zeros(4, np.uint8)
@@ -92,6 +98,8 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
         return "q4_1", b[:, 2:18], _dm(d, -8 * d)
     if t.qtype == Q.Q4_1:
         return "q4_1", b[:, 4:20], _dm(_f16(b, 0), _f16(b, 2))
+    if compact and t.qtype in COMPACT and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
+        return COMPACT[t.qtype](b)
     if t.qtype in (Q.Q5_0, Q.Q5_1):
         at = 2 if t.qtype == Q.Q5_0 else 4
         d = _f16(b, 0)
@@ -114,6 +122,35 @@ def repack(t: WeightTensor) -> tuple[str, np.ndarray, np.ndarray]:
         return "q6", _nibbles(q6 & 15), _dm(scale[:, 0], scale[:, 1],
                                             words=[_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)])  # fmt: skip
     return _low_bit(t, b)
+
+
+def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order), then its head."""
+    nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 128)
+    return "q4_k", np.concatenate([nibbles, b[:, 0:16]], axis=1), np.zeros(0, np.uint8)
+
+
+def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high-bit words (two a block
+    of 32: its halves' 2-bit fields), the 16 int8 scales, and its f16 d in dm."""
+    q6 = (quants.SUBBLOCKS[Q.Q6_K](b)[0].reshape(-1, 32) + 32).astype(np.uint8)
+    high = q6 >> 4
+    words = np.stack([_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)], axis=1)
+    group = [_nibbles(q6 & 15).reshape(len(b), 128), words.view(np.uint8).reshape(len(b), 64), b[:, 192:208]]
+    return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
+
+
+def _q5_0(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """Q5_0 blocks in groups of 8 (the last padded with zero blocks), 176 bytes each: the
+    8 blocks' nibbles, their 8 words of fifth bits, their 8 f16 scales."""
+    b = np.concatenate([b, np.zeros((-len(b) % 8, b.shape[1]), np.uint8)])
+    groups = len(b) // 8
+    nibbles = b[:, 6:22].reshape(groups, 128)
+    return "q5_0", np.concatenate([nibbles, b[:, 2:6].reshape(groups, 32), b[:, 0:2].reshape(groups, 16)], axis=1), np.zeros(0, np.uint8)
+
+
+# Types the device keeps in their file's bytes, moved (kernels/quant.cl: the compact kinds)
+COMPACT = {Q.Q4_K: _q4_k, Q.Q6_K: _q6_k, Q.Q5_0: _q5_0}
 
 
 def _lanes(values: np.ndarray, bits: int) -> np.ndarray:
@@ -168,7 +205,7 @@ def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 SYMMETRIC_32 = (Q.Q4_0, Q.Q5_0, Q.Q8_0)
 
 
-def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
+def pack(tensors: Sequence[WeightTensor], compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
     """Stack the rows of `tensors` into one matrix and split it into (kind, qs, dm). Tensors
     of different device kinds (Qwen2.5 stores Q and K as Q5_0, V as Q8_0) meet in the
     narrowest kind that holds them all exactly: q8_0, else q8x2, else float32."""
@@ -177,7 +214,10 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
         raise UnsupportedModelError(f"cannot stack {[t.name for t in tensors]}: different widths")
     if cols % 32:
         raise UnsupportedModelError(f"{tensors[0].name}: width {cols} is not a multiple of 32")
-    parts = [repack(t) for t in tensors]
+    if len({t.qtype for t in tensors}) == 1:  # one run of blocks: a compact kind's groups span them
+        t = tensors[0]
+        return repack(WeightTensor(t.name, t.qtype, sum(t.rows for t in tensors), cols, np.concatenate([t.raw for t in tensors])), compact)
+    parts = [repack(t, compact) for t in tensors]
     kinds = {kind for kind, _, _ in parts}
     if len(kinds) == 1:
         kind = kinds.pop()
@@ -193,12 +233,37 @@ def pack(tensors: Sequence[WeightTensor]) -> tuple[str, np.ndarray, np.ndarray]:
     return "q8x2", q, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
 
 
-def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor]) -> DeviceMatrix:
-    kind, qs, dm = pack(tensors)
+def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact: bool = False) -> DeviceMatrix:
+    """`tensors` stacked by rows as one matrix; with `compact`, Q4_K, Q6_K and Q5_0 in the
+    compact kinds (the file's bytes)."""
+    kind, qs, dm = pack(tensors, compact)
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
     file_bytes = sum(t.raw.nbytes for t in tensors)
     return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
+
+
+def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool, compact: bool = False) -> DeviceMatrix:
+    """Tensors stacked by rows. With `split`, tensors of different types (Qwen2.5's Q and K
+    in Q4_K, V in Q6_K) stay apart, each run of one type a part in its own kind (compact
+    where that kind is), read by a launch of its own from its first row: a step then reads
+    their file's bytes, where `pack` would widen them all to one kind that holds every
+    type (q8x2: 1.5 B/weight). A part starts on an even row, so no row pair straddles two."""
+    runs: list[list[WeightTensor]] = []
+    for t in tensors:
+        if runs and runs[-1][0].qtype == t.qtype:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    starts = np.cumsum([0] + [sum(t.rows for t in run) for run in runs])
+    if not split or len(runs) == 1 or any(start % 2 for start in starts):
+        return upload_matrix(context, tensors, compact)
+    parts = [upload_matrix(context, run, compact) for run in runs]
+    for part, start in zip(parts, starts, strict=False):
+        part.first_row = int(start)
+    none = _buffer(context, np.zeros(0, np.uint8))
+    return DeviceMatrix("split", int(starts[-1]), tensors[0].cols, none, none, sum(m.nbytes for m in parts),
+                        sum(m.file_bytes for m in parts), parts=parts)  # fmt: skip
 
 
 def upload_vector(context: cl.Context, tensor: WeightTensor) -> cl.Buffer:
@@ -266,8 +331,10 @@ def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
     return np.stack([np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))], axis=-1).astype(np.float32).ravel()
 
 
-def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
-    """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture asks."""
+def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False, compact: bool = False) -> ModelWeights:
+    """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture
+    asks; with `split_stacks`, a QKV stack of different types in parts (upload_stack); with
+    `compact`, Q4_K, Q6_K and Q5_0 in the compact kinds."""
     c, arch = model.config, model.config.arch
     if arch.rope == "neox":
         fix = lambda t: neox_to_adjacent(t, c.head_dim)  # noqa: E731
@@ -285,20 +352,20 @@ def upload_weights(context: cl.Context, model: Model) -> ModelWeights:
             bias = np.zeros(c.q_dim + 2 * c.kv_dim, np.float32)
         L = LayerWeights(
             attn_norm=vector(t("attn_norm.weight")),
-            qkv=upload_matrix(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")]),
+            qkv=upload_stack(context, [fix(t("attn_q.weight")), fix(t("attn_k.weight")), t("attn_v.weight")], split_stacks, compact),
             rope=_buffer(
                 context, np.concatenate([c.inv_freq(i).astype(np.float32), bias.astype(np.float32), rope_table(c.inv_freq(i), positions)])
             ),
-            out=upload_matrix(context, [t("attn_output.weight")]),
+            out=upload_matrix(context, [t("attn_output.weight")], compact),
             ffn_norm=vector(t("ffn_norm.weight")),
-            gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")]),
-            down=upload_matrix(context, [t("ffn_down.weight")]),
+            gate_up=upload_matrix(context, [t("ffn_gate.weight"), t("ffn_up.weight")], compact),
+            down=upload_matrix(context, [t("ffn_down.weight")], compact),
         )
         if arch.qk_norm:
             L.q_norm, L.k_norm = vector(fix(t("attn_q_norm.weight"))), vector(fix(t("attn_k_norm.weight")))
         if arch.post_norms:
             L.post_attn_norm, L.post_ffw_norm = vector(t("post_attention_norm.weight")), vector(t("post_ffw_norm.weight"))
         layers.append(L)
-    embed = upload_matrix(context, [model.tensor("token_embd.weight")])
-    output = embed if model.tied else upload_matrix(context, [model.output_weight()])
+    embed = upload_matrix(context, [model.tensor("token_embd.weight")], compact)
+    output = embed if model.tied else upload_matrix(context, [model.output_weight()], compact)
     return ModelWeights(embed, layers, vector(model.tensor("output_norm.weight")), output, positions)

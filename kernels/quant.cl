@@ -23,6 +23,16 @@
  *   Q8X2  qs = 32 int8        dm = float4 (d0, m0, d1, m1)   w = d q + m per half
  *         the common kind when one matrix stacks tensors of different kinds
  *   F32   qs = the float row itself, dm unused (from F32, F16, BF16)
+ * The compact kinds keep the file's bytes (no more), moved so loads stay aligned, in
+ * groups of 8 blocks (256 weights: a K-quant super-block); their nibbles are stored as
+ * above, 16 B a block, the group's first 128 bytes, and f16 scales are read as bits:
+ *   Q4_K  qs = 144 B a group: nibbles, then the file's 16-byte head (d, dmin as f16,
+ *         12 B of 6-bit sub-block scales and mins)   w = d sc_j q - dmin m_j; dm unused
+ *   Q6_K  qs = 208 B a group: nibbles, 64 B of high-bit words (two a block, as Q6's qh0,
+ *         qh1), 16 int8 scales (one per 16 weights); dm = the group's d as f16
+ *         w = d sc (q - 32)
+ *   Q5_0  qs = 176 B a group of 8 blocks of a Q5_0 matrix (flat, across rows): nibbles,
+ *         8 words of fifth bits (as Q5's qh), 8 f16 d; dm unused   w = d (q - 16)
  * qh words are bit patterns carried in float slots (as_uint reads them back).
  * `load_block` returns the 32 weights of block `blk` as lo (0..15), hi (16..31).
  * (q2 and q3 too, here; the CPU matmuls read them a super-block at a time, in
@@ -48,6 +58,14 @@
 #define WT_Q8X2 6
 #define WT_Q3 7
 #define WT_Q8_LEVELS 8  /* Q8_0 without its scale: w / d, for a dot product to scale once */
+#define WT_Q4_K 9
+#define WT_Q6_K 10
+#define WT_Q5_0 11
+
+/* bytes of a compact kind's group of 8 blocks in qs */
+#define Q4_K_GROUP 144
+#define Q6_K_GROUP 208
+#define Q5_0_GROUP 176
 
 /* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
  * kernel family instantiates its weight-reading kernels once per entry, so a new
@@ -56,11 +74,42 @@
  * matmuls read the super-block kinds (q2, q3) in integer arithmetic
  * (cpu/lowbit.cl) and decode the others to floats, a block at a time. */
 #define FOR_EACH_BLOCK_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
-    X(q5, WT_Q5) X(q6, WT_Q6) X(q8x2, WT_Q8X2)
+    X(q5, WT_Q5) X(q6, WT_Q6) X(q8x2, WT_Q8X2) X(q4_k, WT_Q4_K) X(q6_k, WT_Q6_K) X(q5_0, WT_Q5_0)
 #define FOR_EACH_SUPER_WTYPE(X) X(q2, WT_Q2) X(q3, WT_Q3)
 #define FOR_EACH_WTYPE(X) FOR_EACH_BLOCK_WTYPE(X) FOR_EACH_SUPER_WTYPE(X)
 
 #define LANES (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+/* f16 bit patterns as floats, exact for every finite value, in integer arithmetic (as
+   vload_half would be, which PoCL calls out of line): normal values by moving the
+   exponent and mantissa into place, subnormal ones as integer multiples of 2^-24. */
+inline float8 halves_to_float8(ushort8 h)
+{
+    const uint8 u = convert_uint8(h), em = u & 0x7fffu;
+    const uint8 normal = (em << 13) + 0x38000000u;
+    const uint8 subnormal = as_uint8(convert_float8(em) * 0x1p-24f);
+    return as_float8(select(normal, subnormal, em < 0x400u) | ((u & 0x8000u) << 16));
+}
+
+/* A Q4_K group's 8 sub-block scales d sc_j and offsets -dmin m_j, from its 16-byte head
+   (d, dmin, then 6-bit fields: bytes 0..3 scales 0..3 and their top bits those of
+   scales 4..7, bytes 4..7 the same for mins, bytes 8..11 the low nibbles of 4..7) */
+inline void q4_k_scales(uchar16 head, float8 *scale, float8 *offset)
+{
+    const float8 dd = halves_to_float8(as_ushort8(head));
+    const uchar4 s = head.s4567, m = head.s89ab, low = head.scdef;
+    const uchar8 sc = (uchar8)(s & (uchar)63, (low & (uchar)15) | ((s >> (uchar)6) << (uchar)4));
+    const uchar8 mn = (uchar8)(m & (uchar)63, (low >> (uchar)4) | ((m >> (uchar)6) << (uchar)4));
+    *scale = dd.s0 * convert_float8(sc);
+    *offset = -(dd.s1 * convert_float8(mn));
+}
+
+/* A Q6_K group's 16 scales (one per 16 weights) times its d */
+inline float16 q6_k_scales(__global const uchar *group, __global const float *dm, size_t g)
+{
+    const float d = halves_to_float8((ushort8)(((__global const ushort *)dm)[g])).s0;
+    return convert_float16(((__global const char16 *)(group + 192))[0]) * d;
+}
 
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
                        __global const float *dm, size_t blk,
@@ -104,6 +153,31 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
             *lo = (convert_float16(q0) - 4.0f) * (rec[12] * sc[2 * b]);
             *hi = (convert_float16(q1) - 4.0f) * (rec[12] * sc[2 * b + 1]);
         }
+    } else if (wtype == WT_Q4_K) {
+        __global const uchar *group = qs + (size_t)Q4_K_GROUP * (blk / 8);
+        const uchar16 q = ((__global const uchar16 *)group)[blk % 8];
+        float8 scale, offset;
+        q4_k_scales(((__global const uchar16 *)(group + 128))[0], &scale, &offset);
+        const float d = scale[blk % 8], m = offset[blk % 8];
+        *lo = convert_float16(q & (uchar)15) * d + m;
+        *hi = convert_float16(q >> (uchar)4) * d + m;
+    } else if (wtype == WT_Q6_K) {
+        __global const uchar *group = qs + (size_t)Q6_K_GROUP * (blk / 8);
+        const uint j = blk % 8;
+        const uchar16 q = ((__global const uchar16 *)group)[j];
+        const uint2 h = ((__global const uint2 *)(group + 128))[j];
+        const float16 s = q6_k_scales(group, dm, blk / 8);
+        const uint16 h0 = (uint16)(h.x), h1 = (uint16)(h.y);
+        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s[2 * j];
+        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s[2 * j + 1];
+    } else if (wtype == WT_Q5_0) {
+        __global const uchar *group = qs + (size_t)Q5_0_GROUP * (blk / 8);
+        const uint j = blk % 8;
+        const uchar16 q = ((__global const uchar16 *)group)[j];
+        const uint16 qh = (uint16)(((__global const uint *)(group + 128))[j]);
+        const float d = halves_to_float8(((__global const ushort8 *)(group + 160))[0])[j], m = -16.0f * d;
+        *lo = convert_float16(convert_uint16(q & (uchar)15) | (((qh >> LANES) & 1u) << 4)) * d + m;
+        *hi = convert_float16(convert_uint16(q >> (uchar)4) | (((qh >> (LANES + 16u)) & 1u) << 4)) * d + m;
     } else if (wtype == WT_Q8X2) {
         __global const char16 *q = (__global const char16 *)qs;
         const float4 s = ((__global const float4 *)dm)[blk];

@@ -62,12 +62,37 @@ def test_tensor_type_matches_reference(tmp_path: Path, qtype, kernels: str) -> N
 
 
 @FAMILIES
-@pytest.mark.parametrize("v_type, kind", [(Q.Q8_0, "q8_0"), (Q.Q6_K, "q8x2")])
-def test_mixed_qkv_types_match_reference(tmp_path: Path, v_type, kind: str, kernels: str) -> None:
-    """Q and K in one type, V in another (as in Qwen2.5's and Gemma 3's files): one matrix of
-    the narrowest kind that holds both exactly."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q5_0 if kind == "q8_0" else Q.Q4_K, v_type=v_type, **SHAPE)
-    assert OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].qkv.kind == kind
+@pytest.mark.parametrize("compact", [0, 1], ids=["widened", "compact"])
+@pytest.mark.parametrize("qk_type, v_type", [(Q.Q5_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K)], ids=["Q5_0-Q8_0", "Q4_K-Q6_K"])
+def test_mixed_qkv_types_match_reference(tmp_path: Path, qk_type, v_type, kernels: str, compact: int, monkeypatch) -> None:
+    """Q and K in one type, V in another (as in Qwen2.5's and Gemma 3's files): on the CPU
+    family, two parts each in its own kind (a launch each, V's from its first row), with
+    SLOTSWARM_COMPACT as stored in the file; on the GPU family, one matrix of the narrowest
+    kind that holds both."""
+    monkeypatch.setenv("SLOTSWARM_COMPACT", str(compact))
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=qk_type, v_type=v_type, **SHAPE)
+    qkv = OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].qkv
+    if kernels == "cpu":
+        kinds = {Q.Q5_0: ("q5", "q5_0"), Q.Q8_0: ("q8_0", "q8_0"), Q.Q4_K: ("q4_1", "q4_k"), Q.Q6_K: ("q6", "q6_k")}
+        want = [(kinds[qk_type][compact], 0), (kinds[v_type][compact], SHAPE["d_model"] * 3 // 2)]
+        assert [(m.kind, m.first_row) for m in qkv.parts] == want
+        if compact:  # (q8_0: a float scale a block)
+            assert all(m.nbytes == m.file_bytes for m in qkv.parts if m.kind != "q8_0")
+    elif compact:
+        pytest.skip("the GPU family's stack is the same one matrix")
+    else:
+        assert qkv.kind == ("q8_0" if v_type == Q.Q8_0 else "q8x2")
+    compare(path, steps=2, kernels=kernels)
+
+
+@FAMILIES
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0], ids=lambda q: q.name)
+def test_compact_kinds_match_reference(tmp_path: Path, qtype, kernels: str, monkeypatch) -> None:
+    """SLOTSWARM_COMPACT: the types kept in their file's bytes, every layer matrix and the head."""
+    monkeypatch.setenv("SLOTSWARM_COMPACT", "1")
+    path = write_tiny_gguf(tmp_path / "m.gguf", weight_type=qtype, embed_type=qtype, tied=False, **SHAPE)
+    w = OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights
+    assert w.bytes_per_step() == w.file_bytes_per_step()
     compare(path, steps=2, kernels=kernels)
 
 

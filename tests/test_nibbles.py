@@ -23,20 +23,25 @@ Q = gguf.GGMLQuantizationType
 ROWS = 67  # odd: the last work-item's pair is one row
 
 
-# (type, row length, normalized): 576 is SmolLM2's d_model, four groups and two blocks
-CASES = [(Q.Q4_1, 576, 1), (Q.Q4_1, 576, 0), (Q.Q4_0, 256, 1), (Q.Q4_0, 96, 1), (Q.Q4_K, 256, 0),
-         (Q.Q5_0, 576, 1), (Q.Q5_0, 96, 0), (Q.Q5_1, 576, 0), (Q.Q5_K, 512, 1), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
-         (Q.Q8_0, 576, 1), (Q.Q8_0, 256, 0)]  # fmt: skip
+# (type, row length, normalized, compact): 576 is SmolLM2's d_model, four groups and two blocks
+# (the compact kinds, SLOTSWARM_COMPACT: Q4_K, Q6_K, and Q5_0 in rows of whole groups of four
+# blocks, 640 an odd number of halves a row, so groups of 8 blocks straddle rows, and the last is padded)
+CASES = [(Q.Q4_1, 576, 1, 0), (Q.Q4_1, 576, 0, 0), (Q.Q4_0, 256, 1, 0), (Q.Q4_0, 96, 1, 0), (Q.Q4_K, 256, 0, 0),
+         (Q.Q4_K, 512, 1, 1), (Q.Q4_K, 256, 0, 1), (Q.Q5_0, 576, 1, 0), (Q.Q5_0, 96, 0, 0), (Q.Q5_0, 640, 1, 1),
+         (Q.Q5_0, 512, 0, 1), (Q.Q5_1, 576, 0, 0), (Q.Q5_K, 512, 1, 0), (Q.Q6_K, 512, 1, 0), (Q.Q6_K, 256, 0, 0),
+         (Q.Q6_K, 512, 1, 1), (Q.Q6_K, 256, 0, 1), (Q.Q8_0, 576, 1, 0), (Q.Q8_0, 256, 0, 0)]  # fmt: skip
+COMPACT_TYPES = [(Q.Q4_K, 1), (Q.Q5_0, 1), (Q.Q6_K, 1)]
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG) -> np.ndarray:
+def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
+        compact: bool = False) -> np.ndarray:  # fmt: skip
     """The matmul kernel on x's columns: (columns, ROWS)."""
     ncols, cols = x.shape
     ctx, flags = dev.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
     y = cl.Buffer(ctx, flags.WRITE_ONLY, ncols * ROWS * 4)
-    w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)])
+    w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)], compact)
     assert w.kind in LOWBIT_KINDS or cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
@@ -50,9 +55,9 @@ def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
 @pytest.mark.parametrize("width", sorted(WIDTHS))
-@pytest.mark.parametrize(("qtype", "cols", "normalize"), CASES, ids=lambda c: getattr(c, "name", str(c)))
+@pytest.mark.parametrize(("qtype", "cols", "normalize", "compact"), CASES, ids=lambda c: getattr(c, "name", str(c)))
 @pytest.mark.parametrize("ncols", [1, 2, 5, 20])
-def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols: int, normalize: int, vnni: bool) -> None:  # noqa: F811
+def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols: int, normalize: int, compact: int, vnni: bool) -> None:  # noqa: F811
     program = build(device, width, vnni)
     per_block = 256 if qtype in K_QUANTS else 32
     raw = random_blocks(qtype, ROWS * cols // per_block, seed=width + ncols + cols).reshape(ROWS, -1)
@@ -60,45 +65,52 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     x = (rng.standard_normal((ncols, cols)) * rng.uniform(0.1, 10, (ncols, 1))).astype(np.float32)
     x[:, :32] *= 30  # one block far larger than the rest of its group: the scale is the group's
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-    got = run(device, program, raw, qtype, x, g, normalize)
+    got = run(device, program, raw, qtype, x, g, normalize, compact=bool(compact))
     inputs = x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) if normalize else x
     want = inputs @ gguf.quants.dequantize(raw, qtype).T
     # 16-bit inputs: each rounded by at most 1/65534 of its group's largest |x|
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
-def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype) -> None:  # noqa: F811
+@pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
+                         ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, compact: int) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
     family = CPUFamily(device)  # the width the device's own build takes
     program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}"])
-    cols = 576 if qtype not in K_QUANTS else 512  # 32-weight blocks: with blocks past the last group
+    # 32-weight blocks: with blocks past the last group, or (compact Q5_0) a row's last half-group
+    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-    alone = run(device, program, raw, qtype, x[:1], g, 1)
+    alone = run(device, program, raw, qtype, x[:1], g, 1, compact=bool(compact))
     for ncols in (2, 3, 8, 20, MAX_COLS):  # tiles of 2, 4, 8 and 32 (one, and two: its column 33 the second's first)
-        batch = run(device, program, raw, qtype, x[:ncols], g, 1)
+        batch = run(device, program, raw, qtype, x[:ncols], g, 1, compact=bool(compact))
         assert batch[0].tobytes() == alone[0].tobytes()
         for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
-            assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1)[0].tobytes()
+            assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact))[0].tobytes()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K], ids=lambda q: q.name)
-def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype) -> None:  # noqa: F811
+LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K)
+
+
+@pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in LOWBIT_AND_NIBBLE] + COMPACT_TYPES,
+                         ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int) -> None:  # noqa: F811
     """The VNNI build is one instruction where the other takes two, in the same integers:
     a host with and one without AVX-512 VNNI sample the same tokens."""
     madd, vnni = build(device, 512), build(device, 512, vnni=True)
-    cols = 576 if qtype not in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 512
+    cols = 512 if qtype in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 640 if compact else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if cols == 512 else 32), seed=5).reshape(ROWS, -1)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((20, cols)).astype(np.float32)
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
     for ncols in (1, 5, 20):
         wg = CPUFamily.LOWBIT_WG if qtype in (Q.Q2_K, Q.Q3_K) else CPUFamily.WG
-        assert run(device, vnni, raw, qtype, x[:ncols], g, 1, wg).tobytes() == run(device, madd, raw, qtype, x[:ncols], g, 1, wg).tobytes()
+        assert (run(device, vnni, raw, qtype, x[:ncols], g, 1, wg, bool(compact)).tobytes()
+                == run(device, madd, raw, qtype, x[:ncols], g, 1, wg, bool(compact)).tobytes())  # fmt: skip
 
 
 @pytest.mark.model

@@ -73,6 +73,13 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 #endif
 #endif
 
+/* A block's bytes in qs and in dm, on average (the compact kinds keep their scales
+   in qs, a group's at its end) */
+#define QS_BYTES(wtype) ((wtype) == WT_F32 ? 128 : (wtype) == WT_Q8_0 || (wtype) == WT_Q8X2 ? 32 \
+    : (wtype) == WT_Q4_K ? Q4_K_GROUP / 8 : (wtype) == WT_Q6_K ? Q6_K_GROUP / 8 : (wtype) == WT_Q5_0 ? Q5_0_GROUP / 8 : 16)
+#define DM_BYTES(wtype) ((wtype) == WT_F32 || (wtype) == WT_Q4_K || (wtype) == WT_Q6_K || (wtype) == WT_Q5_0 ? 0 \
+    : (wtype) == WT_Q8_0 ? 4 : (wtype) == WT_Q4_1 ? 8 : 16)
+
 /* Rows r0's and r1's next `n` blocks from block `blk` of their rows (nb a row): `qbytes`
    and `dbytes` a block in qs and dm, literals at every call site. */
 __attribute__((always_inline)) inline void prefetch_pair(__global const uchar *qs, __global const float *dm,
@@ -113,8 +120,7 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     }
     for (int b = 0; b < nb; b++) {
         float16 lo0, hi0, lo1, hi1;
-        prefetch_pair(qs, dm, r0, r1, nb, b, 1, wtype == WT_F32 ? 128 : wtype == WT_Q8_0 || wtype == WT_Q8X2 ? 32 : 16,
-                      wtype == WT_F32 ? 0 : wtype == WT_Q8_0 ? 4 : wtype == WT_Q4_1 ? 8 : 16);
+        prefetch_pair(qs, dm, r0, r1, nb, b, 1, QS_BYTES(wtype), DM_BYTES(wtype));
         /* Q8_0's blocks as their levels, scaled once per block below (one multiply
            a block, not one a weight: its halves share the scale and have no offset) */
         const int kind = wtype == WT_Q8_0 ? WT_Q8_LEVELS : wtype;
@@ -229,10 +235,13 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
                           int layer EXTRA)                                      \
 {                                                                               \
     BEGIN(1)                                                                    \
+    /* a part of a split stack (gpu/weights.py) runs from its first row pair, the  \
+       global offset: its own rows count from there, and rows is where it ends */ \
+    const int w0 = r - 2 * (int)get_global_offset(0);                          \
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         TILE_BEGIN(TILE, 1)                                                     \
         float o0[TILE], o1[TILE];                                               \
-        DOT(WTYPE, TILE, 1, r, r + 1, o0, o1);                                  \
+        DOT(WTYPE, TILE, 1, w0, w0 + 1, o0, o1);                                \
         for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
             const int t = c0 + c, p = pos[t];                                   \
             const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \

@@ -1,5 +1,6 @@
-/* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1, Q4_K; q5: Q5_0, Q5_1, Q5_K;
- * q6: Q6_K; q8_0: Q8_0 and stacks of symmetric 32-weight types) times a batch of vectors
+/* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1; q5: Q5_1, Q5_K; q6; q8_0: Q8_0
+ * and stacks of symmetric 32-weight types; the compact q4_k, q6_k, q5_0, read with the
+ * bit schemes of q4_1, q6 and q5) times a batch of vectors
  * in integer arithmetic, in place of cpu/matmul.cl's float kernels for these kinds.
  * Built after cpu/lowbit.cl (madd, ROUND, hmax_int16), whose scheme this follows.
  *
@@ -99,8 +100,28 @@ typedef ushort ushort32 __attribute__((ext_vector_type(32)));
    2l, 2l + 1, the weights of steps 0 and 2), `w2` their second halves, d per block.
    (Rows of 18 blocks start 32 bytes off a 64-byte line: the loads are 16- and 8-byte
    ones the compiler may join.) */
+#define COMPACT_KIND(wtype) ((wtype) == WT_Q4_K || (wtype) == WT_Q6_K || (wtype) == WT_Q5_0)
+
+/* A compact kind's scales for the group of 8 blocks holding block `blk`, decoded once for
+   both its halves: q4_k's 8 sub-block scales then their 8 offsets, q6_k's 16 scales (one
+   per 16 weights), q5_0's 8 d */
+__attribute__((always_inline)) inline float16 group_scales(const int wtype, __global const uchar *qs,
+        __global const float *dm, size_t blk)
+{
+    const size_t g = blk / 8;
+    if (wtype == WT_Q4_K) {
+        float8 scale, offset;
+        q4_k_scales(((__global const uchar16 *)(qs + (size_t)Q4_K_GROUP * g + 128))[0], &scale, &offset);
+        return (float16)(scale, offset);
+    }
+    if (wtype == WT_Q6_K)
+        return q6_k_scales(qs + (size_t)Q6_K_GROUP * g, dm, g);
+    return (float16)(halves_to_float8(((__global const ushort8 *)(qs + (size_t)Q5_0_GROUP * g + 160))[0]), (float8)0.0f);
+}
+
+/* (The compact kinds take their group's scales, `group_scales_in`, from group_scales.) */
 __attribute__((always_inline)) inline void read_nibbles(const int wtype, __global const uchar *qs,
-        __global const float *dm, size_t blk, short32 *w, short32 *w2, float16 *d, float16 *m,
+        __global const float *dm, size_t blk, float16 group_scales_in, short32 *w, short32 *w2, float16 *d, float16 *m,
         ushort32 *h0, ushort32 *h1)
 {
     *h0 = *h1 = (ushort32)0;
@@ -111,6 +132,39 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
         *w2 = __builtin_astype((uint16)(q[1], q[3], q[5], q[7]), short32);
         *d = vload4(0, dm + blk).s0000111122223333;
         *m = (float16)0.0f;
+        return;
+    }
+    if (COMPACT_KIND(wtype)) {
+        /* blk is a multiple of 4 (host: rows of whole groups of four), so the four
+           blocks are one half of a group of 8 */
+        const int upper = (blk / 4) % 2;
+        const float16 scales = group_scales_in;
+        __global const uchar *group = qs + (size_t)(wtype == WT_Q4_K ? Q4_K_GROUP : wtype == WT_Q6_K ? Q6_K_GROUP : Q5_0_GROUP) * (blk / 8);
+        __global const uint4 *q = (__global const uint4 *)group + 4 * upper;
+        *w = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
+        if (wtype == WT_Q4_K) {
+            const float4 s4 = upper ? scales.s4567 : scales.s0123, m4 = upper ? scales.scdef : scales.s89ab;
+            *d = s4.s0000111122223333;
+            *m = m4.s0000111122223333;
+        } else if (wtype == WT_Q5_0) {
+            const uint4 u = ((__global const uint4 *)(group + 128))[upper];
+            const float4 d4 = upper ? scales.s4567 : scales.s0123;
+            *d = d4.s0000111122223333;
+            *m = -16.0f * *d;
+            const uint16 u16 = u.s0000111122223333;
+            *h0 = __builtin_astype(LOW_HALVES(u16), ushort32);
+            *h1 = __builtin_astype(HIGH_HALVES(u16), ushort32);
+        } else {
+            const float8 s8 = upper ? scales.hi : scales.lo;
+            *d = s8.s0000222244446666;
+            *m = s8.s1111333355557777;
+            __global const uint4 *hw = (__global const uint4 *)(group + 128) + 2 * upper;
+            const uint8 words = (uint8)(hw[0], hw[1]);  /* qh0, qh1 of each of the four blocks */
+            const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
+            const uint16 u0 = words.s0000222244446666, u1 = words.s1111333355557777;
+            *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
+            *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
+        }
         return;
     }
     __global const uint4 *q = (__global const uint4 *)qs + blk;
@@ -146,10 +200,13 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
 #define NIBBLE(w, f) (((w) >> (short)(4 * (f))) & (short)15)
 #define Q5_MUL (ushort8)(16384, 4096, 1024, 256, 64, 16, 4, 1)
 #define Q6_MUL (ushort8)(4096, 256, 16, 1, 4096, 256, 16, 1)
-__attribute__((always_inline)) inline short32 step_quants(const int wtype, const int f, short32 w, short32 w2,
+/* the compact kinds' quants are those of the kinds they pack the bytes of */
+#define NIBBLE_SCHEME(wtype) ((wtype) == WT_Q4_K ? WT_Q4_1 : (wtype) == WT_Q6_K ? WT_Q6 : (wtype) == WT_Q5_0 ? WT_Q5 : (wtype))
+__attribute__((always_inline)) inline short32 step_quants(int wtype, const int f, short32 w, short32 w2,
                                                           ushort32 h0, ushort32 h1)
 {
     const ushort32 h = f % 2 ? h1 : h0;
+    wtype = NIBBLE_SCHEME(wtype);
     if (wtype == WT_Q8_0) {
         const short32 v = f % 2 ? w2 : w;
         return f < 2 ? as_short32(__builtin_astype(v, ushort32) << (ushort)8) >> (short)8 : v >> (short)8;
@@ -184,19 +241,24 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
+    float16 g0 = 0.0f, g1 = 0.0f;  /* a compact kind's group scales, rows r0 and r1 */
     for (int s = 0; s < ng; s++) {
         short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
         ushort32 h00, h01, h10, h11;
-        prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, wtype == WT_Q8_0 ? 32 : 16,
-                      wtype == WT_Q8_0 ? 4 : wtype == WT_Q4_1 ? 8 : 16);
-        read_nibbles(wtype, qs, dm, (size_t)r0 * nb + 4 * s, &w0, &v0, &d0, &m0, &h00, &h01);
-        read_nibbles(wtype, qs, dm, (size_t)r1 * nb + 4 * s, &w1, &v1, &d1, &m1, &h10, &h11);
+        const size_t b0 = (size_t)r0 * nb + 4 * s, b1 = (size_t)r1 * nb + 4 * s;
+        prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, QS_BYTES(wtype), DM_BYTES(wtype));
+        if (COMPACT_KIND(wtype) && (s == 0 || b0 % 8 == 0))  /* a row may start half-way in a group */
+            g0 = group_scales(wtype, qs, dm, b0);
+        if (COMPACT_KIND(wtype) && (s == 0 || b1 % 8 == 0))
+            g1 = group_scales(wtype, qs, dm, b1);
+        read_nibbles(wtype, qs, dm, b0, g0, &w0, &v0, &d0, &m0, &h00, &h01);
+        read_nibbles(wtype, qs, dm, b1, g1, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
             const int at = c * ng + s;
             __local const short32 *xv = xq + (size_t)at * 4;
             const float dx = xd[at];
-            if (wtype == WT_Q6) {  /* a scale a half, no offset */
+            if (NIBBLE_SCHEME(wtype) == WT_Q6) {  /* a scale a half, no offset */
                 const int16 p0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0), q0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, 0);
                 const int16 p1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0), q1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, 0);
                 a0[c] += convert_float16(p0) * (d0 * dx) + convert_float16(q0) * (m0 * dx);
@@ -276,3 +338,6 @@ DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1)
 DEFINE_NIBBLE_MATMULS(nib5, WT_Q5)
 DEFINE_NIBBLE_MATMULS(nib6, WT_Q6)
 DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0)
+DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K)
+DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K)
+DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0)
