@@ -142,7 +142,8 @@ class Fixer(CodingAgent):
         test = f"```python\n{test_code}\n```\n" if test_code else ""
         return (
             f"{context}\nThe test {failure.test} fails.\n{test}Error:\n```\n{failure.message[-900:]}\n```\n{feedback}"
-            "Fix the bug in the project's code, not in the test. Reply with the corrected function, complete, in one ```python block."
+            "Fix the bug in the project's code, not in the test. "
+            "Reply with the corrected function (or functions), complete, in one ```python block."
         )
 
     @staticmethod

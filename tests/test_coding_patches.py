@@ -215,3 +215,35 @@ def test_an_answer_held_to_one_python_block_is_read_whole() -> None:
     # Prose, or a block cut off before it closed, is not one: the fixer then reads it as free text.
     assert code_block("Here:\n" + answer) is None and code_block(answer[:-3]) is None
     assert not re.fullmatch(PYTHON_BLOCK, "```python\nx = 1\n```\nand more")
+
+
+def test_one_block_fixing_two_files_is_one_verified_patch(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "stock.py").write_text(
+        "class Stock:\n    def __init__(self):\n        self.counts = {}\n\n"
+        "    def take(self, item):\n        self.counts[item] -= 1\n\n"
+        "    def items(self):\n        return sorted(self.counts)\n"
+    )
+    (project / "report.py").write_text("def low(stock, limit):\n    return [i for i in stock.items() if stock.counts[i] < limit]\n")
+    (project / "test_stock.py").write_text(
+        "from report import low\nfrom stock import Stock\n\n\n"
+        "def test_low():\n    s = Stock()\n    s.counts = {'a': 1, 'b': 2, 'c': 3}\n    s.take('a')\n    assert s.items() == ['b', 'c']\n"
+        "    assert low(s, 2) == ['b']\n"
+    )
+    code = (
+        "class Stock:\n    def take(self, item):\n        self.counts[item] -= 1\n        if not self.counts[item]:\n"
+        "            del self.counts[item]\n\n\ndef low(stock, limit):\n    return [i for i in stock.items() if stock.counts[i] <= limit]\n"
+    )
+    box = toolbox(project, tmp_path / "out")
+
+    async def main():
+        files = {name: await box.read_file(name) for name in ("stock.py", "report.py")}
+        proposal = code_proposal(code, files)
+        assert proposal is not None and "a/stock.py" in proposal.diff and "a/report.py" in proposal.diff
+        assert code_proposal(code + "\n\ndef nowhere():\n    pass\n", files) is None  # a name no file has: no guess
+        return await box.propose_patch(proposal.diff)
+
+    judged = anyio.run(main)
+    assert judged.verified and judged.fixed == ["test_stock.py::test_low"]
+    box.project.close()

@@ -73,7 +73,38 @@ def code_proposal(code: str, files: dict[str, str], default: str | None = None, 
         new = splice(files[target], code)
         if new is not None and new != files[target]:
             return Proposal(make_diff(target, files[target], new), "fragment" if new != _ensure_newline(code.strip("\n")) else "file")
-    return None
+    # A bug across two files: each definition goes to the one file that has it.
+    diffs = []
+    for path, part in (_by_file(code, files) or {}).items():
+        new = splice(files[path], part)
+        if new is None:
+            return None
+        if new != files[path]:
+            diffs.append(make_diff(path, files[path], new))
+    return Proposal("".join(diffs), "fragment") if diffs else None
+
+
+def _by_file(code: str, files: dict[str, str]) -> dict[str, str] | None:
+    """`code`'s definitions grouped by the one file that defines each name, where
+    they span two files or more; None if any is not a definition (imports aside)
+    or is found in no file or in several."""
+    code = textwrap.dedent(code.strip("\n")) + "\n"
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    lines = code.splitlines(keepends=True)
+    homes = {path: _defined(text, methods=True) for path, text in files.items() if path.endswith(".py")}
+    parts: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        where = [path for path, names in homes.items() if isinstance(node, DEFS) and node.name in names]
+        if len(where) != 1:
+            return None
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        parts.setdefault(where[0], []).append("".join(lines[first : node.end_lineno]))
+    return {path: "\n\n".join(chunks) for path, chunks in parts.items()} if len(parts) > 1 else None
 
 
 def code_block(answer: str) -> str | None:
