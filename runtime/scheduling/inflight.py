@@ -131,8 +131,8 @@ class InFlight:
 
     def pending(self, turn: Turn) -> int:
         """Tokens to feed before its next sample, once the steps in flight land:
-        the unprefilled prompt, or 1 (Turn.pending, one step ahead)."""
-        share = self._ahead.get(turn)  # (Turn.pending, inlined: asked for every turn at every step)
+        the unprefilled prompt, or 1."""
+        share = self._ahead.get(turn)  # (length - computed, inlined: asked for every turn at every step)
         if share is None:
             return len(turn.prompt) + len(turn.output) - turn.computed
         return len(turn.prompt) + len(turn.output) + share.tokens - turn.computed - share.positions

@@ -194,11 +194,6 @@ class Turn:
             return self.output[start - n : stop - n]
         return self.prompt[start:] + self.output[: stop - n]
 
-    @property
-    def pending(self) -> int:
-        """Tokens to feed before the next sample: the unprefilled prompt, or 1."""
-        return self.length - self.computed
-
     # Block arithmetic, in blocks of `size` positions: what the turn needs and holds.
 
     def blocks_needed(self, size: int, max_context: int | None = None) -> int:
