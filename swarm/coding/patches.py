@@ -102,8 +102,7 @@ def _by_file(code: str, files: dict[str, str]) -> dict[str, str] | None:
         where = [path for path, names in homes.items() if isinstance(node, DEFS) and node.name in names]
         if len(where) != 1:
             return None
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-        parts.setdefault(where[0], []).append("".join(lines[first : node.end_lineno]))
+        parts.setdefault(where[0], []).append("".join(lines[_first_line(node) : node.end_lineno]))
     return {path: "\n\n".join(chunks) for path, chunks in parts.items()} if len(parts) > 1 else None
 
 
@@ -206,11 +205,15 @@ def _edits_for(
 
 
 def _edit(old: ast.AST, new: ast.AST, new_lines: list[str]) -> tuple[int, int, list[str]]:
-    start = min([old.lineno] + [x.lineno for x in old.decorator_list]) - 1
-    first = min([new.lineno] + [x.lineno for x in new.decorator_list]) - 1
+    start, first = _first_line(old), _first_line(new)
     lines = textwrap.dedent("".join(new_lines[first : new.end_lineno])).splitlines(keepends=True)
     indent = " " * old.col_offset
     return start, old.end_lineno, [indent + line if line.strip() else line for line in lines]
+
+
+def _first_line(node: ast.AST) -> int:
+    """The 0-based line a definition starts on, its decorators included."""
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
 
 
 def _named_file(answer: str, body: str, files: dict[str, str]) -> str | None:
