@@ -356,6 +356,14 @@ class Chat:
 _STOPPED = object()  # the update stream ended
 
 
+# anyio delivers a cancellation to a task only while the future it waits on is
+# pending. A reader whose tokens come back to back (a step that costs nothing,
+# as the timing model's) finds its future already set each time it is cancelled,
+# and would read on until the turn ends: so it looks for a cancellation itself,
+# once every this many tokens (a look costs a few microseconds).
+CANCEL_CHECK_TOKENS = 64
+
+
 class TurnHandle:
     """One turn, seen from its agent. Iterate it for text pieces; afterwards
     `tokens`, `text` and the timings say what happened."""
@@ -461,6 +469,8 @@ class TurnHandle:
         turn raises TurnCancelled / TurnFailed with the reason."""
         if self._channel is None:
             raise UsageError(f"agent {self.agent.name!r}: start the turn first: `async with agent.generate(...) as turn`")
+        if not len(self.tokens) % CANCEL_CHECK_TOKENS:
+            await anyio.lowlevel.checkpoint_if_cancelled()
         receive = self._channel.receive
         while self.ended is None:
             try:  # what is already there needs no trip through the event loop

@@ -117,9 +117,7 @@ class Swarm(AgentHost):
     async def _stop_agents(self) -> None:
         self.owner.intake.closing = True
         with anyio.CancelScope(shield=True):
-            for name in self.system.names():
-                if name != self.owner.name:
-                    await self.system.stop(name)
+            await self.system.stop(*(name for name in self.system.names() if name != self.owner.name))
 
     async def _announce_stop(self) -> None:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))

@@ -55,3 +55,13 @@ async def test_a_slow_subscriber_loses_events_and_is_told_how_many():
     with anyio.fail_after(5):
         assert [x async for x in sub] == []
     assert bus.counts[Preempted] == 11
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, "10", True, print])
+def test_a_subscription_of_no_room_is_refused_where_it_is_asked_for(size):
+    from runtime.errors import UsageError
+
+    bus = EventBus()
+    with pytest.raises(UsageError, match="max_buffer must be an int of at least 1"):
+        bus.subscribe(max_buffer=size)
+    bus.emit(sample())  # (nothing half-made was left behind to fail here)

@@ -157,6 +157,34 @@ async def test_stopping_the_swarm_ends_every_turn_exactly_once(tmp_path):
     assert isinstance(events[0], SwarmStarted) and isinstance(events[-1], SwarmStopped)
 
 
+class Reader(Agent):
+    async def run(self) -> None:
+        async with self.generate([1, 2, 3], max_tokens=LONG, ignore_eos=True) as turn:
+            async for _ in turn:
+                pass  # (no await of its own: only the turn's tokens)
+
+
+@pytest.mark.anyio
+async def test_stopping_the_swarm_stops_readers_whose_tokens_come_back_to_back():
+    # A step that costs nothing, called inline: each reader's next token is
+    # there every time it is cancelled.
+    engine = TimingEngine(realtime=False)
+    engine.blocking = False
+    with anyio.fail_after(60):
+        async with Swarm(engine, slots=8) as s:
+            rec = Recorder(s)
+            for i in range(16):
+                await s.spawn(Reader(f"r{i}"))
+            for _ in range(8):
+                await rec.until(lambda e: isinstance(e, Admitted))
+            stopping = s.owner.scheduler.step
+        # All stop together, each within a few tokens: not one after another,
+        # and not when their turns end (never).
+        assert s.owner.scheduler.step - stopping <= 200
+    ends = [e for e in rec.sub.take_ready() if isinstance(e, Ended)]
+    assert len(ends) == 16 and all(isinstance(e, Cancelled) for e in ends)
+
+
 @pytest.mark.anyio
 async def test_a_cancelled_turn_raises_turn_cancelled_to_its_reader():
     with anyio.fail_after(30):

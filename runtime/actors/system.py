@@ -107,12 +107,15 @@ class ActorSystem(Lifecycles):
         await cell.ready.wait()
         return Ref(actor.name, self)
 
-    async def stop(self, target: Target) -> None:
-        """Stop an actor and wait until its on_stop and hooks have run. Stopping
-        a stopped actor does nothing."""
-        cell = self._cell(target)
-        cell.scope.cancel()
-        await cell.finished.wait()
+    async def stop(self, *targets: Target) -> None:
+        """Stop actors and wait until their on_stop and hooks have run. Several
+        are cancelled together before any is waited for, so none runs on while
+        another winds down. Stopping a stopped actor does nothing."""
+        cells = [self._cell(target) for target in targets]
+        for cell in cells:
+            cell.scope.cancel()
+        for cell in cells:
+            await cell.finished.wait()
 
     async def join(self, target: Target) -> None:
         """Wait until an actor has stopped (crashed or stopped)."""

@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import structlog
 
+from runtime.errors import UsageError
 from runtime.events.files import open_private
 from runtime.events.kinds import Dropped, Event, SwarmStarted, encode
 
@@ -115,6 +116,10 @@ class EventBus:
             sub.put(event)
 
     def subscribe(self, max_buffer: int = 10_000) -> Subscription:
+        """A live queue of the events from now on, holding at most `max_buffer`
+        of them (older ones are dropped, and say so)."""
+        if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1:
+            raise UsageError(f"max_buffer must be an int of at least 1, got {max_buffer!r}")
         sub = Subscription(self, max_buffer)
         self._subscribers.add(sub)
         return sub

@@ -185,8 +185,7 @@ class ClusterSwarm(AgentHost):
 
     async def _stop_agents(self) -> None:
         with anyio.CancelScope(shield=True):
-            for name in self.system.names():
-                await self.system.stop(name)
+            await self.system.stop(*self.system.names())
 
     async def _follow(self, name: str) -> None:
         # An owner's two streams, its turns' updates and its events, both end
