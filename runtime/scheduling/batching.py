@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.inflight import InFlight
+from runtime.scheduling.inflight import Ahead, InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
@@ -32,13 +32,14 @@ from runtime.scheduling.work import NOT_SAMPLED, Work
 
 
 class Running(Protocol):
-    """What the batch asks of the scheduler: the turns in a slot, every live
-    turn, and the step being planned."""
+    """What the batch asks of the scheduler: the turns in a slot, the highest
+    unaged priority among the live turns, and the step being planned."""
 
     @property
     def running(self) -> dict[int, Turn]: ...
 
-    turns: dict[int, Turn]
+    def top_unaged(self) -> int | None: ...
+
     step: int
 
 
@@ -74,11 +75,11 @@ class Batching:
         if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
-        for turn, pending in self._batch_order(self.seats.running.values(), now):
+        for turn, ahead, pending in self._batch_order(self.seats.running.values(), now):
             if budget <= 0:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
-                budget -= self._take(turn, 1, now, plan)
+                budget -= self._take(turn, 1, now, plan, ahead)
             elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
                 budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
 
@@ -90,7 +91,7 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         pending, computed = self.in_flight.pending, self.in_flight.computed
-        for turn, _ in self._batch_order(protected, now):
+        for turn, _, _ in self._batch_order(protected, now):
             n = self._take(turn, min(pending(turn), chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
             if n:
                 budget.add(plan.works[-1].start, n)
@@ -111,12 +112,17 @@ class Batching:
                 room -= n if pending(turn) > 1 else 0
         return True
 
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[Turn, int]]:
-        """The turns in the order their work is taken, each with what it has to
-        feed before its next sample (InFlight.pending): decodes first, then the
-        highest priority, then the earliest admitted."""
-        effective, pending = self.priorities.effective, self.in_flight.pending  # (the key runs for every turn at every step)
-        return sorted(((t, pending(t)) for t in turns), key=lambda tp: (tp[1] > 1, -effective(tp[0], now), tp[0].last_admit))
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[Turn, Ahead, int]]:
+        """The turns in the order their work is taken, each with its share of the
+        steps in flight and what it has to feed before its next sample
+        (InFlight.pending): decodes first, then the highest priority, then the
+        earliest admitted."""
+        effective, of = self.priorities.effective, self.in_flight.of  # (this runs for every turn at every step)
+        order = []
+        for turn in turns:
+            ahead = of(turn)
+            order.append((turn, ahead, ahead.pending(turn)))
+        return sorted(order, key=lambda tap: (tap[2] > 1, -effective(tap[0], now), tap[0].last_admit))
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
@@ -157,12 +163,14 @@ class Batching:
                 return True
         return False
 
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan) -> int:
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None) -> int:
         """Add `n` tokens of a running turn's work to the plan, growing its KV;
-        the tokens added (0: none, it could not run this step)."""
+        the tokens added (0: none, it could not run this step). `ahead`: its
+        share of the steps in flight, if the caller has it."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
-        ahead = self.in_flight.of(turn)
+        if ahead is None:
+            ahead = self.in_flight.of(turn)
         known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
         if ahead.tokens:
             # Its last token may be the one being sampled, by length or context: it
@@ -189,4 +197,4 @@ class Batching:
     def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):
             return None
-        return protected_priority(self.priorities.top_unaged(self.seats.turns.values()))
+        return protected_priority(self.seats.top_unaged())

@@ -32,10 +32,16 @@ class Ahead:
     positions: int = 0  # positions they write past turn.computed (that still count)
     tokens: int = 0  # tokens they sample for it, not known yet
 
+    def pending(self, turn: Turn) -> int:
+        """InFlight.pending, for the turn this is the share of."""
+        return len(turn.prompt) + len(turn.output) + self.tokens - turn.computed - self.positions
+
 
 @dataclass(slots=True)
 class _Launched:
     plan: Plan
+    # Each of its works' turn, that turn's share, and what the work adds to it.
+    shares: list[tuple[Turn, Ahead, int, int]]
     # Turns whose K/V was dropped since the launch: what it writes for them is lost.
     void: set[Turn] = field(default_factory=set)
 
@@ -61,14 +67,16 @@ class InFlight:
 
     def launch(self, plan: Plan) -> None:
         """A step was launched: what it writes and samples is ahead of its turns."""
-        ahead = self._ahead
+        ahead, shares = self._ahead, []
         for work, turn in zip(plan.works, plan.turns, strict=False):
             share = ahead.get(turn)
             if share is None:
                 share = ahead[turn] = Ahead()
-            share.positions += len(work.tokens)
-            share.tokens += work.sample
-        self._launched.append(_Launched(plan))
+            positions, tokens = len(work.tokens), int(work.sample)
+            share.positions += positions
+            share.tokens += tokens
+            shares.append((turn, share, positions, tokens))
+        self._launched.append(_Launched(plan, shares))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
         """The step has run: it leaves the ledger (its turns are accounted by the
@@ -103,14 +111,13 @@ class InFlight:
 
     def _leave(self, launched: _Launched) -> None:
         ahead, void = self._ahead, launched.void
-        for work, turn in zip(launched.plan.works, launched.plan.turns, strict=False):
-            share = ahead.get(turn)
-            if share is None:
-                continue  # (its K/V dropped and nothing to sample: forgotten already)
-            if turn not in void:
-                share.positions -= len(work.tokens)
-            share.tokens -= work.sample
-            if not share.tokens and not share.positions:
+        for turn, share, positions, tokens in launched.shares:
+            if not void or turn not in void:
+                share.positions -= positions
+            share.tokens -= tokens
+            if not share.tokens and not share.positions and ahead.get(turn) is share:
+                # (a share left empty by a dropped K/V may be gone already, and the
+                # turn have a new one since)
                 del ahead[turn]
 
     # ----------------------------------------------- a turn, one step ahead
@@ -132,10 +139,7 @@ class InFlight:
     def pending(self, turn: Turn) -> int:
         """Tokens to feed before its next sample, once the steps in flight land:
         the unprefilled prompt, or 1."""
-        share = self._ahead.get(turn)  # (length - computed, inlined: asked for every turn at every step)
-        if share is None:
-            return len(turn.prompt) + len(turn.output) - turn.computed
-        return len(turn.prompt) + len(turn.output) + share.tokens - turn.computed - share.positions
+        return self._ahead.get(turn, SETTLED).pending(turn)
 
     def sampling(self, turn: Turn) -> int:
         """Tokens the steps in flight sample for it, not known yet."""

@@ -106,6 +106,7 @@ class Scheduler:
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
+        self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
         self._next_progress = 0.0  # when the running turns' progress is next told
 
     # ------------------------------------------------------------------ inputs
@@ -290,6 +291,15 @@ class Scheduler:
             running = {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
             self._running = (self._changes, running)
         return running
+
+    def top_unaged(self) -> int | None:
+        """The highest unaged priority among the live turns (None if there are none)."""
+        changes, top = self._top
+        if changes != self._changes:
+            # (a turn comes or goes, and a priority is lent, only where it counts as a change)
+            top = self.priorities.top_unaged(self.turns.values())
+            self._top = (self._changes, top)
+        return top
 
     @property
     def waiting(self) -> list[Turn]:
