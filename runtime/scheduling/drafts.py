@@ -51,7 +51,10 @@ foreground in a shaped step) or one running alone, where the step cost law
 expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
 .. + a^k for the turn's acceptance rate a so far. On a GPU the rows are nearly
 free and every likely draft pays; on a CPU each row costs a token's compute and
-only long, likely matches do.
+only long, likely matches do. The rate learns from every token such a turn
+samples, drafted or not: a token sampled without drafts is checked against the
+draft lookup would have made for it (`Rate.note(1, ...)`), so a turn that does
+not speculate still learns whether it would pay, at no device cost.
 """
 
 from __future__ import annotations
@@ -65,12 +68,9 @@ from runtime.scheduling.cost import StepCost, kv_reads
 LONGEST = 3  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
 MAX_DRAFTS = 8  # drafts a verify step holds at most
-# A turn's acceptance rate before it has drafted (and what it drifts back to
-# while it does not speculate, so a turn that stopped may try again).
-PRIOR_RATE = 0.5
+PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
 MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
-RELAX = 1 / 32  # a step without drafts moves the rate this far back toward the prior
 
 
 class Speculate(enum.StrEnum):
@@ -151,8 +151,8 @@ class Lookup:
 
 
 class Rate:
-    """A turn's acceptance so far: the share of its drafts kept, the older
-    weighing less, starting from (and drifting back to) PRIOR_RATE."""
+    """A turn's acceptance so far: the share of its drafts kept (or that would
+    have been), the older weighing less, starting from PRIOR_RATE."""
 
     def __init__(self) -> None:
         self.kept = PRIOR_RATE * PRIOR_WEIGHT
@@ -163,14 +163,10 @@ class Rate:
         return self.kept / self.drafted
 
     def note(self, drafted: int, kept: int) -> None:
-        """A verify step: `kept` of its `drafted` drafts were kept."""
+        """`kept` of `drafted` drafts were kept (or would have been)."""
         fade = max(0.0, 1 - drafted / MEMORY)
         self.kept = self.kept * fade + kept
         self.drafted = self.drafted * fade + drafted
-
-    def relax(self) -> None:
-        """A step without drafts: back toward the prior a little."""
-        self.kept += RELAX * (PRIOR_RATE * self.drafted - self.kept)
 
 
 def drafts_that_pay(cost: StepCost, rate: float, most: int, tokens: int, kv: int, start: int) -> int:

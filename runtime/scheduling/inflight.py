@@ -16,6 +16,12 @@ on its Work (`Work.follows`); whoever runs the steps puts that token there.
 
 A turn whose K/V is dropped while a step writes it (`forget_kv`) keeps nothing
 of what that step writes: its positions count for nothing when it lands.
+
+A decode that verifies drafts (runtime.scheduling.drafts) keeps 1 to drafts + 1
+of the positions it writes and tokens it samples, which only its landing tells.
+The ledger counts all of them (so a swap-out planned meanwhile copies every
+position that may count), and the turn is `verifying` until it lands: nothing
+is planned on it, since its next position is not known.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ class Ahead:
     """One turn's share of the steps in flight."""
 
     positions: int = 0  # positions they write past turn.computed (that still count)
-    tokens: int = 0  # tokens they sample for it, not known yet
+    tokens: int = 0  # tokens they sample for it, not known yet (at most, if verifying)
+    verifying: int = 0  # its works in flight that verify drafts: how many it keeps is not known
 
 
 @dataclass(slots=True)
@@ -67,7 +74,8 @@ class InFlight:
             if share is None:
                 share = ahead[turn] = Ahead()
             share.positions += len(work.tokens)
-            share.tokens += work.sample
+            share.tokens += work.sample + work.drafts
+            share.verifying += work.drafts > 0
         self._launched.append(_Launched(plan))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
@@ -109,7 +117,8 @@ class InFlight:
                 continue  # (its K/V dropped and nothing to sample: forgotten already)
             if turn not in void:
                 share.positions -= len(work.tokens)
-            share.tokens -= work.sample
+            share.tokens -= work.sample + work.drafts
+            share.verifying -= work.drafts > 0
             if not share.tokens and not share.positions:
                 del ahead[turn]
 
@@ -141,6 +150,12 @@ class InFlight:
         """Tokens the steps in flight sample for it, not known yet."""
         share = self._ahead.get(turn)
         return 0 if share is None else share.tokens
+
+    def verifying(self, turn: Turn) -> bool:
+        """Whether a step in flight verifies drafts for it: how far it gets is
+        known only when that step lands."""
+        share = self._ahead.get(turn)
+        return share is not None and share.verifying > 0
 
     def writing(self, turn: Turn) -> int:
         """Positions of its K/V the steps in flight still write."""
