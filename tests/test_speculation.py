@@ -31,13 +31,14 @@ from swarm import Swarm
 VOCAB, WINDOW = 12, 2  # a token is a hash of the last two: sequences repeat, and drafts are often right
 
 
-def drive(sched: Scheduler, engine, *, ahead: bool, settle: bool = True, arrive_at: dict | None = None) -> int:
+def drive(sched: Scheduler, engine, *, ahead: bool, arrive_at: dict | None = None, while_verifying: list | None = None) -> int:
     """Run every turn to its end, in order or one step ahead as the owner does
     (landing a step whose plan says `settle` before planning the next, as the
-    owner does; without `settle`, only at two boundaries in three, so the next
-    step is planned, and turns preempted, while a verify step flies). Returns
-    the steps run."""
-    arrive_at = arrive_at or {}
+    owner does). `arrive_at` submits turns at boundaries; `while_verifying`
+    submits one at each boundary where a verify step is in flight (one step
+    ahead), which is then not landed first: the new turn is admitted, and may
+    preempt the verifying one, while its verify step flies. Returns the steps run."""
+    arrive_at, while_verifying = arrive_at or {}, list(while_verifying or [])
     now, boundary, flight, sampled, steps = 0.0, 0, None, {}, 0
 
     def land() -> None:
@@ -46,11 +47,14 @@ def drive(sched: Scheduler, engine, *, ahead: bool, settle: bool = True, arrive_
             sched.postprocess(flight[0], flight[1], now)
             flight = None
 
-    while sched.turns or flight or any(b >= boundary for b in arrive_at):
+    while sched.turns or flight or any(b >= boundary for b in arrive_at) or (while_verifying and sched.turns):
         boundary += 1
         assert boundary < 10_000, "the turns never end"
         now += 0.01
-        if flight is not None and flight[0].settle and (settle or boundary % 3):
+        verifying = flight is not None and any(w.drafts for w in flight[0].works)
+        if verifying and while_verifying:
+            sched.submit(*while_verifying.pop(0), now)
+        elif flight is not None and flight[0].settle:
             land()
         for args in arrive_at.get(boundary, []):
             sched.submit(*args, now)
@@ -98,11 +102,12 @@ def prompt(i: int) -> list[int]:
 
 
 @pytest.mark.parametrize("policy", [Policy.RESIDENT, Policy.SWAP, Policy.RECOMPUTE])
-@pytest.mark.parametrize(("ahead", "settle"), [(False, True), (True, True), (True, False)], ids=["in-order", "ahead", "ahead-unsettled"])
-def test_turns_that_speculate_say_what_they_say_without_drafts_through_preemptions(policy, ahead, settle):
+@pytest.mark.parametrize("way", ["in-order", "ahead", "ahead-while-verifying"])
+def test_turns_that_speculate_say_what_they_say_without_drafts_through_preemptions(policy, way):
     """One slot: a background turn runs alone and speculates; foreground turns
-    arrive and pause it, with its verify step in flight when planned ahead and
-    not landed first (`ahead-unsettled`), under every preempting policy."""
+    arrive and pause it, under every preempting policy; with
+    `ahead-while-verifying` each arrives while its verify step flies, one step
+    ahead, and pauses it before that step lands."""
     outputs, drafted = [], []
     for speculate in ("off", "lookup"):
         engine = KVEngine(num_blocks=24, block_size=4, vocab=VOCAB, window=WINDOW, eos_every=40)
@@ -112,17 +117,20 @@ def test_turns_that_speculate_say_what_they_say_without_drafts_through_preemptio
         paused_verifying: list[bool] = []
         sched.preempt = noting_verifying(sched, paused_verifying)
         turns = [sched.submit(f"bg{i}", BACKGROUND, prompt(i), 20 + 7 * i, 0.0, ignore_eos=i % 2 == 0) for i in range(3)]
-        late = {b: [(f"fg{b}", FOREGROUND, prompt(b), 6)] for b in (4, 9, 15, 30)}
-        drive(sched, engine, ahead=ahead, settle=settle, arrive_at=late)
-        if speculate == "lookup" and not settle:
-            assert any(paused_verifying)
+        late = [(f"fg{b}", FOREGROUND, prompt(b), 6) for b in (4, 9, 15, 30)]
+        if way == "ahead-while-verifying" and speculate == "lookup":
+            drive(sched, engine, ahead=True, while_verifying=late)
+            assert sum(paused_verifying) == len(late)
+        else:
+            drive(sched, engine, ahead=way != "in-order", arrive_at={int(a[0][2:]): [a] for a in late})
         ended = [e for e in events if isinstance(e, Ended)]
         assert Counter(e.turn for e in ended) == Counter({e.turn: 1 for e in events if isinstance(e, Queued)})  # one end each
+        assert len(ended) == len(turns) + len(late)
         assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0 and not sched.in_flight.plans
         for t in turns:
             assert t.output == reference_output(t.prompt, t.max_tokens, VOCAB, eos_every=40, ignore_eos=t.ignore_eos, window=WINDOW)
         assert sum(t.preemptions for t in turns) >= 2
-        outputs.append({e.turn: e.tokens for e in ended})
+        outputs.append({e.agent: e.tokens for e in ended})
         drafted.append((sum(e.drafted_tokens for e in ended), sum(e.accepted_tokens for e in ended), ended))
     assert outputs[0] == outputs[1]
     assert drafted[0][0] == 0 and drafted[1][1] > 0 and drafted[1][0] > drafted[1][1]  # some kept, some not

@@ -111,12 +111,15 @@ class Accounting:
         lookup = turn.lookup
         assert lookup is not None
         lookup.extend(turn.tokens(len(lookup.tokens), turn.length))
-        guess = lookup.propose(1)
+        guess, match = lookup.proposal(1)
+        turn.rates.matched = match
         if guess:
-            turn.rate.note(1, guess[0] == token)
+            turn.rates.note(match, 1, guess[0] == token)
 
     @staticmethod
     def _count_drafts(turn: Turn, drafted: int, accepted: int) -> None:
         turn.drafted += drafted
         turn.accepted += accepted
-        turn.rate.note(drafted, accepted)
+        rates = turn.rates
+        rates.note(rates.drafting, drafted, accepted)
+        rates.matched = rates.drafting

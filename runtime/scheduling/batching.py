@@ -197,8 +197,11 @@ class Batching:
             drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else []
             # Land this step before planning the next (losing the overlap for
             # it) where drafts may pay next: they follow the token it samples.
-            tokens_so_far, kv = step_features(plan.works)
-            plan.settle |= drafts_that_pay(self.cost, turn.rate.value, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
+            match = turn.rates.drafting if drafts else turn.rates.matched
+            if match:
+                tokens_so_far, kv = step_features(plan.works)
+                rate = turn.rates.of(match)
+                plan.settle |= drafts_that_pay(self.cost, rate, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
         if end <= known:
             tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
@@ -223,10 +226,11 @@ class Batching:
         most = min(self.config.max_drafts, turn.max_tokens - len(turn.output) - 1, self.config.step_tokens - tokens - 1)
         if self.config.max_context:
             most = min(most, self.config.max_context - known)
-        proposed = lookup.propose(most) if most > 0 else []
-        k = drafts_that_pay(self.cost, turn.rate.value, len(proposed), tokens, kv, start) if proposed else 0
+        proposed, match = lookup.proposal(most) if most > 0 else ([], 0)
+        k = drafts_that_pay(self.cost, turn.rates.of(match), len(proposed), tokens, kv, start) if proposed else 0
         if k and not self.memory.pool.grow(turn.blocks, start + 1 + k):
             k = 0
+        turn.rates.drafting = match if k else 0
         return proposed[:k]
 
     def _protected_priority(self) -> int | None:

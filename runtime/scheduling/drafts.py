@@ -49,12 +49,14 @@ would need the grammar advanced over the drafts, which is not worth it.
 foreground in a shaped step) or one running alone, where the step cost law
 (runtime.scheduling.cost) says the extra rows pay: the k that maximises the
 expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
-.. + a^k for the turn's acceptance rate a so far. On a GPU the rows are nearly
-free and every likely draft pays; on a CPU each row costs a token's compute and
-only long, likely matches do. The rate learns from every token such a turn
-samples, drafted or not: a token sampled without drafts is checked against the
-draft lookup would have made for it (`Rate.note(1, ...)`), so a turn that does
-not speculate still learns whether it would pay, at no device cost.
+.. + a^k for the turn's acceptance rate a so far, for matches of the length of
+the one proposing (`Rates`: a trigram's continuation is far likelier right
+than a single token's). On a GPU the rows are nearly free and every likely
+draft pays; on a CPU each row costs a token's compute and only long, likely
+matches do. The rates learn from every token such a turn samples, drafted or
+not: a token sampled without drafts is checked against the draft lookup would
+have made for it, so a turn that does not speculate still learns whether it
+would pay, at no device cost.
 """
 
 from __future__ import annotations
@@ -142,12 +144,33 @@ class Lookup:
 
     def propose(self, k: int) -> list[int]:
         """`propose(tokens, k)` over the tokens indexed."""
+        return self.proposal(k)[0]
+
+    def proposal(self, k: int) -> tuple[list[int], int]:
+        """`propose`, and the length of the match it follows (0: none)."""
         seen, end = self.tokens, len(self.tokens)
         for n in range(min(self.longest, end - 1), self.shortest - 1, -1):
             occurrence = self._ends.get(tuple(seen[end - n :]))
             if occurrence is not None and occurrence[0] >= 0:
-                return seen[occurrence[0] : occurrence[0] + k]
-        return []
+                return seen[occurrence[0] : occurrence[0] + k], n
+        return [], 0
+
+
+class Rates:
+    """A turn's acceptance rates, one per match length; the length of the match
+    its drafts in flight follow, and of the match its last token was guessed
+    from (0: none: then it has nothing to draft from, and no step waits for it)."""
+
+    def __init__(self) -> None:
+        self.by_length = {n: Rate() for n in range(SHORTEST, LONGEST + 1)}
+        self.drafting = 0
+        self.matched = 0
+
+    def of(self, n: int) -> float:
+        return self.by_length[n].value
+
+    def note(self, n: int, drafted: int, kept: int) -> None:
+        self.by_length[n].note(drafted, kept)
 
 
 class Rate:

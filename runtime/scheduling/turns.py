@@ -11,7 +11,7 @@ from runtime.errors import ConfigError
 from runtime.events.kinds import Ended, Event
 from runtime.scheduling.constraints import TurnConstraint
 from runtime.scheduling.cost import step_features
-from runtime.scheduling.drafts import MAX_DRAFTS, Lookup, Rate, Speculate
+from runtime.scheduling.drafts import MAX_DRAFTS, Lookup, Rates, Speculate
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.units import ceil_div
 from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
@@ -182,9 +182,9 @@ class Turn:
     preemptions: int = 0
     told_tokens: int = 0  # its tokens so far as last told in turn.progress (runtime.scheduling.scheduler)
     # Speculative decoding (runtime.scheduling.drafts): its n-grams, made at its
-    # first draft; the share of its drafts kept; and its counts so far.
+    # first chance to; the share of its drafts kept; and its counts so far.
     lookup: Lookup | None = None
-    rate: Rate = field(default_factory=Rate)
+    rates: Rates = field(default_factory=Rates)
     drafted: int = 0  # draft tokens its steps verified
     accepted: int = 0  # of them, kept
     sampling_steps: int = 0  # steps that sampled for it (a verify step once, whatever it kept)
