@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from runtime.scheduling.drafts import accept
+from runtime.scheduling.drafts import MAX_DRAFTS, accept
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
 
@@ -111,8 +111,8 @@ class Accounting:
         lookup = turn.lookup
         assert lookup is not None
         lookup.extend(turn.tokens(len(lookup.tokens), turn.length))
-        guess, match = lookup.proposal(1)
-        turn.rates.matched = match
+        guess, match = lookup.proposal(MAX_DRAFTS)
+        turn.rates.matched, turn.rates.offered = match, len(guess)
         if guess:
             turn.rates.note(match, 1, guess[0] == token)
 
@@ -122,4 +122,4 @@ class Accounting:
         turn.accepted += accepted
         rates = turn.rates
         rates.note(rates.drafting, drafted, accepted)
-        rates.matched = rates.drafting
+        rates.matched, rates.offered = rates.drafting, drafted

@@ -197,11 +197,12 @@ class Batching:
             drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else []
             # Land this step before planning the next (losing the overlap for
             # it) where drafts may pay next: they follow the token it samples.
-            match = turn.rates.drafting if drafts else turn.rates.matched
+            rates = turn.rates
+            match, offered = (rates.drafting, len(drafts)) if drafts else (rates.matched, rates.offered)
             if match:
                 tokens_so_far, kv = step_features(plan.works)
-                rate = turn.rates.of(match)
-                plan.settle |= drafts_that_pay(self.cost, rate, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
+                most = min(offered, self.config.max_drafts)
+                plan.settle |= drafts_that_pay(self.cost, rates.of(match), most, tokens_so_far, kv, start + n) > 0
         if end <= known:
             tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there

@@ -158,13 +158,15 @@ class Lookup:
 
 class Rates:
     """A turn's acceptance rates, one per match length; the length of the match
-    its drafts in flight follow, and of the match its last token was guessed
-    from (0: none: then it has nothing to draft from, and no step waits for it)."""
+    its drafts in flight follow; and of the match its last token was guessed
+    from, with how many tokens lookup offered there (0: none: then it likely
+    has nothing to draft from next either, and no step waits for it)."""
 
     def __init__(self) -> None:
         self.by_length = {n: Rate() for n in range(SHORTEST, LONGEST + 1)}
         self.drafting = 0
         self.matched = 0
+        self.offered = 0
 
     def of(self, n: int) -> float:
         return self.by_length[n].value
