@@ -19,6 +19,13 @@ def test_lookup_proposes_what_followed_the_longest_most_recent_match():
     assert propose([7, 1, 8, 1], 3) == [8, 1]  # only a unigram matches; what follows is all there is
     assert propose([1, 2, 3], 4) == [] and propose([], 4) == [] and propose([4], 4) == []
     assert propose([4, 4, 4, 4], 3) == [4]  # the most recent earlier [4, 4, 4] ends just before the suffix
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.proposal(2) == ([4, 5], 3)  # and the length of the match it follows
+    lookup.extend([8])
+    assert lookup.proposal(2) == ([1, 2], 1)
+    lookup.extend([6])
+    assert lookup.proposal(2) == ([], 0)
 
 
 @settings(max_examples=300, deadline=None)
