@@ -31,13 +31,17 @@ from swarm import Swarm
 VOCAB, WINDOW = 12, 2  # a token is a hash of the last two: sequences repeat, and drafts are often right
 
 
-def drive(sched: Scheduler, engine, *, ahead: bool, arrive_at: dict | None = None, while_verifying: list | None = None) -> int:
+def drive(
+    sched: Scheduler, engine, *, ahead: bool, arrive_at: dict | None = None, while_verifying: list | None = None, abandon: int = 0
+) -> int:
     """Run every turn to its end, in order or one step ahead as the owner does
     (landing a step whose plan says `settle` before planning the next, as the
     owner does). `arrive_at` submits turns at boundaries; `while_verifying`
     submits one at each boundary where a verify step is in flight (one step
     ahead), which is then not landed first: the new turn is admitted, and may
-    preempt the verifying one, while its verify step flies. Returns the steps run."""
+    preempt the verifying one, while its verify step flies. `abandon` verify
+    steps in flight are abandoned (runtime.owner.abandon: they count for
+    nothing). Returns the steps run."""
     arrive_at, while_verifying = arrive_at or {}, list(while_verifying or [])
     now, boundary, flight, sampled, steps = 0.0, 0, None, {}, 0
 
@@ -52,7 +56,10 @@ def drive(sched: Scheduler, engine, *, ahead: bool, arrive_at: dict | None = Non
         assert boundary < 10_000, "the turns never end"
         now += 0.01
         verifying = flight is not None and any(w.drafts for w in flight[0].works)
-        if verifying and while_verifying:
+        if verifying and abandon:
+            sched.discard(flight[0])
+            flight, abandon = None, abandon - 1
+        elif verifying and while_verifying:
             sched.submit(*while_verifying.pop(0), now)
         elif flight is not None and flight[0].settle:
             land()
@@ -136,6 +143,15 @@ def test_turns_that_speculate_say_what_they_say_without_drafts_through_preemptio
     assert drafted[0][0] == 0 and drafted[1][1] > 0 and drafted[1][0] > drafted[1][1]  # some kept, some not
     spec = drafted[1][2]
     assert sum(e.sampling_steps for e in spec) < sum(e.tokens for e in spec)  # more than a token a step
+
+
+def test_verify_steps_abandoned_in_flight_change_no_turn():
+    engine = KVEngine(num_blocks=40, block_size=4, vocab=VOCAB, window=WINDOW)
+    sched = Scheduler(SchedulerConfig(slots=2, step_tokens=16, speculate="lookup"), BlockPool(40, 4))
+    turn = sched.submit("fg", FOREGROUND, prompt(3), 50, 0.0)
+    drive(sched, engine, ahead=True, abandon=6)
+    assert turn.output == reference_output(prompt(3), 50, VOCAB, window=WINDOW)
+    assert turn.accepted > 0 and sched.pool.num_free == sched.pool.num_blocks and not sched.in_flight.plans
 
 
 @pytest.mark.parametrize("ahead", [False, True])
