@@ -121,5 +121,7 @@ class Accounting:
         turn.drafted += drafted
         turn.accepted += accepted
         rates = turn.rates
-        rates.note(rates.drafting, drafted, accepted)
+        # Drafts past the first one refused were never put to the test: each
+        # draft is kept with the rate given the ones before it were.
+        rates.note(rates.drafting, accepted + (accepted < drafted), accepted)
         rates.matched, rates.offered = rates.drafting, drafted

@@ -67,9 +67,9 @@ from collections.abc import Sequence
 from runtime.errors import ConfigError
 from runtime.scheduling.cost import StepCost, kv_reads
 
-LONGEST = 3  # the longest n-gram looked up
+LONGEST = 4  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
-MAX_DRAFTS = 8  # drafts a verify step holds at most
+MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides how many pay)
 PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
 MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
@@ -171,8 +171,8 @@ class Rates:
     def of(self, n: int) -> float:
         return self.by_length[n].value
 
-    def note(self, n: int, drafted: int, kept: int) -> None:
-        self.by_length[n].note(drafted, kept)
+    def note(self, n: int, tried: int, kept: int) -> None:
+        self.by_length[n].note(tried, kept)
 
 
 class Rate:
@@ -187,11 +187,11 @@ class Rate:
     def value(self) -> float:
         return self.kept / self.drafted
 
-    def note(self, drafted: int, kept: int) -> None:
-        """`kept` of `drafted` drafts were kept (or would have been)."""
-        fade = max(0.0, 1 - drafted / MEMORY)
+    def note(self, tried: int, kept: int) -> None:
+        """`kept` of `tried` drafts put to the test were kept (or would have been)."""
+        fade = max(0.0, 1 - tried / MEMORY)
         self.kept = self.kept * fade + kept
-        self.drafted = self.drafted * fade + drafted
+        self.drafted = self.drafted * fade + tried
 
 
 def drafts_that_pay(cost: StepCost, rate: float, most: int, tokens: int, kv: int, start: int) -> int:

@@ -53,7 +53,7 @@ FUNCTION = '''def summarize_orders(orders, tax_rate, discount=None):
 
 TASKS = {
     "edit": (
-        "Return this function with one change: the loop skips orders whose quantity is 0, like the cancelled ones. "
+        "Return this function with one change: rename the local variable `count` to `kept`. "
         "Answer with the whole function in one Python code block and nothing else.\n\n```python\n" + FUNCTION + "```"
     ),
     "free": "Write a short story, about 200 words, about a lighthouse keeper who finds a message in a bottle.",
