@@ -388,3 +388,20 @@ async def test_greedy_smollm2_through_the_owner_says_the_same_with_speculation_o
     assert results["off"][0] == results["lookup"][0]
     on = results["lookup"][1]
     assert on["fg"].drafted_tokens > 0 and on["fg"].accepted_tokens > 0
+
+
+def test_the_knob_is_checked_where_it_is_given():
+    from runtime.errors import ConfigError
+    from runtime.scheduling.drafts import Speculate
+    from swarm.cli import build_parser
+    from swarm.session import parse_session
+
+    assert Swarm(KVEngine(), speculate="lookup").config.speculate is Speculate.LOOKUP
+    assert Swarm(KVEngine()).config.speculate is Speculate.OFF  # off unless asked
+    with pytest.raises(ConfigError, match="unknown speculation 'ngram'"):
+        Swarm(KVEngine(), speculate="ngram")
+    assert parse_session('speculate = "lookup"').speculate == "lookup"
+    with pytest.raises(ConfigError):
+        parse_session('speculate = "always"')
+    assert build_parser().parse_args(["run", "--speculate", "lookup"]).speculate == "lookup"
+    assert build_parser().parse_args(["serve", "--speculate", "lookup"]).speculate == "lookup"
