@@ -28,6 +28,19 @@ def test_lookup_proposes_what_followed_the_longest_most_recent_match():
     assert lookup.proposal(2) == ([], 0)
 
 
+def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():
+    from runtime.scheduling.drafts import LOOKBACK
+
+    tokens = [7, 8, 9, 5] + [1, 2] * LOOKBACK + [3, 7, 8]
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.fed == len(tokens) and len(lookup.tokens) == LOOKBACK
+    assert propose(tokens, 2) == [9, 5]  # [7, 8] at the start...
+    assert lookup.proposal(2) == ([], 0)  # ...is past the window
+    lookup.extend([3, 7, 8])
+    assert lookup.fed == len(tokens) + 3 and lookup.proposal(2) == ([3, 7], 3)  # [7, 8] in it, now
+
+
 @settings(max_examples=300, deadline=None)
 @given(tokens=st.lists(st.integers(0, 5), max_size=40), k=st.integers(1, 6), cut=st.integers(0, 40))
 def test_the_incremental_index_proposes_what_the_plain_search_does(tokens, k, cut):

@@ -110,7 +110,7 @@ class Accounting:
         drafts do not pay, at no device cost.)"""
         lookup = turn.lookup
         assert lookup is not None
-        lookup.extend(turn.tokens(len(lookup.tokens), turn.length))
+        lookup.extend(turn.tokens(lookup.fed, turn.length))
         guess, match = lookup.proposal(MAX_DRAFTS)
         turn.rates.matched, turn.rates.offered = match, len(guess)
         if guess:

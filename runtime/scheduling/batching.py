@@ -222,7 +222,7 @@ class Batching:
         known = turn.length
         lookup = turn.lookup
         assert lookup is not None
-        lookup.extend(turn.tokens(len(lookup.tokens), known))
+        lookup.extend(turn.tokens(lookup.fed, known))
         tokens, kv = step_features(plan.works)
         most = min(self.config.max_drafts, turn.max_tokens - len(turn.output) - 1, self.config.step_tokens - tokens - 1)
         if self.config.max_context:

@@ -69,6 +69,10 @@ from runtime.scheduling.cost import StepCost, kv_reads
 
 LONGEST = 4  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
+# Lookup indexes at most this many of a turn's tokens it is first given (the
+# latest): the scheduler builds the index on the event loop, so its first cost
+# is bounded however long the prompt.
+LOOKBACK = 4096
 MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides how many pay)
 PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
@@ -126,13 +130,18 @@ class Lookup:
 
     def __init__(self, longest: int = LONGEST, shortest: int = SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
-        self.tokens: list[int] = []
+        self.tokens: list[int] = []  # the tokens indexed
+        self.fed = 0  # the turn's tokens given so far (the first fed - len(tokens) skipped: LOOKBACK)
         # n-gram -> the end (exclusive) of its latest occurrence but the last
         # one, and of its latest: the suffix's own is never its match.
         self._ends: dict[tuple[int, ...], tuple[int, int]] = {}
 
     def extend(self, tokens: Sequence[int]) -> None:
-        """Index these tokens, which follow those indexed before."""
+        """Index these tokens, which follow those given before (the first time,
+        only the last LOOKBACK of them)."""
+        self.fed += len(tokens)
+        if not self.tokens and len(tokens) > LOOKBACK:
+            tokens = tokens[len(tokens) - LOOKBACK :]
         seen, ends = self.tokens, self._ends
         for token in tokens:
             seen.append(token)
