@@ -60,7 +60,7 @@ from gpu.weights import upload_weights
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.scheduling.cost import StepCost
 from runtime.scheduling.units import ceil_div
-from runtime.scheduling.work import CHECK_POINTS, DeadEnd, Work
+from runtime.scheduling.work import CHECK_POINTS, DeadEnd, Work, sampled_rows
 
 # On a device that computes on the host's own cores (PoCL), its workers keep the
 # enqueuing thread off the CPU while it holds the GIL: enqueuing a whole step at
@@ -252,27 +252,33 @@ class OpenCLEngine:
         self.cost.calibrate(calibration_samples(self))
         self.calibrated = True
 
-    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | list[int] | None] | None:
         check_batch(batch, self.config, self.block_size, self.kv)
-        sampled = [w for w in batch if w.sample]
-        masks = self._plan_masks(sampled)
+        rows = [w for w in batch for _ in range(sampled_rows(w))]  # (a work verifying drafts samples several)
+        masks = self._plan_masks(rows)
         began = self.masks.begin_step() if "masks" in self.__dict__ else None
         try:
-            ran = self._run(batch, np.zeros(len(sampled), dtype=bool), abandon, [w.sampling for w in sampled], masks)
+            ran = self._run(batch, np.zeros(len(rows), dtype=bool), abandon, [w.sampling for w in rows], masks)
         finally:
             if began is not None:
                 self.masks.end_step(began)
         if ran is None:
             return None
-        tokens = iter(ran[0].tolist())
-        out = [next(tokens) if w.sample else None for w in batch]
+        tokens = ran[0].tolist()
+        out: list[int | list[int] | None] = []
+        at = 0
+        for w in batch:
+            n = sampled_rows(w)
+            out.append(None if not n else tokens[at : at + n] if w.drafts else tokens[at])
+            at += n
         if masks is not None and masks.dead:
             raise DeadEnd([None if w.turn in masks.dead else t for w, t in zip(batch, out, strict=False)], masks.dead)
         return out
 
     def _plan_masks(self, sampled: Sequence[Work]) -> _StepMasks | None:
-        """The constrained rows, whose masks `_forward` computes while the device
-        runs the step's layers; None if no row is constrained (nothing is done)."""
+        """The constrained rows (`sampled`: each sampled row's work), whose masks
+        `_forward` computes while the device runs the step's layers; None if no
+        row is constrained (nothing is done)."""
         at = [i for i, w in enumerate(sampled) if w.constraint is not None]
         if not at:
             return None
@@ -296,9 +302,10 @@ class OpenCLEngine:
 
     def step_logits(self, batch: Sequence[Work]) -> np.ndarray:
         """Run a step; the logits (n_sampled, vocab) at the last position of each
-        item with `sample` set, in batch order. Writes K/V like `step`."""
+        item with `sample` set (its last drafts + 1 positions where it verifies
+        drafts), in batch order. Writes K/V like `step`."""
         check_batch(batch, self.config, self.block_size, self.kv)
-        n = sum(w.sample for w in batch)
+        n = sum(sampled_rows(w) for w in batch)
         return self._run(batch, np.ones(n, dtype=bool))[1]
 
     def _run(
@@ -309,10 +316,11 @@ class OpenCLEngine:
         samplings: Sequence | None = None,
         masks: _StepMasks | None = None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Enqueue the step; (the token ids of the sampled items, the logits rows
-        of the sampled items where want_logits is set), or None if `abandon` was set
-        before it was all enqueued. Without `samplings` (the sampled items') every
-        sampled item's id is its argmax. `masks` constrain some sampled items."""
+        """Enqueue the step; (the token ids of the sampled rows, the logits of the
+        sampled rows where want_logits is set), or None if `abandon` was set
+        before it was all enqueued. An item with `sample` samples its last row,
+        or its last drafts + 1 rows. Without `samplings` (the sampled rows')
+        every sampled row's id is its argmax. `masks` constrain some sampled rows."""
         tokens = np.array([t for w in batch for t in w.tokens], dtype=i32)
         pos = np.concatenate([np.arange(w.start, w.start + len(w.tokens), dtype=i32) for w in batch])
         seq = np.repeat(np.arange(len(batch), dtype=i32), [len(w.tokens) for w in batch])
@@ -321,8 +329,11 @@ class OpenCLEngine:
             need = ceil_div(w.start + len(w.tokens), self.block_size)
             tables[s, :need] = w.block_table[:need]
         ends = np.cumsum([len(w.tokens) for w in batch]) - 1
-        sample_at = np.array([e for e, w in zip(ends, batch, strict=False) if w.sample], dtype=i32)
-        positions = np.array([w.start + len(w.tokens) for w in batch if w.sample], dtype=np.int64)
+        sampling = [(e, w) for e, w in zip(ends.tolist(), batch, strict=False) if w.sample]
+        # (a row's token is sampled for the position after it)
+        sample_at = np.array([r for e, w in sampling for r in range(e - w.drafts, e + 1)], dtype=i32)
+        ends_at = [(w.start + len(w.tokens), w.drafts) for _, w in sampling]
+        positions = np.array([p for end, drafts in ends_at for p in range(end - drafts, end + 1)], dtype=np.int64)
         samplings = list(samplings) if samplings is not None else []
 
         # A step longer than the buffers runs as consecutive sub-steps; that is

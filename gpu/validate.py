@@ -29,6 +29,8 @@ def check_batch(batch: Sequence[Work], cfg: ModelConfig, block_size: int, kv: KV
             raise EngineError(f"turn {w.turn}: Work with no tokens")
         if w.start < 0:
             raise EngineError(f"turn {w.turn}: negative start {w.start}")
+        if w.drafts and not (0 < w.drafts < len(w.tokens) and w.sample and w.constraint is None):
+            raise EngineError(f"turn {w.turn}: {w.drafts} drafts need more tokens than drafts, `sample`, and no constraint")
         end = w.start + len(w.tokens)
         if end > ctx:
             raise EngineError(f"turn {w.turn}: positions up to {end} exceed the context length {ctx}")

@@ -48,6 +48,7 @@ class Swarm(AgentHost):
         slack: float = 0.25,
         prefix_cache: bool = True,
         abandon_steps: bool = True,
+        speculate: str = "off",
         events: str | Path | None = None,
         terminal: bool = False,
         socket: str | Path | None = None,
@@ -56,7 +57,9 @@ class Swarm(AgentHost):
     ) -> None:
         """`clock` (seconds, default the wall clock from now) stamps every event
         and arrival: a virtual one lets a test or simulation run the real owner
-        in virtual time."""
+        in virtual time. `speculate` ("off" or "lookup") turns speculative
+        decoding on for the foreground turn and turns running alone
+        (runtime.scheduling.drafts)."""
         limit = engine.max_batch_tokens
         if step_tokens is None:
             step_tokens = min(128, limit or 128)
@@ -72,6 +75,7 @@ class Swarm(AgentHost):
             slack=slack,
             prefix_cache=prefix_cache,
             abandon_steps=abandon_steps,
+            speculate=speculate,
             max_context=engine.max_context,
         )
         self.engine = engine

@@ -99,6 +99,7 @@ class SessionRunner:
             shaping=s.shaping,
             slack=s.slack,
             prefix_cache=s.prefix_cache,
+            speculate=s.speculate,
             events=self.events_path,
             socket=self.socket,
         )

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -59,6 +59,7 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shaping: bool = True  # build each step for the foreground turn (runtime.scheduling.shaping)
     slack: Annotated[float, Meta(ge=0)] = 0.25  # (NaN fails every bound)
     prefix_cache: bool = True  # share the K/V of prompts that start alike
+    speculate: Literal["off", "lookup"] = "off"  # speculative decoding (runtime.scheduling.drafts)
     workspace: str = "."
     out: str = "swarm-out"
     duration: Annotated[float, Meta(gt=0)] | None = None  # seconds; None: until the foreground is done (or Ctrl-C)

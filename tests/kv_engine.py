@@ -11,7 +11,11 @@ sequence *as read from the cache*: so a lost, stale or mixed-up block changes th
 output, and greedy outputs under memory pressure equal those without it.
 
 With `eos_every` it samples end-of-sequence now and then (a hash of the
-sequence decides), so turns end mid-batch.
+sequence decides), so turns end mid-batch. With `window` the token is a hash
+of the last `window` tokens only (read from the cache all the same), so
+sequences repeat and prompt lookup's drafts (runtime.scheduling.drafts) are
+often right. A work verifying drafts gets a token per row, each from the
+sequence up to that row.
 
 Faults can be injected: `fail_next(kind, turn)` makes the next swap_out, swap_in or
 step touching that turn (any turn, for None) raise.
@@ -36,9 +40,9 @@ class InjectedFault(SlotswarmError):
     pass
 
 
-def next_token(sequence: Sequence[int], vocab: int = VOCAB, eos_every: int | None = None) -> int:
+def next_token(sequence: Sequence[int], vocab: int = VOCAB, eos_every: int | None = None, window: int | None = None) -> int:
     h = 1469598103934665603
-    for t in sequence:
+    for t in sequence[-window:] if window else sequence:
         h = ((h ^ int(t)) * 1099511628211) & 0xFFFF_FFFF_FFFF_FFFF
     if eos_every and (h >> 32) % eos_every == 0:
         return EOS  # about one sequence in `eos_every` ends here
@@ -47,8 +51,16 @@ def next_token(sequence: Sequence[int], vocab: int = VOCAB, eos_every: int | Non
 
 class KVEngine:
     def __init__(
-        self, *, num_blocks: int = 40, block_size: int = 4, vocab: int = VOCAB, eos: bool = False, eos_every: int | None = None
+        self,
+        *,
+        num_blocks: int = 40,
+        block_size: int = 4,
+        vocab: int = VOCAB,
+        eos: bool = False,
+        eos_every: int | None = None,
+        window: int | None = None,
     ) -> None:
+        self.window = window
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.vocab_size = vocab
@@ -81,7 +93,7 @@ class KVEngine:
         bs = self.block_size
         return [int(self.cache[table[p // bs], p % bs]) for p in range(n)]
 
-    def step(self, batch: Sequence[Work], abandon: object = None) -> list[int | None]:
+    def step(self, batch: Sequence[Work], abandon: object = None) -> list[int | list[int] | None]:
         for w in batch:
             self._fault("step", w.turn)
         out = []
@@ -95,7 +107,9 @@ class KVEngine:
             for i, t in enumerate(w.tokens):
                 p = w.start + i
                 self.cache[w.block_table[p // bs], p % bs] = t
-            out.append(next_token(before + list(w.tokens), self.vocab_size, self.eos_every) if w.sample else None)
+            seen = self._read(w.block_table, w.start + len(w.tokens))
+            rows = [next_token(seen[: len(seen) - d], self.vocab_size, self.eos_every, self.window) for d in range(w.drafts, -1, -1)]
+            out.append((rows if w.drafts else rows[0]) if w.sample else None)
         self.steps += 1
         return out
 
@@ -126,13 +140,19 @@ class KVEngine:
 
 
 def reference_output(
-    prompt: Sequence[int], max_tokens: int, vocab: int = VOCAB, *, eos_every: int | None = None, ignore_eos: bool = True
+    prompt: Sequence[int],
+    max_tokens: int,
+    vocab: int = VOCAB,
+    *,
+    eos_every: int | None = None,
+    ignore_eos: bool = True,
+    window: int | None = None,
 ) -> list[int]:
     """What a turn alone, never paused, generates (greedy; with `eos_every`, up to
     and with its end-of-sequence unless it ignores it)."""
     seq, out = list(prompt), []
     for _ in range(max_tokens):
-        out.append(next_token(seq, vocab, eos_every))
+        out.append(next_token(seq, vocab, eos_every, window))
         seq.append(out[-1])
         if out[-1] == EOS and not ignore_eos:
             break

@@ -26,13 +26,15 @@ means something:
 |                     |                                        | reason ("eos" or "length"), ttft_s, itl_s,|
 |                     |                                        | token_s (turns above background),         |
 |                     |                                        | cached_tokens (reused over its life),     |
-|                     |                                        | computed_tokens (prefilled, recomputed)   |
+|                     |                                        | computed_tokens (prefilled, recomputed),  |
+|                     |                                        | drafted_tokens, accepted_tokens,          |
+|                     |                                        | sampling_steps (speculative decoding)     |
 | turn.cancelled      | ended by its agent or the swarm        | turn, agent, priority, slot, tokens, reason|
 |                     |                                        | ttft_s, itl_s, token_s, cached_tokens,    |
-|                     |                                        | computed_tokens                           |
+|                     |                                        | computed_tokens, drafted_tokens, ...      |
 | turn.failed         | ended by an error                      | turn, agent, priority, slot, tokens, reason|
 |                     |                                        | ttft_s, itl_s, token_s, cached_tokens,    |
-|                     |                                        | computed_tokens                           |
+|                     |                                        | computed_tokens, drafted_tokens, ...      |
 | priority.inherited  | an agent runs at a waiter's priority   | agent, priority, base_priority, by_agent  |
 | priority.restored   | the wait ended, the priority drops back| agent, priority, base_priority            |
 | kv.swapped_out      | a turn's KV moved to host memory       | turn, agent, priority, blocks             |
@@ -155,6 +157,12 @@ class Ended(TurnEvent, kw_only=True):
     # Positions the engine computed for it other than its decodes (its prompt, and
     # any recompute after its K/V was dropped): with cached_tokens, what the cache saved.
     computed_tokens: int = 0
+    # Speculative decoding (runtime.scheduling.drafts): draft tokens its steps
+    # verified, how many of them it kept, and the steps that sampled for it
+    # (tokens / sampling_steps is its tokens per step).
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    sampling_steps: int = 0
 
 
 class Finished(Ended, tag="turn.finished"):

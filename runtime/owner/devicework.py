@@ -72,7 +72,8 @@ class DeviceWork:
             self.step_seconds.append(spent)  # KV moves excluded: the law prices the step
         self._step_ended = time.perf_counter()
         self.steps_run += 1
-        flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample}
+        # (a turn verifying drafts has no decode planned on this step: runtime.scheduling.inflight)
+        flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample and not w.drafts}  # type: ignore[misc]
         if len(runnable) != len(works):  # (a decode left out: its token never came)
             got = dict(zip((w.turn for w in runnable), out, strict=False))
             out = [got.get(w.turn) for w in works]

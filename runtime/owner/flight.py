@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # What a step hands back from the step thread: a token (or None) per work (None
 # for all: it was abandoned, runtime.owner.abandon), the turns it alone failed with
 # why, and its time (None if it failed).
-Ran = tuple[list[int | None] | None, dict[int, str], float | None]
+Ran = tuple[list[int | list[int] | None] | None, dict[int, str], float | None]
 
 
 class StepInFlight:

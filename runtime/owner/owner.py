@@ -21,7 +21,9 @@ the device waits for no host work but that hand-over; a turn that ended at N on
 end-of-sequence has its N+1 work thrown away.
 
 A step with KV moves is the exception: the step in flight is landed first, the
-moves run, then the step. Requests are only ever applied at a boundary, and
+moves run, then the step. So is a step after one whose plan says `settle` (a
+turn in it may speculate, runtime.scheduling.drafts): it is planned once that
+one has landed. Requests are only ever applied at a boundary, and
 every device call (steps, moves) runs in the one step thread in the order
 planned, so blocks a cancelled or finished turn frees are reused only by steps
 that run after any step still using them.
@@ -191,9 +193,11 @@ class GPUOwner(Actor):
             self._deliver()
             self._chained = False
             await self.intake.wait()  # idle: sleep until asked
-        if self._flight is not None and self.abandon.raised:
+        if self._flight is not None and (self.abandon.raised or self._flight.plan.settle):
             # It is being abandoned (runtime.owner.abandon): planned after it is landed,
-            # this boundary plans on what counts.
+            # this boundary plans on what counts. Or a turn in it may speculate
+            # (runtime.scheduling.drafts): its drafts follow its last token, and
+            # how many a verify step keeps says where it goes on.
             await self._land_all()
         self.intake.drain()
         planned_on = self._flight  # its tokens feed this plan's decodes, even if it lands before the launch

@@ -2,7 +2,9 @@
 
 `postprocess` takes a step's tokens: it extends each turn's output and K/V,
 registers the blocks it filled with the prefix cache, and ends a turn on
-end-of-sequence, `max_tokens` or the context. A step launched before its tokens
+end-of-sequence, `max_tokens` or the context. A decode that verified drafts
+keeps the tokens `drafts.accept` keeps (1 to drafts + 1), and the positions
+that fed them. A step launched before its tokens
 were known (the GPU owner's overlap, runtime.scheduling.inflight) changed no
 turn then: it is accounted here like any other, when it lands.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from runtime.scheduling.drafts import MAX_DRAFTS, accept
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
 
@@ -39,7 +42,9 @@ class Accounting:
                     turn.first_token_at = now
                 turn.output.extend([token] * times)
 
-    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, lost: Collection[Turn] = ()) -> list[tuple[Turn, int]]:
+    def postprocess(
+        self, plan: Plan, tokens: Sequence[int | list[int] | None], now: float, lost: Collection[Turn] = ()
+    ) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
         A step launched before (runtime.scheduling.inflight) is accounted the same
         way as it lands: a turn paused since still takes its token (it was
@@ -57,25 +62,66 @@ class Accounting:
             if status is Status.ENDED:
                 continue
             n = len(work.tokens)
+            kept: list[int] = []
+            if work.drafts:
+                if token is not None:
+                    kept = accept(work.tokens[-work.drafts :], token)  # type: ignore[arg-type]
+                    self._count_drafts(turn, work.drafts, len(kept) - 1)
+            elif work.sample and token is not None:
+                kept = [token]  # type: ignore[list-item]
+                if turn.lookup is not None:
+                    self._check_lookup(turn, token)  # type: ignore[arg-type]
+            stop = None
+            for i, sampled in enumerate(kept):
+                turn.output.append(sampled)
+                turn.token_times.append(now)
+                delivered.append((turn, sampled))
+                if sampled in eos and not turn.ignore_eos:
+                    stop = "eos"
+                elif len(turn.output) >= turn.max_tokens:
+                    stop = "length"
+                elif max_context and turn.length >= max_context:
+                    stop = "context"
+                if stop:
+                    kept = kept[: i + 1]
+                    break
+            if work.drafts:
+                # The positions that fed the tokens it keeps; the rest are
+                # written again by later steps before anything reads them.
+                n = len(kept)
             if not lost or turn not in lost:
                 turn.computed += n
-            if n > 1 or work.start < len(turn.prompt):
+            if (n > 1 and not work.drafts) or work.start < len(turn.prompt):
                 turn.prefilled += n  # (not a decode: its prompt, or a recompute)
-            sampled = work.sample and token is not None
-            if sampled:
+            if kept:
+                turn.sampling_steps += 1
                 if turn.first_token_at is None:
                     turn.first_token_at = now
-                turn.output.append(token)
-                turn.token_times.append(now)
             if status.resident:
                 commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
-            if not sampled:
-                continue
-            delivered.append((turn, token))
-            if token in eos and not turn.ignore_eos:
-                finish(turn, "eos", now)
-            elif len(turn.output) >= turn.max_tokens:
-                finish(turn, "length", now)
-            elif max_context and turn.length >= max_context:
-                finish(turn, "context", now)
+            if stop:
+                finish(turn, stop, now)
         return delivered
+
+    @staticmethod
+    def _check_lookup(turn: Turn, token: int) -> None:
+        """A token sampled without drafts, by a turn that may speculate: would
+        lookup's draft for it have been kept? (So the turn's rate learns while
+        drafts do not pay, at no device cost.)"""
+        lookup = turn.lookup
+        assert lookup is not None
+        lookup.extend(turn.tokens(lookup.fed, turn.length))
+        guess, match = lookup.proposal(MAX_DRAFTS)
+        turn.rates.matched, turn.rates.offered = match, len(guess)
+        if guess:
+            turn.rates.note(match, 1, guess[0] == token)
+
+    @staticmethod
+    def _count_drafts(turn: Turn, drafted: int, accepted: int) -> None:
+        turn.drafted += drafted
+        turn.accepted += accepted
+        rates = turn.rates
+        # Drafts past the first one refused were never put to the test: each
+        # draft is kept with the rate given the ones before it were.
+        rates.note(rates.drafting, accepted + (accepted < drafted), accepted)
+        rates.matched, rates.offered = rates.drafting, drafted

@@ -10,6 +10,12 @@ A prompt first takes what the prefix cache has gained since it was admitted
 (`_catch_up`), and waits a step rather than compute a block a batch-mate is
 computing for the same tokens.
 
+With speculation on (runtime.scheduling.drafts), the turn the step is shaped
+for, or a turn running alone, may verify drafts with its decode: as many as the
+step cost law says pay. Drafts are looked up from the turn's tokens, its last
+one included, so such a turn is planned only once nothing is in flight for it
+(the plan says `settle`: the owner lands it before planning the next step).
+
 `Batching` is a part the scheduler owns, with no state of its own between
 steps: it reads the running turns through the scheduler it is given, and
 grows their K/V through the scheduler's `KVMemory`. Nothing here admits or
@@ -21,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from runtime.scheduling.cost import StepCost
-from runtime.scheduling.inflight import Ahead, InFlight
+from runtime.scheduling.cost import StepCost, step_features
+from runtime.scheduling.drafts import Lookup, Speculate, drafts_that_pay
+from runtime.scheduling.inflight import SETTLED, Ahead, InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
@@ -63,6 +70,7 @@ class Batching:
         self.priorities = priorities
         self.memory = memory
         self.seats = seats
+        self.speculates = config.speculate is not Speculate.OFF
         self._step = 0
 
     def fill(self, now: float, plan: Plan) -> None:
@@ -75,11 +83,13 @@ class Batching:
         if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
-        for turn, ahead, pending in self._batch_order(self.seats.running.values(), now):
+        running = self.seats.running
+        alone = self.speculates and len(running) == 1  # (a turn alone may speculate)
+        for turn, ahead, pending in self._batch_order(running.values(), now):
             if budget <= 0:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
-                budget -= self._take(turn, 1, now, plan, ahead)
+                budget -= self._take(turn, 1, now, plan, ahead, speculate=alone and budget > 1)
             elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
                 budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
 
@@ -92,7 +102,10 @@ class Batching:
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         pending, computed = self.in_flight.pending, self.in_flight.computed
         for turn, _, _ in self._batch_order(protected, now):
-            n = self._take(turn, min(pending(turn), chunk), now, plan) if chunk > 0 and self._catch_up(turn, plan) else 0
+            if chunk > 0 and self._catch_up(turn, plan):
+                n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
+            else:
+                n = 0
             if n:
                 budget.add(plan.works[-1].start, n)
                 chunk -= n if n > 1 else 0
@@ -163,14 +176,17 @@ class Batching:
                 return True
         return False
 
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None) -> int:
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None, *, speculate: bool = False) -> int:
         """Add `n` tokens of a running turn's work to the plan, growing its KV;
         the tokens added (0: none, it could not run this step). `ahead`: its
-        share of the steps in flight, if the caller has it."""
+        share of the steps in flight, if the caller has it. A decode that may
+        `speculate` adds the drafts that pay (runtime.scheduling.drafts)."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
         if ahead is None:
             ahead = self.in_flight.of(turn)
+        if ahead.verifying:
+            return 0  # its next position is not known yet
         known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
         if ahead.tokens:
             # Its last token may be the one being sampled, by length or context: it
@@ -184,15 +200,49 @@ class Batching:
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
+        drafts: list[int] = []
+        if speculate and sample and turn.constraint is None:
+            if turn.lookup is None:  # (from now on, accounting checks its tokens against lookup: runtime.scheduling.drafts.Rate)
+                turn.lookup = Lookup()
+            drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else []
+            # Land this step before planning the next (losing the overlap for
+            # it) where drafts may pay next: they follow the token it samples.
+            rates = turn.rates
+            match, offered = (rates.drafting, len(drafts)) if drafts else (rates.matched, rates.offered)
+            if match:
+                tokens_so_far, kv = step_features(plan.works)
+                most = min(offered, self.config.max_drafts)
+                plan.settle |= drafts_that_pay(self.cost, rates.of(match), most, tokens_so_far, kv, start + n) > 0
         if end <= known:
             tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows))
+        work = Work(turn.id, tokens + drafts, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
+        plan.works.append(work)
         plan.turns.append(turn)
         turn.last_stepped = self._step
-        return n
+        return n + len(drafts)
+
+    def _drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
+        """The drafts a settled decode at `start` verifies: those prompt lookup
+        proposes, as many as pay by the step cost law, within the turn's
+        max_tokens, its context, the step's tokens and the free blocks (a draft
+        never evicts anyone's K/V)."""
+        known = turn.length
+        lookup = turn.lookup
+        assert lookup is not None
+        lookup.extend(turn.tokens(lookup.fed, known))
+        tokens, kv = step_features(plan.works)
+        most = min(self.config.max_drafts, turn.max_tokens - len(turn.output) - 1, self.config.step_tokens - tokens - 1)
+        if self.config.max_context:
+            most = min(most, self.config.max_context - known)
+        proposed, match = lookup.proposal(most) if most > 0 else ([], 0)
+        k = drafts_that_pay(self.cost, turn.rates.of(match), len(proposed), tokens, kv, start) if proposed else 0
+        if k and not self.memory.pool.grow(turn.blocks, start + 1 + k):
+            k = 0
+        turn.rates.drafting = match if k else 0
+        return proposed[:k]
 
     def _protected_priority(self) -> int | None:
         if not (self.config.shaping and self.policy.preempts):

@@ -16,6 +16,12 @@ on its Work (`Work.follows`); whoever runs the steps puts that token there.
 
 A turn whose K/V is dropped while a step writes it (`forget_kv`) keeps nothing
 of what that step writes: its positions count for nothing when it lands.
+
+A decode that verifies drafts (runtime.scheduling.drafts) keeps 1 to drafts + 1
+of the positions it writes and tokens it samples, which only its landing tells.
+The ledger counts all of them (so a swap-out planned meanwhile copies every
+position that may count), and the turn is `verifying` until it lands: nothing
+is planned on it, since its next position is not known.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ class Ahead:
     """One turn's share of the steps in flight."""
 
     positions: int = 0  # positions they write past turn.computed (that still count)
-    tokens: int = 0  # tokens they sample for it, not known yet
+    tokens: int = 0  # tokens they sample for it, not known yet (at most, if verifying)
+    verifying: int = 0  # its works in flight that verify drafts: how many it keeps is not known
 
     def pending(self, turn: Turn) -> int:
         """InFlight.pending, for the turn this is the share of."""
@@ -41,7 +48,7 @@ class Ahead:
 class _Launched:
     plan: Plan
     # Each of its works' turn, that turn's share, and what the work adds to it.
-    shares: list[tuple[Turn, Ahead, int, int]]
+    shares: list[tuple[Turn, Ahead, int, int, int]]
     # Turns whose K/V was dropped since the launch: what it writes for them is lost.
     void: set[Turn] = field(default_factory=set)
 
@@ -72,10 +79,11 @@ class InFlight:
             share = ahead.get(turn)
             if share is None:
                 share = ahead[turn] = Ahead()
-            positions, tokens = len(work.tokens), int(work.sample)
+            positions, tokens, verifying = len(work.tokens), work.sample + work.drafts, int(work.drafts > 0)
             share.positions += positions
             share.tokens += tokens
-            shares.append((turn, share, positions, tokens))
+            share.verifying += verifying
+            shares.append((turn, share, positions, tokens, verifying))
         self._launched.append(_Launched(plan, shares))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
@@ -111,10 +119,11 @@ class InFlight:
 
     def _leave(self, launched: _Launched) -> None:
         ahead, void = self._ahead, launched.void
-        for turn, share, positions, tokens in launched.shares:
+        for turn, share, positions, tokens, verifying in launched.shares:
             if not void or turn not in void:
                 share.positions -= positions
             share.tokens -= tokens
+            share.verifying -= verifying
             if not share.tokens and not share.positions and ahead.get(turn) is share:
                 # (a share left empty by a dropped K/V may be gone already, and the
                 # turn have a new one since)

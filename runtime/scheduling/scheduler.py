@@ -215,7 +215,7 @@ class Scheduler:
         again): it leaves the steps in flight, and no turn has changed."""
         self.in_flight.discard(plan)
 
-    def postprocess(self, plan: Plan, tokens: Sequence[int | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
+    def postprocess(self, plan: Plan, tokens: Sequence[int | list[int] | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
         `repeats` > 1 accounts the plan as that many identical steps, as
         `repeatable` allowed (the simulator's fast-forward): the first
@@ -251,7 +251,7 @@ class Scheduler:
         if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
         for work, turn in zip(plan.works, plan.turns, strict=False):
-            if not work.sample or not turn.ignore_eos:
+            if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
             steps = min(steps, turn.max_tokens - len(turn.output))
         if steps <= 1:
@@ -456,6 +456,9 @@ class Scheduler:
             reason=reason,
             cached_tokens=turn.cache_hits,
             computed_tokens=turn.prefilled,
+            drafted_tokens=turn.drafted,
+            accepted_tokens=turn.accepted,
+            sampling_steps=turn.sampling_steps,
             **_latencies(turn, now, self.priorities.unaged(turn)),
         )
         self.emit(turn.ended)

@@ -7,8 +7,8 @@ engine's cost model (runtime.scheduling.cost), with exact coefficients:
     step_s = decode_step_s + (tokens - 1) / prefill_tok_per_s + kv_read_s * kv_reads
 
 so one turn's decode costs `decode_step_s`, each further token in the step (a
-batch-mate's decode, a prefill token) costs compute time, and attention costs the
-KV positions it reads. The defaults are a GPU in its memory-bound regime, where a
+batch-mate's decode, a prefill token, a draft verified) costs compute time, and
+attention costs the KV positions it reads. The defaults are a GPU in its memory-bound regime, where a
 batch of eight costs a few percent more than one turn; a CPU profile is `cpu()`.
 KV moves cost bytes over the host link, a block copy (the prefix cache's)
 bytes of device bandwidth, and each preemption costs a flush.
@@ -81,14 +81,16 @@ class TimingEngine:
     def calibrate(self) -> None:
         pass
 
-    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | list[int] | None] | None:
         if self.realtime:
             seconds = self._law.predict_works(batch)
             if abandon is None:
                 time.sleep(seconds)
             elif abandon.wait(seconds):
                 return None
-        return [self._token if work.sample else None for work in batch]
+        # (a work verifying drafts gets its token at every row: its drafts are kept
+        # where they are the token, runtime.scheduling.drafts)
+        return [([self._token] * (work.drafts + 1) if work.drafts else self._token) if work.sample else None for work in batch]
 
     def swap_out(self, turn: int, blocks: Sequence[int], length: int) -> None:
         pass

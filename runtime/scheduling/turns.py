@@ -11,6 +11,7 @@ from runtime.errors import ConfigError
 from runtime.events.kinds import Ended, Event
 from runtime.scheduling.constraints import TurnConstraint
 from runtime.scheduling.cost import step_features
+from runtime.scheduling.drafts import MAX_DRAFTS, Lookup, Rates, Speculate
 from runtime.scheduling.priority import FOREGROUND
 from runtime.scheduling.units import ceil_div
 from runtime.scheduling.work import GREEDY, Engine, Sampling, Work
@@ -84,12 +85,18 @@ class SchedulerConfig:
     # Under the preempting policies, a turn that arrives above every turn in the
     # step in flight has that step abandoned rather than wait it out (runtime.owner.abandon).
     abandon_steps: bool = True
+    # Speculative decoding (runtime.scheduling.drafts): the turn a step is built
+    # for, or one running alone, verifies up to `max_drafts` guessed tokens a
+    # step where the step cost law says they pay.
+    speculate: Speculate = Speculate.OFF
+    max_drafts: int = MAX_DRAFTS
 
     def __post_init__(self) -> None:
         self.policy = Policy.parse(self.policy) if isinstance(self.policy, str) else self.policy
         if not isinstance(self.policy, Policy):
             raise ConfigError(f"policy must be one of {', '.join(p.value for p in Policy)}, got {self.policy!r}")
-        for name in ("slots", "step_tokens", "prefill_chunk"):
+        self.speculate = Speculate.parse(self.speculate)
+        for name in ("slots", "step_tokens", "prefill_chunk", "max_drafts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be an int, got {value!r}")
@@ -113,6 +120,8 @@ class SchedulerConfig:
             raise ConfigError(f"slack must be at least 0, got {self.slack}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
+        if self.max_drafts < 0:
+            raise ConfigError(f"max_drafts must be at least 0, got {self.max_drafts}")
 
 
 class Status(enum.Enum):
@@ -172,6 +181,13 @@ class Turn:
     paused_s: float = 0.0
     preemptions: int = 0
     told_tokens: int = 0  # its tokens so far as last told in turn.progress (runtime.scheduling.scheduler)
+    # Speculative decoding (runtime.scheduling.drafts): its n-grams, made at its
+    # first chance to; the share of its drafts kept; and its counts so far.
+    lookup: Lookup | None = None
+    rates: Rates = field(default_factory=Rates)
+    drafted: int = 0  # draft tokens its steps verified
+    accepted: int = 0  # of them, kept
+    sampling_steps: int = 0  # steps that sampled for it (a verify step once, whatever it kept)
     ended: Ended | None = None  # its terminal event, once it has one
 
     @property
@@ -286,6 +302,9 @@ class Plan:
     moves: list[SwapOut | SwapIn | Forget | Copy] = field(default_factory=list)
     preemptions: int = 0
     held: list[Turn] = field(default_factory=list)  # prompts waiting a step for a batch-mate's blocks
+    # A turn in it may speculate next step: plan the next once this one has landed
+    # (its drafts are looked up from its tokens, the last one included).
+    settle: bool = False
     # What its KV moves do (kv.swapped_out, kv.swapped_in), told only once they
     # are made: a move may fail (Scheduler.settle_moves).
     moved: list[Event] = field(default_factory=list)

@@ -13,7 +13,10 @@ Who owns what:
 One step is a list of `Work` items, at most one per turn: a prefill chunk (several
 prompt tokens) or a decode (one token, the turn's last sampled one). The engine
 writes K/V for every position it is given and, where `sample` is set, returns the
-next token sampled from the logits at the last position of the item.
+next token sampled from the logits at the last position of the item. A decode
+that verifies drafts (runtime.scheduling.drafts) is the last sampled token and
+`drafts` guessed ones: the engine samples at each of its last drafts + 1
+positions and returns those tokens as a list, in order.
 
 Sampling is a pure function of (logits, seed, position): a turn paused and resumed
 any number of times samples exactly what it samples unpaused.
@@ -90,6 +93,16 @@ class Work(msgspec.Struct):
     # NOT_SAMPLED until whoever runs the steps puts that token there, in a copy
     # (runtime.owner.flight.StepInFlight.hand_over). An engine never sees one set.
     follows: bool = False
+    # Its last `drafts` tokens are guesses to verify (runtime.scheduling.drafts):
+    # a token is sampled at each of its last drafts + 1 positions, as each
+    # would be sampled were the tokens before it the turn's, and the step
+    # returns them as a list. Never with a constraint.
+    drafts: int = 0
+
+
+def sampled_rows(work: Work) -> int:
+    """Rows a step samples for this work: 0, 1, or one per draft and one more."""
+    return work.drafts + 1 if work.sample else 0
 
 
 NOT_SAMPLED = -1  # the last token of a Work that `follows`, until it is known: never a token id
@@ -161,9 +174,9 @@ class Engine(Protocol):
 
     model_id: str  # what K/V depends on besides the tokens; keys the prefix cache
 
-    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | None] | None:
+    def step(self, batch: Sequence[Work], abandon: threading.Event | None = None) -> list[int | list[int] | None] | None:
         """Run one forward pass over the batch; one entry per item, a token where
-        `sample` was set, else None. If `blocking`, the owner calls it off the
+        `sample` was set (a list of drafts + 1 where it verifies drafts), else None. If `blocking`, the owner calls it off the
         event loop.
 
         `abandon`, if given, may be set from another thread while the step runs:

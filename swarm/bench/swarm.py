@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="resident,priority,fcfs",
         help="comma-separated, from: "
         + ", ".join(p.value for p in Policy)
-        + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step)",
+        + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step, "
+        "NAME:spec turns speculative decoding on)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8, help="turns decoded together")
@@ -97,6 +98,7 @@ def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
         shaping=shaping,
         slack=args.slack,
         abandon_steps=variant != "whole",
+        speculate="lookup" if variant == "spec" else "off",
     )
 
 
@@ -155,7 +157,7 @@ def _merge(a: Stats, b: Stats) -> Stats:
 
 
 def parse_policies(text: str) -> list[str]:
-    return Policy.parse_list(text, variants=("unshaped", "whole"))
+    return Policy.parse_list(text, variants=("unshaped", "whole", "spec"))
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:

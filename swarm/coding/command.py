@@ -65,7 +65,7 @@ def run_team(args: argparse.Namespace) -> int:
         session.agents = []
     project = Path(args.project) if args.project else SAMPLE_PROJECT
     session.workspace = str(project.resolve())
-    for flag in ("model", "device", "kernels", "duration", "prefix_cache"):
+    for flag in ("model", "device", "kernels", "duration", "prefix_cache", "speculate"):
         if getattr(args, flag) is not None:
             setattr(session, flag, getattr(args, flag))
     if args.no_shaping:

@@ -7,6 +7,7 @@ swarm bench watch    decode step time with and without pages open (swarm/bench/w
 swarm bench owner    the owner's host work per step, zero-cost engine (swarm/bench/owner.py)
 swarm bench fix      bug-fix tasks solved, fixer swarm vs single shot (swarm/bench/fix.py)
 swarm bench session  the person's latency while the fixers work, vs solo (swarm/bench/session.py)
+swarm bench spec     speculative decoding: the foreground's ITL off and on, drafts kept (swarm/bench/spec.py)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from swarm.bench import fix as bench_fix
 from swarm.bench import owner as bench_owner
 from swarm.bench import serve as bench_serve
 from swarm.bench import session as bench_session
+from swarm.bench import spec as bench_spec
 from swarm.bench import swarm as bench_swarm
 from swarm.bench import watch as bench_watch
 
@@ -67,6 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ("watch", bench_watch, "decode step time with no page open and with many (a real headless chromium)"),
         ("fix", bench_fix, "bug-fix tasks solved (tests/fixtasks): the fixer swarm against one greedy shot"),
         ("session", bench_session, "the foreground agent's TTFT and inter-token latency while the fixers work, against solo"),
+        ("spec", bench_spec, "speculative decoding: the foreground turn's inter-token latency off and on, drafts kept, tokens a step"),
     ):
         bench = sub.add_parser(name, help=text)
         module.add_arguments(bench)

@@ -45,6 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="stop after this many seconds (overrides the session's)")
     p.add_argument("--quiet", action="store_true", help="no live event lines")
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
+    p.add_argument(
+        "--speculate",
+        choices=("off", "lookup"),
+        help="speculative decoding for the foreground turn (and a turn running alone) where the step cost law says it pays: "
+        "lookup drafts by prompt lookup (overrides the session's; default off)",
+    )
     p.add_argument("--watch", action="store_true", help="also show the swarm live in the browser (see swarm watch)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")
     p.add_argument(
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.project or not args.session:
         return coding.run_team(args)
     session = load_session(args.session or DEMO_SESSION)
-    for flag in ("model", "device", "kernels", "duration", "prefix_cache"):
+    for flag in ("model", "device", "kernels", "duration", "prefix_cache", "speculate"):
         if getattr(args, flag) is not None:
             setattr(session, flag, getattr(args, flag))
     if args.no_shaping:

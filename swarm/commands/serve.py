@@ -61,6 +61,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off")
     p.add_argument(
+        "--speculate",
+        choices=("off", "lookup"),
+        default="off",
+        help="speculative decoding for the foreground turn (and a turn running alone): lookup drafts by prompt lookup (default off)",
+    )
+    p.add_argument(
         "--api-key",
         metavar="KEY",
         default=os.environ.get("SWARM_API_KEY"),
@@ -109,6 +115,7 @@ async def _serve(engine, model_id: str, args: argparse.Namespace, sock: socket.s
         policy=args.policy,
         step_tokens=args.step_tokens,
         shaping=not args.no_shaping,
+        speculate=args.speculate,
         events=args.events,
         model_name=model_id,
     ) as swarm:

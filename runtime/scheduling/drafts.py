@@ -1,0 +1,216 @@
+"""Speculative decoding's drafts: guessed by prompt lookup, verified exactly.
+
+**Drafts.** A turn's next tokens are often a copy of tokens it has already
+seen: an edited function repeats the function it was given, a test repeats the
+names of the code. Prompt lookup (as vLLM's n-gram speculator) finds the last
+time the turn's most recent n tokens appeared before (n from `LONGEST` down to
+`SHORTEST`, the longest match first, its most recent occurrence) and proposes
+the tokens that followed it there. `Lookup` keeps, per turn, where each n-gram
+last ended, and is fed the turn's tokens as they are settled; `propose` is the
+same search written plainly, for the tests.
+
+**Verification.** A speculating turn's step feeds [its last sampled token, d1
+.. dk] at positions p .. p+k and samples a token at every one of those rows
+(`Work.drafts`): row i's token t_{i+1} is what the turn would sample at
+position p+i+1 had d1..di been its tokens, drawn exactly as a step without
+drafts draws it (greedy: the argmax; at a temperature: gpu.sampling's draw
+with the turn's seed and that position).
+
+**Acceptance** (`accept`) keeps d1, d2, ... while each equals the token sampled
+at its position, and at the first mismatch keeps the sampled token instead and
+stops; if all k are kept, t_{k+1} is kept too. So a verify step yields 1 to
+k+1 tokens.
+
+Why this is exact. By induction over the rows: if the tokens kept so far are
+the ones the turn would have sampled without drafts, the next row's logits are
+computed over exactly those tokens (the rows before it in the step are the
+kept drafts), so its sampled token t is the token the turn would sample there
+without drafts: same logits, same (seed, position) draw. Keeping t (whether it
+equals the draft or replaces it) keeps the invariant; stopping after a mismatch
+throws away only rows computed over a wrong token. So a speculating turn emits
+EXACTLY the tokens it emits without speculation, greedy or sampled, with the
+same (seed, position) determinism: the distribution is preserved trivially.
+This is the rejection-sampling rule for a one-hot draft distribution q (accept
+x with probability min(1, p(x)/q(x)) = p(x), else draw from p with x removed),
+coupled with the non-speculative draw: the draw u picks x exactly when it would
+have picked x, with probability p(x), and otherwise picks from the rest in
+proportion to p. (The logits of a row are the engine's; the engines compute a
+row the same whatever else the step holds, docs/design.md, so "same logits"
+holds as exactly as a paused turn's resumption does.)
+
+K/V written at rejected positions is past the turn's accepted length: attention
+only reads positions below a row's own, and the next step writes those
+positions again before anything reads them, so nothing needs undoing.
+
+A constrained turn (Work.constraint) never speculates: its mask at each row
+would need the grammar advanced over the drafts, which is not worth it.
+
+**Who speculates** (`Speculation`): only a turn the step is built for (the
+foreground in a shaped step) or one running alone, where the step cost law
+(runtime.scheduling.cost) says the extra rows pay: the k that maximises the
+expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
+.. + a^k for the turn's acceptance rate a so far, for matches of the length of
+the one proposing (`Rates`: a trigram's continuation is far likelier right
+than a single token's). On a GPU the rows are nearly free and every likely
+draft pays; on a CPU each row costs a token's compute and only long, likely
+matches do. The rates learn from every token such a turn samples, drafted or
+not: a token sampled without drafts is checked against the draft lookup would
+have made for it, so a turn that does not speculate still learns whether it
+would pay, at no device cost.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from runtime.errors import ConfigError
+from runtime.scheduling.cost import StepCost, kv_reads
+
+LONGEST = 4  # the longest n-gram looked up
+SHORTEST = 1  # the shortest
+# Lookup indexes at most this many of a turn's tokens it is first given (the
+# latest): the scheduler builds the index on the event loop, so its first cost
+# is bounded however long the prompt.
+LOOKBACK = 4096
+MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides how many pay)
+PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
+PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
+MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
+
+
+class Speculate(enum.StrEnum):
+    OFF = "off"
+    LOOKUP = "lookup"  # drafts by prompt lookup
+
+    @classmethod
+    def parse(cls, name: str | Speculate) -> Speculate:
+        try:
+            return cls(name)
+        except ValueError:
+            raise ConfigError(f"unknown speculation {name!r}; choose from {', '.join(s.value for s in cls)}") from None
+
+
+def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the
+    longest suffix of `tokens` (of `longest` down to `shortest` tokens) that
+    occurred before; [] if none did."""
+    n_tokens = len(tokens)
+    for n in range(min(longest, n_tokens - 1), shortest - 1, -1):
+        suffix = list(tokens[n_tokens - n :])
+        for end in range(n_tokens - 1, n - 1, -1):  # an occurrence ending at `end` (exclusive), before the suffix's own
+            if list(tokens[end - n : end]) == suffix:
+                return list(tokens[end : end + k])
+    return []
+
+
+def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
+    """The tokens a verify step yields: `sampled` holds the token sampled at
+    each of its len(drafts) + 1 rows. The drafts kept, then the sampled token
+    at the first mismatch (or after the last draft)."""
+    assert len(sampled) == len(drafts) + 1, "a verify step samples one row per draft, and one more"
+    kept = []
+    for draft, token in zip(drafts, sampled, strict=False):
+        kept.append(token)
+        if token != draft:
+            return kept
+    kept.append(sampled[-1])
+    return kept
+
+
+def expected_kept(rate: float, k: int) -> float:
+    """Tokens a verify step of k drafts yields on average, each draft kept with
+    probability `rate` given the ones before it were: 1 + rate + .. + rate^k."""
+    return sum(rate**i for i in range(k + 1))
+
+
+class Lookup:
+    """A turn's n-gram index: where each n-gram (n = shortest .. longest) last
+    ended in its tokens, fed as they are settled."""
+
+    def __init__(self, longest: int = LONGEST, shortest: int = SHORTEST) -> None:
+        self.longest, self.shortest = longest, shortest
+        self.tokens: list[int] = []  # the tokens indexed
+        self.fed = 0  # the turn's tokens given so far (the first fed - len(tokens) skipped: LOOKBACK)
+        # n-gram -> the end (exclusive) of its latest occurrence but the last
+        # one, and of its latest: the suffix's own is never its match.
+        self._ends: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Index these tokens, which follow those given before (the first time,
+        only the last LOOKBACK of them)."""
+        self.fed += len(tokens)
+        if not self.tokens and len(tokens) > LOOKBACK:
+            tokens = tokens[len(tokens) - LOOKBACK :]
+        seen, ends = self.tokens, self._ends
+        for token in tokens:
+            seen.append(token)
+            end = len(seen)
+            for n in range(self.shortest, min(self.longest, end) + 1):
+                gram = tuple(seen[end - n :])
+                before = ends.get(gram)
+                ends[gram] = (before[1] if before is not None else -1, end)
+
+    def propose(self, k: int) -> list[int]:
+        """`propose(tokens, k)` over the tokens indexed."""
+        return self.proposal(k)[0]
+
+    def proposal(self, k: int) -> tuple[list[int], int]:
+        """`propose`, and the length of the match it follows (0: none)."""
+        seen, end = self.tokens, len(self.tokens)
+        for n in range(min(self.longest, end - 1), self.shortest - 1, -1):
+            occurrence = self._ends.get(tuple(seen[end - n :]))
+            if occurrence is not None and occurrence[0] >= 0:
+                return seen[occurrence[0] : occurrence[0] + k], n
+        return [], 0
+
+
+class Rates:
+    """A turn's acceptance rates, one per match length; the length of the match
+    its drafts in flight follow; and of the match its last token was guessed
+    from, with how many tokens lookup offered there (0: none: then it likely
+    has nothing to draft from next either, and no step waits for it)."""
+
+    def __init__(self) -> None:
+        self.by_length = {n: Rate() for n in range(SHORTEST, LONGEST + 1)}
+        self.drafting = 0
+        self.matched = 0
+        self.offered = 0
+
+    def of(self, n: int) -> float:
+        return self.by_length[n].value
+
+    def note(self, n: int, tried: int, kept: int) -> None:
+        self.by_length[n].note(tried, kept)
+
+
+class Rate:
+    """A turn's acceptance so far: the share of its drafts kept (or that would
+    have been), the older weighing less, starting from PRIOR_RATE."""
+
+    def __init__(self) -> None:
+        self.kept = PRIOR_RATE * PRIOR_WEIGHT
+        self.drafted = PRIOR_WEIGHT
+
+    @property
+    def value(self) -> float:
+        return self.kept / self.drafted
+
+    def note(self, tried: int, kept: int) -> None:
+        """`kept` of `tried` drafts put to the test were kept (or would have been)."""
+        fade = max(0.0, 1 - tried / MEMORY)
+        self.kept = self.kept * fade + kept
+        self.drafted = self.drafted * fade + tried
+
+
+def drafts_that_pay(cost: StepCost, rate: float, most: int, tokens: int, kv: int, start: int) -> int:
+    """How many drafts (0 .. most) a decode at position `start` should verify:
+    the number that maximises the expected tokens per second of the step, whose
+    other work is `tokens` tokens reading `kv` KV positions. Ties go to fewer."""
+    best, best_k = 0.0, 0
+    for k in range(most + 1):
+        step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k))
+        pace = expected_kept(rate, k) / step_s if step_s > 0 else float(k)
+        if pace > best * (1 + 1e-9):
+            best, best_k = pace, k
+    return best_k

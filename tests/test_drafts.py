@@ -1,0 +1,97 @@
+"""Speculative decoding's pure parts (runtime.scheduling.drafts): prompt lookup,
+the acceptance rule, the acceptance rate and the cost law's choice of drafts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.scheduling.cost import StepCost
+from runtime.scheduling.drafts import PRIOR_RATE, Lookup, Rate, accept, drafts_that_pay, expected_kept, propose
+
+
+def test_lookup_proposes_what_followed_the_longest_most_recent_match():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    tokens = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    # [1, 2, 3] occurred at 0..2: the trigram wins over the later [2, 3] at 6..7
+    assert propose(tokens, 4) == [4, 5, 9, 2]
+    assert propose([5, 6, 7, 6, 7], 2) == [6, 7]  # [6, 7] at 1..2, then [6, 7]
+    assert propose([7, 1, 8, 1], 3) == [8, 1]  # only a unigram matches; what follows is all there is
+    assert propose([1, 2, 3], 4) == [] and propose([], 4) == [] and propose([4], 4) == []
+    assert propose([4, 4, 4, 4], 3) == [4]  # the most recent earlier [4, 4, 4] ends just before the suffix
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.proposal(2) == ([4, 5], 3)  # and the length of the match it follows
+    lookup.extend([8])
+    assert lookup.proposal(2) == ([1, 2], 1)
+    lookup.extend([6])
+    assert lookup.proposal(2) == ([], 0)
+
+
+def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():
+    from runtime.scheduling.drafts import LOOKBACK
+
+    tokens = [7, 8, 9, 5] + [1, 2] * LOOKBACK + [3, 7, 8]
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.fed == len(tokens) and len(lookup.tokens) == LOOKBACK
+    assert propose(tokens, 2) == [9, 5]  # [7, 8] at the start...
+    assert lookup.proposal(2) == ([], 0)  # ...is past the window
+    lookup.extend([3, 7, 8])
+    assert lookup.fed == len(tokens) + 3 and lookup.proposal(2) == ([3, 7], 3)  # [7, 8] in it, now
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), max_size=40), k=st.integers(1, 6), cut=st.integers(0, 40))
+def test_the_incremental_index_proposes_what_the_plain_search_does(tokens, k, cut):
+    lookup = Lookup()
+    lookup.extend(tokens[:cut])
+    assert lookup.propose(k) == propose(tokens[:cut], k)
+    lookup.extend(tokens[cut:])
+    assert lookup.propose(k) == propose(tokens, k)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    truth=st.lists(st.integers(0, 3), min_size=9, max_size=9),
+    drafts=st.lists(st.integers(0, 3), min_size=0, max_size=8),
+)
+def test_acceptance_yields_exactly_the_tokens_sampled_one_at_a_time(truth, drafts):
+    """A row's token is what the turn samples there given the tokens before it;
+    rows after a wrong draft see a wrong sequence (here: garbage). What `accept`
+    keeps is always a prefix of the tokens sampled without drafts, at least one."""
+    sampled, right = [], True
+    for i in range(len(drafts) + 1):
+        sampled.append(truth[i] if right else 99)  # a row past a wrong draft sees garbage
+        right = right and i < len(drafts) and drafts[i] == truth[i]
+    kept = accept(drafts, sampled)
+    assert 1 <= len(kept) <= len(drafts) + 1 and kept == truth[: len(kept)]
+    n = next((i for i, d in enumerate(drafts) if d != truth[i]), len(drafts))
+    assert len(kept) == n + 1  # every right draft kept, and the token after them
+
+
+def test_the_rate_follows_what_is_kept():
+    rate = Rate()
+    assert rate.value == PRIOR_RATE
+    for _ in range(20):
+        rate.note(4, 4)
+    assert rate.value > 0.9
+    for _ in range(20):
+        rate.note(4, 0)
+    assert rate.value < 0.1
+    for _ in range(20):
+        rate.note(1, 1)
+    assert rate.value > 0.3
+
+
+def test_drafts_pay_where_rows_are_nearly_free_and_only_likely_ones_where_they_cost():
+    assert expected_kept(0.5, 0) == 1 and expected_kept(0.5, 2) == 1.75
+    gpu = StepCost(fixed_s=1e-3, token_s=1e-7)  # a batch costs about one turn
+    cpu = StepCost(fixed_s=60e-3, token_s=23e-3)  # every row costs a token's compute
+    assert drafts_that_pay(gpu, 0.6, 8, 0, 0, 100) == 8
+    assert drafts_that_pay(gpu, 0.0, 8, 0, 0, 100) == 0  # nothing is ever kept: never
+    assert drafts_that_pay(cpu, 0.1, 8, 0, 0, 100) == 0
+    assert 3 <= drafts_that_pay(cpu, 0.9, 8, 0, 0, 100) <= 8
+    # beside a big step (a batch-mate's work), the same rows cost relatively less
+    assert drafts_that_pay(cpu, 0.5, 8, 60, 0, 100) > drafts_that_pay(cpu, 0.5, 8, 0, 0, 100)
+    assert drafts_that_pay(cpu, 0.9, 0, 0, 0, 100) == 0
