@@ -98,7 +98,7 @@ def noting_verifying(sched: Scheduler, notes: list[bool]):
     preempt = sched.preempt
 
     def note_preempt(victim, *args, **kw):
-        notes.append(sched.in_flight.verifying(victim))
+        notes.append(sched.in_flight.of(victim).verifying > 0)
         preempt(victim, *args, **kw)
 
     return note_preempt

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from runtime.scheduling.drafts import MAX_DRAFTS, accept
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
+from runtime.scheduling.work import Work
 
 
 class Accounting:
@@ -62,46 +63,61 @@ class Accounting:
             if status is Status.ENDED:
                 continue
             n = len(work.tokens)
-            kept: list[int] = []
             if work.drafts:
-                if token is not None:
-                    kept = accept(work.tokens[-work.drafts :], token)  # type: ignore[arg-type]
-                    self._count_drafts(turn, work.drafts, len(kept) - 1)
-            elif work.sample and token is not None:
-                kept = [token]  # type: ignore[list-item]
-                if turn.lookup is not None:
-                    self._check_lookup(turn, token)  # type: ignore[arg-type]
-            stop = None
-            for i, sampled in enumerate(kept):
-                turn.output.append(sampled)
-                turn.token_times.append(now)
-                delivered.append((turn, sampled))
-                if sampled in eos and not turn.ignore_eos:
-                    stop = "eos"
-                elif len(turn.output) >= turn.max_tokens:
-                    stop = "length"
-                elif max_context and turn.length >= max_context:
-                    stop = "context"
-                if stop:
-                    kept = kept[: i + 1]
-                    break
-            if work.drafts:
+                kept = self._keep_verified(work, turn, token, now, delivered)  # type: ignore[arg-type]
                 # The positions that fed the tokens it keeps; the rest are
                 # written again by later steps before anything reads them.
                 n = len(kept)
+                token = kept[-1] if kept else None
+            elif work.sample and token is not None:
+                if turn.lookup is not None:
+                    self._check_lookup(turn, token)  # type: ignore[arg-type]
+                turn.output.append(token)  # type: ignore[arg-type]
+                turn.token_times.append(now)
+                delivered.append((turn, token))  # type: ignore[arg-type]
+            else:
+                token = None
             if not lost or turn not in lost:
                 turn.computed += n
             if (n > 1 and not work.drafts) or work.start < len(turn.prompt):
                 turn.prefilled += n  # (not a decode: its prompt, or a recompute)
-            if kept:
+            if token is not None:
                 turn.sampling_steps += 1
                 if turn.first_token_at is None:
                     turn.first_token_at = now
             if status.resident:
                 commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
-            if stop:
-                finish(turn, stop, now)
+            if token is None:
+                continue
+            if token in eos and not turn.ignore_eos:
+                finish(turn, "eos", now)
+            elif len(turn.output) >= turn.max_tokens:
+                finish(turn, "length", now)
+            elif max_context and turn.length >= max_context:
+                finish(turn, "context", now)
         return delivered
+
+    def _keep_verified(self, work: Work, turn: Turn, sampled: list[int] | None, now: float, delivered: list[tuple[Turn, int]]) -> list[int]:
+        """A verify step's tokens (`sampled`: one a row, None if it failed) for
+        its turn: those `drafts.accept` keeps, up to the first that ends the
+        turn, appended to its output and to `delivered`."""
+        if sampled is None:
+            return []
+        kept = accept(work.tokens[-work.drafts :], sampled)
+        self._count_drafts(turn, work.drafts, len(kept) - 1)
+        max_context = self.config.max_context
+        for i, token in enumerate(kept):
+            turn.output.append(token)
+            turn.token_times.append(now)
+            delivered.append((turn, token))
+            ends = (
+                (token in self.eos and not turn.ignore_eos)
+                or len(turn.output) >= turn.max_tokens
+                or (max_context and turn.length >= max_context)
+            )
+            if ends:
+                return kept[: i + 1]
+        return kept
 
     @staticmethod
     def _check_lookup(turn: Turn, token: int) -> None:
