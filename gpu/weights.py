@@ -141,12 +141,15 @@ def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high-bit words (two a block
-    of 32: its halves' 2-bit fields), the 16 int8 scales, and its f16 d in dm."""
+    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high bits (8 a block of 32:
+    byte l the top two bits of the weights whose nibbles bytes 2l, 2l + 1 hold: 2l, 2l + 16,
+    2l + 1, 2l + 17, so each 16-bit lane of nibbles meets its high bits in a byte), the 16
+    int8 scales, and its f16 d in dm."""
     q6 = (quants.SUBBLOCKS[Q.Q6_K](b)[0].reshape(-1, 32) + 32).astype(np.uint8)
     high = q6 >> 4
-    words = np.stack([_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)], axis=1)
-    group = [_nibbles(q6 & 15).reshape(len(b), 128), words.view(np.uint8).reshape(len(b), 64), b[:, 192:208]]
+    lanes = np.stack([high[:, 0:16:2], high[:, 16:32:2], high[:, 1:16:2], high[:, 17:32:2]], axis=2)
+    high_bytes = (lanes << np.array([0, 2, 4, 6], np.uint8)).sum(axis=2, dtype=np.uint8)
+    group = [_nibbles(q6 & 15).reshape(len(b), 128), high_bytes.reshape(len(b), 64), b[:, 192:208]]
     return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
 
 

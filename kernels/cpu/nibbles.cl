@@ -193,7 +193,7 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
 #define Q5_MUL (ushort8)(16384, 4096, 1024, 256, 64, 16, 4, 1)
 #define Q6_MUL (ushort8)(4096, 256, 16, 1, 4096, 256, 16, 1)
 /* the compact kinds' quants are those of the kinds they pack the bytes of */
-#define NIBBLE_SCHEME(wtype) ((wtype) == WT_Q4_K ? WT_Q4_1 : (wtype) == WT_Q6_K ? WT_Q6 : (wtype) == WT_Q5_0 ? WT_Q5 : (wtype))
+#define NIBBLE_SCHEME(wtype) ((wtype) == WT_Q4_K ? WT_Q4_1 : (wtype) == WT_Q5_0 ? WT_Q5 : (wtype))
 __attribute__((always_inline)) inline short32 step_quants(int wtype, const int f, short32 w, short32 w2,
                                                           ushort32 h0, ushort32 h1)
 {
@@ -205,6 +205,8 @@ __attribute__((always_inline)) inline short32 step_quants(int wtype, const int f
     }
     if (wtype == WT_Q5)
         return NIBBLE(w, f) | as_short32(((h * LANES4(Q5_MUL)) >> (ushort)(f < 2 ? 10 : 11)) & (ushort)16);
+    if (wtype == WT_Q6_K)  /* a lane's byte of high bits, step f's at 2f, moved to 4..5 */
+        return (NIBBLE(w, f) | as_short32((f < 2 ? h << (ushort)(4 - 2 * f) : h >> (ushort)(2 * f - 4)) & (ushort)48)) - (short)32;
     if (wtype == WT_Q6)
         return (NIBBLE(w, f) | as_short32(((h * LANES4(Q6_MUL)) >> (ushort)(f < 2 ? 8 : 10)) & (ushort)48)) - (short)32;
     return NIBBLE(w, f);
@@ -296,8 +298,8 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
  * sums. The integer sums cannot overflow: Q4_K's lanes hold at most 2 * 8 * 15 * 32767 * 63
  * (< 2^29), Q6_K's 4 * 4 * 32 * 32767 * 128 (< 2^31: |q - 32| <= 32, |scale| <= 128).
  *
- * A row's group: its two halves' nibble lanes `w`, q6_k's high-bit lanes `h` (h[2 half + 0]
- * for steps 0 and 2, + 1 for 1 and 3), the integer scales of each half's lanes `sa` (q6_k:
+ * A row's group: its two halves' nibble lanes `w`, q6_k's high bits `h` (a lane's byte in
+ * each 16-bit lane, h[half]: gpu/weights.py lays them out so), the integer scales of each half's lanes `sa` (q6_k:
  * of their first 16 weights, `sb` of the second), q4_k's float mins `m` (times -dmin), and d. */
 __attribute__((always_inline)) inline void read_super_group(const int wtype, __global const uchar *qs,
         __global const float *dm, size_t grp, short32 *w, ushort32 *h, int16 *sa, int16 *sb, float16 *m, float *d)
@@ -320,8 +322,8 @@ __attribute__((always_inline)) inline void read_super_group(const int wtype, __g
     __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
     w[0] = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
     w[1] = __builtin_astype((uint16)(q[4], q[5], q[6], q[7]), short32);
-    q6_high_lanes((uint8)(q[8], q[9]), &h[0], &h[1]);
-    q6_high_lanes((uint8)(q[10], q[11]), &h[2], &h[3]);
+    h[0] = __builtin_convertvector(__builtin_astype((uint8)(q[8], q[9]), uchar32), ushort32);
+    h[1] = __builtin_convertvector(__builtin_astype((uint8)(q[10], q[11]), uchar32), ushort32);
     const int16 sc = convert_int16(as_char16(q[12]));
     sa[0] = sc.s0000222244446666;
     sb[0] = sc.s1111333355557777;
@@ -343,8 +345,8 @@ __attribute__((always_inline)) inline int16 super_dot(const int wtype, const sho
             sum += sa[i] * nibble_half_dot(wtype, 1, w[i], none, no_bits, no_bits, xv + 4 * i,
                                               nibble_half_dot(wtype, 0, w[i], none, no_bits, no_bits, xv + 4 * i, 0));
         } else {
-            sum += sa[i] * nibble_half_dot(wtype, 0, w[i], none, h[2 * i], h[2 * i + 1], xv + 4 * i, 0)
-                 + sb[i] * nibble_half_dot(wtype, 1, w[i], none, h[2 * i], h[2 * i + 1], xv + 4 * i, 0);
+            sum += sa[i] * nibble_half_dot(wtype, 0, w[i], none, h[i], h[i], xv + 4 * i, 0)
+                 + sb[i] * nibble_half_dot(wtype, 1, w[i], none, h[i], h[i], xv + 4 * i, 0);
         }
     }
     return sum;
@@ -363,7 +365,7 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
         a0[c] = a1[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
         short32 w0[2], w1[2];
-        ushort32 h0[4], h1[4];
+        ushort32 h0[2], h1[2];
         int16 sa0[2], sb0[2], sa1[2], sb1[2];
         float16 m0[2], m1[2];
         float d0, d1;
