@@ -235,17 +235,15 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
-    float8 g0 = 0.0f, g1 = 0.0f;  /* compact Q5_0's group d, rows r0 and r1 */
     for (int s = 0; s < ng; s++) {
         short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
         ushort32 h00, h01, h10, h11;
         const size_t b0 = (size_t)r0 * nb + 4 * s, b1 = (size_t)r1 * nb + 4 * s;
         prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, QS_BYTES(wtype), DM_BYTES(wtype));
-        if (wtype == WT_Q5_0 && (s == 0 || b0 % 8 == 0))  /* a row may start half-way in a group */
-            g0 = q5_0_group_scales(qs, b0);
-        if (wtype == WT_Q5_0 && (s == 0 || b1 % 8 == 0))
-            g1 = q5_0_group_scales(qs, b1);
+        /* compact Q5_0's group d, rows r0 and r1 (one vcvtph2ps: cheaper than a branch) */
+        const float8 g0 = wtype == WT_Q5_0 ? q5_0_group_scales(qs, b0) : 0.0f;
+        const float8 g1 = wtype == WT_Q5_0 ? q5_0_group_scales(qs, b1) : 0.0f;
         read_nibbles(wtype, qs, dm, b0, g0, &w0, &v0, &d0, &m0, &h00, &h01);
         read_nibbles(wtype, qs, dm, b1, g1, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
