@@ -1,6 +1,6 @@
 /* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1; q5: Q5_1, Q5_K; q6; q8_0: Q8_0
- * and stacks of symmetric 32-weight types; the compact q4_k, q6_k, q5_0, read with the
- * bit schemes of q4_1, q6 and q5) times a batch of vectors
+ * and stacks of symmetric 32-weight types; the compact q5_0, read with q5's bit scheme;
+ * the compact q4_k and q6_k a super-block at a time, pair_dot_super_cols) times a batch of vectors
  * in integer arithmetic, in place of cpu/matmul.cl's float kernels for these kinds.
  * Built after cpu/lowbit.cl (madd, ROUND, hmax_int16), whose scheme this follows.
  *
