@@ -5,9 +5,11 @@ K-quants), each its scale(s) then its quants. Those blocks are not 16-byte
 aligned, so the upload repacks every type into blocks of 32 in one of a few
 device kinds (kernels/quant.cl lists them), so kernels use aligned vector loads.
 The repacking is exact. Batch-1 decode reads every weight byte once a step, so
-the types of the coding models (Q4_K, Q6_K, Q5_0) can keep their file's bytes, only
-moved (`compact`; which, per kernel family: gpu/families.py's compact_layouts): a group of 8 blocks' quants, then its scales as stored (the compact kinds
-q4_k, q6_k, q5_0; the kernels read f16 as bits). The others keep the quants
+the types of the coding models (Q4_K, Q6_K, Q5_0) can keep their file's bytes
+(`compact`; which ones, per kernel family: gpu/families.py's compact_layouts), only
+moved: a group of 8 blocks' quants, then its scales (the compact kinds q4_k, q6_k,
+q5_0; Q4_K's and Q6_K's reordered within their bytes for the CPU kernels; the
+kernels read f16 as bits). The others keep the quants
 (`qs`, nibbles or int8) in one array and the scales (`dm`, widened to float32)
 in another, every Q5_1/Q5_K sub-block its own (scale, offset), except Q2_K and
 Q3_K, which stay whole super-blocks of 256 with their integer sub-block scales,
