@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import gguf
 import numpy as np
 import pyopencl as cl
 
@@ -34,6 +35,7 @@ from gpu import subgroups
 from gpu.device import Device
 from gpu.devicesampling import SampleHot
 from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, ApplyMask, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
+from gpu.weights import COMPACT
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.scheduling.units import ceil_div
@@ -76,13 +78,21 @@ class GPUTuning:
     subgroups: str = "auto"
 
 
-def compact_layouts() -> bool:
-    """SLOTSWARM_COMPACT=1: Q4_K, Q6_K and Q5_0 keep their file's bytes on the device
-    (gpu/weights.py's compact kinds). Off by default: a step reads a quarter fewer bytes on
-    Qwen2.5-Coder-1.5B, but decoding their packed scales made the batch-1 matmuls take 1.6x
-    Q4_1's time per file byte on the 2-core machine (swarm bench engine --quants), where
-    they are bound by instructions, not memory."""
-    return os.environ.get("SLOTSWARM_COMPACT", "0") == "1"
+def compact_layouts(default: frozenset) -> frozenset:
+    """Which of Q4_K, Q6_K and Q5_0 keep their file's bytes on the device (gpu/weights.py's
+    compact kinds): SLOTSWARM_COMPACT=1 all three, 0 none, for every family; else the
+    family's default. The CPU family keeps Q4_K and Q6_K (CPU_COMPACT): its kernels take
+    their sub-block scales as integers, one float a super-block, and a Qwen2.5-Coder-1.5B
+    step reads a quarter fewer bytes; its compact Q5_0 kernel is still slower per weight
+    than the widened one. The GPU family keeps none until measured on a GPU (its kernels
+    decode the scales per block)."""
+    setting = os.environ.get("SLOTSWARM_COMPACT", "")
+    if setting == "":
+        return default
+    return frozenset(COMPACT) if setting != "0" else frozenset()
+
+
+CPU_COMPACT = frozenset({gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K})
 
 
 def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = None) -> CPUFamily | GPUFamily:
@@ -114,7 +124,7 @@ class CPUFamily:
         # the same bits, so the two can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
-        self.compact = compact_layouts()
+        self.compact = compact_layouts(default=CPU_COMPACT)
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
@@ -191,7 +201,7 @@ class GPUFamily:
         if tuning.span < 1:
             raise ConfigError(f"attention splits need a span of at least one position, got {tuning.span}")
         self.span = tuning.span
-        self.compact = compact_layouts()
+        self.compact = compact_layouts(default=frozenset())
         self.c_version = device.device.opencl_c_version
         self.subgroups = subgroups.choose(device.device.extensions, self.c_version, tuning.subgroups)
         self.lanes = subgroups.MAX_LANES  # the most lanes a matmul unit has (set by fit)

@@ -5,9 +5,11 @@ K-quants), each its scale(s) then its quants. Those blocks are not 16-byte
 aligned, so the upload repacks every type into blocks of 32 in one of a few
 device kinds (kernels/quant.cl lists them), so kernels use aligned vector loads.
 The repacking is exact. Batch-1 decode reads every weight byte once a step, so
-the types of the coding models (Q4_K, Q6_K, Q5_0) keep their file's bytes, only
-moved: a group of 8 blocks' quants, then its scales as stored (the compact kinds
-q4_k, q6_k, q5_0; the kernels read f16 as bits). The others keep the quants
+the types of the coding models (Q4_K, Q6_K, Q5_0) can keep their file's bytes
+(`compact`; which ones, per kernel family: gpu/families.py's compact_layouts), only
+moved: a group of 8 blocks' quants, then its scales (the compact kinds q4_k, q6_k,
+q5_0; Q4_K's and Q6_K's reordered within their bytes for the CPU kernels; the
+kernels read f16 as bits). The others keep the quants
 (`qs`, nibbles or int8) in one array and the scales (`dm`, widened to float32)
 in another, every Q5_1/Q5_K sub-block its own (scale, offset), except Q2_K and
 Q3_K, which stay whole super-blocks of 256 with their integer sub-block scales,
@@ -22,7 +24,7 @@ Device bytes per weight against the file's: Q4_K 0.5625, Q6_K 0.82, Q5_0 0.69
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import gguf
@@ -34,6 +36,8 @@ from gpu.model.load import Model, WeightTensor
 from runtime.errors import UnsupportedModelError
 
 Q = gguf.GGMLQuantizationType
+# `compact` below: which of the compact types (COMPACT) keep their file's bytes; True is all
+Compact = bool | Collection[Q]
 
 
 @dataclass
@@ -88,7 +92,7 @@ def _dm(*columns: np.ndarray, words: Sequence[np.ndarray] = ()) -> np.ndarray:
     return out
 
 
-def repack(t: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
+def repack(t: WeightTensor, compact: Compact = False) -> tuple[str, np.ndarray, np.ndarray]:
     """(kind, qs (n_blocks, bytes), dm (n_blocks, k) float32) of one matrix, blocks of 32 in row order."""
     if t.qtype in (Q.F32, Q.F16, Q.BF16):
         return "f32", t.dequantize().reshape(t.rows, t.cols).astype(np.float32), np.zeros(4, np.uint8)
@@ -98,7 +102,7 @@ def repack(t: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray, np.
         return "q4_1", b[:, 2:18], _dm(d, -8 * d)
     if t.qtype == Q.Q4_1:
         return "q4_1", b[:, 4:20], _dm(_f16(b, 0), _f16(b, 2))
-    if compact and t.qtype in COMPACT and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
+    if t.qtype in (COMPACT if compact is True else compact or ()) and t.cols % 128 == 0:  # nibbles.cl reads whole halves of a group
         return COMPACT[t.qtype](b)
     if t.qtype in (Q.Q5_0, Q.Q5_1):
         at = 2 if t.qtype == Q.Q5_0 else 4
@@ -125,18 +129,31 @@ def repack(t: WeightTensor, compact: bool = False) -> tuple[str, np.ndarray, np.
 
 
 def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order), then its head."""
+    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order), then its head: d
+    and dmin, then the 6-bit scales and mins in the same 12 bytes, reordered so the kernels
+    unpack them with whole-vector shifts (quant.cl's q4_k_fields): byte j the low nibbles
+    of scale j and min j, then a word of their top two bits (scale j's at 2j, min j's at
+    16 + 2j)."""
     nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 128)
-    return "q4_k", np.concatenate([nibbles, b[:, 0:16]], axis=1), np.zeros(0, np.uint8)
+    s = b[:, 4:16].astype(np.uint32)
+    scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mins = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    nibble_bytes = ((scale & 15) | ((mins & 15) << 4)).astype(np.uint8)
+    top = _bitword(np.concatenate([scale >> 4, mins >> 4], axis=1), 2)
+    head = np.concatenate([b[:, 0:4], nibble_bytes, np.ascontiguousarray(top[:, None]).view(np.uint8)], axis=1)
+    return "q4_k", np.concatenate([nibbles, head], axis=1), np.zeros(0, np.uint8)
 
 
 def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high-bit words (two a block
-    of 32: its halves' 2-bit fields), the 16 int8 scales, and its f16 d in dm."""
+    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high bits (8 a block of 32:
+    byte l the top two bits of the weights whose nibbles bytes 2l, 2l + 1 hold: 2l, 2l + 16,
+    2l + 1, 2l + 17, so each 16-bit lane of nibbles meets its high bits in a byte), the 16
+    int8 scales, and its f16 d in dm."""
     q6 = (quants.SUBBLOCKS[Q.Q6_K](b)[0].reshape(-1, 32) + 32).astype(np.uint8)
     high = q6 >> 4
-    words = np.stack([_bitword(high[:, :16], 2), _bitword(high[:, 16:], 2)], axis=1)
-    group = [_nibbles(q6 & 15).reshape(len(b), 128), words.view(np.uint8).reshape(len(b), 64), b[:, 192:208]]
+    lanes = np.stack([high[:, 0:16:2], high[:, 16:32:2], high[:, 1:16:2], high[:, 17:32:2]], axis=2)
+    high_bytes = (lanes << np.array([0, 2, 4, 6], np.uint8)).sum(axis=2, dtype=np.uint8)
+    group = [_nibbles(q6 & 15).reshape(len(b), 128), high_bytes.reshape(len(b), 64), b[:, 192:208]]
     return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
 
 
@@ -205,7 +222,7 @@ def levels(t: WeightTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 SYMMETRIC_32 = (Q.Q4_0, Q.Q5_0, Q.Q8_0)
 
 
-def pack(tensors: Sequence[WeightTensor], compact: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
+def pack(tensors: Sequence[WeightTensor], compact: Compact = False) -> tuple[str, np.ndarray, np.ndarray]:
     """Stack the rows of `tensors` into one matrix and split it into (kind, qs, dm). Tensors
     of different device kinds (Qwen2.5 stores Q and K as Q5_0, V as Q8_0) meet in the
     narrowest kind that holds them all exactly: q8_0, else q8x2, else float32."""
@@ -233,9 +250,9 @@ def pack(tensors: Sequence[WeightTensor], compact: bool = False) -> tuple[str, n
     return "q8x2", q, _dm(scale[:, 0], offset[:, 0], scale[:, 1], offset[:, 1])
 
 
-def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact: bool = False) -> DeviceMatrix:
-    """`tensors` stacked by rows as one matrix; with `compact`, Q4_K, Q6_K and Q5_0 in the
-    compact kinds (the file's bytes)."""
+def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact: Compact = False) -> DeviceMatrix:
+    """`tensors` stacked by rows as one matrix; with `compact`, Q4_K, Q6_K and Q5_0 (or the
+    ones it names) in the compact kinds (the file's bytes)."""
     kind, qs, dm = pack(tensors, compact)
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
@@ -243,7 +260,7 @@ def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact:
     return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
 
 
-def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool, compact: bool = False) -> DeviceMatrix:
+def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool, compact: Compact = False) -> DeviceMatrix:
     """Tensors stacked by rows. With `split`, tensors of different types (Qwen2.5's Q and K
     in Q4_K, V in Q6_K) stay apart, each run of one type a part in its own kind (compact
     where that kind is), read by a launch of its own from its first row: a step then reads
@@ -331,7 +348,7 @@ def rope_table(inv_freq: np.ndarray, positions: int) -> np.ndarray:
     return np.stack([np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))], axis=-1).astype(np.float32).ravel()
 
 
-def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False, compact: bool = False) -> ModelWeights:
+def upload_weights(context: cl.Context, model: Model, split_stacks: bool = False, compact: Compact = False) -> ModelWeights:
     """Every tensor of a `gpu.model.load.Model`, packed and on the device, as its architecture
     asks; with `split_stacks`, a QKV stack of different types in parts (upload_stack); with
     `compact`, Q4_K, Q6_K and Q5_0 in the compact kinds."""

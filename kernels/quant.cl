@@ -26,11 +26,13 @@
  * The compact kinds keep the file's bytes (no more), moved so loads stay aligned, in
  * groups of 8 blocks (256 weights: a K-quant super-block); their nibbles are stored as
  * above, 16 B a block, the group's first 128 bytes, and f16 scales are read as bits:
- *   Q4_K  qs = 144 B a group: nibbles, then the file's 16-byte head (d, dmin as f16,
- *         12 B of 6-bit sub-block scales and mins)   w = d sc_j q - dmin m_j; dm unused
- *   Q6_K  qs = 208 B a group: nibbles, 64 B of high-bit words (two a block, as Q6's qh0,
- *         qh1), 16 int8 scales (one per 16 weights); dm = the group's d as f16
- *         w = d sc (q - 32)
+ *   Q4_K  qs = 144 B a group: nibbles, then a 16-byte head: d, dmin as f16, and the 6-bit
+ *         sub-block scales and mins in the file's 12 bytes, reordered (q4_k_fields)
+ *         w = d sc_j q - dmin m_j; dm unused
+ *   Q6_K  qs = 208 B a group: nibbles, 64 B of high bits (block j's 8 bytes at 8j: byte l
+ *         holds the top two bits of weights 2l, 2l + 16, 2l + 1, 2l + 17 at bits 0, 2, 4,
+ *         6, the weights of byte 2l, 2l + 1's nibbles in order), 16 int8 scales (one per
+ *         16 weights); dm = the group's d as f16   w = d sc (q - 32)
  *   Q5_0  qs = 176 B a group of 8 blocks of a Q5_0 matrix (flat, across rows): nibbles,
  *         8 words of fifth bits (as Q5's qh), 8 f16 d; dm unused   w = d (q - 16)
  * qh words are bit patterns carried in float slots (as_uint reads them back).
@@ -85,23 +87,36 @@
    exponent and mantissa into place, subnormal ones as integer multiples of 2^-24. */
 inline float8 halves_to_float8(ushort8 h)
 {
+#if defined(__F16C__)
+    /* one vcvtph2ps where the target has F16C (x86 CPUs), exact as the integer form */
+    typedef short v8hi __attribute__((__vector_size__(16)));
+    return __builtin_astype(__builtin_ia32_vcvtph2ps256(__builtin_astype(h, v8hi)), float8);
+#endif
     const uint8 u = convert_uint8(h), em = u & 0x7fffu;
     const uint8 normal = (em << 13) + 0x38000000u;
     const uint8 subnormal = as_uint8(convert_float8(em) * 0x1p-24f);
     return as_float8(select(normal, subnormal, em < 0x400u) | ((u & 0x8000u) << 16));
 }
 
-/* A Q4_K group's 8 sub-block scales d sc_j and offsets -dmin m_j, from its 16-byte head
-   (d, dmin, then 6-bit fields: bytes 0..3 scales 0..3 and their top bits those of
-   scales 4..7, bytes 4..7 the same for mins, bytes 8..11 the low nibbles of 4..7) */
-inline void q4_k_scales(uchar16 head, float8 *scale, float8 *offset)
+/* A Q4_K group's 6-bit sub-block scales (lanes 0..7) and mins (8..15) as integers, from
+   its 16-byte head as gpu/weights.py lays it out: d, dmin, then 8 bytes of low nibbles
+   (byte 4 + j: scale j's, min j's << 4), then a word of their top two bits (scale j's at
+   bit 2j, min j's at 16 + 2j): a few whole-vector shifts, where the file's order took
+   byte-wise ones per field */
+inline int16 q4_k_fields(uint4 head)
+{
+    const uint16 low = head.s1111222211112222 >> (uint16)(0, 8, 16, 24, 0, 8, 16, 24, 4, 12, 20, 28, 4, 12, 20, 28);
+    const uint16 top = (uint16)(head.s3) >> (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return as_int16((low & 15u) | ((top & 3u) << 4));
+}
+
+/* A Q4_K group's 8 sub-block scales d sc_j and offsets -dmin m_j */
+inline void q4_k_scales(uint4 head, float8 *scale, float8 *offset)
 {
     const float8 dd = halves_to_float8(as_ushort8(head));
-    const uchar4 s = head.s4567, m = head.s89ab, low = head.scdef;
-    const uchar8 sc = (uchar8)(s & (uchar)63, (low & (uchar)15) | ((s >> (uchar)6) << (uchar)4));
-    const uchar8 mn = (uchar8)(m & (uchar)63, (low >> (uchar)4) | ((m >> (uchar)6) << (uchar)4));
-    *scale = dd.s0 * convert_float8(sc);
-    *offset = -(dd.s1 * convert_float8(mn));
+    const float16 fields = convert_float16(q4_k_fields(head));
+    *scale = dd.s0 * fields.lo;
+    *offset = -(dd.s1 * fields.hi);
 }
 
 /* A Q6_K group's 16 scales (one per 16 weights) times its d */
@@ -157,7 +172,7 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         __global const uchar *group = qs + (size_t)Q4_K_GROUP * (blk / 8);
         const uchar16 q = ((__global const uchar16 *)group)[blk % 8];
         float8 scale, offset;
-        q4_k_scales(((__global const uchar16 *)(group + 128))[0], &scale, &offset);
+        q4_k_scales(((__global const uint4 *)(group + 128))[0], &scale, &offset);
         const float d = scale[blk % 8], m = offset[blk % 8];
         *lo = convert_float16(q & (uchar)15) * d + m;
         *hi = convert_float16(q >> (uchar)4) * d + m;
@@ -165,11 +180,11 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         __global const uchar *group = qs + (size_t)Q6_K_GROUP * (blk / 8);
         const uint j = blk % 8;
         const uchar16 q = ((__global const uchar16 *)group)[j];
-        const uint2 h = ((__global const uint2 *)(group + 128))[j];
+        const uint16 h = convert_uint16(((__global const uchar8 *)(group + 128))[j].s0011223344556677);
         const float16 s = q6_k_scales(group, dm, blk / 8);
-        const uint16 h0 = (uint16)(h.x), h1 = (uint16)(h.y);
-        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s[2 * j];
-        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s[2 * j + 1];
+        const uint16 shift = 4u * (LANES & 1u);  /* weight 2l's bits at 0, 2l + 1's at 4; + 2 for l + 16 */
+        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h >> shift) & 3u) << 4)) - 32.0f) * s[2 * j];
+        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h >> (shift + 2u)) & 3u) << 4)) - 32.0f) * s[2 * j + 1];
     } else if (wtype == WT_Q5_0) {
         __global const uchar *group = qs + (size_t)Q5_0_GROUP * (blk / 8);
         const uint j = blk % 8;

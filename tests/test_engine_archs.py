@@ -96,6 +96,25 @@ def test_compact_kinds_match_reference(tmp_path: Path, qtype, kernels: str, monk
     compare(path, steps=2, kernels=kernels)
 
 
+# SLOTSWARM_COMPACT: (the CPU family's kinds for Q4_K, Q6_K and Q5_0, the GPU family's)
+COMPACT_SETTINGS = [(None, ("q4_k", "q6_k", "q5"), ("q4_1", "q6", "q5")), ("0", ("q4_1", "q6", "q5"), ("q4_1", "q6", "q5")),
+                    ("1", ("q4_k", "q6_k", "q5_0"), ("q4_k", "q6_k", "q5_0"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("setting, cpu_kinds, gpu_kinds", COMPACT_SETTINGS, ids=["default", "off", "on"])
+def test_the_cpu_family_keeps_q4_k_and_q6_k_compact_by_default(tmp_path: Path, setting, cpu_kinds, gpu_kinds, monkeypatch) -> None:
+    """Unless SLOTSWARM_COMPACT says otherwise (0: none, 1: all three), the CPU family keeps
+    Q4_K and Q6_K in their file's bytes and widens Q5_0; the GPU family widens all three."""
+    if setting is None:
+        monkeypatch.delenv("SLOTSWARM_COMPACT", raising=False)
+    else:
+        monkeypatch.setenv("SLOTSWARM_COMPACT", setting)
+    for kernels, kinds in (("cpu", cpu_kinds), ("gpu", gpu_kinds)):
+        for qtype, kind in zip((Q.Q4_K, Q.Q6_K, Q.Q5_0), kinds, strict=True):
+            path = write_tiny_gguf(tmp_path / f"{qtype.name}.gguf", weight_type=qtype, embed_type=Q.Q8_0, tied=False, **SHAPE)
+            assert OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].down.kind == kind
+
+
 def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
     """Gemma 3 on the GPU family with attention cut into splits of 3 positions: the sliding
     window of 8 is 3 splits per (token, KV head), each a share of the window only, and the

@@ -14,7 +14,7 @@ from test_device_quants import SHAPE
 from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
 from test_quants import random_blocks
 
-from gpu.families import CPUFamily
+from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, CPUMatmul, cpu_variant
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
@@ -67,9 +67,16 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
     got = run(device, program, raw, qtype, x, g, normalize, compact=bool(compact))
     inputs = x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) if normalize else x
-    want = inputs @ gguf.quants.dequantize(raw, qtype).T
-    # 16-bit inputs: each rounded by at most 1/65534 of its group's largest |x|
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    weights = gguf.quants.dequantize(raw, qtype)
+    want = inputs @ weights.T
+    # 16-bit inputs: each rounded by at most 1/65534 of its group's largest |x| (groups of 128
+    # inputs; compact Q4_K's and Q6_K's of 256, a super-block's); blocks past the last group
+    # are read as floats
+    group = 256 if compact and qtype in K_QUANTS else 128
+    grouped = np.abs(inputs[:, : cols // group * group]).reshape(ncols, -1, group).max(axis=2, keepdims=True)
+    step = np.broadcast_to(grouped / 65534, (ncols, cols // group, group)).reshape(ncols, -1)
+    bound = step @ np.abs(weights[:, : step.shape[1]]).T
+    assert np.all(np.abs(got - want) <= np.maximum(1.01 * bound, 2e-4 * np.abs(want).max()))
 
 
 @pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
@@ -91,6 +98,33 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, com
         assert batch[0].tobytes() == alone[0].tobytes()
         for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
             assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact))[0].tobytes()
+
+
+def extreme_super_blocks(qtype, n: int) -> np.ndarray:
+    """n Q4_K or Q6_K super-blocks whose integer sums are the largest the kernels can meet:
+    Q4_K every quant 15 and every scale and min 63; Q6_K every quant 0 (q - 32 = -32) and
+    every scale -128; d 1 (and dmin 1)."""
+    one = np.array([0x3C00], np.uint16).view(np.uint8)
+    if qtype == Q.Q4_K:  # d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+        block = np.concatenate([one, one, np.full(12, 0xFF, np.uint8), np.full(128, 0xFF, np.uint8)])
+    else:  # 128 low nibbles, 64 high bits, 16 int8 scales, d
+        block = np.concatenate([np.zeros(192, np.uint8), np.full(16, 0x80, np.uint8), one])
+    return np.tile(block, (n, 1))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_compact_super_block_sums_do_not_overflow(device, qtype) -> None:  # noqa: F811
+    """The compact Q4_K and Q6_K kernels add a super-block's scaled integer dot products in
+    32 bits (cpu/nibbles.cl's bound): at the largest quants, scales and inputs they still
+    match NumPy, at one column and at a tile of eight."""
+    program = build(device, 512, host_has_vnni())
+    cols = 512
+    raw = extreme_super_blocks(qtype, ROWS * cols // 256).reshape(ROWS, -1)
+    want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
+    for ncols in (1, 8):
+        x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits
+        got = run(device, program, raw, qtype, x, np.ones(cols, np.float32), 0, compact=True)
+        np.testing.assert_allclose(got, np.full((ncols, ROWS), want_row), rtol=1e-6)
 
 
 LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K)

@@ -1,6 +1,6 @@
 /* CPU family: blocks of 32 weights (kinds q4_1: Q4_0, Q4_1; q5: Q5_1, Q5_K; q6; q8_0: Q8_0
- * and stacks of symmetric 32-weight types; the compact q4_k, q6_k, q5_0, read with the
- * bit schemes of q4_1, q6 and q5) times a batch of vectors
+ * and stacks of symmetric 32-weight types; the compact q5_0, read with q5's bit scheme;
+ * the compact q4_k and q6_k a super-block at a time, pair_dot_super_cols) times a batch of vectors
  * in integer arithmetic, in place of cpu/matmul.cl's float kernels for these kinds.
  * Built after cpu/lowbit.cl (madd, ROUND, hmax_int16), whose scheme this follows.
  *
@@ -42,44 +42,55 @@
 #define NIB_SCALES(xl, tile, ng) ((__local float *)(NIB_INPUTS(xl, tile, ng) + 4 * (tile) * (ng)))
 
 /* Columns c0.. c0 + tile - 1 of g * x (x when `normalize` is 0) into the local buffer,
-   shared out over the work-group by (column, group); barriers as quantize_tile's. */
-inline void quantize_nibble_tile(__global const float *x, __global const int *xrows, __global const float *g,
-                                 int normalize, int k, int c0, int ncols, const int tile, __local uchar *xl)
+   shared out over the work-group by (column, group); barriers as quantize_tile's. With
+   `span` 2 (a literal), each pair of groups (256 inputs: a super-block of Q4_K or Q6_K)
+   shares one scale, so a row's integer sums over the pair add up before one float. */
+__attribute__((always_inline)) inline void quantize_nibble_tile(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, const int span,
+                                 __local uchar *xl)
 {
-    const int ng = k / NIB_GROUP;
+    const int ng = k / NIB_GROUP, units = ng / span;
     __local float16 *xs = NIB_SUMS(xl, tile, ng);
     __local short32 *xq = NIB_INPUTS(xl, tile, ng);
     __local float *xd = NIB_SCALES(xl, tile, ng);
     /* a wide tile's columns past the batch, rounded up to 8, are skipped (pair_dot_nibbles) */
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int u = get_local_id(0); u < live * ng; u += get_local_size(0)) {
-        const int c = u / ng, s = u % ng;
-        __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + NIB_GROUP * s;
-        float16 v[8];
+    for (int u = get_local_id(0); u < live * units; u += get_local_size(0)) {
+        const int c = u / units, s0 = u % units * span;
+        __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + NIB_GROUP * s0;
+        float16 v[16];
         int16 m = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            v[i] = normalize ? F16(i, xc) * F16(8 * s + i, g) : F16(i, xc);
-            m = max(m, as_int16(v[i]) & 0x7fffffff);
+        for (int i = 0; i < 16; i++) {
+            if (i < 8 * span) {
+                v[i] = normalize ? F16(i, xc) * F16(8 * s0 + i, g) : F16(i, xc);
+                m = max(m, as_int16(v[i]) & 0x7fffffff);
+            }
         }
         const float amax = as_float(hmax_int16(m));
         const float to_int = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        short16 lo[4], hi[4];  /* block b's first and second halves, rounded */
-        float sums[4];
 #pragma unroll
-        for (int b = 0; b < 4; b++) {
-            lo[b] = convert_short16(ROUND(v[2 * b] * to_int));
-            hi[b] = convert_short16(ROUND(v[2 * b + 1] * to_int));
-            sums[b] = hsum16(v[2 * b] + v[2 * b + 1]) * 0.25f;
+        for (int h = 0; h < 2; h++) {
+            if (h < span) {
+                short16 lo[4], hi[4];  /* block b's first and second halves, rounded */
+                float sums[4];
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    lo[b] = convert_short16(ROUND(v[8 * h + 2 * b] * to_int));
+                    hi[b] = convert_short16(ROUND(v[8 * h + 2 * b + 1] * to_int));
+                    sums[b] = hsum16(v[8 * h + 2 * b] + v[8 * h + 2 * b + 1]) * 0.25f;
+                }
+                const int s = s0 + h;
+                __local short32 *o = xq + ((size_t)c * ng + s) * 4;
+                o[0] = (short32)(lo[0].even, lo[1].even, lo[2].even, lo[3].even);
+                o[1] = (short32)(hi[0].even, hi[1].even, hi[2].even, hi[3].even);
+                o[2] = (short32)(lo[0].odd, lo[1].odd, lo[2].odd, lo[3].odd);
+                o[3] = (short32)(hi[0].odd, hi[1].odd, hi[2].odd, hi[3].odd);
+                xs[c * ng + s] = (float16)((float4)(sums[0]), (float4)(sums[1]), (float4)(sums[2]), (float4)(sums[3]));
+                xd[c * ng + s] = amax / 32767.0f;
+            }
         }
-        __local short32 *o = xq + ((size_t)c * ng + s) * 4;
-        o[0] = (short32)(lo[0].even, lo[1].even, lo[2].even, lo[3].even);
-        o[1] = (short32)(hi[0].even, hi[1].even, hi[2].even, hi[3].even);
-        o[2] = (short32)(lo[0].odd, lo[1].odd, lo[2].odd, lo[3].odd);
-        o[3] = (short32)(hi[0].odd, hi[1].odd, hi[2].odd, hi[3].odd);
-        xs[c * ng + s] = (float16)((float4)(sums[0]), (float4)(sums[1]), (float4)(sums[2]), (float4)(sums[3]));
-        xd[c * ng + s] = amax / 32767.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -100,28 +111,29 @@ typedef ushort ushort32 __attribute__((ext_vector_type(32)));
    2l, 2l + 1, the weights of steps 0 and 2), `w2` their second halves, d per block.
    (Rows of 18 blocks start 32 bytes off a 64-byte line: the loads are 16- and 8-byte
    ones the compiler may join.) */
-#define COMPACT_KIND(wtype) ((wtype) == WT_Q4_K || (wtype) == WT_Q6_K || (wtype) == WT_Q5_0)
+/* Q4_K and Q6_K (compact kinds in whole super-blocks) are read by pair_dot_super_cols;
+   compact Q5_0, whose rows may start half-way into a group of 8 blocks, by halves here */
+#define SUPER_KIND(wtype) ((wtype) == WT_Q4_K || (wtype) == WT_Q6_K)
 
-/* A compact kind's scales for the group of 8 blocks holding block `blk`, decoded once for
-   both its halves: q4_k's 8 sub-block scales then their 8 offsets, q6_k's 16 scales (one
-   per 16 weights), q5_0's 8 d */
-__attribute__((always_inline)) inline float16 group_scales(const int wtype, __global const uchar *qs,
-        __global const float *dm, size_t blk)
+/* q6's high-bit words (qh0, qh1 of four blocks) as the lanes of steps 0, 2 (h0) and 1, 3 (h1) */
+__attribute__((always_inline)) inline void q6_high_lanes(uint8 words, ushort32 *h0, ushort32 *h1)
 {
-    const size_t g = blk / 8;
-    if (wtype == WT_Q4_K) {
-        float8 scale, offset;
-        q4_k_scales(((__global const uchar16 *)(qs + (size_t)Q4_K_GROUP * g + 128))[0], &scale, &offset);
-        return (float16)(scale, offset);
-    }
-    if (wtype == WT_Q6_K)
-        return q6_k_scales(qs + (size_t)Q6_K_GROUP * g, dm, g);
-    return (float16)(halves_to_float8(((__global const ushort8 *)(qs + (size_t)Q5_0_GROUP * g + 160))[0]), (float8)0.0f);
+    const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
+    const uint16 u0 = words.s0000222244446666, u1 = words.s1111333355557777;
+    *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
+    *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
 }
 
-/* (The compact kinds take their group's scales, `group_scales_in`, from group_scales.) */
+/* Compact Q5_0's eight d of the group of 8 blocks holding block `blk`, decoded once for
+   both its halves */
+__attribute__((always_inline)) inline float8 q5_0_group_scales(__global const uchar *qs, size_t blk)
+{
+    return halves_to_float8(((__global const ushort8 *)(qs + (size_t)Q5_0_GROUP * (blk / 8) + 160))[0]);
+}
+
+/* (Compact Q5_0 takes its group's d, `group_d`, from q5_0_group_scales.) */
 __attribute__((always_inline)) inline void read_nibbles(const int wtype, __global const uchar *qs,
-        __global const float *dm, size_t blk, float16 group_scales_in, short32 *w, short32 *w2, float16 *d, float16 *m,
+        __global const float *dm, size_t blk, float8 group_d, short32 *w, short32 *w2, float16 *d, float16 *m,
         ushort32 *h0, ushort32 *h1)
 {
     *h0 = *h1 = (ushort32)0;
@@ -134,37 +146,20 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
         *m = (float16)0.0f;
         return;
     }
-    if (COMPACT_KIND(wtype)) {
+    if (wtype == WT_Q5_0) {
         /* blk is a multiple of 4 (host: rows of whole groups of four), so the four
            blocks are one half of a group of 8 */
         const int upper = (blk / 4) % 2;
-        const float16 scales = group_scales_in;
-        __global const uchar *group = qs + (size_t)(wtype == WT_Q4_K ? Q4_K_GROUP : wtype == WT_Q6_K ? Q6_K_GROUP : Q5_0_GROUP) * (blk / 8);
+        __global const uchar *group = qs + (size_t)Q5_0_GROUP * (blk / 8);
         __global const uint4 *q = (__global const uint4 *)group + 4 * upper;
         *w = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
-        if (wtype == WT_Q4_K) {
-            const float4 s4 = upper ? scales.s4567 : scales.s0123, m4 = upper ? scales.scdef : scales.s89ab;
-            *d = s4.s0000111122223333;
-            *m = m4.s0000111122223333;
-        } else if (wtype == WT_Q5_0) {
-            const uint4 u = ((__global const uint4 *)(group + 128))[upper];
-            const float4 d4 = upper ? scales.s4567 : scales.s0123;
-            *d = d4.s0000111122223333;
-            *m = -16.0f * *d;
-            const uint16 u16 = u.s0000111122223333;
-            *h0 = __builtin_astype(LOW_HALVES(u16), ushort32);
-            *h1 = __builtin_astype(HIGH_HALVES(u16), ushort32);
-        } else {
-            const float8 s8 = upper ? scales.hi : scales.lo;
-            *d = s8.s0000222244446666;
-            *m = s8.s1111333355557777;
-            __global const uint4 *hw = (__global const uint4 *)(group + 128) + 2 * upper;
-            const uint8 words = (uint8)(hw[0], hw[1]);  /* qh0, qh1 of each of the four blocks */
-            const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
-            const uint16 u0 = words.s0000222244446666, u1 = words.s1111333355557777;
-            *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
-            *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
-        }
+        const uint4 u = ((__global const uint4 *)(group + 128))[upper];
+        const float4 d4 = upper ? group_d.hi : group_d.lo;
+        *d = d4.s0000111122223333;
+        *m = -16.0f * *d;
+        const uint16 u16 = u.s0000111122223333;
+        *h0 = __builtin_astype(LOW_HALVES(u16), ushort32);
+        *h1 = __builtin_astype(HIGH_HALVES(u16), ushort32);
         return;
     }
     __global const uint4 *q = (__global const uint4 *)qs + blk;
@@ -186,10 +181,7 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
         *h0 = __builtin_astype(LOW_HALVES(u), ushort32);
         *h1 = __builtin_astype(HIGH_HALVES(u), ushort32);
     } else {
-        const uint16 first = (uint16)(~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u, ~0u, ~0u, 0u, 0u);
-        const uint16 u0 = words.s22226666aaaaeeee, u1 = words.s33337777bbbbffff;
-        *h0 = __builtin_astype((LOW_HALVES(u0) & first) | (HIGH_HALVES(u0) & ~first), ushort32);
-        *h1 = __builtin_astype((LOW_HALVES(u1) & first) | (HIGH_HALVES(u1) & ~first), ushort32);
+        q6_high_lanes(words.s2367abef, h0, h1);
     }
 }
 
@@ -201,7 +193,7 @@ __attribute__((always_inline)) inline void read_nibbles(const int wtype, __globa
 #define Q5_MUL (ushort8)(16384, 4096, 1024, 256, 64, 16, 4, 1)
 #define Q6_MUL (ushort8)(4096, 256, 16, 1, 4096, 256, 16, 1)
 /* the compact kinds' quants are those of the kinds they pack the bytes of */
-#define NIBBLE_SCHEME(wtype) ((wtype) == WT_Q4_K ? WT_Q4_1 : (wtype) == WT_Q6_K ? WT_Q6 : (wtype) == WT_Q5_0 ? WT_Q5 : (wtype))
+#define NIBBLE_SCHEME(wtype) ((wtype) == WT_Q4_K ? WT_Q4_1 : (wtype) == WT_Q5_0 ? WT_Q5 : (wtype))
 __attribute__((always_inline)) inline short32 step_quants(int wtype, const int f, short32 w, short32 w2,
                                                           ushort32 h0, ushort32 h1)
 {
@@ -213,6 +205,8 @@ __attribute__((always_inline)) inline short32 step_quants(int wtype, const int f
     }
     if (wtype == WT_Q5)
         return NIBBLE(w, f) | as_short32(((h * LANES4(Q5_MUL)) >> (ushort)(f < 2 ? 10 : 11)) & (ushort)16);
+    if (wtype == WT_Q6_K)  /* a lane's byte of high bits, step f's at 2f, moved to 4..5 */
+        return (NIBBLE(w, f) | as_short32((f < 2 ? h << (ushort)(4 - 2 * f) : h >> (ushort)(2 * f - 4)) & (ushort)48)) - (short)32;
     if (wtype == WT_Q6)
         return (NIBBLE(w, f) | as_short32(((h * LANES4(Q6_MUL)) >> (ushort)(f < 2 ? 8 : 10)) & (ushort)48)) - (short)32;
     return NIBBLE(w, f);
@@ -241,17 +235,15 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         a0[c] = a1[c] = (float16)0.0f;
-    float16 g0 = 0.0f, g1 = 0.0f;  /* a compact kind's group scales, rows r0 and r1 */
     for (int s = 0; s < ng; s++) {
         short32 w0, w1, v0, v1;
         float16 d0, d1, m0, m1;
         ushort32 h00, h01, h10, h11;
         const size_t b0 = (size_t)r0 * nb + 4 * s, b1 = (size_t)r1 * nb + 4 * s;
         prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, QS_BYTES(wtype), DM_BYTES(wtype));
-        if (COMPACT_KIND(wtype) && (s == 0 || b0 % 8 == 0))  /* a row may start half-way in a group */
-            g0 = group_scales(wtype, qs, dm, b0);
-        if (COMPACT_KIND(wtype) && (s == 0 || b1 % 8 == 0))
-            g1 = group_scales(wtype, qs, dm, b1);
+        /* compact Q5_0's group d, rows r0 and r1 (one vcvtph2ps: cheaper than a branch) */
+        const float8 g0 = wtype == WT_Q5_0 ? q5_0_group_scales(qs, b0) : 0.0f;
+        const float8 g1 = wtype == WT_Q5_0 ? q5_0_group_scales(qs, b1) : 0.0f;
         read_nibbles(wtype, qs, dm, b0, g0, &w0, &v0, &d0, &m0, &h00, &h01);
         read_nibbles(wtype, qs, dm, b1, g1, &w1, &v1, &d1, &m1, &h10, &h11);
         for (int c = 0; c < tile; c++) {
@@ -296,6 +288,109 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
     }
 }
 
+/* Q4_K's and Q6_K's super-blocks, as llama.cpp's CPU kernels take them: their sub-block
+ * scales stay integers (6-bit, int8), each block's integer dot product is multiplied by its
+ * scale in the integers, and a row's sums over the super-block (256 inputs, one input scale:
+ * quantize_nibble_tile's span 2) become one float, times d: one conversion a super-block where
+ * the float per block took four multiply-adds a half. Q4_K's mins meet the blocks' float input
+ * sums. The integer sums cannot overflow: Q4_K's lanes hold at most 2 * 8 * 15 * 32767 * 63
+ * (< 2^29), Q6_K's 4 * 4 * 32 * 32767 * 128 (< 2^31: |q - 32| <= 32, |scale| <= 128).
+ *
+ * A row's group: its two halves' nibble lanes `w`, q6_k's high bits `h` (a lane's byte in
+ * each 16-bit lane, h[half]: gpu/weights.py lays them out so), the integer scales of each half's lanes `sa` (q6_k:
+ * of their first 16 weights, `sb` of the second), q4_k's float mins `m` (times -dmin), and d. */
+__attribute__((always_inline)) inline void read_super_group(const int wtype, __global const uchar *qs,
+        __global const float *dm, size_t grp, short32 *w, ushort32 *h, int16 *sa, int16 *sb, float16 *m, float *d)
+{
+    if (wtype == WT_Q4_K) {
+        __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
+        w[0] = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
+        w[1] = __builtin_astype((uint16)(q[4], q[5], q[6], q[7]), short32);
+        const uint4 head = q[8];
+        const int16 fields = q4_k_fields(head);
+        const float2 dd = halves_to_float8(as_ushort8(head)).s01;
+        sa[0] = fields.s0000111122223333;
+        sa[1] = fields.s4444555566667777;
+        const float8 mins = convert_float8(fields.hi) * -dd.y;
+        m[0] = mins.s0000111122223333;
+        m[1] = mins.s4444555566667777;
+        *d = dd.x;
+        return;
+    }
+    __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
+    w[0] = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
+    w[1] = __builtin_astype((uint16)(q[4], q[5], q[6], q[7]), short32);
+    h[0] = __builtin_convertvector(__builtin_astype((uint8)(q[8], q[9]), uchar32), ushort32);
+    h[1] = __builtin_convertvector(__builtin_astype((uint8)(q[10], q[11]), uchar32), ushort32);
+    const int16 sc = convert_int16(as_char16(q[12]));
+    sa[0] = sc.s0000222244446666;
+    sb[0] = sc.s1111333355557777;
+    sa[1] = sc.s8888aaaacccceeee;
+    sb[1] = sc.s9999bbbbddddffff;
+    *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
+}
+
+/* lane u: block u / 4's integer sum over a row's super-block, its scales applied */
+__attribute__((always_inline)) inline int16 super_dot(const int wtype, const short32 *w, const ushort32 *h,
+        const int16 *sa, const int16 *sb, __local const short32 *xv)
+{
+    int16 sum = 0;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const short32 none = 0;
+        const ushort32 no_bits = 0;
+        if (wtype == WT_Q4_K) {
+            sum += sa[i] * nibble_half_dot(wtype, 1, w[i], none, no_bits, no_bits, xv + 4 * i,
+                                              nibble_half_dot(wtype, 0, w[i], none, no_bits, no_bits, xv + 4 * i, 0));
+        } else {
+            sum += sa[i] * nibble_half_dot(wtype, 0, w[i], none, h[i], h[i], xv + 4 * i, 0)
+                 + sb[i] * nibble_half_dot(wtype, 1, w[i], none, h[i], h[i], xv + 4 * i, 0);
+        }
+    }
+    return sum;
+}
+
+/* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks) */
+__attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, const int tile, const int layout,
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
+        float16 *a0, float16 *a1, float *out0, float *out1)
+{
+    const int ng = k / NIB_GROUP, nsuper = k / 256;
+    __local const float16 *xs = NIB_SUMS(xl, layout, ng);
+    __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
+    __local const float *xd = NIB_SCALES(xl, layout, ng);
+    for (int c = 0; c < tile; c++)
+        a0[c] = a1[c] = (float16)0.0f;
+    for (int j = 0; j < nsuper; j++) {
+        short32 w0[2], w1[2];
+        ushort32 h0[2], h1[2];
+        int16 sa0[2], sb0[2], sa1[2], sb1[2];
+        float16 m0[2], m1[2];
+        float d0, d1;
+        prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
+        read_super_group(wtype, qs, dm, (size_t)r0 * nsuper + j, w0, h0, sa0, sb0, m0, &d0);
+        read_super_group(wtype, qs, dm, (size_t)r1 * nsuper + j, w1, h1, sa1, sb1, m1, &d1);
+        for (int c = 0; c < tile; c++) {
+            const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
+            __local const short32 *xv = xq + (size_t)at * 4;
+            const float dx = xd[at];
+            const int16 i0 = super_dot(wtype, w0, h0, sa0, sb0, xv), i1 = super_dot(wtype, w1, h1, sa1, sb1, xv);
+            if (wtype == WT_Q4_K) {
+                const float16 s0 = xs[at], s1 = xs[at + 1];
+                a0[c] += convert_float16(i0) * (d0 * dx) + m0[0] * s0 + m0[1] * s1;
+                a1[c] += convert_float16(i1) * (d1 * dx) + m1[0] * s0 + m1[1] * s1;
+            } else {
+                a0[c] += convert_float16(i0) * (d0 * dx);
+                a1[c] += convert_float16(i1) * (d1 * dx);
+            }
+        }
+    }
+    for (int c = 0; c < tile; c++) {
+        out0[c] = hsum16(a0[c]);
+        out1[c] = hsum16(a1[c]);
+    }
+}
+
 /* A prompt's many columns as a GEMM: a 32-column tile is quantized at once, and each row
  * pair decodes a group of blocks once for all of its (live) columns, not once per 8, and
  * streams its weights once per 32 columns. Each column is added exactly as in an 8-column
@@ -310,18 +405,28 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
 {
     if (tile <= MAX_TILE) {
         float16 a0[MAX_TILE], a1[MAX_TILE];
-        pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+        if (SUPER_KIND(wtype))
+            pair_dot_super_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
+        else
+            pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
         return;
     }
     float16 a0[GEMM_TILE], a1[GEMM_TILE];
     const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
-    pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+    if (SUPER_KIND(wtype))
+        pair_dot_super_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
+    else
+        pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
 }
 
 /* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
    q6 and q8_0 as "nib", "nib5", "nib6" and "nib8") */
 #define NIBBLE_TILE_BEGIN(TILE, normalize)                                      \
-    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, (__local uchar *)xl); \
+    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 1, (__local uchar *)xl); \
+    if (!active)                                                                \
+        continue;
+#define SUPER_TILE_BEGIN(TILE, normalize)                                       \
+    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 2, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
@@ -338,6 +443,13 @@ DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1)
 DEFINE_NIBBLE_MATMULS(nib5, WT_Q5)
 DEFINE_NIBBLE_MATMULS(nib6, WT_Q6)
 DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0)
-DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K)
-DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K)
+#define DEFINE_SUPER_MATMULS(NAME, WTYPE)                                       \
+    DEFINE_FUSED(NAME, WTYPE, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, SUPER_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, SUPER_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 4, WG, LOWBIT_ARGS, LOWBIT_BEGIN, SUPER_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, SUPER_TILE_BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 32, WG, LOWBIT_ARGS, LOWBIT_BEGIN, SUPER_TILE_BEGIN, NIBBLE_DOT)
+
+DEFINE_SUPER_MATMULS(nibq4k, WT_Q4_K)
+DEFINE_SUPER_MATMULS(nibq6k, WT_Q6_K)
 DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0)
