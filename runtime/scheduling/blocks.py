@@ -41,7 +41,7 @@ whether a family has any block (`has_family`) skips the lookups that cannot hit.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 from runtime.errors import UsageError
 from runtime.scheduling.units import ceil_div
@@ -98,18 +98,19 @@ class BlockPool:
     def grow(self, table: list[int], positions: int) -> bool:
         """Extend a block table to cover `positions`; False (and no change) if the
         pool is short. Takes free blocks first, then evicts cached ones, LRU first."""
-        missing = self.blocks_for(positions) - len(table)
+        missing = -(-positions // self.block_size) - len(table)  # (blocks_for, inlined: several calls a step)
         if missing <= 0:
             return True
-        if missing > self.num_free:
+        free, lru, refs = self._free, self._lru, self._refs
+        if missing > len(free) + len(lru):
             return False
         for _ in range(missing):
-            if self._free:
-                block = self._free.popleft()
+            if free:
+                block = free.popleft()
             else:
-                block, _ = self._lru.popitem(last=False)
+                block, _ = lru.popitem(last=False)
                 self._forget(block)
-            self._refs[block] = 1
+            refs[block] = 1
             table.append(block)
         return True
 
@@ -117,12 +118,14 @@ class BlockPool:
         """Drop a table's references. A block nobody holds any more goes back to the
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
+        refs, family_of = self._refs, self._family_of
         for block in reversed(table):
-            if self._refs[block] < 1:
+            held = refs[block]
+            if held < 1:
                 raise ValueError(f"block {block} released more often than it was taken")
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                family = self._family_of.get(block)
+            refs[block] = held - 1
+            if held == 1:
+                family = family_of.get(block)
                 if family is not None:
                     self._families[family].held = False  # (no longer all held by the turn that filed them)
                     self._lru[block] = None
@@ -186,15 +189,24 @@ class BlockPool:
         kin = self._families.get(family)
         return kin is None or (kin.owner == owner and kin.held)
 
-    def defer(self, block: int, family: Hashable, owner: object, entry: object) -> None:
-        """File an owned block under the family as cached (where `may_defer`), to be
-        named as `namer(entry)` says (its key, None if only noted; its parent key;
-        its rows) when the family's names are next asked or changed. Deferred
-        again, the block is named by its latest entry."""
-        if self._refs[block] < 1:
-            raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-        kin = self._file(block, family, owner)
-        kin.deferred[block] = entry
+    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> None:
+        """File owned blocks under the family as cached (where `may_defer`), each to
+        be named as `namer(entry)` says (its key, None if only noted; its parent
+        key; its rows) when the family's names are next asked or changed. Deferred
+        again, a block is named by its latest entry."""
+        kin = self._families.get(family)
+        if kin is None:
+            kin = self._families[family] = _Family(owner)
+        elif kin.owner != owner:
+            kin.owner = _SHARED
+        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
+        for block, entry in entries:
+            if refs[block] < 1:
+                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+            if block not in family_of:
+                family_of[block] = family
+                kin.count += 1
+            deferred[block] = entry
 
     def _file(self, block: int, family: Hashable, owner: object) -> _Family:
         kin = self._families.get(family)

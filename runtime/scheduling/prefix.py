@@ -168,9 +168,8 @@ class PrefixCache:
             family = self.family(turn)
             if self.pool.may_defer(family, turn.id):
                 # (named when its family is next asked about: most never are)
-                blocks, defer = turn.blocks, self.pool.defer
-                for i in range(turn.committed, full):
-                    defer(blocks[i], family, turn.id, (turn, i, None))
+                blocks = turn.blocks
+                self.pool.defer(family, turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)])
                 turn.committed = full
             else:
                 self._register(turn, full)
@@ -221,7 +220,7 @@ class PrefixCache:
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
             if self.pool.may_defer(family, turn.id):
-                self.pool.defer(turn.blocks[full], family, turn.id, (turn, full, landed))
+                self.pool.defer(family, turn.id, [(turn.blocks[full], (turn, full, landed))])
             else:
                 self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
 
