@@ -254,14 +254,16 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
 
     for i in range(workload.background_agents):
         submit_bg(f"bg{i}", 0.0)
-    foreground: list[Turn] = []
+    # The foreground turns not yet ended: kept to the end, every turn of a long
+    # run would lengthen each pass of the garbage collector as it goes on.
+    foreground: dict[int, Turn] = {}
     now, next_fg = 0.0, 0
-    while next_fg < len(arrivals) or any(not t.done for t in foreground):
+    while next_fg < len(arrivals) or any(not t.done for t in foreground.values()):
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
             turn = sched.submit(
                 "fg", FOREGROUND, prompt("fg", workload.foreground_prompt), int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True
             )
-            foreground.append(turn)
+            foreground[turn.id] = turn
             next_fg += 1
             progress(1)
         horizon = [arrivals[next_fg]] if next_fg < len(arrivals) else []
@@ -312,7 +314,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
                 last_token[turn.id] = now
                 if turn.done:
                     result.fg_turn.append(now - turn.arrived)
-                    del last_token[turn.id]
+                    del last_token[turn.id], foreground[turn.id]
             elif now > workload.warmup_s:
                 result.bg_tokens += steps
             if turn.done and turn.agent != "fg":

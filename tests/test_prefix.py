@@ -3,7 +3,8 @@ meets preemption, swap and recompute. Token counts, never times."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import msgspec
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kv_engine import KVEngine, reference_output
 
@@ -333,11 +334,12 @@ def test_a_turns_end_says_what_the_engine_computed_and_what_it_reused():
     strides=st.lists(st.integers(1, 9), min_size=1, max_size=8),
 )
 def test_commit_registers_and_notes_what_chain_names_block_by_block(tokens, named_first, strides) -> None:
-    """commit names the blocks a step completes as it registers them (a
-    fast-forward completes many at once), reading each block's tokens once: the
-    keys must be those `chain` gives a fresh turn block by block, each full block
-    found under its key and noted under its predecessor's with its tokens, and
-    the last partial block noted at `settle`, whatever the turn had named before."""
+    """commit registers the blocks a step completes (a fast-forward completes
+    many at once), named when first asked about (a turn alone in its family
+    defers it): the keys must be those `chain` gives a fresh turn block by
+    block, each full block found under its key and noted under its
+    predecessor's with its tokens, and the last partial block noted at
+    `settle`, whatever the turn had named before."""
     pool = BlockPool(32, B)
     prefix = PrefixCache(pool)
     turn = Turn(1, "a", BACKGROUND, tokens, 1)
@@ -350,10 +352,69 @@ def test_commit_registers_and_notes_what_chain_names_block_by_block(tokens, name
     fresh = Turn(2, "b", BACKGROUND, tokens, 1)
     full = turn.computed // B
     keys = [prefix.chain(fresh, i + 1)[i] for i in range(full)]  # (one block at a time)
-    assert turn.hashes[:full] == keys and turn.committed == full
     for i, key in enumerate(keys):
         assert pool.lookup(key) == turn.blocks[i]
         assert pool.best_rows(keys[i - 1] if i else prefix.root, tokens[i * B : (i + 1) * B]) == (turn.blocks[i], B)
+    assert turn.hashes[:full] == keys and turn.committed == full
     if turn.computed % B:
         rows = tokens[full * B : turn.computed]
         assert pool.noted_rows(turn.blocks[full]) == tuple(rows)
+
+
+def test_a_turn_alone_in_its_family_names_its_blocks_only_when_asked():
+    rig = Rig()
+    first = rig.submit("a", PROMPT, max_tokens=8)
+    rig.finish(first)
+    # Its prompt's keys are named at admission (a batch-mate may compute the same
+    # blocks), its reply's only when a turn that starts the same way asks.
+    assert len(first.hashes) == 5
+    rig.finish(rig.submit("b", [99, *PROMPT]))
+    assert len(first.hashes) == 5
+    again = rig.submit("c", PROMPT + [7] * 8)
+    rig.step()
+    assert len(first.hashes) == 7 and again.cached_tokens == 28
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    policy=st.sampled_from(["resident", "swap", "recompute", "priority"]),
+    blocks=st.sampled_from([10, 16, 64]),
+    turns=st.lists(
+        st.tuples(
+            st.lists(st.integers(10, 12), min_size=1, max_size=13),  # prompts that start alike, or not
+            st.integers(1, 9),  # max tokens
+            st.booleans(),  # foreground
+            st.integers(0, 4),  # steps until it is submitted
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+)
+@example(  # a turn swapped back in registers fresh blocks: its old ones still hold the names
+    policy="swap",
+    blocks=10,
+    turns=[([10], 2, False, 0), ([11] + [10] * 9, 4, False, 0), ([10], 1, True, 1), ([10] * 13, 1, False, 3)],
+)
+def test_deferred_naming_decides_exactly_as_naming_at_once(policy, blocks, turns) -> None:
+    """Naming a lone turn's blocks late (BlockPool, families) changes no decision:
+    the same events, the same work on the same blocks, step by step."""
+    runs = []
+    for defer in (True, False):
+        events: list[Event] = []
+        config = SchedulerConfig(slots=2, policy=policy, step_tokens=6)
+        sched = Scheduler(config, BlockPool(blocks, B, defer_naming=defer), emit=events.append)
+        work, now, queue, wait = [], 0.0, list(turns), 0
+        for _ in range(400):
+            while queue and wait >= queue[0][3]:
+                prompt, max_tokens, foreground, _ = queue.pop(0)
+                sched.submit("fg" if foreground else "bg", FOREGROUND if foreground else BACKGROUND, prompt, max_tokens, now)
+                wait = 0
+            wait += 1
+            plan = sched.schedule(now)
+            work.append([(w.turn, w.start, w.tokens, w.block_table) for w in plan.works] + [repr(m) for m in plan.moves])
+            now += 0.01
+            sched.postprocess(plan, [7 if w.sample else None for w in plan.works], now)
+            if not queue and not sched.turns:
+                break
+        runs.append(([msgspec.to_builtins(e) for e in events], work))
+    assert runs[0] == runs[1]

@@ -98,3 +98,37 @@ def test_a_prefix_share_is_reused_and_recompute_hits_the_cache():
     assert on.recomputed_tokens < off.recomputed_tokens / 10
     with pytest.raises(ConfigError, match="prefix_share"):
         simulate(load_workload(None, arrivals=1, prefix_share=1.5), "resident")
+
+
+# What the seed workload decides, at 150 arrivals, without and with shared prompts:
+# steps, preemptions, stopped steps, background tokens, prompt tokens, of those
+# cached, tokens recomputed, bytes swapped, and the sums of the foreground's
+# waits, times to first token, gaps between tokens and turn times. Work that only
+# makes the simulator faster must leave every figure as it is.
+PINNED = {
+    0.0: {
+        "fcfs": (62788, 0, 0, 466209, 103360, 0, 0, 0, 248.903734, 254.94814, 516.191986, 771.140126),
+        "priority": (62558, 0, 0, 464368, 103040, 0, 0, 0, 194.884782, 200.894695, 516.175333, 717.070028),
+        "recompute": (62538, 149, 0, 463750, 102976, -203, 149, 0, 2.621382, 8.659308, 514.948333, 523.60764),
+        "swap": (62527, 148, 1, 463666, 102976, 0, 0, 4864999424, 2.845825, 8.883791, 515.213748, 524.097539),
+        "resident": (62538, 149, 0, 463750, 102976, 0, 0, 0, 2.621382, 8.659308, 514.948333, 523.60764),
+    },
+    0.5: {
+        "fcfs": (62949, 0, 0, 467523, 103552, 51264, 0, 0, 221.521235, 226.557965, 513.706107, 740.264071),
+        "priority": (62941, 0, 0, 467459, 103552, 51264, 0, 0, 178.321953, 183.364851, 513.732398, 697.097249),
+        "recompute": (62910, 147, 0, 466974, 103552, 51185, 147, 0, 2.589392, 7.632621, 513.167171, 520.799792),
+        "swap": (62898, 147, 2, 466868, 103552, 51264, 0, 4661837824, 2.711421, 7.742275, 513.521594, 521.263869),
+        "resident": (62910, 147, 0, 466974, 103552, 51264, 0, 0, 2.589392, 7.632621, 513.167171, 520.799792),
+    },
+}
+
+
+@pytest.mark.parametrize("share", PINNED)
+def test_the_decisions_of_a_small_run_are_pinned(share):
+    workload = load_workload(None, arrivals=150, prefix_share=share)
+    for policy, pinned in PINNED[share].items():
+        r = simulate(workload, policy)
+        sums = tuple(round(float(sum(x)), 6) for x in (r.fg_waits, r.fg_ttft, r.fg_itl, r.fg_turn))
+        counts = (r.steps, r.preemptions, r.abandoned_steps, r.bg_tokens, r.prompt_tokens, r.cached_tokens)
+        counts += (r.recomputed_tokens, r.swapped_bytes)
+        assert (*counts, *sums) == pinned, policy

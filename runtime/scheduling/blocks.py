@@ -21,18 +21,34 @@ Every block is in exactly one state:
 
 so free + cached + owned == num_blocks, and `num_free` (what `grow` can hand out
 without evicting a turn) counts the first two.
+
+Naming a block (its chain hash, its note) is the prefix cache's dearest work, and
+most blocks are evicted before any turn asks for them: a block can only serve a
+turn whose tokens start the way its own turn's did. So the cache files each
+block under a *family* (its turn's first token: every turn that could share the
+block starts with it too) and, while a family holds only one turn's blocks, all
+held by that turn, may `defer` naming them. A deferred block is cached in every
+respect (released to the LRU, evicted in its order); it is named, with the rest
+of its family and in the order they were deferred, by the `namer` the cache
+gives, before anything about the family's names is asked or changed (`lookup`
+and `best_rows` told the family, `is_cached` and `noted_rows` of it, `register`
+and `note` in it; without a family, every family's). While a family is deferred
+no other block can take its names (they are its one turn's), so naming late
+names exactly what naming at once would have; and a cache that asks first
+whether a family has any block (`has_family`) skips the lookups that cannot hit.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable
 
 from runtime.errors import UsageError
 from runtime.scheduling.units import ceil_div
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, *, namespace: str = "") -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, namespace: str = "", defer_naming: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise UsageError(f"need at least one block of at least one position, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
@@ -53,6 +69,12 @@ class BlockPool:
         # each was noted in, `best_rows`' tie-break.
         self._starting: dict[tuple[bytes, int], dict[int, None]] = {}
         self._notes = 0  # blocks first noted so far
+        # Families (above): every block filed under one (cached, or deferred), and
+        # each family's record; what names deferred blocks is the prefix cache's.
+        self._family_of: dict[int, Hashable] = {}
+        self._families: dict[Hashable, _Family] = {}
+        self.defer_naming = defer_naming  # (False: every block is named at once)
+        self.namer: Callable[[object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -76,18 +98,19 @@ class BlockPool:
     def grow(self, table: list[int], positions: int) -> bool:
         """Extend a block table to cover `positions`; False (and no change) if the
         pool is short. Takes free blocks first, then evicts cached ones, LRU first."""
-        missing = self.blocks_for(positions) - len(table)
+        missing = -(-positions // self.block_size) - len(table)  # (blocks_for, inlined: several calls a step)
         if missing <= 0:
             return True
-        if missing > self.num_free:
+        free, lru, refs = self._free, self._lru, self._refs
+        if missing > len(free) + len(lru):
             return False
         for _ in range(missing):
-            if self._free:
-                block = self._free.popleft()
+            if free:
+                block = free.popleft()
             else:
-                block, _ = self._lru.popitem(last=False)
+                block, _ = lru.popitem(last=False)
                 self._forget(block)
-            self._refs[block] = 1
+            refs[block] = 1
             table.append(block)
         return True
 
@@ -95,12 +118,18 @@ class BlockPool:
         """Drop a table's references. A block nobody holds any more goes back to the
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
+        refs, family_of = self._refs, self._family_of
         for block in reversed(table):
-            if self._refs[block] < 1:
+            held = refs[block]
+            if held < 1:
                 raise ValueError(f"block {block} released more often than it was taken")
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                if block in self._hash_of or block in self._rows_of:
+            refs[block] = held - 1
+            if held == 1:
+                family = family_of.get(block)
+                if family is not None:
+                    self._families[family].held = False  # (no longer all held by the turn that filed them)
+                    self._lru[block] = None
+                elif block in self._hash_of or block in self._rows_of:
                     self._lru[block] = None
                 else:
                     self._free.append(block)
@@ -108,8 +137,10 @@ class BlockPool:
 
     # ---------------------------------------------------------------- sharing
 
-    def lookup(self, key: bytes) -> int | None:
-        """The block cached under a chain hash, if it is still there."""
+    def lookup(self, key: bytes, family: Hashable | None = None) -> int | None:
+        """The block cached under a chain hash, if it is still there (`family`: the
+        one the key's tokens belong to, if known)."""
+        self._name_deferred(family)
         return self._block_of.get(key)
 
     def acquire(self, block: int) -> None:
@@ -120,12 +151,14 @@ class BlockPool:
             del self._lru[block]
         self._refs[block] += 1
 
-    def register(self, block: int, key: bytes) -> bool:
-        """Record that an owned, full block holds the K/V that `key` names. False if
-        another block already does (the two were computed side by side; the first
-        stays the shared copy, this one stays private)."""
+    def register(self, block: int, key: bytes, family: Hashable | None = None, owner: object = None) -> bool:
+        """Record that an owned, full block holds the K/V that `key` names (filed
+        under `family` for `owner`, its turn, if given). False if another block
+        already does (the two were computed side by side; the first stays the
+        shared copy, this one stays private)."""
         if self._refs[block] < 1:
             raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+        self._name_deferred(family)
         if self._hash_of.get(block, key) != key:
             raise ValueError(f"block {block} is already cached under another hash")
         known = self._block_of.get(key)
@@ -133,18 +166,92 @@ class BlockPool:
             return known == block
         self._block_of[key] = block
         self._hash_of[block] = key
+        if family is not None:
+            self._file(block, family, owner)
         return True
 
     def is_cached(self, block: int) -> bool:
         """Hashed: a full block that turns take by reference (so never written)."""
+        self._name_block(block)
         return block in self._hash_of
 
-    def note(self, block: int, parent: bytes, rows: tuple[int, ...]) -> None:
+    # -------------------------------------------------------------- families
+
+    def has_family(self, family: Hashable) -> bool:
+        """Whether any block is filed under the family (else no lookup of its names can hit)."""
+        return family in self._families
+
+    def may_defer(self, family: Hashable, owner: object) -> bool:
+        """Whether `owner` may `defer` naming its blocks of the family: every block
+        filed under it is the owner's, and the owner still holds them all."""
+        if not self.defer_naming:
+            return False
+        kin = self._families.get(family)
+        return kin is None or (kin.owner == owner and kin.held)
+
+    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> None:
+        """File owned blocks under the family as cached (where `may_defer`), each to
+        be named as `namer(entry)` says (its key, None if only noted; its parent
+        key; its rows) when the family's names are next asked or changed. Deferred
+        again, a block is named by its latest entry."""
+        kin = self._families.get(family)
+        if kin is None:
+            kin = self._families[family] = _Family(owner)
+        elif kin.owner != owner:
+            kin.owner = _SHARED
+        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
+        for block, entry in entries:
+            if refs[block] < 1:
+                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+            if block not in family_of:
+                family_of[block] = family
+                kin.count += 1
+            deferred[block] = entry
+
+    def _file(self, block: int, family: Hashable, owner: object) -> _Family:
+        kin = self._families.get(family)
+        if kin is None:
+            kin = self._families[family] = _Family(owner)
+        elif kin.owner != owner:
+            kin.owner = _SHARED  # (named at once from now on)
+        if block not in self._family_of:
+            self._family_of[block] = family
+            kin.count += 1
+        return kin
+
+    def _name_deferred(self, family: Hashable | None) -> None:
+        """Name the family's deferred blocks (every family's, for None), in the
+        order deferred."""
+        kins = self._families.values() if family is None else [self._families[family]] if family in self._families else []
+        for kin in kins:
+            if kin.deferred:
+                deferred, kin.deferred = kin.deferred, {}
+                for block, entry in deferred.items():
+                    key, parent, rows = self.namer(entry)
+                    if key is not None:
+                        self._block_of[key] = block
+                        self._hash_of[block] = key
+                    self._note(block, parent, rows)
+
+    def _name_block(self, block: int) -> None:
+        """Name the block's family if the block is deferred."""
+        family = self._family_of.get(block)
+        if family is not None and block in self._families[family].deferred:
+            self._name_deferred(family)
+
+    def note(self, block: int, parent: bytes, rows: tuple[int, ...], family: Hashable | None = None, owner: object = None) -> None:
         """Record that an owned block's first rows hold the K/V of `rows`, the
-        tokens that follow the blocks `parent` names. Noted again as its turn
-        computes more, so the rows only ever grow."""
+        tokens that follow the blocks `parent` names (filed under `family` for
+        `owner`, its turn, if given). Noted again as its turn computes more, so
+        the rows only ever grow."""
         if self._refs[block] < 1:
             raise ValueError(f"block {block} is not owned: only computed K/V can be noted")
+        self._name_deferred(family)
+        self._note(block, parent, rows)
+        if family is not None:
+            self._file(block, family, owner)
+
+    def _note(self, block: int, parent: bytes, rows: tuple[int, ...]) -> None:
         old = self._rows_of.get(block)
         if old is None:
             order = self._notes
@@ -163,12 +270,15 @@ class BlockPool:
 
     def noted_rows(self, block: int) -> tuple[int, ...]:
         """The tokens a noted block's rows hold (empty if it is not noted)."""
+        self._name_block(block)
         noted = self._rows_of.get(block)
         return noted[1] if noted else ()
 
-    def best_rows(self, parent: bytes, tokens: list[int]) -> tuple[int | None, int]:
+    def best_rows(self, parent: bytes, tokens: list[int], family: Hashable | None = None) -> tuple[int | None, int]:
         """The noted block under `parent` whose rows agree longest with `tokens`
-        from its first row, and for how many rows (None, 0 if none does)."""
+        from its first row, and for how many rows (None, 0 if none does).
+        `family`: the one the tokens belong to, if known."""
+        self._name_deferred(family)
         best, most = None, 0
         if not tokens:
             return best, most
@@ -194,6 +304,13 @@ class BlockPool:
         noted = self._rows_of.pop(block, None)
         if noted is not None:
             self._unfile_first(block, noted)
+        family = self._family_of.pop(block, None)
+        if family is not None:
+            kin = self._families[family]
+            kin.deferred.pop(block, None)
+            kin.count -= 1
+            if not kin.count:
+                del self._families[family]
 
     def _unfile_first(self, block: int, noted: tuple[bytes, tuple[int, ...], int]) -> None:
         parent, rows, _ = noted
@@ -203,3 +320,20 @@ class BlockPool:
         del starting[block]
         if not starting:
             del self._starting[parent, rows[0]]
+
+
+_SHARED = object()  # a family's owner once two turns have filed blocks under it
+
+
+class _Family:
+    """What the pool knows of one family: how many blocks are filed under it, the
+    turn that filed them all (`_SHARED` once there are two), whether that turn
+    still holds them all, and the blocks it has yet to name, in the order deferred."""
+
+    __slots__ = ("count", "owner", "held", "deferred")
+
+    def __init__(self, owner: object) -> None:
+        self.count = 0
+        self.owner = owner
+        self.held = True
+        self.deferred: dict[int, object] = {}

@@ -16,6 +16,11 @@ needed. Where a turn's tokens part from every cached full block, the rows they
 still share with some block (the last, partly filled block of a finished turn,
 or the start of a full one) are copied on the device into a fresh block of the
 turn's own (`copy_rows`): a repeated prompt computes only its last token.
+
+Only a turn that starts with the same token can use a block, so the pool files
+blocks by their turn's first token, and a turn alone in its family defers naming
+its blocks until a turn of the family asks (BlockPool, families): most are
+evicted unnamed, and no decision changes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ class PrefixCache:
         self.in_flight = in_flight if in_flight is not None else InFlight()
         self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
         self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
+        pool.namer = self._name
+
+    @staticmethod
+    def family(turn: Turn) -> int:
+        """What the pool files the turn's blocks under (BlockPool, families): its
+        first token, which every turn whose tokens its blocks could serve shares."""
+        return turn.prompt[0]
 
     def chain(self, turn: Turn, n: int) -> list[bytes]:
         """The keys of the turn's first `n` full blocks (kept on the turn)."""
@@ -88,9 +100,10 @@ class PrefixCache:
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
             return 0
-        keys = self._named(turn, want)
-        for key in keys[len(turn.blocks) : want]:
-            block = self.pool.lookup(key)
+        keys = self._named(turn, want)  # (named even where nothing can hit: `Batching` compares them)
+        family = self.family(turn)
+        for key in keys[len(turn.blocks) : want] if self.pool.has_family(family) else ():
+            block = self.pool.lookup(key, family)
             if block is None:
                 break
             self.pool.acquire(block)
@@ -112,7 +125,10 @@ class PrefixCache:
             return 0
         i = len(turn.blocks)
         self.settle()
-        source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)))
+        family = self.family(turn)
+        if not self.pool.has_family(family):
+            return 0  # (no block shares its first token, so none its rows)
+        source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)), family)
         if source is None:
             return 0
         noted = self.pool.noted_rows(source)
@@ -149,7 +165,14 @@ class PrefixCache:
         landed = turn.computed  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
-            self._register(turn, full)
+            family = self.family(turn)
+            if self.pool.may_defer(family, turn.id):
+                # (named when its family is next asked about: most never are)
+                blocks = turn.blocks
+                self.pool.defer(family, turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)])
+                turn.committed = full
+            else:
+                self._register(turn, full)
         if full < len(turn.blocks) and landed > full * size:
             self._unsettled[turn.id] = turn
 
@@ -158,7 +181,7 @@ class PrefixCache:
         `full`, naming those `chain` has not yet: each block's tokens are read
         once, for its key and its note alike (a fast-forward commits many)."""
         size, keys, blocks, pool, tokens = self.pool.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
-        first = turn.committed
+        first, family = turn.committed, self.family(turn)
         parent = self.parent(turn, first)
         for i in range(first, full):
             rows = tokens(i * size, (i + 1) * size)
@@ -167,8 +190,8 @@ class PrefixCache:
             else:
                 key = _digest(parent + array("q", rows).tobytes())
                 keys.append(key)
-            if pool.register(blocks[i], key):
-                pool.note(blocks[i], parent, tuple(rows))
+            if pool.register(blocks[i], key, family, turn.id):
+                pool.note(blocks[i], parent, tuple(rows), family, turn.id)
             parent = key
         turn.committed = full
 
@@ -195,7 +218,19 @@ class PrefixCache:
         landed = turn.computed
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
-            self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)))
+            family = self.family(turn)
+            if self.pool.may_defer(family, turn.id):
+                self.pool.defer(family, turn.id, [(turn.blocks[full], (turn, full, landed))])
+            else:
+                self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
+
+    def _name(self, entry: tuple[Turn, int, int | None]) -> tuple[bytes | None, bytes, tuple[int, ...]]:
+        """What a deferred block is named (BlockPool.defer): block i of the turn,
+        full (`landed` None) or with its rows up to `landed`."""
+        turn, i, landed = entry
+        size = self.pool.block_size
+        key = self._named(turn, i + 1)[i] if landed is None else None
+        return key, self.parent(turn, i), tuple(turn.tokens(i * size, (i + 1) * size if landed is None else landed))
 
     # ------------------------------------------------------------------ swap
 
@@ -211,7 +246,7 @@ class PrefixCache:
         if not kept:
             return []
         keys = self.chain(turn, max(kept) + 1)
-        blocks = [self.pool.lookup(keys[i]) for i in kept]
+        blocks = [self.pool.lookup(keys[i], self.family(turn)) for i in kept]
         if None in blocks:
             return None
         for block in blocks:

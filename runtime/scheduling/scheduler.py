@@ -313,7 +313,8 @@ class Scheduler:
     def next_aging(self, now: float) -> float | None:
         """When the next waiting turn gains an aging level (the simulator skips ahead
         no further than this)."""
-        return self.priorities.next_aging(self.waiting, now)
+        # (in any order, unsorted: it is a minimum, and the simulator asks at every event)
+        return self.priorities.next_aging((t for t in self.turns.values() if t.status is not Status.RUNNING), now)
 
     # ------------------------------------------------------------- schedule
 
