@@ -27,7 +27,6 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import gguf
 import numpy as np
 import pyopencl as cl
 
@@ -81,18 +80,15 @@ class GPUTuning:
 def compact_layouts(default: frozenset) -> frozenset:
     """Which of Q4_K, Q6_K and Q5_0 keep their file's bytes on the device (gpu/weights.py's
     compact kinds): SLOTSWARM_COMPACT=1 all three, 0 none, for every family; else the
-    family's default. The CPU family keeps Q4_K and Q6_K (CPU_COMPACT): its kernels take
+    family's default, none for either. The CPU family's compact Q4_K and Q6_K kernels take
     their sub-block scales as integers, one float a super-block, and a Qwen2.5-Coder-1.5B
-    step reads a quarter fewer bytes; its compact Q5_0 kernel is still slower per weight
-    than the widened one. The GPU family keeps none until measured on a GPU (its kernels
-    decode the scales per block)."""
+    step reads a quarter fewer bytes: its batch-1 step is faster, but its batched kernels
+    are slower than the widened ones, and a swarm's steps are mostly batches. Compact Q5_0
+    is slower per weight at any batch. The GPU family's were never measured on a GPU."""
     setting = os.environ.get("SLOTSWARM_COMPACT", "")
     if setting == "":
         return default
     return frozenset(COMPACT) if setting != "0" else frozenset()
-
-
-CPU_COMPACT = frozenset({gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K})
 
 
 def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = None) -> CPUFamily | GPUFamily:
@@ -124,7 +120,7 @@ class CPUFamily:
         # the same bits, so the two can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
-        self.compact = compact_layouts(default=CPU_COMPACT)
+        self.compact = compact_layouts(default=frozenset())
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
