@@ -200,11 +200,11 @@ class Batching:
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
-        drafts: list[int] = []
+        drafts: list[int] | None = None
         if speculate and sample and turn.constraint is None:
             if turn.lookup is None:  # (from now on, accounting checks its tokens against lookup: runtime.scheduling.drafts.Rate)
                 turn.lookup = Lookup()
-            drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else []
+            drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else None
             # Land this step before planning the next (losing the overlap for
             # it) where drafts may pay next: they follow the token it samples.
             rates = turn.rates
@@ -217,12 +217,15 @@ class Batching:
             tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
+        guessed = 0
+        if drafts:
+            tokens = [*tokens, *drafts]
+            guessed = len(drafts)
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        work = Work(turn.id, tokens + drafts, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
-        plan.works.append(work)
+        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, guessed))
         plan.turns.append(turn)
         turn.last_stepped = self._step
-        return n + len(drafts)
+        return n + guessed
 
     def _drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
         """The drafts a settled decode at `start` verifies: those prompt lookup
