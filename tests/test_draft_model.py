@@ -14,6 +14,7 @@ guesses mostly wrong (every step rolls back)."""
 from __future__ import annotations
 
 import anyio
+import numpy as np
 import pytest
 from kv_engine import KVEngine, next_token, reference_output
 from test_speculation import VOCAB, WINDOW, Reader, prompt
@@ -207,6 +208,33 @@ def test_a_draft_model_with_other_tokens_is_refused():
 
 
 # ------------------------------------------------------------ real models
+
+
+@pytest.mark.anyio
+async def test_sampled_turns_drafted_by_a_model_draw_what_they_draw_without(tiny_model, kernels):
+    """The tiny model drafting for itself on the real engine, both kernel
+    families: sampled turns (a seed each) draw the same tokens with the draft
+    model's greedy drafts verified as without them (drafts.py: acceptance
+    keeps the target's own (seed, position) draws)."""
+    from gpu.engine import OpenCLEngine
+    from runtime.scheduling.work import Sampling
+
+    target = OpenCLEngine(tiny_model, num_blocks=64, kernels=kernels)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, target.config.vocab_size, 6 + i).tolist() for i in range(3)]
+    results = {}
+    for speculate in ("off", "draft"):
+        draft = None
+        if speculate == "draft":
+            draft = OpenCLEngine(tiny_model, num_blocks=32, kernels=kernels)
+            draft.cost, draft.calibrated = StepCost(fixed_s=1e-6, learns=False), True
+        readers = [Reader(f"r{i}", FOREGROUND, p, 24, Sampling(temperature=0.8, seed=i)) for i, p in enumerate(prompts)]
+        ends = {}
+        for reader in readers:  # (one at a time: each runs alone, so each may speculate)
+            ends.update(await run_swarm(target, draft, speculate, [reader]))
+        results[speculate] = ([r.tokens for r in readers], ends)
+    assert results["off"][0] == results["draft"][0]
+    assert sum(e.drafted_tokens for e in results["draft"][1].values()) > 0
 
 
 @pytest.mark.anyio
