@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from runtime.errors import ConfigError
-from runtime.scheduling.cost import StepCost, step_features
-from runtime.scheduling.drafts import MODEL, Lookup, Speculate, drafts_that_pay
+from runtime.scheduling.cost import StepCost, kv_reads, step_features
+from runtime.scheduling.drafts import MODEL, DraftCost, Lookup, Speculate, drafts_that_pay
 from runtime.scheduling.inflight import SETTLED, Ahead, InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
@@ -256,9 +256,22 @@ class Batching:
         return most
 
     def _model_drafts_pay(self, turn: Turn, most: int, tokens: int, kv: int, start: int) -> int:
-        """`drafts_that_pay` for the draft model: its rate, its steps' cost."""
-        assert self.draft_cost is not None
-        return drafts_that_pay(self.cost, turn.rates.of(MODEL), most, tokens, kv, start, self.draft_cost.predict(1, start))
+        """`drafts_that_pay` for the draft model: its rate, and what its steps
+        cost by its own law: reading what it was not told (the whole context,
+        the first time: a share of it per step), then a step a draft."""
+        law = self.draft_cost
+        assert law is not None
+        told, known = turn.draft_told, turn.length
+        behind = max(1, known - told)  # (its tokens the draft model reads before drafting, the last included)
+        once_s = law.predict(behind - 1, kv_reads(0, behind - 1)) if told == 0 else 0.0
+        catch_up = 1 if told == 0 else behind
+        draft = DraftCost(
+            step_s=law.predict(1, start),
+            catch_up_s=law.predict(catch_up, kv_reads(known - catch_up, catch_up)),
+            once_s=once_s,
+            remaining=turn.max_tokens - len(turn.output),
+        )
+        return drafts_that_pay(self.cost, turn.rates.of(MODEL), most, tokens, kv, start, draft)
 
     def _model_drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
         """A settled decode's drafts from the draft model: as many placeholders

@@ -70,11 +70,12 @@ expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
 .. + a^k for the turn's acceptance rate a so far, for matches of the length of
 the one proposing (`Rates`: a trigram's continuation is far likelier right
 than a single token's), or the draft model's own rate (`MODEL`). A draft
-model's k drafts also cost k of its own steps (`drafts_that_pay`'s `draft_s`,
-from the draft engine's own cost law), so on a CPU, where its step is a third
-of the target's, only a high rate pays. The first time a turn drafts, the draft
-model also reads the turn's context once (a prefill); that is paid once per
-turn and not counted against any one step. On a GPU the rows are nearly free and every likely
+model's k drafts also cost k of its own steps, the first of them reading what
+the turn kept since it last drafted (`DraftCost`, from the draft engine's own
+cost law), so on a CPU, where its step is a good share of the target's and
+every verified row costs a token's compute, only a high rate pays, if any. The
+first time a turn drafts, the draft model also reads the turn's context (a
+prefill); each step is charged its share of that by the tokens it yields. On a GPU the rows are nearly free and every likely
 draft pays; on a CPU each row costs a token's compute and only long, likely
 matches do. The rates learn from every token such a turn samples, drafted or
 not: a token sampled without drafts is checked against the draft lookup would
@@ -246,15 +247,43 @@ class Rate:
         self.drafted = self.drafted * fade + tried
 
 
-def drafts_that_pay(cost: StepCost, rate: float, most: int, tokens: int, kv: int, start: int, draft_s: float = 0.0) -> int:
+def drafts_that_pay(
+    cost: StepCost,
+    rate: float,
+    most: int,
+    tokens: int,
+    kv: int,
+    start: int,
+    draft: DraftCost | None = None,
+) -> int:
     """How many drafts (0 .. most) a decode at position `start` should verify:
     the number that maximises the expected tokens per second of the step, whose
-    other work is `tokens` tokens reading `kv` KV positions, each draft costing
-    `draft_s` to make (a draft model's step). Ties go to fewer."""
+    other work is `tokens` tokens reading `kv` KV positions, and, where a draft
+    model makes the drafts, what making them costs (`draft`). Ties go to fewer."""
     best, best_k = 0.0, 0
     for k in range(most + 1):
-        step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k)) + k * draft_s
-        pace = expected_kept(rate, k) / step_s if step_s > 0 else float(k)
+        step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k))
+        kept = expected_kept(rate, k)
+        if k and draft is not None:
+            step_s += draft.seconds(k, kept)
+        pace = kept / step_s if step_s > 0 else float(k)
         if pace > best * (1 + 1e-9):
             best, best_k = pace, k
     return best_k
+
+
+class DraftCost:
+    """What a draft model's k drafts cost a verify step: its first step reads
+    the tokens it was not told yet (`catch_up_s`: the tokens the turn kept since
+    it last drafted, and its last one), each further draft one step
+    (`step_s`); the first time a turn drafts, the draft model also reads the
+    turn's context (`once_s`), which serves all its later steps: each is
+    charged the share of it in proportion to the tokens it is expected to
+    yield, out of the `remaining` the turn may still decode."""
+
+    def __init__(self, step_s: float, catch_up_s: float, once_s: float = 0.0, remaining: int = 1) -> None:
+        self.step_s, self.catch_up_s = step_s, catch_up_s
+        self.once_s, self.remaining = once_s, max(1, remaining)
+
+    def seconds(self, k: int, kept: float) -> float:
+        return self.catch_up_s + (k - 1) * self.step_s + self.once_s * min(1.0, kept / self.remaining)
