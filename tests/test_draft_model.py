@@ -17,14 +17,17 @@ import anyio
 import numpy as np
 import pytest
 from kv_engine import KVEngine, next_token, reference_output
-from test_speculation import VOCAB, WINDOW, Reader, prompt
+from test_speculation import VOCAB, WINDOW, Reader, drive, noting_verifying, prompt
 
 from runtime.errors import ConfigError
 from runtime.events.kinds import Ended
 from runtime.owner.drafter import DraftModel, check_same_tokens
+from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import StepCost
 from runtime.scheduling.drafts import Speculate, split_speculation
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.turns import Policy, SchedulerConfig
 from runtime.scheduling.work import TO_DRAFT, Work
 from swarm import Swarm
 
@@ -101,6 +104,49 @@ async def test_only_the_foreground_drafts_beside_background_turns():
     for r, i in ((readers[0], 3), (readers[1], 4), (fg, 7)):
         assert r.tokens == reference_output(prompt(i), 40, VOCAB, window=WINDOW)
     assert ends["fg"].accepted_tokens > 0
+
+
+class DraftedSteps:
+    """The target engine with the draft model writing each step's drafts first,
+    as the owner's step thread does (DeviceWork.run_step)."""
+
+    def __init__(self, target: KVEngine, drafter: DraftModel) -> None:
+        self.target, self.drafter = target, drafter
+
+    def step(self, works, abandon=None):
+        self.drafter.fill(works)
+        return self.target.step(works)
+
+    def __getattr__(self, name: str):  # (KV moves go to the target)
+        return getattr(self.target, name)
+
+
+@pytest.mark.parametrize("policy", [Policy.RESIDENT, Policy.SWAP, Policy.RECOMPUTE])
+@pytest.mark.parametrize("way", ["while-verifying", "abandoned"])
+def test_a_turn_paused_or_abandoned_mid_verify_keeps_its_draft_model_exact(policy, way):
+    """One step ahead, as the owner runs: foreground turns arrive while a
+    background turn's verify step flies and pause it before it lands, under
+    every preempting policy; or verify steps are abandoned after the draft
+    model drafted for them (it is told those tokens again). Every turn says
+    what it says without drafts, and a draft model with the target's window is
+    still right every time: its K/V follows the turn through all of it."""
+    target = KVEngine(num_blocks=24, block_size=4, vocab=VOCAB, window=WINDOW)
+    drafter = DraftModel(draft_engine(), target)
+    config = SchedulerConfig(slots=1, policy=policy, step_tokens=16, speculate="draft", max_drafts=5)
+    sched = Scheduler(config, BlockPool(24, 4), cost=target.cost, draft_cost=drafter.cost)
+    paused_verifying: list[bool] = []
+    sched.preempt = noting_verifying(sched, paused_verifying)
+    turns = [sched.submit(f"bg{i}", BACKGROUND, prompt(i), 20 + 7 * i, 0.0, ignore_eos=True) for i in range(3)]
+    if way == "while-verifying":
+        late = [(f"fg{b}", FOREGROUND, prompt(b), 6) for b in (4, 9, 15)]
+        drive(sched, DraftedSteps(target, drafter), ahead=True, while_verifying=late)
+        assert sum(paused_verifying) >= 1  # (the others arrive while a foreground verify step flies)
+    else:
+        drive(sched, DraftedSteps(target, drafter), ahead=True, abandon=6, abandon_from=3)
+    for t in turns:
+        assert t.output == reference_output(t.prompt, t.max_tokens, VOCAB, window=WINDOW)
+        assert t.drafted > 0 and t.accepted == t.drafted
+    assert sched.pool.num_free == sched.pool.num_blocks and not sched.in_flight.plans
 
 
 class Quitter(Reader):

@@ -119,8 +119,9 @@ class Speculate(enum.StrEnum):
 
 
 def split_speculation(text: str | Speculate) -> tuple[Speculate, str | None]:
-    """ "off", "lookup", "draft" or "draft:MODEL": the kind, and the draft model
-    named (None: the default for the target, or none)."""
+    """The kind a speculation knob names ("off", "lookup", "draft" or
+    "draft:MODEL"), and the draft model it names (None: the default for the
+    target, or none)."""
     if isinstance(text, Speculate):
         return text, None
     kind, _, model = str(text).partition(":")
