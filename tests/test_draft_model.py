@@ -239,6 +239,8 @@ def test_the_draft_knob_is_checked_where_it_is_given():
     assert Swarm(target, speculate="draft", draft=KVEngine(vocab=VOCAB)).config.speculate is Speculate.DRAFT
     with pytest.raises(ConfigError, match="needs the draft model's engine"):
         Swarm(target, speculate="draft")  # (the KV test engine has no catalogue to open one from)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        Scheduler(SchedulerConfig(speculate="draft"), BlockPool(8, 4))  # (the simulator has none)
     assert parse_session('speculate = "draft:qwen2.5-coder-0.5b"').speculate == "draft:qwen2.5-coder-0.5b"
     with pytest.raises(ConfigError, match="line 1: speculation .draft:."):
         parse_session('speculate = "draft:"')
