@@ -25,7 +25,9 @@ from runtime.events.bus import EventBus
 from runtime.events.kinds import SwarmStarted, SwarmStopped
 from runtime.events.stream import serve_events
 from runtime.owner.client import LocalGPU
+from runtime.owner.drafter import DraftModel
 from runtime.owner.owner import GPUOwner
+from runtime.scheduling.drafts import Speculate, split_speculation
 from runtime.scheduling.turns import Policy, SchedulerConfig
 from runtime.scheduling.work import Engine
 from swarm.hosting import AgentHost
@@ -49,6 +51,7 @@ class Swarm(AgentHost):
         prefix_cache: bool = True,
         abandon_steps: bool = True,
         speculate: str = "off",
+        draft: Engine | None = None,
         events: str | Path | None = None,
         terminal: bool = False,
         socket: str | Path | None = None,
@@ -57,9 +60,16 @@ class Swarm(AgentHost):
     ) -> None:
         """`clock` (seconds, default the wall clock from now) stamps every event
         and arrival: a virtual one lets a test or simulation run the real owner
-        in virtual time. `speculate` ("off" or "lookup") turns speculative
-        decoding on for the foreground turn and turns running alone
-        (runtime.scheduling.drafts)."""
+        in virtual time. `speculate` ("off", "lookup", "draft" or
+        "draft:MODEL") turns speculative decoding on for the foreground turn
+        and turns running alone (runtime.scheduling.drafts); with "draft", the
+        draft model is `draft` if given (an engine of its own: its own KV),
+        else MODEL, else the catalogue's draft for the engine's model, opened
+        on the engine's device."""
+        kind, draft_name = split_speculation(speculate)
+        drafter = None
+        if kind is Speculate.DRAFT:
+            drafter = DraftModel(draft if draft is not None else open_draft(engine, draft_name), engine)
         limit = engine.max_batch_tokens
         if step_tokens is None:
             step_tokens = min(128, limit or 128)
@@ -86,7 +96,7 @@ class Swarm(AgentHost):
         self.socket = Path(socket) if socket else None
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
-        self.owner = GPUOwner(engine, self.config, self.bus)
+        self.owner = GPUOwner(engine, self.config, self.bus, drafter=drafter)
         self.client = LocalGPU(self.system, self.owner.name, self.bus.now, engine.tokenizer, engine.constraints)  # what agents hold
         self._stack = AsyncExitStack()
 
@@ -126,3 +136,20 @@ class Swarm(AgentHost):
     async def _announce_stop(self) -> None:
         self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
         self.bus.close()
+
+
+def open_draft(engine: Engine, name: str | None) -> Engine:
+    """The draft model `name` (None: the catalogue's draft for the engine's
+    model) as an engine of its own, on the engine's device and kernels."""
+    from gpu.engine import OpenCLEngine, open_engine
+    from gpu.model.catalogue import CATALOGUE, DRAFT_MODELS
+
+    if not isinstance(engine, OpenCLEngine):
+        raise ConfigError("speculate=draft on this engine needs the draft model's engine given (Swarm(draft=...))")
+    if name is None:
+        target = next((n for n, e in CATALOGUE.items() if e.filename == engine.model_name), None)
+        name = DRAFT_MODELS.get(target or "")
+        if name is None:
+            raise ConfigError(f"no draft model is known for {engine.model_name}; name one: --speculate draft:MODEL")
+    # (its K/V holds a foreground turn or two: a small share of the device's memory)
+    return open_engine(name, engine.device, kernels=engine.kernels, kv_fraction=0.05)

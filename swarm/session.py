@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
 from runtime.errors import ConfigError
+from runtime.scheduling.drafts import split_speculation
 from runtime.scheduling.turns import Policy
 from swarm.toml_lines import line_suffix, locate
 
@@ -59,7 +60,7 @@ class Session(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shaping: bool = True  # build each step for the foreground turn (runtime.scheduling.shaping)
     slack: Annotated[float, Meta(ge=0)] = 0.25  # (NaN fails every bound)
     prefix_cache: bool = True  # share the K/V of prompts that start alike
-    speculate: Literal["off", "lookup"] = "off"  # speculative decoding (runtime.scheduling.drafts)
+    speculate: str = "off"  # speculative decoding: off, lookup, draft or draft:MODEL (runtime.scheduling.drafts)
     workspace: str = "."
     out: str = "swarm-out"
     duration: Annotated[float, Meta(gt=0)] | None = None  # seconds; None: until the foreground is done (or Ctrl-C)
@@ -110,6 +111,10 @@ def parse_session(text: str, *, where: str = "<session>", base: str | Path = "."
         Policy.parse(session.policy)
     except ConfigError as exc:
         raise ConfigError(f"{where}{line_suffix(text, ['policy'])}: {exc}") from None
+    try:
+        split_speculation(session.speculate)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{line_suffix(text, ['speculate'])}: {exc}") from None
     return session
 
 

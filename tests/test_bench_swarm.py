@@ -83,5 +83,7 @@ def test_bad_policies_and_durations_are_config_errors(tiny_engine):
         bench_swarm.run(parse("--policies", "resident,fast"), engine=tiny_engine)
     with pytest.raises(ConfigError, match="a variant is written"):
         bench_swarm.run(parse("--policies", "resident:fast"), engine=tiny_engine)
+    with pytest.raises(ConfigError, match="no draft model is known for tiny"):
+        bench_swarm.run(parse("--policies", "resident,resident:draft"), engine=tiny_engine)
     with pytest.raises(ConfigError, match="--seconds must be positive"):
         bench_swarm.run(parse("--seconds", "0"), engine=tiny_engine)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.drafts import PRIOR_RATE, Lookup, Rate, accept, drafts_that_pay, expected_kept, propose
+from runtime.scheduling.drafts import PRIOR_RATE, DraftCost, Lookup, Rate, accept, drafts_that_pay, expected_kept, propose
 
 
 def test_lookup_proposes_what_followed_the_longest_most_recent_match():
@@ -95,3 +95,22 @@ def test_drafts_pay_where_rows_are_nearly_free_and_only_likely_ones_where_they_c
     # beside a big step (a batch-mate's work), the same rows cost relatively less
     assert drafts_that_pay(cpu, 0.5, 8, 60, 0, 100) > drafts_that_pay(cpu, 0.5, 8, 0, 0, 100)
     assert drafts_that_pay(cpu, 0.9, 0, 0, 0, 100) == 0
+
+
+def test_a_draft_models_steps_are_counted_and_its_first_read_shared_out():
+    """A draft model's drafts cost its steps: on a GPU a small draft model's
+    step is cheap beside the target's and a likely draft pays; on a CPU, beside
+    rows that cost a token's compute each, a draft model half the target's
+    cost pays one draft at most, and only a likely one. Its one-off read of the context is shared over the tokens the turn
+    may still decode: a short turn does not pay for it, a long one does."""
+    gpu = StepCost(fixed_s=10e-3, token_s=1e-6)
+    cpu = StepCost(fixed_s=60e-3, token_s=23e-3)
+    small_gpu = DraftCost(step_s=2e-3, catch_up_s=2e-3)
+    assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, small_gpu) >= 4
+    assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(step_s=20e-3, catch_up_s=20e-3)) == 0  # slower than the target
+    half_cpu = DraftCost(step_s=40e-3, catch_up_s=40e-3)
+    assert drafts_that_pay(cpu, 0.8, 8, 0, 0, 100, half_cpu) == 1
+    assert drafts_that_pay(cpu, 0.6, 8, 0, 0, 100, half_cpu) == 0
+    read = 2.0  # the draft model's prefill of a long context
+    assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=10)) == 0
+    assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=100_000)) >= 4

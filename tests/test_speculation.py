@@ -32,7 +32,14 @@ VOCAB, WINDOW = 12, 2  # a token is a hash of the last two: sequences repeat, an
 
 
 def drive(
-    sched: Scheduler, engine, *, ahead: bool, arrive_at: dict | None = None, while_verifying: list | None = None, abandon: int = 0
+    sched: Scheduler,
+    engine,
+    *,
+    ahead: bool,
+    arrive_at: dict | None = None,
+    while_verifying: list | None = None,
+    abandon: int = 0,
+    abandon_from: int = 0,
 ) -> int:
     """Run every turn to its end, in order or one step ahead as the owner does
     (landing a step whose plan says `settle` before planning the next, as the
@@ -56,7 +63,10 @@ def drive(
         assert boundary < 10_000, "the turns never end"
         now += 0.01
         verifying = flight is not None and any(w.drafts for w in flight[0].works)
-        if verifying and abandon:
+        if verifying and abandon_from:
+            abandon_from -= 1
+            land()
+        elif verifying and abandon:
             sched.discard(flight[0])
             flight, abandon = None, abandon - 1
         elif verifying and while_verifying:

@@ -136,3 +136,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         ),
     )
 }
+
+# The draft model `--speculate draft` picks for a model (runtime.owner.drafter):
+# a smaller one with the same tokenizer.
+DRAFT_MODELS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}

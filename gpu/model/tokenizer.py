@@ -183,6 +183,11 @@ class Tokenizer:
         # text tokenized in a worker thread does not stall the event loop.
         return self._hf.encode_batch([text], add_special_tokens=False)[0].ids
 
+    def same_vocabulary(self, other: Tokenizer) -> bool:
+        """Whether every token id means the same text in both (a draft model's
+        tokens are the target's: runtime.owner.drafter)."""
+        return self._tokens == other._tokens and self.eos_ids == other.eos_ids
+
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text for `ids`; the exact inverse of `encode` on valid UTF-8. Invalid byte runs
         (a character cut off mid-way) decode to U+FFFD."""

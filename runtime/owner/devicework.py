@@ -9,6 +9,7 @@ import collections
 import logging
 import time
 
+from runtime.owner.drafter import DraftModel
 from runtime.owner.flight import Ran, StepInFlight
 from runtime.scheduling.turns import Plan
 from runtime.scheduling.work import DeadEnd, Engine
@@ -19,8 +20,9 @@ STEP_HISTORY = 10_000
 
 
 class DeviceWork:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, drafter: DraftModel | None = None) -> None:
         self.engine = engine
+        self.drafter = drafter  # writes a verify step's drafts, where a draft model makes them
         # Wall time of the latest engine steps (bounded: an owner runs for days),
         # and how many steps it has run in all.
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_HISTORY)
@@ -42,6 +44,9 @@ class DeviceWork:
             return None, {}, None
         works = flight.plan.works
         runnable = flight.hand_over()
+        if self.drafter is not None:
+            # (before the step, and not in its time: the law prices the target's step)
+            self.drafter.fill(runnable, flight.flag)
         started = time.perf_counter()
         if flight.chained and self._step_ended is not None:
             # The device idled this long between the two: what the host did not hide.

@@ -50,6 +50,7 @@ from runtime.events.bus import EventBus
 from runtime.events.kinds import Ended, Event, Progress, TurnEvent
 from runtime.owner.abandon import StepAbandon
 from runtime.owner.devicework import STEP_HISTORY, DeviceWork
+from runtime.owner.drafter import DraftModel
 from runtime.owner.flight import Ran, StepInFlight
 from runtime.owner.intake import STOPPED, Intake
 from runtime.owner.messages import CancelAgent, CancelTurn, OwnerRequest, SetInherited, Token, TurnRequest, TurnUpdate
@@ -68,9 +69,12 @@ __all__ = ["GPUOwner", "STEP_HISTORY"]
 class GPUOwner(Actor):
     mailbox_size = math.inf  # a request is never refused for room: the handler only queues it
 
-    def __init__(self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu") -> None:
+    def __init__(
+        self, engine: Engine, config: SchedulerConfig, bus: EventBus, *, name: str = "gpu", drafter: DraftModel | None = None
+    ) -> None:
         super().__init__(name, FOREGROUND)
         self.engine = engine
+        self.drafter = drafter  # the draft model, where one makes drafts (runtime.owner.drafter)
         self.bus = bus
         self._decided: list[Event] = []
         self.scheduler = Scheduler(
@@ -80,12 +84,13 @@ class GPUOwner(Actor):
             vocab_size=engine.vocab_size,
             emit=self._decided.append,
             cost=engine.cost,
+            draft_cost=drafter.cost if drafter is not None else None,
         )
         # Turn id -> where its updates go, from its request's intake to its end.
         self.replies: dict[int, UpdateSender[TurnUpdate]] = {}
         self.intake = Intake(self.scheduler, bus, self.replies)
         self.abandon = StepAbandon(self.scheduler, bus)
-        self.device = DeviceWork(engine)
+        self.device = DeviceWork(engine, drafter)
         # The last step's tokens, not yet delivered, and when they were sampled (made
         # into Token messages as they are sent, while the next step runs).
         self._pending: list[tuple[Turn, int]] = []
@@ -122,6 +127,8 @@ class GPUOwner(Actor):
     async def on_start(self) -> None:
         # Before any turn: the step shaping needs to know what a step costs here.
         await anyio.to_thread.run_sync(self.engine.calibrate)
+        if self.drafter is not None:
+            await anyio.to_thread.run_sync(self.drafter.calibrate)
         self.system.step_source = lambda: self.scheduler.step
         self.system.on_actor_stopped.append(self._actor_stopped)
         self.system.on_lift.append(self._lifted)
@@ -160,6 +167,8 @@ class GPUOwner(Actor):
             for turn_id in list(self.scheduler.turns):
                 self.scheduler.cancel(turn_id, now, STOPPED)
             self._publish()
+            if self.drafter is not None:
+                self.drafter.collect()  # (the step thread is gone: this is the last word)
         finally:
             # Even if the owner died of a bug and the above failed too: no agent is
             # left waiting on a turn (a channel closed without an end reads as
@@ -185,6 +194,8 @@ class GPUOwner(Actor):
                         self._deliver()
                     except Exception:
                         log.exception("GPU owner: the step in flight could not be taken in")
+                    if self.drafter is not None:
+                        self.drafter.collect()  # (the turns' ends are told; nothing runs in the step thread)
 
     async def _boundary(self, device: StepThread) -> None:
         """One token boundary: drain requests, schedule, launch the new step,
@@ -192,6 +203,8 @@ class GPUOwner(Actor):
         if not self.scheduler.turns and self._flight is None:
             self._deliver()
             self._chained = False
+            if self.drafter is not None:
+                self.drafter.collect()  # (nothing runs in the step thread now)
             await self.intake.wait()  # idle: sleep until asked
         if self._flight is not None and (self.abandon.raised or self._flight.plan.settle):
             # It is being abandoned (runtime.owner.abandon): planned after it is landed,
@@ -310,6 +323,8 @@ class GPUOwner(Actor):
         if self._measured is not None:
             self.engine.cost.observe(*self._measured)
             self._measured = None
+        if self.drafter is not None:
+            self.drafter.teach()
 
     def _deliver_tokens(self) -> None:
         pending, self._pending = self._pending, []
@@ -344,6 +359,8 @@ class GPUOwner(Actor):
             self._send(event.turn, event)
             if isinstance(event, Ended):
                 self.engine.forget(event.turn)
+                if self.drafter is not None:
+                    self.drafter.forget(event.turn)
                 reply = self.replies.pop(event.turn, None)
                 if reply is not None:
                     reply.close()

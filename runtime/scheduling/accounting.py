@@ -64,6 +64,8 @@ class Accounting:
                 continue
             n = len(work.tokens)
             if work.drafts:
+                if work.context is not None:  # (its draft model was told these)
+                    turn.draft_told = work.context_start + len(work.context)
                 kept = self._keep_verified(work, turn, token, now, delivered)  # type: ignore[arg-type]
                 # The positions that fed the tokens it keeps; the rest are
                 # written again by later steps before anything reads them.

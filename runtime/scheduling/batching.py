@@ -15,6 +15,9 @@ for, or a turn running alone, may verify drafts with its decode: as many as the
 step cost law says pay. Drafts are looked up from the turn's tokens, its last
 one included, so such a turn is planned only once nothing is in flight for it
 (the plan says `settle`: the owner lands it before planning the next step).
+With a draft model, the plan holds placeholders its draft model fills in the
+step thread (runtime.scheduling.drafts says why), and the law counts the draft
+model's steps (`draft_cost`, its engine's law).
 
 `Batching` is a part the scheduler owns, with no state of its own between
 steps: it reads the running turns through the scheduler it is given, and
@@ -27,15 +30,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from runtime.scheduling.cost import StepCost, step_features
-from runtime.scheduling.drafts import Lookup, Speculate, drafts_that_pay
+from runtime.errors import ConfigError
+from runtime.scheduling.cost import StepCost, kv_reads, step_features
+from runtime.scheduling.drafts import MODEL, DraftCost, Lookup, Speculate, drafts_that_pay
 from runtime.scheduling.inflight import SETTLED, Ahead, InFlight
 from runtime.scheduling.kvmoves import KVMemory
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.priority import Priorities
 from runtime.scheduling.shaping import StepBudget, protected_priority
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
-from runtime.scheduling.work import NOT_SAMPLED, Work
+from runtime.scheduling.work import NOT_SAMPLED, TO_DRAFT, Work
 
 
 class Running(Protocol):
@@ -60,8 +64,12 @@ class Batching:
         priorities: Priorities,
         memory: KVMemory,
         seats: Running,
+        draft_cost: StepCost | None = None,
     ) -> None:
+        if config.speculate is Speculate.DRAFT and draft_cost is None:
+            raise ConfigError("speculate=draft needs a draft model (and its step cost law); this engine has none")
         self.config = config
+        self.draft_cost = draft_cost if config.speculate is Speculate.DRAFT else None  # a draft model's, if it drafts
         self.policy = config.policy
         self.cost = cost
         self.block_size = memory.pool.block_size
@@ -201,7 +209,16 @@ class Batching:
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
         drafts: list[int] | None = None
-        if speculate and sample and turn.constraint is None:
+        by_model = False
+        if speculate and sample and turn.constraint is None and self.draft_cost is not None:
+            drafts = self._model_drafts(turn, start, plan) if ahead is SETTLED and n == 1 else None
+            by_model = True
+            if not drafts:  # (land this step first where the next may draft)
+                tokens_so_far, kv = step_features(plan.works)
+                plan.settle |= self._model_drafts_pay(turn, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
+            else:
+                plan.settle = True
+        elif speculate and sample and turn.constraint is None:
             if turn.lookup is None:  # (from now on, accounting checks its tokens against lookup: runtime.scheduling.drafts.Rate)
                 turn.lookup = Lookup()
             drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else None
@@ -222,24 +239,62 @@ class Batching:
             tokens = [*tokens, *drafts]
             guessed = len(drafts)
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        plan.works.append(Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, guessed))
+        work = Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, guessed)
+        if by_model and drafts:
+            work.context, work.context_start = turn.tokens(turn.draft_told, known), turn.draft_told
+        plan.works.append(work)
         plan.turns.append(turn)
         turn.last_stepped = self._step
         return n + guessed
 
+    def _most_drafts(self, turn: Turn, tokens: int) -> int:
+        """The most drafts a decode may verify beside `tokens` other tokens: within
+        the turn's max_tokens, its context and the step's tokens."""
+        most = min(self.config.max_drafts, turn.max_tokens - len(turn.output) - 1, self.config.step_tokens - tokens - 1)
+        if self.config.max_context:
+            most = min(most, self.config.max_context - turn.length)
+        return most
+
+    def _model_drafts_pay(self, turn: Turn, most: int, tokens: int, kv: int, start: int) -> int:
+        """`drafts_that_pay` for the draft model: its rate, and what its steps
+        cost by its own law: reading what it was not told (the whole context,
+        the first time: a share of it per step), then a step a draft."""
+        law = self.draft_cost
+        assert law is not None
+        told, known = turn.draft_told, turn.length
+        behind = max(1, known - told)  # (its tokens the draft model reads before drafting, the last included)
+        once_s = law.predict(behind - 1, kv_reads(0, behind - 1)) if told == 0 else 0.0
+        catch_up = 1 if told == 0 else behind
+        draft = DraftCost(
+            step_s=law.predict(1, start),
+            catch_up_s=law.predict(catch_up, kv_reads(known - catch_up, catch_up)),
+            once_s=once_s,
+            remaining=turn.max_tokens - len(turn.output),
+        )
+        return drafts_that_pay(self.cost, turn.rates.of(MODEL), most, tokens, kv, start, draft)
+
+    def _model_drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
+        """A settled decode's drafts from the draft model: as many placeholders
+        as pay (the draft model writes them, runtime.owner.drafter), within
+        `_most_drafts` and the free blocks."""
+        tokens, kv = step_features(plan.works)
+        most = self._most_drafts(turn, tokens)
+        k = self._model_drafts_pay(turn, most, tokens, kv, start) if most > 0 else 0
+        if k and not self.memory.pool.grow(turn.blocks, start + 1 + k):
+            k = 0
+        turn.rates.drafting = MODEL if k else 0
+        return [TO_DRAFT] * k
+
     def _drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
         """The drafts a settled decode at `start` verifies: those prompt lookup
-        proposes, as many as pay by the step cost law, within the turn's
-        max_tokens, its context, the step's tokens and the free blocks (a draft
-        never evicts anyone's K/V)."""
+        proposes, as many as pay by the step cost law, within `_most_drafts`
+        and the free blocks (a draft never evicts anyone's K/V)."""
         known = turn.length
         lookup = turn.lookup
         assert lookup is not None
         lookup.extend(turn.tokens(lookup.fed, known))
         tokens, kv = step_features(plan.works)
-        most = min(self.config.max_drafts, turn.max_tokens - len(turn.output) - 1, self.config.step_tokens - tokens - 1)
-        if self.config.max_context:
-            most = min(most, self.config.max_context - known)
+        most = self._most_drafts(turn, tokens)
         proposed, match = lookup.proposal(most) if most > 0 else ([], 0)
         k = drafts_that_pay(self.cost, turn.rates.of(match), len(proposed), tokens, kv, start) if proposed else 0
         if k and not self.memory.pool.grow(turn.blocks, start + 1 + k):

@@ -1,4 +1,5 @@
-"""Speculative decoding's drafts: guessed by prompt lookup, verified exactly.
+"""Speculative decoding's drafts: guessed by prompt lookup or a draft model,
+verified exactly.
 
 **Drafts.** A turn's next tokens are often a copy of tokens it has already
 seen: an edited function repeats the function it was given, a test repeats the
@@ -8,6 +9,23 @@ time the turn's most recent n tokens appeared before (n from `LONGEST` down to
 the tokens that followed it there. `Lookup` keeps, per turn, where each n-gram
 last ended, and is fed the turn's tokens as they are settled; `propose` is the
 same search written plainly, for the tests.
+
+**Drafts from a draft model** (`Speculate.DRAFT`): a smaller model with the
+same tokenizer (qwen2.5-coder-0.5b for the 1.5B) decodes k tokens greedily
+from the turn's tokens, and those are the drafts. The scheduler decides here,
+as for lookup, whether and how many (k); but the drafts themselves take device
+work, which has no place in a plain synchronous scheduler nor on the event
+loop. So the plan's verify work holds k `work.TO_DRAFT` placeholders and the
+turn's tokens the draft model has not been told yet (`Work.context`), and the
+owner's draft model part (runtime.owner.drafter.DraftModel, given to the owner
+beside its engine) writes the drafts in the step thread, right before the
+verify step runs, in device order with every other step. It keeps each turn's
+K/V on its own engine (its own KV cache, its blocks its own), catches up on the
+tokens the turn kept since it last drafted, rolls back by length what the
+target refused (its K/V past the last token both agree on is simply written
+again), and lets go of a turn's K/V when the turn ends. The proof below does not
+care where drafts come from: any draft is kept exactly when it is the token the
+turn samples anyway.
 
 **Verification.** A speculating turn's step feeds [its last sampled token, d1
 .. dk] at positions p .. p+k and samples a token at every one of those rows
@@ -51,12 +69,19 @@ foreground in a shaped step) or one running alone, where the step cost law
 expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
 .. + a^k for the turn's acceptance rate a so far, for matches of the length of
 the one proposing (`Rates`: a trigram's continuation is far likelier right
-than a single token's). On a GPU the rows are nearly free and every likely
+than a single token's), or the draft model's own rate (`MODEL`). A draft
+model's k drafts also cost k of its own steps, the first of them reading what
+the turn kept since it last drafted (`DraftCost`, from the draft engine's own
+cost law), so on a CPU, where its step is a good share of the target's and
+every verified row costs a token's compute, only a high rate pays, if any. The
+first time a turn drafts, the draft model also reads the turn's context (a
+prefill); each step is charged its share of that by the tokens it yields. On a GPU the rows are nearly free and every likely
 draft pays; on a CPU each row costs a token's compute and only long, likely
 matches do. The rates learn from every token such a turn samples, drafted or
 not: a token sampled without drafts is checked against the draft lookup would
 have made for it, so a turn that does not speculate still learns whether it
-would pay, at no device cost.
+would pay, at no device cost. (Not a draft model's: its guesses cost a step
+each, so its rate learns only from the drafts it verifies.)
 """
 
 from __future__ import annotations
@@ -77,18 +102,37 @@ MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides
 PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
 MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
+MODEL = -1  # the draft model's rate among a turn's `Rates` (match lengths are SHORTEST .. LONGEST)
+# A draft model of the target's family agrees with it far more often than an
+# untested n-gram does: its rate starts here.
+MODEL_PRIOR_RATE = 0.75
 
 
 class Speculate(enum.StrEnum):
     OFF = "off"
     LOOKUP = "lookup"  # drafts by prompt lookup
+    DRAFT = "draft"  # drafts by a draft model ("draft:MODEL" names it)
 
     @classmethod
     def parse(cls, name: str | Speculate) -> Speculate:
-        try:
-            return cls(name)
-        except ValueError:
-            raise ConfigError(f"unknown speculation {name!r}; choose from {', '.join(s.value for s in cls)}") from None
+        return split_speculation(name)[0]
+
+
+def split_speculation(text: str | Speculate) -> tuple[Speculate, str | None]:
+    """The kind a speculation knob names ("off", "lookup", "draft" or
+    "draft:MODEL"), and the draft model it names (None: the default for the
+    target, or none)."""
+    if isinstance(text, Speculate):
+        return text, None
+    kind, _, model = str(text).partition(":")
+    try:
+        speculate = Speculate(kind)
+    except ValueError:
+        choices = ", ".join(s.value for s in Speculate)
+        raise ConfigError(f"unknown speculation {text!r}; choose from {choices} or draft:MODEL") from None
+    if ":" in str(text) and (speculate is not Speculate.DRAFT or not model):
+        raise ConfigError(f"speculation {text!r}: only draft takes a model, as draft:MODEL")
+    return speculate, model or None
 
 
 def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> list[int]:
@@ -173,6 +217,7 @@ class Rates:
 
     def __init__(self) -> None:
         self.by_length = {n: Rate() for n in range(SHORTEST, LONGEST + 1)}
+        self.by_length[MODEL] = Rate(MODEL_PRIOR_RATE)
         self.drafting = 0
         self.matched = 0
         self.offered = 0
@@ -188,8 +233,8 @@ class Rate:
     """A turn's acceptance so far: the share of its drafts kept (or that would
     have been), the older weighing less, starting from PRIOR_RATE."""
 
-    def __init__(self) -> None:
-        self.kept = PRIOR_RATE * PRIOR_WEIGHT
+    def __init__(self, prior: float = PRIOR_RATE) -> None:
+        self.kept = prior * PRIOR_WEIGHT
         self.drafted = PRIOR_WEIGHT
 
     @property
@@ -203,14 +248,43 @@ class Rate:
         self.drafted = self.drafted * fade + tried
 
 
-def drafts_that_pay(cost: StepCost, rate: float, most: int, tokens: int, kv: int, start: int) -> int:
+def drafts_that_pay(
+    cost: StepCost,
+    rate: float,
+    most: int,
+    tokens: int,
+    kv: int,
+    start: int,
+    draft: DraftCost | None = None,
+) -> int:
     """How many drafts (0 .. most) a decode at position `start` should verify:
     the number that maximises the expected tokens per second of the step, whose
-    other work is `tokens` tokens reading `kv` KV positions. Ties go to fewer."""
+    other work is `tokens` tokens reading `kv` KV positions, and, where a draft
+    model makes the drafts, what making them costs (`draft`). Ties go to fewer."""
     best, best_k = 0.0, 0
     for k in range(most + 1):
         step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k))
-        pace = expected_kept(rate, k) / step_s if step_s > 0 else float(k)
+        kept = expected_kept(rate, k)
+        if k and draft is not None:
+            step_s += draft.seconds(k, kept)
+        pace = kept / step_s if step_s > 0 else float(k)
         if pace > best * (1 + 1e-9):
             best, best_k = pace, k
     return best_k
+
+
+class DraftCost:
+    """What a draft model's k drafts cost a verify step: its first step reads
+    the tokens it was not told yet (`catch_up_s`: the tokens the turn kept since
+    it last drafted, and its last one), each further draft one step
+    (`step_s`); the first time a turn drafts, the draft model also reads the
+    turn's context (`once_s`), which serves all its later steps: each is
+    charged the share of it in proportion to the tokens it is expected to
+    yield, out of the `remaining` the turn may still decode."""
+
+    def __init__(self, step_s: float, catch_up_s: float, once_s: float = 0.0, remaining: int = 1) -> None:
+        self.step_s, self.catch_up_s = step_s, catch_up_s
+        self.once_s, self.remaining = once_s, max(1, remaining)
+
+    def seconds(self, k: int, kept: float) -> float:
+        return self.catch_up_s + (k - 1) * self.step_s + self.once_s * min(1.0, kept / self.remaining)

@@ -80,6 +80,7 @@ class Scheduler:
         vocab_size: int | None = None,
         emit: Callable[[Event], None] = lambda event: None,
         cost: StepCost | None = None,
+        draft_cost: StepCost | None = None,
     ) -> None:
         self.vocab_size = vocab_size  # token ids at or past it fail their own turn at submit
         self.config = config
@@ -96,7 +97,7 @@ class Scheduler:
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.memory = KVMemory(config, blocks, self.prefix, self.in_flight, self.priorities, self, emit, self._about)
-        self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self)
+        self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self, draft_cost)
         self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)

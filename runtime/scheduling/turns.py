@@ -185,6 +185,7 @@ class Turn:
     # first chance to; the share of its drafts kept; and its counts so far.
     lookup: Lookup | None = None
     rates: Rates = field(default_factory=Rates)
+    draft_told: int = 0  # its tokens a draft model was told, as of the steps landed (Work.context)
     drafted: int = 0  # draft tokens its steps verified
     accepted: int = 0  # of them, kept
     sampling_steps: int = 0  # steps that sampled for it (a verify step once, whatever it kept)

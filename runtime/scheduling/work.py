@@ -98,6 +98,14 @@ class Work(msgspec.Struct):
     # would be sampled were the tokens before it the turn's, and the step
     # returns them as a list. Never with a constraint.
     drafts: int = 0
+    # Drafts a draft model makes (runtime.owner.drafter): its drafts are
+    # TO_DRAFT until the owner's draft model writes them, in the step thread
+    # before the step runs, into this very Work (its turn is settled: nothing is
+    # planned on it before it lands, and accounting reads the drafts it
+    # verified). `context` is the turn's tokens from `context_start` on, its
+    # last sampled one included: what the draft model may not have been told.
+    context: list[int] | None = None
+    context_start: int = 0
 
 
 def sampled_rows(work: Work) -> int:
@@ -106,6 +114,7 @@ def sampled_rows(work: Work) -> int:
 
 
 NOT_SAMPLED = -1  # the last token of a Work that `follows`, until it is known: never a token id
+TO_DRAFT = -2  # a draft a draft model writes before the step runs (Work.context): never a token id
 
 
 class DeadEnd(EngineError):

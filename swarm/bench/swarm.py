@@ -15,8 +15,10 @@ drifts), so every figure has its own ratio to idle (`vs_solo`, against the solo
 run next to it); `solo` in the output pools them all.
 
 A policy written `name:unshaped` runs with step shaping off (as `--no-shaping`
-does for all), and `name:whole` with every step run whole (no step abandoned for
-a foreground arrival, runtime.owner.abandon), so each can be compared in one run.
+does for all), `name:whole` with every step run whole (no step abandoned for
+a foreground arrival, runtime.owner.abandon), `name:spec` with speculative
+decoding by prompt lookup and `name:draft` by a draft model (`--draft`), so
+each can be compared in one run.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated, from: "
         + ", ".join(p.value for p in Policy)
         + " (NAME:unshaped turns step shaping off for that one, NAME:whole never abandons a step, "
-        "NAME:spec turns speculative decoding on)",
+        "NAME:spec turns speculative decoding by prompt lookup on, NAME:draft by a draft model)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (with raw samples, for swarm plot)")
     parser.add_argument("--slots", type=int, default=8, help="turns decoded together")
@@ -85,11 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same load over GPU owners as Ray actors (a local Ray instance, or the cluster at ADDRESS)",
     )
     parser.add_argument("--owners", type=int, default=2, help="GPU owners with --cluster (default 2)")
+    parser.add_argument("--draft", metavar="MODEL", help="the draft model of NAME:draft (default: the catalogue's for --model)")
 
 
 def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
     name, _, variant = policy.partition(":")
     shaping = not args.no_shaping and variant != "unshaped"
+    speculate = {"spec": "lookup", "draft": "draft"}.get(variant, "off")
     return Swarm(
         engine,
         slots=args.slots,
@@ -98,7 +102,8 @@ def _swarm(engine: Engine, policy: str, args: argparse.Namespace) -> Swarm:
         shaping=shaping,
         slack=args.slack,
         abandon_steps=variant != "whole",
-        speculate="lookup" if variant == "spec" else "off",
+        speculate=speculate,
+        draft=getattr(args, "draft_engine", None) if speculate == "draft" else None,
     )
 
 
@@ -157,7 +162,7 @@ def _merge(a: Stats, b: Stats) -> Stats:
 
 
 def parse_policies(text: str) -> list[str]:
-    return Policy.parse_list(text, variants=("unshaped", "whole", "spec"))
+    return Policy.parse_list(text, variants=("unshaped", "whole", "spec", "draft"))
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
@@ -173,6 +178,10 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         from gpu.engine import open_engine
 
         engine = open_engine(args.model, args.device, kernels=args.kernels)
+    if any(p.endswith(":draft") for p in policies):
+        from swarm.api import open_draft
+
+        args.draft_engine = open_draft(engine, args.draft)  # (opened once, as the engine is)
     results: dict[str, Any] = {}
     pooled = Stats()
     for policy in policies:

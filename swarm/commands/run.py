@@ -47,9 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off (to compare)")
     p.add_argument(
         "--speculate",
-        choices=("off", "lookup"),
+        metavar="{off,lookup,draft[:MODEL]}",
         help="speculative decoding for the foreground turn (and a turn running alone) where the step cost law says it pays: "
-        "lookup drafts by prompt lookup (overrides the session's; default off)",
+        "lookup drafts by prompt lookup, "
+        "draft by a draft model with the same tokenizer (draft:MODEL names it) (overrides the session's; default off)",
     )
     p.add_argument("--watch", action="store_true", help="also show the swarm live in the browser (see swarm watch)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the page's port on 127.0.0.1 with --watch (default {DEFAULT_PORT})")

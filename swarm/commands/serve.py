@@ -62,9 +62,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shaping", action="store_true", help="turn step shaping for the foreground off")
     p.add_argument(
         "--speculate",
-        choices=("off", "lookup"),
+        metavar="{off,lookup,draft[:MODEL]}",
         default="off",
-        help="speculative decoding for the foreground turn (and a turn running alone): lookup drafts by prompt lookup (default off)",
+        help="speculative decoding for the foreground turn (and a turn running alone): lookup drafts by prompt lookup, "
+        "draft by a draft model with the same tokenizer (draft:MODEL names it) (default off)",
     )
     p.add_argument(
         "--api-key",
