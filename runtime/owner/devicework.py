@@ -79,6 +79,7 @@ class DeviceWork:
         self.steps_run += 1
         # (a turn verifying drafts has no decode planned on this step: runtime.scheduling.inflight)
         flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample and not w.drafts}  # type: ignore[misc]
+        flight.complete = len(runnable) == len(works) and None not in flight.sampled.values()
         if len(runnable) != len(works):  # (a decode left out: its token never came)
             got = dict(zip((w.turn for w in runnable), out, strict=False))
             out = [got.get(w.turn) for w in works]
