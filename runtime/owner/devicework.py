@@ -46,7 +46,7 @@ class DeviceWork:
         runnable = flight.hand_over()
         if self.drafter is not None:
             # (before the step, and not in its time: the law prices the target's step)
-            self.drafter.fill(runnable, flight.flag)
+            runnable, flight.drafted = self.drafter.fill(runnable, flight.flag)
         started = time.perf_counter()
         if flight.chained and self._step_ended is not None:
             # The device idled this long between the two: what the host did not hide.

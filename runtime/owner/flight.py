@@ -51,6 +51,7 @@ class StepInFlight:
         # planned on (its tokens feed this one's decodes), and what this one sampled.
         self._ahead = ahead
         self.sampled: dict[int, int | None] = {}
+        self.drafted: dict[int, list[int]] = {}  # the drafts a draft model wrote, by turn (runtime.owner.drafter)
         # Whether every decode it ran sampled a token (none faulted or was left
         # out), so every decode planned on it finds its token in `sampled`.
         self.complete = False
