@@ -113,8 +113,10 @@ class DraftedSteps:
     def __init__(self, target: KVEngine, drafter: DraftModel) -> None:
         self.target, self.drafter = target, drafter
 
+    drafted: dict = {}  # the last step's drafts, by turn (StepInFlight.drafted)
+
     def step(self, works, abandon=None):
-        self.drafter.fill(works)
+        works, self.drafted = self.drafter.fill(works)
         return self.target.step(works)
 
     def __getattr__(self, name: str):  # (KV moves go to the target)
@@ -214,8 +216,9 @@ def test_the_draft_model_catches_up_and_rolls_back_by_length():
     for round_, kept in enumerate([0, 2, 4, 1, 3, 0, 0, 2]):
         k = 4
         work = Work(1, [history[-1]] + [TO_DRAFT] * k, len(history) - 1, [], True, drafts=k, context=history[told:], context_start=told)
-        model.fill([work])
-        drafts = work.tokens[1:]
+        ran, drafted = model.fill([work])
+        drafts = drafted[1]
+        assert ran[0].tokens == [history[-1], *drafts] and work.tokens[1:] == [TO_DRAFT] * k  # (a copy runs)
         assert drafts == fresh(history, k), f"round {round_}"
         told = len(history)
         refused = [] if kept == k else [(drafts[kept] - 3 + 1) % (VOCAB - 3) + 3]  # (the target says otherwise)

@@ -55,7 +55,7 @@ def drive(
     def land() -> None:
         nonlocal flight
         if flight is not None:
-            sched.postprocess(flight[0], flight[1], now)
+            sched.postprocess(flight[0], flight[1], now, drafted=flight[2])
             flight = None
 
     while sched.turns or flight or any(b >= boundary for b in arrive_at) or (while_verifying and sched.turns):
@@ -86,7 +86,8 @@ def drive(
             continue
         steps += 1
         if not ahead:
-            sched.postprocess(plan, engine.step(plan.works), now)
+            tokens = engine.step(plan.works)
+            sched.postprocess(plan, tokens, now, drafted=getattr(engine, "drafted", None))  # (a draft model's: test_draft_model)
             continue
         sched.advance(plan)
         works = [given(w, sampled[w.turn]) if w.follows else w for w in plan.works]
@@ -94,7 +95,7 @@ def drive(
         tokens = engine.step(works)
         sampled = {w.turn: t for w, t in zip(works, tokens, strict=False) if w.sample and not w.drafts}
         land()
-        flight = (plan, tokens)
+        flight = (plan, tokens, getattr(engine, "drafted", None))
     return steps
 
 

@@ -46,7 +46,7 @@ class DeviceWork:
         runnable = flight.hand_over()
         if self.drafter is not None:
             # (before the step, and not in its time: the law prices the target's step)
-            self.drafter.fill(runnable, flight.flag)
+            runnable, flight.drafted = self.drafter.fill(runnable, flight.flag)
         started = time.perf_counter()
         if flight.chained and self._step_ended is not None:
             # The device idled this long between the two: what the host did not hide.
@@ -79,6 +79,7 @@ class DeviceWork:
         self.steps_run += 1
         # (a turn verifying drafts has no decode planned on this step: runtime.scheduling.inflight)
         flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample and not w.drafts}  # type: ignore[misc]
+        flight.complete = len(runnable) == len(works) and None not in flight.sampled.values()
         if len(runnable) != len(works):  # (a decode left out: its token never came)
             got = dict(zip((w.turn for w in runnable), out, strict=False))
             out = [got.get(w.turn) for w in works]

@@ -9,7 +9,8 @@ loop. So the plan's verify work carries k placeholders (`work.TO_DRAFT`) and
 the turn's tokens the draft model was not told yet (`Work.context`), and
 `DeviceWork.run_step` hands it to `fill` right before the verify step, in the
 one thread every device call runs in: the draft model's steps are ordered with
-the target's like any other.
+the target's like any other. The step runs a copy carrying the drafts, and
+the drafts go back with its tokens (`StepInFlight.drafted`), as results.
 
 What it keeps, per turn, on its own engine (its own KV pool, its blocks its
 own, never the scheduler's):
@@ -35,6 +36,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from runtime.errors import ConfigError
 from runtime.scheduling.cost import StepCost, kv_reads
@@ -95,14 +98,19 @@ class DraftModel:
         while self._measured:
             self.engine.cost.observe(*self._measured.popleft())
 
-    def fill(self, works: Sequence[Work], abandon: threading.Event | None = None) -> None:
-        """In the step thread, before the step: write the drafts of the works
-        that wait for them (Work.context), in place."""
+    def fill(self, works: Sequence[Work], abandon: threading.Event | None = None) -> tuple[list[Work], dict[int, list[int]]]:
+        """In the step thread, before the step: the works to run, those that wait
+        for drafts (Work.context) as copies carrying them, and the drafts by
+        turn. The plan's works are left as planned: the drafts are a result of
+        the step, accounted against what it samples (Scheduler.postprocess)."""
         self.collect()
+        runnable, drafted = [], {}
         for work in works:
             if work.context is not None and work.drafts:
-                drafts = self._draft(work, abandon)
-                work.tokens[len(work.tokens) - work.drafts :] = drafts
+                drafts = drafted[work.turn] = self._draft(work, abandon)
+                work = msgspec.structs.replace(work, tokens=[*work.tokens[: len(work.tokens) - work.drafts], *drafts])
+            runnable.append(work)
+        return runnable, drafted
 
     # ------------------------------------------------------------ drafting
 

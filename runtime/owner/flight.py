@@ -51,6 +51,10 @@ class StepInFlight:
         # planned on (its tokens feed this one's decodes), and what this one sampled.
         self._ahead = ahead
         self.sampled: dict[int, int | None] = {}
+        self.drafted: dict[int, list[int]] = {}  # the drafts a draft model wrote, by turn (runtime.owner.drafter)
+        # Whether every decode it ran sampled a token (none faulted or was left
+        # out), so every decode planned on it finds its token in `sampled`.
+        self.complete = False
 
     @property
     def abandoned(self) -> bool:
@@ -68,12 +72,18 @@ class StepInFlight:
         works = self.plan.works
         if ahead is None:
             return works
-        sampled, runnable = ahead.sampled, []
+        sampled, replace = ahead.sampled, msgspec.structs.replace
+        if ahead.complete:  # (nearly always: every decode planned on it has its token)
+            try:
+                return [replace(w, tokens=[*w.tokens[:-1], sampled[w.turn]], follows=False) if w.follows else w for w in works]
+            except KeyError:
+                pass  # (one planned on a turn it did not run: left out below)
+        runnable = []
         for work in works:
             if work.follows:
                 token = sampled.get(work.turn)
                 if token is None:
                     continue
-                work = msgspec.structs.replace(work, tokens=[*work.tokens[:-1], token], follows=False)
+                work = replace(work, tokens=[*work.tokens[:-1], token], follows=False)
             runnable.append(work)
         return runnable

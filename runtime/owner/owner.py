@@ -305,7 +305,7 @@ class GPUOwner(Actor):
         for turn_id, reason in faults.items():
             self.scheduler.fail(turn_id, now, reason)
         # (appended: a boundary with moves lands a step before the one before it is delivered)
-        self._pending += self.scheduler.postprocess(plan, tokens, now)
+        self._pending += self.scheduler.postprocess(plan, tokens, now, drafted=flight.drafted)
         self._pending_t = now
         self.scheduler.tell_progress(now)
 

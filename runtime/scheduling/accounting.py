@@ -14,7 +14,7 @@ turn then: it is accounted here like any other, when it lands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from runtime.scheduling.drafts import MAX_DRAFTS, accept
 from runtime.scheduling.prefix import PrefixCache
@@ -44,13 +44,19 @@ class Accounting:
                 turn.output.extend([token] * times)
 
     def postprocess(
-        self, plan: Plan, tokens: Sequence[int | list[int] | None], now: float, lost: Collection[Turn] = ()
+        self,
+        plan: Plan,
+        tokens: Sequence[int | list[int] | None],
+        now: float,
+        lost: Collection[Turn] = (),
+        drafted: Mapping[int, list[int]] | None = None,
     ) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
         A step launched before (runtime.scheduling.inflight) is accounted the same
         way as it lands: a turn paused since still takes its token (it was
         sampled before the pause), an ended one does not, and one whose K/V was
-        dropped since (in `lost`) gains no positions."""
+        dropped since (in `lost`) gains no positions. A verify step's drafts are
+        its work's last tokens, or in `drafted` where a draft model wrote them."""
         delivered = []
         commit, eos, max_context, finish = (
             self.prefix.commit,
@@ -66,7 +72,7 @@ class Accounting:
             if work.drafts:
                 if work.context is not None:  # (its draft model was told these)
                     turn.draft_told = work.context_start + len(work.context)
-                kept = self._keep_verified(work, turn, token, now, delivered)  # type: ignore[arg-type]
+                kept = self._keep_verified(work, turn, token, now, delivered, drafted)  # type: ignore[arg-type]
                 # The positions that fed the tokens it keeps; the rest are
                 # written again by later steps before anything reads them.
                 n = len(kept)
@@ -99,13 +105,22 @@ class Accounting:
                 finish(turn, "context", now)
         return delivered
 
-    def _keep_verified(self, work: Work, turn: Turn, sampled: list[int] | None, now: float, delivered: list[tuple[Turn, int]]) -> list[int]:
+    def _keep_verified(
+        self,
+        work: Work,
+        turn: Turn,
+        sampled: list[int] | None,
+        now: float,
+        delivered: list[tuple[Turn, int]],
+        drafted: Mapping[int, list[int]] | None,
+    ) -> list[int]:
         """A verify step's tokens (`sampled`: one a row, None if it failed) for
         its turn: those `drafts.accept` keeps, up to the first that ends the
         turn, appended to its output and to `delivered`."""
         if sampled is None:
             return []
-        kept = accept(work.tokens[-work.drafts :], sampled)
+        drafts = drafted.get(work.turn) if drafted else None
+        kept = accept(drafts if drafts is not None else work.tokens[-work.drafts :], sampled)
         self._count_drafts(turn, work.drafts, len(kept) - 1)
         max_context = self.config.max_context
         for i, token in enumerate(kept):

@@ -41,6 +41,8 @@ from runtime.scheduling.shaping import StepBudget, protected_priority
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
 from runtime.scheduling.work import NOT_SAMPLED, TO_DRAFT, Work
 
+NO_DRAFTS: list[int] = []  # (never changed)
+
 
 class Running(Protocol):
     """What the batch asks of the scheduler: the turns in a slot, the highest
@@ -93,7 +95,7 @@ class Batching:
         budget = self.config.step_tokens
         running = self.seats.running
         alone = self.speculates and len(running) == 1  # (a turn alone may speculate)
-        for turn, ahead, pending in self._batch_order(running.values(), now):
+        for _, turn, ahead, pending in self._batch_order(running.values(), now):
             if budget <= 0:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
@@ -109,7 +111,7 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         pending, computed = self.in_flight.pending, self.in_flight.computed
-        for turn, _, _ in self._batch_order(protected, now):
+        for _, turn, _, _ in self._batch_order(protected, now):
             if chunk > 0 and self._catch_up(turn, plan):
                 n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
             else:
@@ -133,17 +135,20 @@ class Batching:
                 room -= n if pending(turn) > 1 else 0
         return True
 
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[Turn, Ahead, int]]:
-        """The turns in the order their work is taken, each with its share of the
+    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[tuple, Turn, Ahead, int]]:
+        """The turns in the order their work is taken (after a sort key), each with its share of the
         steps in flight and what it has to feed before its next sample
         (InFlight.pending): decodes first, then the highest priority, then the
         earliest admitted."""
         effective, of = self.priorities.effective, self.in_flight.of  # (this runs for every turn at every step)
         order = []
-        for turn in turns:
+        for i, turn in enumerate(turns):
             ahead = of(turn)
-            order.append((turn, ahead, ahead.pending(turn)))
-        return sorted(order, key=lambda tap: (tap[2] > 1, -effective(tap[0], now), tap[0].last_admit))
+            pending = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions  # (Ahead.pending, inlined)
+            # (i: equal keys keep the turns' order, and the sort compares no further)
+            order.append(((pending > 1, -effective(turn, now), turn.last_admit, i), turn, ahead, pending))
+        order.sort()
+        return order
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
@@ -193,10 +198,10 @@ class Batching:
             return 0  # preempted for memory while this batch was built
         if ahead is None:
             ahead = self.in_flight.of(turn)
-        if ahead.verifying:
-            return 0  # its next position is not known yet
         known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
         if ahead.tokens:
+            if ahead.verifying:
+                return 0  # its next position is not known yet
             # Its last token may be the one being sampled, by length or context: it
             # ends when that step lands.
             output, max_context = len(turn.output) + ahead.tokens, self.config.max_context
@@ -208,44 +213,46 @@ class Batching:
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
-        drafts: list[int] | None = None
-        by_model = False
-        if speculate and sample and turn.constraint is None and self.draft_cost is not None:
-            drafts = self._model_drafts(turn, start, plan) if ahead is SETTLED and n == 1 else None
-            by_model = True
-            if not drafts:  # (land this step first where the next may draft)
-                tokens_so_far, kv = step_features(plan.works)
-                plan.settle |= self._model_drafts_pay(turn, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
-            else:
-                plan.settle = True
-        elif speculate and sample and turn.constraint is None:
-            if turn.lookup is None:  # (from now on, accounting checks its tokens against lookup: runtime.scheduling.drafts.Rate)
-                turn.lookup = Lookup()
-            drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else None
-            # Land this step before planning the next (losing the overlap for
-            # it) where drafts may pay next: they follow the token it samples.
-            rates = turn.rates
-            match, offered = (rates.drafting, len(drafts)) if drafts else (rates.matched, rates.offered)
-            if match:
-                tokens_so_far, kv = step_features(plan.works)
-                most = min(offered, self.config.max_drafts)
-                plan.settle |= drafts_that_pay(self.cost, rates.of(match), most, tokens_so_far, kv, start + n) > 0
+        drafts = self._guess(turn, start, n, plan, ahead) if speculate and sample and turn.constraint is None else NO_DRAFTS
         if end <= known:
             tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
-        guessed = 0
         if drafts:
-            tokens = [*tokens, *drafts]
-            guessed = len(drafts)
+            tokens += drafts
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        work = Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, guessed)
-        if by_model and drafts:
+        work = Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
+        if drafts and self.draft_cost is not None:  # (drafts the draft model writes: what it was not told yet)
             work.context, work.context_start = turn.tokens(turn.draft_told, known), turn.draft_told
         plan.works.append(work)
         plan.turns.append(turn)
         turn.last_stepped = self._step
-        return n + guessed
+        return n + len(drafts)
+
+    def _guess(self, turn: Turn, start: int, n: int, plan: Plan, ahead: Ahead) -> list[int]:
+        """The drafts a decode that may speculate verifies with its token (none
+        unless it is settled, runtime.scheduling.drafts); and the plan says
+        `settle` where drafts may pay next step: they follow the token it samples,
+        so the next step is planned once this one has landed (losing the overlap
+        for it)."""
+        if self.draft_cost is not None:
+            drafts = self._model_drafts(turn, start, plan) if ahead is SETTLED and n == 1 else NO_DRAFTS
+            if drafts:
+                plan.settle = True
+            else:  # (land this step first where the next may draft)
+                tokens_so_far, kv = step_features(plan.works)
+                plan.settle |= self._model_drafts_pay(turn, self.config.max_drafts, tokens_so_far, kv, start + n) > 0
+            return drafts
+        if turn.lookup is None:  # (from now on, accounting checks its tokens against lookup: runtime.scheduling.drafts.Rate)
+            turn.lookup = Lookup()
+        drafts = self._drafts(turn, start, plan) if ahead is SETTLED and n == 1 else NO_DRAFTS
+        rates = turn.rates
+        match, offered = (rates.drafting, len(drafts)) if drafts else (rates.matched, rates.offered)
+        if match:
+            tokens_so_far, kv = step_features(plan.works)
+            most = min(offered, self.config.max_drafts)
+            plan.settle |= drafts_that_pay(self.cost, rates.of(match), most, tokens_so_far, kv, start + n) > 0
+        return drafts
 
     def _most_drafts(self, turn: Turn, tokens: int) -> int:
         """The most drafts a decode may verify beside `tokens` other tokens: within

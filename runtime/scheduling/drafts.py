@@ -19,7 +19,8 @@ loop. So the plan's verify work holds k `work.TO_DRAFT` placeholders and the
 turn's tokens the draft model has not been told yet (`Work.context`), and the
 owner's draft model part (runtime.owner.drafter.DraftModel, given to the owner
 beside its engine) writes the drafts in the step thread, right before the
-verify step runs, in device order with every other step. It keeps each turn's
+verify step runs, in device order with every other step, into the copy of the
+work that runs; they come back with the step's tokens, as results. It keeps each turn's
 K/V on its own engine (its own KV cache, its blocks its own), catches up on the
 tokens the turn kept since it last drafted, rolls back by length what the
 target refused (its K/V past the last token both agree on is simply written

@@ -14,6 +14,10 @@ what it still has to feed (`pending`), and how many of its tokens are not known
 yet (`sampling`). A decode planned on a token a step in flight samples says so
 on its Work (`Work.follows`); whoever runs the steps puts that token there.
 
+The ledger is the launched plans themselves, each with its works by turn: a
+turn's share (`Ahead`) is summed from them when asked, so launching and
+landing a step cost nothing per turn.
+
 A turn whose K/V is dropped while a step writes it (`forget_kv`) keeps nothing
 of what that step writes: its positions count for nothing when it lands.
 
@@ -28,11 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from runtime.scheduling.turns import Plan, Turn
+from runtime.scheduling.work import Work
 
 
-@dataclass(slots=True)
-class Ahead:
+class Ahead(msgspec.Struct, gc=False):
     """One turn's share of the steps in flight."""
 
     positions: int = 0  # positions they write past turn.computed (that still count)
@@ -47,8 +53,7 @@ class Ahead:
 @dataclass(slots=True)
 class _Launched:
     plan: Plan
-    # Each of its works' turn, that turn's share, and what the work adds to it.
-    shares: list[tuple[Turn, Ahead, int, int, int]]
+    works: dict[Turn, Work]  # its work for each of its turns (at most one a turn)
     # Turns whose K/V was dropped since the launch: what it writes for them is lost.
     void: set[Turn] = field(default_factory=set)
 
@@ -60,7 +65,6 @@ SETTLED = Ahead()  # the share of a turn with nothing in flight (shared: never c
 class InFlight:
     def __init__(self) -> None:
         self._launched: list[_Launched] = []  # oldest first
-        self._ahead: dict[Turn, Ahead] = {}  # only turns with work in a step in flight
 
     def __len__(self) -> int:
         return len(self._launched)
@@ -74,17 +78,7 @@ class InFlight:
 
     def launch(self, plan: Plan) -> None:
         """A step was launched: what it writes and samples is ahead of its turns."""
-        ahead, shares = self._ahead, []
-        for work, turn in zip(plan.works, plan.turns, strict=False):
-            share = ahead.get(turn)
-            if share is None:
-                share = ahead[turn] = Ahead()
-            positions, tokens, verifying = len(work.tokens), work.sample + work.drafts, int(work.drafts > 0)
-            share.positions += positions
-            share.tokens += tokens
-            share.verifying += verifying
-            shares.append((turn, share, positions, tokens, verifying))
-        self._launched.append(_Launched(plan, shares))
+        self._launched.append(_Launched(plan, dict(zip(plan.turns, plan.works, strict=True))))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
         """The step has run: it leaves the ledger (its turns are accounted by the
@@ -94,68 +88,67 @@ class InFlight:
         if not self._launched or self._launched[0].plan is not plan:
             assert all(launched.plan is not plan for launched in self._launched), "steps land in the order launched"
             return NOTHING
-        launched = self._launched.pop(0)
-        self._leave(launched)
-        return launched.void
+        return self._launched.pop(0).void
 
     def discard(self, plan: Plan) -> None:
         """The step counts for nothing (abandoned): forget it, as if never launched."""
         for i, launched in enumerate(self._launched):
             if launched.plan is plan:
                 del self._launched[i]
-                self._leave(launched)
                 return
         raise ValueError("discard: that step is not in flight")
 
     def forget_kv(self, turn: Turn) -> None:
         """The turn's K/V is dropped (its `computed` is 0): what steps in flight
         write for it is lost with it."""
-        share = self._ahead.get(turn)
-        if share is None:
-            return
-        share.positions = 0
         for launched in self._launched:
-            launched.void.add(turn)
-
-    def _leave(self, launched: _Launched) -> None:
-        ahead, void = self._ahead, launched.void
-        for turn, share, positions, tokens, verifying in launched.shares:
-            if not void or turn not in void:
-                share.positions -= positions
-            share.tokens -= tokens
-            share.verifying -= verifying
-            if not share.tokens and not share.positions and ahead.get(turn) is share:
-                # (a share left empty by a dropped K/V may be gone already, and the
-                # turn have a new one since)
-                del ahead[turn]
+            if turn in launched.works:
+                launched.void.add(turn)
 
     # ----------------------------------------------- a turn, one step ahead
 
     def of(self, turn: Turn) -> Ahead:
-        """The turn's share of the steps in flight, to read (SETTLED if none)."""
-        return self._ahead.get(turn, SETTLED)
+        """The turn's share of the steps in flight (SETTLED if none): a sum over
+        them, nearly always one step (two only between a launch and the landing
+        of the step before it)."""
+        flying = self._launched
+        if len(flying) == 1:  # (nearly always: the sum below, for one step)
+            only = flying[0]
+            work = only.works.get(turn)
+            if work is None:
+                return SETTLED
+            drafts = work.drafts
+            return Ahead(0 if only.void and turn in only.void else len(work.tokens), work.sample + drafts, drafts > 0)
+        share = SETTLED
+        for launched in flying:
+            work = launched.works.get(turn)
+            if work is None:
+                continue
+            if share is SETTLED:
+                share = Ahead()
+            if turn not in launched.void:
+                share.positions += len(work.tokens)
+            share.tokens += work.sample + work.drafts
+            share.verifying += work.drafts > 0
+        return share
 
     def computed(self, turn: Turn) -> int:
         """Positions whose K/V is there once the steps in flight land."""
-        share = self._ahead.get(turn)
-        return turn.computed if share is None else turn.computed + share.positions
+        return turn.computed + self.of(turn).positions
 
     def length(self, turn: Turn) -> int:
         """Its length once the steps in flight land, with the tokens they sample."""
-        share = self._ahead.get(turn)
-        return turn.length if share is None else turn.length + share.tokens
+        return turn.length + self.of(turn).tokens
 
     def pending(self, turn: Turn) -> int:
         """Tokens to feed before its next sample, once the steps in flight land:
         the unprefilled prompt, or 1."""
-        return self._ahead.get(turn, SETTLED).pending(turn)
+        return self.of(turn).pending(turn)
 
     def sampling(self, turn: Turn) -> int:
         """Tokens the steps in flight sample for it, not known yet."""
-        share = self._ahead.get(turn)
-        return 0 if share is None else share.tokens
+        return self.of(turn).tokens
 
     def writing(self, turn: Turn) -> int:
         """Positions of its K/V the steps in flight still write."""
-        share = self._ahead.get(turn)
-        return 0 if share is None else share.positions
+        return self.of(turn).positions

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from runtime.errors import UsageError
@@ -216,18 +216,28 @@ class Scheduler:
         again): it leaves the steps in flight, and no turn has changed."""
         self.in_flight.discard(plan)
 
-    def postprocess(self, plan: Plan, tokens: Sequence[int | list[int] | None], now: float, *, repeats: int = 1) -> list[tuple[Turn, int]]:
+    def postprocess(
+        self,
+        plan: Plan,
+        tokens: Sequence[int | list[int] | None],
+        now: float,
+        *,
+        repeats: int = 1,
+        drafted: Mapping[int, list[int]] | None = None,
+    ) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
         `repeats` > 1 accounts the plan as that many identical steps, as
         `repeatable` allowed (the simulator's fast-forward): the first
-        repeats - 1 decode their token again, the last is accounted as usual."""
+        repeats - 1 decode their token again, the last is accounted as usual.
+        `drafted`: the drafts a draft model wrote in the step, by turn (where
+        the plan holds their placeholders, runtime.owner.drafter)."""
         if plan.moved:
             self._tell_moves(plan)
         lost = self.in_flight.land(plan)  # (a launched step leaves the steps in flight as it lands)
         self._steps_landed += repeats
         if repeats > 1:
             self.accounting.repeat(plan, tokens, repeats - 1, now)
-        return self.accounting.postprocess(plan, tokens, now, lost)
+        return self.accounting.postprocess(plan, tokens, now, lost, drafted)
 
     def tell_progress(self, now: float) -> None:
         """Tell each running turn's tokens so far (turn.progress) where it has

@@ -99,10 +99,9 @@ class Work(msgspec.Struct):
     # returns them as a list. Never with a constraint.
     drafts: int = 0
     # Drafts a draft model makes (runtime.owner.drafter): its drafts are
-    # TO_DRAFT until the owner's draft model writes them, in the step thread
-    # before the step runs, into this very Work (its turn is settled: nothing is
-    # planned on it before it lands, and accounting reads the drafts it
-    # verified). `context` is the turn's tokens from `context_start` on, its
+    # TO_DRAFT here; the owner's draft model writes them in the step thread
+    # before the step runs, into the copy that runs, and they go back with the
+    # step's tokens (StepInFlight.drafted) to be accounted. `context` is the turn's tokens from `context_start` on, its
     # last sampled one included: what the draft model may not have been told.
     context: list[int] | None = None
     context_start: int = 0
