@@ -16,12 +16,13 @@ import msgspec
 import pytest
 from pausing import Pausable
 
-from runtime.errors import TurnError, TurnFailed
+from runtime.errors import ConfigError, TurnError, TurnFailed
 from runtime.events.kinds import Admitted, Ended, Inherited, Preempted, Queued, read_events
 from runtime.scheduling.constraints import Constraint, JsonSchema
 from swarm import BACKGROUND, FOREGROUND, Agent, handler
 from swarm.bench import swarm as bench_swarm
 from swarm.cluster import ClusterSwarm, Pinned
+from swarm.cluster.host import OwnerSpec
 
 ray = pytest.importorskip("ray", reason="the cluster tests need Ray: pip install -e '.[cluster]'")
 
@@ -146,7 +147,8 @@ NUMBERS = JsonSchema(json.dumps({"type": "array", "items": {"type": "integer", "
 @pytest.mark.parametrize("constraint", [None, NUMBERS], ids=["free", "constrained"])
 async def test_killing_an_owner_mid_turn_loses_nothing_and_changes_no_token(local_ray, tiny_gguf: Path, tmp_path: Path, constraint) -> None:
     with anyio.fail_after(LIMIT_S):
-        async with cluster(tiny_gguf, tmp_path) as swarm, anyio.create_task_group() as tg:
+        # (speculating: a lone turn verifies lookup's drafts, on either owner)
+        async with cluster(tiny_gguf, tmp_path, speculate="lookup") as swarm, anyio.create_task_group() as tg:
             expected = await swarm.spawn(Agent("ref"))
             asked = swarm.bus.now()
             async with expected.generate(PROMPT, max_tokens=TOKENS, ignore_eos=True, constraint=constraint) as turn:
@@ -276,3 +278,11 @@ async def test_bench_swarm_over_the_cluster_reports_each_owner_and_the_totals(lo
     assert total["preemptions"] == sum(o["preemptions"] for o in owners) > 0  # each owner's slots were busy
     assert total["bg_tok_per_s"] == pytest.approx(sum(o["bg_tok_per_s"] for o in owners))
     assert data["solo"]["fg_turns"] > 0
+
+
+async def test_a_cluster_passes_speculation_to_every_owner_and_refuses_a_bad_one_at_once() -> None:
+    assert [spec.speculate for spec in ClusterSwarm(2, speculate="lookup").specs] == ["lookup", "lookup"]
+    with pytest.raises(ConfigError, match="unknown speculation 'sometimes'"):
+        ClusterSwarm(2, speculate="sometimes")
+    with pytest.raises(ConfigError, match="only draft takes a model"):
+        ClusterSwarm([OwnerSpec(name="gpu0", speculate="lookup:x")])

@@ -45,6 +45,7 @@ class OwnerSpec(msgspec.Struct, frozen=True, kw_only=True):
     slack: float = 0.25
     prefix_cache: bool = True
     abandon_steps: bool = True
+    speculate: str = "off"  # "off", "lookup", "draft" or "draft:MODEL" (runtime.scheduling.drafts)
 
 
 class OwnerInfo(msgspec.Struct, frozen=True):
@@ -90,6 +91,7 @@ class OwnerHost:
                 slack=spec.slack,
                 prefix_cache=spec.prefix_cache,
                 abandon_steps=spec.abandon_steps,
+                speculate=spec.speculate,
                 model_name=engine.model_name,
             )
         except Exception as exc:

@@ -30,6 +30,7 @@ from runtime.errors import ConfigError
 from runtime.events.bus import EventBus
 from runtime.events.kinds import SwarmStarted, SwarmStopped
 from runtime.events.stream import serve_events
+from runtime.scheduling.drafts import split_speculation
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
 from swarm.cluster.placement import Placement, Router
@@ -62,6 +63,7 @@ class ClusterSwarm(AgentHost):
         slack: float = 0.25,
         prefix_cache: bool = True,
         abandon_steps: bool = True,
+        speculate: str = "off",
         placement: Placement | None = None,
         events: str | Path | None = None,
         terminal: bool = False,
@@ -87,12 +89,15 @@ class ClusterSwarm(AgentHost):
                     slack=slack,
                     prefix_cache=prefix_cache,
                     abandon_steps=abandon_steps,
+                    speculate=speculate,
                 )
                 for i in range(owners)
             ]
         names = [spec.name for spec in owners]
         if len(set(names)) != len(names):
             raise ConfigError(f"owner names must be unique, got {names}")
+        for spec in owners:
+            split_speculation(spec.speculate)  # (refused here, before any owner starts)
         self.specs = list(owners)
         self.address = address
         self.placement = placement
