@@ -43,6 +43,9 @@ class ByteCodec:
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
 
+    def same_vocabulary(self, other: Any) -> bool:
+        return isinstance(other, ByteCodec)
+
     # What gpu.grammar's token table reads from a tokenizer.
     eos_id, bos_id, vocab_size = EOS, 1, VOCAB
     eos_ids = frozenset({EOS})

@@ -217,12 +217,11 @@ class DraftModel:
 
 def check_same_tokens(draft: Engine, target: Engine) -> None:
     """A draft model must speak the target's tokens: the same vocabulary size and
-    end-of-sequence tokens (a tokenizer's own `same_vocabulary`, where it has one,
-    says whether every token is the same)."""
+    end-of-sequence tokens, and where both have a tokenizer, every token the
+    same (TextCodec.same_vocabulary)."""
     same = draft.vocab_size == target.vocab_size and draft.eos_token_ids == target.eos_token_ids
     mine, theirs = draft.tokenizer, target.tokenizer
-    compare = getattr(theirs, "same_vocabulary", None)
-    if same and compare is not None and mine is not None:
-        same = compare(mine)
+    if same and mine is not None and theirs is not None:
+        same = theirs.same_vocabulary(mine)
     if not same:
         raise ConfigError(f"draft model {draft.model_name} does not share {target.model_name}'s tokenizer: it cannot draft for it")

@@ -142,6 +142,11 @@ class TextCodec(Protocol):
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str: ...
 
+    def same_vocabulary(self, other: Any) -> bool:
+        """Whether every token id means the same text in `other` (a draft model's
+        tokens must be its target's: runtime.owner.drafter)."""
+        ...
+
 
 class TextStream(Protocol):
     def push(self, token: int) -> str:
