@@ -32,6 +32,30 @@ class Grid:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), self.local)
 
 
+class CPUAttention:
+    """The CPU family's attention (kernels/cpu/attention.cl) over a (heads, tokens) grid of
+    1x1 work-groups: `attention_group`, a work-item per KV head and token, where the step
+    makes at least `min_items` of them (each K/V vector widened once for its query heads),
+    else `attention`, a work-item per query head, so a decode at batch 1 still spreads
+    over the cores. Both give the same bits."""
+
+    name, weight_bytes = "attention", 0
+
+    def __init__(self, program: cl.Program, n_heads: int, n_kv_heads: int, min_items: int, *args):
+        self.kernels = {}
+        for kernel, heads in (("attention", n_heads), ("attention_group", n_kv_heads)):
+            self.kernels[kernel] = (cl.Kernel(program, kernel), heads)
+            self.kernels[kernel][0].set_args(*args)
+        self.n_kv_heads, self.min_items = n_kv_heads, min_items
+
+    def kernel_for(self, t: int) -> str:
+        return "attention_group" if self.n_kv_heads * t >= self.min_items else "attention"
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        kernel, heads = self.kernels[self.kernel_for(t)]
+        return cl.enqueue_nd_range_kernel(queue, kernel, (heads, t), (1, 1))
+
+
 def _tile(ncols: int, widest: int = 8) -> int:
     """The CPU matmul variant: how many batch columns one weight read serves (`widest`
     the widest the launch has: cpu/nibbles.cl's GEMM tile for many columns)."""
