@@ -10,7 +10,7 @@ import pytest
 
 from gpu.device import select_device
 from gpu.families import CPUFamily
-from gpu.launches import CPUAttention
+from gpu.launches import attention_kernel
 
 HEAD_DIM, BLOCK, LAYERS, LAYER = 32, 16, 2, 1
 
@@ -28,7 +28,7 @@ def build(device, heads: int, kv_heads: int) -> cl.Program:
     return device.build(family.source(), shape)
 
 
-def reference(q, k, v, positions, window: int) -> np.ndarray:
+def numpy_attention(q, k, v, positions, window: int) -> np.ndarray:
     """Each token's softmax attention over its turn's positions (the window's last)."""
     heads, kv_heads = q.shape[1], k.shape[0]
     out = np.zeros_like(q, dtype=np.float64)
@@ -61,17 +61,51 @@ def test_attention_by_kv_head_gives_the_bits_of_attention_by_query_head(device, 
     qkv = np.concatenate([q.reshape(len(positions), -1), np.zeros((len(positions), 2 * kv_heads * HEAD_DIM), np.float32)], axis=1)
     ctx, flags = device.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))  # noqa: E731
-    out = cl.Buffer(ctx, flags.WRITE_ONLY, q.nbytes)
+    out = cl.Buffer(ctx, flags.READ_WRITE, q.nbytes)
     args = (buffer(qkv), buffer(positions), buffer(np.zeros(len(positions), np.int32)), buffer(table), np.int32(n_blocks),
             buffer(kcache), buffer(vcache), out, np.int32(LAYER), np.int32(window))  # fmt: skip
     got = {}
-    for min_items in (1, 10**6):  # by KV head, then by query head
-        launch = CPUAttention(program, heads, kv_heads, min_items, *args)
-        assert launch.kernel_for(len(positions)) == ("attention_group" if min_items == 1 else "attention")
-        launch.enqueue(device.queue, len(positions))
-        result = np.empty_like(q)
+    for kernel, items in (("attention_group", kv_heads), ("attention", heads)):
+        result = np.full_like(q, np.nan)
+        cl.enqueue_copy(device.queue, out, result)
+        getattr(program, kernel)(device.queue, (items, len(positions)), (1, 1), *args)
         cl.enqueue_copy(device.queue, result, out)
-        got[min_items] = result
-    assert got[1].tobytes() == got[10**6].tobytes()
-    want = reference(q, k.astype(np.float64), v.astype(np.float64), positions, window)
-    np.testing.assert_allclose(got[1], want, rtol=1e-4, atol=1e-4)
+        got[kernel] = result
+    assert got["attention_group"].tobytes() == got["attention"].tobytes()
+    want = numpy_attention(q, k.astype(np.float64), v.astype(np.float64), positions, window)
+    np.testing.assert_allclose(got["attention_group"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_goes_by_kv_head_only_for_large_groups_and_wide_steps() -> None:
+    """By KV head where one serves GROUPED_MIN query heads or more and the step has
+    work-items enough for the cores; a batch-1 decode keeps a work-item a query head."""
+    assert [attention_kernel(12, 2, t, 8) for t in (1, 3, 4, 256)] == ["attention", "attention", "attention_group", "attention_group"]
+    assert [attention_kernel(9, 3, t, 8) for t in (1, 256)] == ["attention", "attention"]
+    assert attention_kernel(14, 2, 256, 8) == "attention_group"
+
+
+def test_a_prompt_by_kv_head_matches_the_reference_and_the_bits_by_query_head(tmp_path) -> None:
+    """A tiny model whose KV head serves six query heads: its 40-token prompt goes by KV head
+    (a step of 40 work-items), its logits match the NumPy model, and are the bits the same
+    prompt gives a work-item a query head."""
+    from reference import ReferenceModel
+
+    from gpu.engine import OpenCLEngine
+    from gpu.launches import CPUAttention
+    from gpu.model.load import load_model
+    from gpu.model.synthetic import write_tiny_gguf
+    from runtime.scheduling.work import Work
+
+    model = load_model(write_tiny_gguf(tmp_path / "gqa6.gguf", d_model=96, n_heads=6, n_kv_heads=1))
+    engine = OpenCLEngine(model, num_blocks=8, kernels="cpu")
+    tokens = np.random.default_rng(6).integers(0, engine.config.vocab_size, 40).tolist()
+    work = Work(turn=0, tokens=tokens, start=0, block_table=list(range(3)), sample=True)
+    launches = [launch for launch in engine.launches.layers if isinstance(launch, CPUAttention)]
+    assert {attention_kernel(launch.n_heads, launch.n_kv_heads, 40, launch.min_items) for launch in launches} == {"attention_group"}
+    grouped = engine.step_logits([work])[0]
+    reference = ReferenceModel(model)
+    want = reference.forward(tokens, 0, reference.new_cache())[-1]
+    assert np.abs(grouped - want).max() / np.abs(want).max() < 2e-3
+    for launch in launches:
+        launch.min_items = 10**6  # a work-item a query head
+    assert engine.step_logits([work])[0].tobytes() == grouped.tobytes()
