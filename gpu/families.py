@@ -33,7 +33,19 @@ import pyopencl as cl
 from gpu import subgroups
 from gpu.device import Device
 from gpu.devicesampling import SampleHot
-from gpu.launches import LOWBIT_KINDS, OP_MATMUL, OP_QKV, OP_SWIGLU, ApplyMask, Argmax, CPUMatmul, GPUAttention, GPUMatmul, Grid
+from gpu.launches import (
+    LOWBIT_KINDS,
+    OP_MATMUL,
+    OP_QKV,
+    OP_SWIGLU,
+    ApplyMask,
+    Argmax,
+    CPUAttention,
+    CPUMatmul,
+    GPUAttention,
+    GPUMatmul,
+    Grid,
+)
 from gpu.weights import COMPACT
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
@@ -115,6 +127,9 @@ class CPUFamily:
     def __init__(self, device: Device):
         self.wg, self.argmax_wg = self.WG, self.ARGMAX_WG
         self.local_mem = int(device.device.local_mem_size)
+        # attention by KV head (cpu/attention.cl's attention_group) where a step has
+        # a few work-items a core of them, else by query head (gpu/launches.py)
+        self.attention_items = 4 * int(device.device.max_compute_units)
         # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off, SLOTSWARM_GEMM=1 their
         # 32-column prompt tiles on (cpu/nibbles.cl says why they are off); either way
         # the same bits, so the two can be compared on any model
@@ -160,8 +175,8 @@ class CPUFamily:
             # (heads, tokens) grid in one work-group, on one core.
             layers += qkv(L, layer)
             layers += qk_norm(program, e, L, layer)
-            layers.append(Grid("attention", program, "attention", cfg.n_heads, (1, 1), b.qkv, b.pos, b.seq, b.tables,
-                               width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
+            layers.append(CPUAttention(program, cfg.n_heads, cfg.n_kv_heads, self.attention_items, b.qkv, b.pos, b.seq,
+                                       b.tables, width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
             layers += residual("out", L.out, b.att, L.post_attn_norm)
             layers.append(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
             layers += residual("down", L.down, b.h, L.post_ffw_norm)

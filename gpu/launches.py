@@ -32,6 +32,38 @@ class Grid:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.dim0, t), self.local)
 
 
+GROUPED_MIN = 6  # query heads a KV head serves, at least, for attention by KV head
+
+
+def attention_kernel(n_heads: int, n_kv_heads: int, tokens: int, min_items: int) -> str:
+    """Which of kernels/cpu/attention.cl's kernels a step takes (the same bits either way):
+    `attention_group`, a work-item per KV head and token, where each KV head serves at
+    least GROUPED_MIN query heads (each K/V vector is widened once for them; smaller groups
+    save less than its bookkeeping costs) and the step makes at least `min_items` work-items,
+    else `attention`, a work-item per query head, so a batch-1 decode still spreads over
+    the cores."""
+    grouped = n_heads // n_kv_heads >= GROUPED_MIN and n_kv_heads * tokens >= min_items
+    return "attention_group" if grouped else "attention"
+
+
+class CPUAttention:
+    """The CPU family's attention over a (heads, tokens) grid of 1x1 work-groups, by query
+    head or by KV head as attention_kernel chooses for the step."""
+
+    name, weight_bytes = "attention", 0
+
+    def __init__(self, program: cl.Program, n_heads: int, n_kv_heads: int, min_items: int, *args):
+        self.kernels = {}
+        for kernel, heads in (("attention", n_heads), ("attention_group", n_kv_heads)):
+            self.kernels[kernel] = (cl.Kernel(program, kernel), heads)
+            self.kernels[kernel][0].set_args(*args)
+        self.n_heads, self.n_kv_heads, self.min_items = n_heads, n_kv_heads, min_items
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        kernel, heads = self.kernels[attention_kernel(self.n_heads, self.n_kv_heads, t, self.min_items)]
+        return cl.enqueue_nd_range_kernel(queue, kernel, (heads, t), (1, 1))
+
+
 def _tile(ncols: int, widest: int = 8) -> int:
     """The CPU matmul variant: how many batch columns one weight read serves (`widest`
     the widest the launch has: cpu/nibbles.cl's GEMM tile for many columns)."""
