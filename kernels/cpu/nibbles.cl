@@ -350,6 +350,36 @@ __attribute__((always_inline)) inline int16 super_dot(const int wtype, const sho
     return sum;
 }
 
+/* A row's super-block quants with their sub-block scales applied, q[4 i + f] for step f of
+ * half i (16-bit products: Q4_K's at most 15 * 63, Q6_K's 32 * 128), for a tile of two or
+ * more columns: super_dot scales each column's sums (a 32-bit multiply per half, or two,
+ * per row and column), where these take a 16-bit one per step once for every column. The
+ * integer sums are the same, so a column's bits do not depend on which a tile takes. */
+__attribute__((always_inline)) inline void scale_super_quants(const int wtype, const short32 *w, const ushort32 *h,
+        const int16 *sa, const int16 *sb, short32 *q)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const short32 none = 0;
+        const uint16 ua = as_uint16(sa[i]), ub = as_uint16(wtype == WT_Q4_K ? sa[i] : sb[i]);
+        const short32 a = __builtin_astype((ua & 0xffffu) | (ua << 16), short32);
+        const short32 b = __builtin_astype((ub & 0xffffu) | (ub << 16), short32);
+#pragma unroll
+        for (int f = 0; f < 4; f++)  /* Q6_K: steps 0 and 2 are a block's first 16 weights */
+            q[4 * i + f] = step_quants(wtype, f, w[i], none, h[i], h[i]) * (f % 2 ? b : a);
+    }
+}
+
+/* lane u: block u / 4's integer sum over a row's super-block, from scale_super_quants' q */
+__attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, __local const short32 *xv)
+{
+    int16 sum = 0;
+#pragma unroll
+    for (int f = 0; f < 8; f++)
+        sum = madd_add(sum, q[f], xv[f]);
+    return sum;
+}
+
 /* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks) */
 __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
@@ -370,11 +400,17 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
         prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
         read_super_group(wtype, qs, dm, (size_t)r0 * nsuper + j, w0, h0, sa0, sb0, m0, &d0);
         read_super_group(wtype, qs, dm, (size_t)r1 * nsuper + j, w1, h1, sa1, sb1, m1, &d1);
+        short32 q0[8], q1[8];
+        if (tile > 1) {
+            scale_super_quants(wtype, w0, h0, sa0, sb0, q0);
+            scale_super_quants(wtype, w1, h1, sa1, sb1, q1);
+        }
         for (int c = 0; c < tile; c++) {
             const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
             __local const short32 *xv = xq + (size_t)at * 4;
             const float dx = xd[at];
-            const int16 i0 = super_dot(wtype, w0, h0, sa0, sb0, xv), i1 = super_dot(wtype, w1, h1, sa1, sb1, xv);
+            const int16 i0 = tile > 1 ? scaled_super_dot(q0, xv) : super_dot(wtype, w0, h0, sa0, sb0, xv);
+            const int16 i1 = tile > 1 ? scaled_super_dot(q1, xv) : super_dot(wtype, w1, h1, sa1, sb1, xv);
             if (wtype == WT_Q4_K) {
                 const float16 s0 = xs[at], s1 = xs[at + 1];
                 a0[c] += convert_float16(i0) * (d0 * dx) + m0[0] * s0 + m0[1] * s1;
