@@ -235,6 +235,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         `overhead_s`) to run before the next arrival: those that end before it, or
         just the first if it lands in that one (so it is taken in at the end of the
         very step it lands in, or stops it)."""
+        if now + overhead_s + span_s(steps) <= arrival:
+            return steps  # (what the search finds: the span grows with every step)
         lo, hi = 1, steps  # the most steps that end by the arrival, at least 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
