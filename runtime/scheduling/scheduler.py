@@ -256,12 +256,15 @@ class Scheduler:
             steps = min(steps, turn.max_tokens - len(turn.output))
         if steps <= 1:
             return 1
-        size = self.pool.block_size
+        size, grow = self.pool.block_size, self.pool.grow
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns, strict=False)) > self.pool.num_free:
+        # (Turn.blocks_missing, inlined: every item of every round)
+        missing = [-(-end // size) - len(turn.blocks) for end, turn in zip(ends, plan.turns, strict=False)]
+        if sum(n for n in missing if n > 0) > self.pool.num_free:
             return 1
-        for end, turn in zip(ends, plan.turns, strict=False):
-            self.pool.grow(turn.blocks, end)
+        for end, turn, n in zip(ends, plan.turns, missing, strict=False):
+            if n > 0:
+                grow(turn.blocks, end)
         return steps
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
