@@ -12,8 +12,15 @@ from dataclasses import dataclass
 class Felt:
     ttft_s: float | None  # the request to the first token
     turn_s: float | None  # the request to the last token
-    gaps_s: list[float]  # between consecutive tokens, pauses included
     mean_gap_s: float | None  # the mean of the gaps, to `until` when given (a turn's end)
+    token_times: tuple[float, ...] = ()
+
+    @property
+    def gaps_s(self) -> list[float]:
+        """Between consecutive tokens, pauses included: made when asked (every
+        turn's end event asks for the figures above, few readers for these)."""
+        times = self.token_times
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 def felt(asked: float, token_times: Sequence[float], until: float | None = None) -> Felt:
@@ -21,12 +28,12 @@ def felt(asked: float, token_times: Sequence[float], until: float | None = None)
     `asked` (one clock). `until`, the turn's end, stands for its last token in
     the mean gap: a turn cancelled after its last token was still waited on."""
     if not token_times:
-        return Felt(None, None, [], None)
+        return Felt(None, None, None)
     first, last = token_times[0], token_times[-1]
     n = len(token_times)
     return Felt(
         ttft_s=first - asked,
         turn_s=last - asked,
-        gaps_s=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
         mean_gap_s=((last if until is None else until) - first) / (n - 1) if n > 1 else None,
+        token_times=tuple(token_times),
     )
