@@ -244,12 +244,16 @@ class Scheduler:
 
     def repeatable(self, plan: Plan, steps: int) -> int:
         """How many identical steps this plan can stand for, at most `steps`: its
-        first step, then decodes of every item until the first turn ends. Each
-        item must sample (the last chunk of a prefill does) and ignore eos, and
-        the blocks of every step must be reservable now; they are reserved. (The
+        first step, then decodes of every item until the first turn ends. Every
+        running turn must have an item, each item must sample (the last chunk
+        of a prefill does) and ignore eos, and the blocks of every step must be
+        reservable now; they are reserved. So the steps it stands for are the
+        ones planning each would make (tests/test_sim.py checks it). (The
         simulator prices them at once: swarm.sim.)"""
         if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
+        if len(plan.works) < len(self.running):
+            return 1  # (a turn left out of this step, by the token budget or the shaping, may have work in the next)
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
