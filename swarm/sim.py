@@ -174,8 +174,17 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     return percentiles(samples or [0.0])  # the table always has a row
 
 
-def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = lambda n: None) -> Result:
-    """Run the workload under one policy; `progress(n)` is told of each arrival."""
+def simulate(
+    workload: Workload,
+    policy: str,
+    progress: Callable[[int], None] = lambda n: None,
+    *,
+    events: Callable[[Event], None] | None = None,
+    fast_forward: bool = True,
+) -> Result:
+    """Run the workload under one policy; `progress(n)` is told of each arrival,
+    `events` (if given) of every decision. Without `fast_forward` every step is a
+    round of its own: the same decisions, priced step by step (for the tests)."""
     rng = np.random.default_rng(workload.seed)
     gaps = rng.exponential(workload.foreground_interval_s, workload.arrivals)
     arrivals = list(workload.warmup_s + np.cumsum(gaps))
@@ -195,6 +204,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
     prompts: dict[int, int] = {}
 
     def count(event: Event) -> None:
+        if events is not None:
+            events(event)
         match event:
             case Preempted():
                 result.preemptions += 1
@@ -235,6 +246,8 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         `overhead_s`) to run before the next arrival: those that end before it, or
         just the first if it lands in that one (so it is taken in at the end of the
         very step it lands in, or stops it)."""
+        if now + overhead_s + span_s(steps) <= arrival:
+            return steps  # (what the search finds: the span grows with every step)
         lo, hi = 1, steps  # the most steps that end by the arrival, at least 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -275,7 +288,7 @@ def simulate(workload: Workload, policy: str, progress: Callable[[int], None] = 
         step_s = engine.cost.predict(workload.slots, sum(t.length + 1 for t in sched.running.values()) + workload.slots)
         steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
         plan = sched.schedule(now)
-        steps = sched.repeatable(plan, steps)
+        steps = sched.repeatable(plan, steps) if fast_forward else 1
         if not plan.works:  # idle until the next arrival
             now = max(now, min(horizon)) if horizon else now + step_s
             continue

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import pytest
 
 from runtime.errors import ConfigError
 from swarm.cli import main
-from swarm.sim import load_workload, simulate
+from swarm.sim import POLICIES, load_workload, simulate
 
 
 @pytest.mark.parametrize("dist", ["lognormal", "pareto"])
@@ -107,18 +109,18 @@ def test_a_prefix_share_is_reused_and_recompute_hits_the_cache():
 # makes the simulator faster must leave every figure as it is.
 PINNED = {
     0.0: {
-        "fcfs": (62788, 0, 0, 466209, 103360, 0, 0, 0, 248.903734, 254.94814, 516.191986, 771.140126),
-        "priority": (62558, 0, 0, 464368, 103040, 0, 0, 0, 194.884782, 200.894695, 516.175333, 717.070028),
-        "recompute": (62538, 149, 0, 463750, 102976, -203, 149, 0, 2.621382, 8.659308, 514.948333, 523.60764),
-        "swap": (62527, 148, 1, 463666, 102976, 0, 0, 4864999424, 2.845825, 8.883791, 515.213748, 524.097539),
-        "resident": (62538, 149, 0, 463750, 102976, 0, 0, 0, 2.621382, 8.659308, 514.948333, 523.60764),
+        "fcfs": (62573, 0, 0, 464427, 103296, 0, 0, 0, 223.705242, 229.743959, 516.043971, 745.78793),
+        "priority": (62579, 0, 0, 464480, 103360, 0, 0, 0, 177.626532, 183.625283, 516.173646, 699.79893),
+        "recompute": (62522, 146, 2, 463539, 103104, -119, 285, 0, 2.664637, 8.651908, 515.040581, 523.692489),
+        "swap": (62510, 149, 3, 463442, 103104, 0, 0, 4816633856, 2.783724, 8.796315, 515.262292, 524.058607),
+        "resident": (62522, 146, 2, 463539, 103104, 0, 0, 0, 2.664637, 8.651908, 515.040581, 523.692489),
     },
     0.5: {
-        "fcfs": (62949, 0, 0, 467523, 103552, 51264, 0, 0, 221.521235, 226.557965, 513.706107, 740.264071),
-        "priority": (62941, 0, 0, 467459, 103552, 51264, 0, 0, 178.321953, 183.364851, 513.732398, 697.097249),
-        "recompute": (62910, 147, 0, 466974, 103552, 51185, 147, 0, 2.589392, 7.632621, 513.167171, 520.799792),
-        "swap": (62898, 147, 2, 466868, 103552, 51264, 0, 4661837824, 2.711421, 7.742275, 513.521594, 521.263869),
-        "resident": (62910, 147, 0, 466974, 103552, 51264, 0, 0, 2.589392, 7.632621, 513.167171, 520.799792),
+        "fcfs": (62957, 0, 0, 467267, 103744, 51360, 0, 0, 232.830978, 237.867545, 513.575389, 751.442934),
+        "priority": (62956, 0, 0, 467259, 103744, 51360, 0, 0, 191.761569, 196.792271, 513.62665, 710.418921),
+        "recompute": (62894, 144, 2, 466523, 103680, 50976, 219, 0, 2.65356, 7.683925, 513.184411, 520.868336),
+        "swap": (62884, 143, 4, 466436, 103680, 51328, 0, 4329963520, 2.833162, 7.875924, 513.383628, 521.259552),
+        "resident": (62894, 144, 2, 466523, 103680, 51328, 0, 0, 2.65356, 7.683925, 513.184411, 520.868336),
     },
 }
 
@@ -132,3 +134,45 @@ def test_the_decisions_of_a_small_run_are_pinned(share):
         counts = (r.steps, r.preemptions, r.abandoned_steps, r.bg_tokens, r.prompt_tokens, r.cached_tokens)
         counts += (r.recomputed_tokens, r.swapped_bytes)
         assert (*counts, *sums) == pinned, policy
+
+
+# Every sample of the same runs, bit for bit (each wait, first token, gap and
+# turn time as the float it is, not a rounded sum): a digest of the whole result.
+DIGESTS = {
+    0.0: {
+        "fcfs": "1a971113893ab0e7",
+        "priority": "56bf44faccea31d2",
+        "recompute": "6cdb2cb973672056",
+        "swap": "46189e9a4d55b2ea",
+        "resident": "ea9943c5f6cfd43c",
+    },
+    0.5: {
+        "fcfs": "831e9b32c410be39",
+        "priority": "5a40ccf9599961ce",
+        "recompute": "37f67dc88f31381c",
+        "swap": "06cfe3720c3a51be",
+        "resident": "fb17dd76722b8a21",
+    },
+}
+
+
+@pytest.mark.parametrize("share", DIGESTS)
+def test_every_sample_of_a_small_run_is_pinned(share):
+    workload = load_workload(None, arrivals=150, prefix_share=share)
+    for policy, digest in DIGESTS[share].items():
+        result = json.dumps(dataclasses.asdict(simulate(workload, policy)))  # (repr of a float round-trips exactly)
+        assert hashlib.sha256(result.encode()).hexdigest()[:16] == digest, policy
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_fast_forward_makes_the_decisions_of_every_step(policy):
+    # Skipping ahead (Scheduler.repeatable) stands one plan for many steps: the
+    # same events, for the same turns, at the same steps and slots, as planning
+    # every step, at the same times but for rounding.
+    workload = load_workload(None, arrivals=20)
+    logs: dict[bool, list] = {True: [], False: []}
+    for fast in logs:
+        simulate(workload, policy, events=logs[fast].append, fast_forward=fast)
+    skipped, stepped = logs[True], logs[False]
+    assert [(type(e), e.turn, e.step, e.slot) for e in skipped] == [(type(e), e.turn, e.step, e.slot) for e in stepped]
+    assert all(e.t == pytest.approx(f.t, abs=1e-9) for e, f in zip(skipped, stepped, strict=True))

@@ -13,12 +13,12 @@ class Felt:
     ttft_s: float | None  # the request to the first token
     turn_s: float | None  # the request to the last token
     mean_gap_s: float | None  # the mean of the gaps, to `until` when given (a turn's end)
-    token_times: Sequence[float] = ()  # what it was computed from (not copied)
+    token_times: tuple[float, ...] = ()
 
     @property
     def gaps_s(self) -> list[float]:
-        """Between consecutive tokens, pauses included (made when asked: a
-        turn's end event needs only the mean)."""
+        """Between consecutive tokens, pauses included: made when asked (every
+        turn's end event asks for the figures above, few readers for these)."""
         times = self.token_times
         return [b - a for a, b in zip(times, times[1:], strict=False)]
 
@@ -35,5 +35,5 @@ def felt(asked: float, token_times: Sequence[float], until: float | None = None)
         ttft_s=first - asked,
         turn_s=last - asked,
         mean_gap_s=((last if until is None else until) - first) / (n - 1) if n > 1 else None,
-        token_times=token_times,
+        token_times=tuple(token_times),
     )

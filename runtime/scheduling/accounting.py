@@ -93,7 +93,7 @@ class Accounting:
                 turn.sampling_steps += 1
                 if turn.first_token_at is None:
                     turn.first_token_at = now
-            if status.resident:
+            if status is Status.RUNNING or status.resident:
                 commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if token is None:
                 continue

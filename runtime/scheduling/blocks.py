@@ -104,15 +104,35 @@ class BlockPool:
         free, lru, refs = self._free, self._lru, self._refs
         if missing > len(free) + len(lru):
             return False
-        for _ in range(missing):
-            if free:
-                block = free.popleft()
-            else:
-                block, _ = lru.popitem(last=False)
-                self._forget(block)
+        taken = min(missing, len(free))
+        for _ in range(taken):
+            block = free.popleft()
             refs[block] = 1
             table.append(block)
+        if taken < missing:
+            self._evict(table, missing - taken)
         return True
+
+    def _evict(self, table: list[int], n: int) -> None:
+        """Append the `n` least recently used cached blocks to a table, unnamed
+        (`_forget`, inlined for the common case: a block its family deferred,
+        named by neither a key nor a note, every other block in the LRU)."""
+        refs, hash_of, rows_of, family_of, families = self._refs, self._hash_of, self._rows_of, self._family_of, self._families
+        popitem = self._lru.popitem
+        for _ in range(n):
+            block, _ = popitem(last=False)
+            if block in hash_of or block in rows_of:
+                self._forget(block)
+            else:
+                family = family_of.pop(block, None)
+                if family is not None:
+                    kin = families[family]
+                    kin.deferred.pop(block, None)
+                    kin.count -= 1
+                    if not kin.count:
+                        del families[family]
+            refs[block] = 1
+            table.append(block)
 
     def release(self, table: list[int]) -> None:
         """Drop a table's references. A block nobody holds any more goes back to the

@@ -217,17 +217,30 @@ class Rates:
     has nothing to draft from next either, and no step waits for it)."""
 
     def __init__(self) -> None:
-        self.by_length = {n: Rate() for n in range(SHORTEST, LONGEST + 1)}
-        self.by_length[MODEL] = Rate(MODEL_PRIOR_RATE)
+        # A length's rate is made when first noted: until then it is the prior,
+        # and most turns never draft (every turn has its Rates).
+        self.by_length: dict[int, Rate] = {}
         self.drafting = 0
         self.matched = 0
         self.offered = 0
 
     def of(self, n: int) -> float:
-        return self.by_length[n].value
+        rate = self.by_length.get(n)
+        return (rate if rate is not None else self._prior(n)).value
 
     def note(self, n: int, tried: int, kept: int) -> None:
-        self.by_length[n].note(tried, kept)
+        rate = self.by_length.get(n)
+        if rate is None:
+            rate = self.by_length[n] = self._prior(n)
+        rate.note(tried, kept)
+
+    @staticmethod
+    def _prior(n: int) -> Rate:
+        if n == MODEL:
+            return Rate(MODEL_PRIOR_RATE)
+        if not SHORTEST <= n <= LONGEST:
+            raise KeyError(n)
+        return Rate()
 
 
 class Rate:

@@ -255,24 +255,31 @@ class Scheduler:
 
     def repeatable(self, plan: Plan, steps: int) -> int:
         """How many identical steps this plan can stand for, at most `steps`: its
-        first step, then decodes of every item until the first turn ends. Each
-        item must sample (the last chunk of a prefill does) and ignore eos, and
-        the blocks of every step must be reservable now; they are reserved. (The
+        first step, then decodes of every item until the first turn ends. Every
+        running turn must have an item, each item must sample (the last chunk
+        of a prefill does) and ignore eos, and the blocks of every step must be
+        reservable now; they are reserved. So the steps it stands for are the
+        ones planning each would make (tests/test_sim.py checks it). (The
         simulator prices them at once: swarm.sim.)"""
         if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
+        if len(plan.works) < len(self.running):
+            return 1  # (a turn left out of this step, by the token budget or the shaping, may have work in the next)
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
             steps = min(steps, turn.max_tokens - len(turn.output))
         if steps <= 1:
             return 1
-        size = self.pool.block_size
+        size, grow = self.pool.block_size, self.pool.grow
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        if sum(turn.blocks_missing(end, size) for end, turn in zip(ends, plan.turns, strict=False)) > self.pool.num_free:
+        # (Turn.blocks_missing, inlined: every item of every round)
+        missing = [-(-end // size) - len(turn.blocks) for end, turn in zip(ends, plan.turns, strict=False)]
+        if sum(n for n in missing if n > 0) > self.pool.num_free:
             return 1
-        for end, turn in zip(ends, plan.turns, strict=False):
-            self.pool.grow(turn.blocks, end)
+        for end, turn, n in zip(ends, plan.turns, missing, strict=False):
+            if n > 0:
+                grow(turn.blocks, end)
         return steps
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
