@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import time
 
 from runtime.owner.drafter import DraftModel
@@ -17,6 +18,7 @@ from runtime.scheduling.work import DeadEnd, Engine
 log = logging.getLogger("runtime.owner.owner")  # the owner's log: this is part of it
 
 STEP_HISTORY = 10_000
+TURN = operator.attrgetter("turn")
 
 
 class DeviceWork:
@@ -77,11 +79,12 @@ class DeviceWork:
             self.step_seconds.append(spent)  # KV moves excluded: the law prices the step
         self._step_ended = time.perf_counter()
         self.steps_run += 1
-        # (a turn verifying drafts has no decode planned on this step: runtime.scheduling.inflight)
-        flight.sampled = {w.turn: t for w, t in zip(runnable, out, strict=False) if w.sample and not w.drafts}  # type: ignore[misc]
-        flight.complete = len(runnable) == len(works) and None not in flight.sampled.values()
+        # Each work's token by turn, for the decodes planned on them (None where
+        # it samples none; a list where it verifies drafts, and nothing is
+        # planned on those: runtime.scheduling.inflight).
+        flight.sampled = got = dict(zip(map(TURN, runnable), out, strict=False))
+        flight.complete = len(runnable) == len(works) and not faults and spent is not None
         if len(runnable) != len(works):  # (a decode left out: its token never came)
-            got = dict(zip((w.turn for w in runnable), out, strict=False))
             out = [got.get(w.turn) for w in works]
         return out, faults, spent
 

@@ -50,10 +50,10 @@ class StepInFlight:
         # The hand-over, touched only in the step thread: the step this one was
         # planned on (its tokens feed this one's decodes), and what this one sampled.
         self._ahead = ahead
-        self.sampled: dict[int, int | None] = {}
+        self.sampled: dict[int, int | list[int] | None] = {}
         self.drafted: dict[int, list[int]] = {}  # the drafts a draft model wrote, by turn (runtime.owner.drafter)
-        # Whether every decode it ran sampled a token (none faulted or was left
-        # out), so every decode planned on it finds its token in `sampled`.
+        # Whether it ran every work with no fault, so every decode planned on it
+        # finds its token in `sampled`.
         self.complete = False
 
     @property

@@ -99,7 +99,7 @@ class Batching:
             if budget <= 0:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
-                budget -= self._take(turn, 1, now, plan, ahead, speculate=alone and budget > 1)
+                budget -= self._take(turn, 1, now, plan, ahead, alone and budget > 1)
             elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
                 budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
 
@@ -189,7 +189,7 @@ class Batching:
                 return True
         return False
 
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None, *, speculate: bool = False) -> int:
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None, speculate: bool = False) -> int:
         """Add `n` tokens of a running turn's work to the plan, growing its KV;
         the tokens added (0: none, it could not run this step). `ahead`: its
         share of the steps in flight, if the caller has it. A decode that may

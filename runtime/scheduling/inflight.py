@@ -14,9 +14,9 @@ what it still has to feed (`pending`), and how many of its tokens are not known
 yet (`sampling`). A decode planned on a token a step in flight samples says so
 on its Work (`Work.follows`); whoever runs the steps puts that token there.
 
-The ledger is the launched plans themselves, each with its works by turn: a
-turn's share (`Ahead`) is summed from them when asked, so launching and
-landing a step cost nothing per turn.
+The ledger is the launched plans, each with what its work adds to each of its
+turns (`Ahead`, made once as it is launched): a turn's share is their sum,
+taken when asked, so landing a step costs nothing per turn.
 
 A turn whose K/V is dropped while a step writes it (`forget_kv`) keeps nothing
 of what that step writes: its positions count for nothing when it lands.
@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from runtime.scheduling.turns import Plan, Turn
-from runtime.scheduling.work import Work
 
 
-class Ahead(msgspec.Struct, gc=False):
-    """One turn's share of the steps in flight."""
+class Ahead(msgspec.Struct, frozen=True, gc=False):
+    """One turn's share of the steps in flight (shared by whoever asks: never changed)."""
 
     positions: int = 0  # positions they write past turn.computed (that still count)
     tokens: int = 0  # tokens they sample for it, not known yet (at most, if verifying)
@@ -53,7 +52,7 @@ class Ahead(msgspec.Struct, gc=False):
 @dataclass(slots=True)
 class _Launched:
     plan: Plan
-    works: dict[Turn, Work]  # its work for each of its turns (at most one a turn)
+    shares: dict[Turn, Ahead]  # what its work adds, for each of its turns (at most one work a turn)
     # Turns whose K/V was dropped since the launch: what it writes for them is lost.
     void: set[Turn] = field(default_factory=set)
 
@@ -78,7 +77,8 @@ class InFlight:
 
     def launch(self, plan: Plan) -> None:
         """A step was launched: what it writes and samples is ahead of its turns."""
-        self._launched.append(_Launched(plan, dict(zip(plan.turns, plan.works, strict=True))))
+        shares = {turn: Ahead(len(w.tokens), w.sample + w.drafts, w.drafts > 0) for turn, w in zip(plan.turns, plan.works, strict=True)}
+        self._launched.append(_Launched(plan, shares))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
         """The step has run: it leaves the ledger (its turns are accounted by the
@@ -102,7 +102,9 @@ class InFlight:
         """The turn's K/V is dropped (its `computed` is 0): what steps in flight
         write for it is lost with it."""
         for launched in self._launched:
-            if turn in launched.works:
+            share = launched.shares.get(turn)
+            if share is not None:
+                launched.shares[turn] = Ahead(0, share.tokens, share.verifying)
                 launched.void.add(turn)
 
     # ----------------------------------------------- a turn, one step ahead
@@ -112,24 +114,13 @@ class InFlight:
         them, nearly always one step (two only between a launch and the landing
         of the step before it)."""
         flying = self._launched
-        if len(flying) == 1:  # (nearly always: the sum below, for one step)
-            only = flying[0]
-            work = only.works.get(turn)
-            if work is None:
-                return SETTLED
-            drafts = work.drafts
-            return Ahead(0 if only.void and turn in only.void else len(work.tokens), work.sample + drafts, drafts > 0)
+        if len(flying) == 1:  # (nearly always)
+            return flying[0].shares.get(turn, SETTLED)
         share = SETTLED
         for launched in flying:
-            work = launched.works.get(turn)
-            if work is None:
-                continue
-            if share is SETTLED:
-                share = Ahead()
-            if turn not in launched.void:
-                share.positions += len(work.tokens)
-            share.tokens += work.sample + work.drafts
-            share.verifying += work.drafts > 0
+            add = launched.shares.get(turn)
+            if add is not None:
+                share = Ahead(share.positions + add.positions, share.tokens + add.tokens, share.verifying + add.verifying)
         return share
 
     def computed(self, turn: Turn) -> int:
