@@ -17,10 +17,9 @@ import anyio
 import numpy as np
 import pytest
 from kv_engine import KVEngine, next_token, reference_output
-from test_speculation import VOCAB, WINDOW, Reader, drive, noting_verifying, prompt
+from test_speculation import VOCAB, WINDOW, Reader, drive, noting_verifying, prompt, run_owner
 
 from runtime.errors import ConfigError
-from runtime.events.kinds import Ended
 from runtime.owner.drafter import DraftModel, check_same_tokens
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import StepCost
@@ -41,32 +40,8 @@ def draft_engine(window: int = WINDOW, num_blocks: int = 40) -> KVEngine:
 
 
 async def run_swarm(target, draft, speculate: str, readers, *, slots: int = 1, policy: str = "resident", late=()):
-    """The readers (the `late` ones once a few steps ran) to their ends on one
-    owner; their ends by agent. Every block of both engines' pools is free at
-    the end."""
-    ends: dict[str, Ended] = {}
-    with anyio.fail_after(300):
-        async with Swarm(target, slots=slots, policy=policy, speculate=speculate, draft=draft) as s:
-            sub = s.bus.subscribe(max_buffer=10**9)
-            for r in readers:
-                await s.spawn(r)
-            if late:
-                while s.owner.steps_run < 4:
-                    await anyio.sleep(0.001)
-                for r in late:
-                    await s.spawn(r)
-            for r in [*readers, *late]:
-                await s.join(r.name)
-            sched = s.owner.scheduler
-            assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0, "a KV block leaked"
-            drafter = s.owner.drafter
-            sub.close()
-            async for e in sub:
-                if isinstance(e, Ended):
-                    ends[e.agent] = e
-        if drafter is not None:
-            assert drafter.held_blocks == 0, "the draft model's K/V leaked"
-    return ends
+    """test_speculation's run_owner with a draft model (its K/V all free at the end too)."""
+    return await run_owner(target, speculate, readers, slots=slots, policy=policy, late=late, draft=draft)
 
 
 @pytest.mark.anyio

@@ -328,12 +328,13 @@ class Reader(Agent):
         self.tokens, self.text = list(turn.tokens), turn.text
 
 
-async def run_owner(engine, speculate: str, readers: list[Reader], *, slots: int = 3, policy: str = "resident", late=()):
+async def run_owner(engine, speculate: str, readers: list[Reader], *, slots: int = 3, policy: str = "resident", late=(), draft=None):
     """Run the readers (the `late` ones once the others have had a few steps)
-    on one owner; their ends by agent, and the scheduler's blocks all free."""
+    on one owner (with `draft`, the draft model's engine); their ends by
+    agent, and the scheduler's blocks, and the draft model's, all free."""
     ends: dict[str, Ended] = {}
     with anyio.fail_after(300):
-        async with Swarm(engine, slots=slots, policy=policy, speculate=speculate) as s:
+        async with Swarm(engine, slots=slots, policy=policy, speculate=speculate, draft=draft) as s:
             sub = s.bus.subscribe(max_buffer=10**9)
             for r in readers:
                 await s.spawn(r)
@@ -347,11 +348,14 @@ async def run_owner(engine, speculate: str, readers: list[Reader], *, slots: int
                 await s.join(r.name)
             sched = s.owner.scheduler
             assert sched.pool.num_free == sched.pool.num_blocks and sched.swapped_blocks == 0, "a KV block leaked"
+            drafter = s.owner.drafter
             sub.close()
             async for e in sub:
                 if isinstance(e, Ended):
                     assert e.agent not in ends, "one end each"
                     ends[e.agent] = e
+        if drafter is not None:
+            assert drafter.held_blocks == 0, "the draft model's K/V leaked"
     return ends
 
 
