@@ -438,3 +438,29 @@ async def test_a_draft_model_refused_at_entry_leaves_nothing_behind(tiny_gguf, g
             raise AssertionError("entered with a draft model of other tokens")
     assert await freed(gated_open.opened)
     assert sub.closed and [item async for item in sub] == [] and (tmp_path / "events.jsonl").read_text() == ""
+
+
+@pytest.mark.anyio
+async def test_a_cluster_owner_whose_draft_model_is_refused_says_why(tiny_gguf, tmp_path):
+    """A cluster's owner (swarm.cluster.host, here without Ray) opens its draft
+    model when its swarm is entered: refused there, it tells whoever waits on
+    it why rather than leaving them waiting."""
+    from gpu.model.synthetic import write_tiny_gguf
+    from swarm.cluster.host import OwnerHost, OwnerSpec
+
+    other = write_tiny_gguf(tmp_path / "other-tokens.gguf", without="z")
+    host = OwnerHost(OwnerSpec(name="gpu0", model=str(tiny_gguf), kernels="cpu", num_blocks=32, speculate=f"draft:{other}"))
+    failures: list[Exception] = []
+
+    async def serve() -> None:
+        try:
+            await host.serve()
+        except Exception as exc:
+            failures.append(exc)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            with pytest.raises(RuntimeError, match="owner gpu0 could not start: ConfigError: draft model .* does not share"):
+                await host.info()
+    assert failures
