@@ -65,11 +65,20 @@ class Swarm(AgentHost):
         and turns running alone (runtime.scheduling.drafts); with "draft", the
         draft model is `draft` if given (an engine of its own: its own KV),
         else MODEL, else the catalogue's draft for the engine's model, opened
-        on the engine's device."""
+        on the engine's device. A draft model is opened and checked against
+        the engine's tokens when the swarm is entered, in a worker thread (a
+        ConfigError there is `async with`'s), and let go of when it exits."""
         kind, draft_name = split_speculation(speculate)
-        drafter = None
+        # (opening a draft model is seconds of device work, and checking its
+        # tokens reads both vocabularies: neither belongs on the event loop;
+        # a name nothing can be opened from is refused here)
+        self._make_drafter: Callable[[], DraftModel] | None = None
         if kind is Speculate.DRAFT:
-            drafter = DraftModel(draft if draft is not None else open_draft(engine, draft_name), engine)
+            if draft is None:
+                name = draft_model_name(engine, draft_name)
+                self._make_drafter = lambda: DraftModel(open_draft(engine, name), engine)
+            else:
+                self._make_drafter = lambda: DraftModel(draft, engine)
         limit = engine.max_batch_tokens
         if step_tokens is None:
             step_tokens = min(128, limit or 128)
@@ -96,14 +105,26 @@ class Swarm(AgentHost):
         self.socket = Path(socket) if socket else None
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
-        self.owner = GPUOwner(engine, self.config, self.bus, drafter=drafter)
-        self.client = LocalGPU(self.system, self.owner.name, self.bus.now, engine.tokenizer, engine.constraints)  # what agents hold
+        self.client: LocalGPU | None = None  # what agents hold (made at entry, with the owner)
         self._stack = AsyncExitStack()
 
+    # Made when the swarm is entered, once the draft model (if any) is open.
+    owner: GPUOwner
+
     async def __aenter__(self) -> Swarm:
+        try:
+            drafter = await self._open_drafter()
+        except BaseException:
+            self.bus.close()  # (it never started: its stream ends empty)
+            raise
+        self.owner = GPUOwner(self.engine, self.config, self.bus, drafter=drafter)
+        self.client = LocalGPU(self.system, self.owner.name, self.bus.now, self.engine.tokenizer, self.engine.constraints)
         # Exits run in reverse: stop the agents, then the owner (whose on_stop ends
-        # whatever turns are left), then announce the stop and close the stream.
+        # whatever turns are left), then announce the stop and close the stream,
+        # and let go of the draft model.
         async with AsyncExitStack() as stack:
+            if drafter is not None:
+                stack.callback(drafter.close)
             tasks = await stack.enter_async_context(anyio.create_task_group())
             if self.socket:
                 await tasks.start(serve_events, self.bus, self.socket)
@@ -128,6 +149,16 @@ class Swarm(AgentHost):
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         return await self._stack.__aexit__(*exc_info)
 
+    async def _open_drafter(self) -> DraftModel | None:
+        """The draft model, opened if named and checked against the engine's
+        tokens, in a worker thread. Cancelled, it waits for the thread and drops
+        what it opened; refused, the error is the entry's, as itself."""
+        if self._make_drafter is None:
+            return None
+        drafter = await anyio.to_thread.run_sync(self._make_drafter)
+        await anyio.lowlevel.checkpoint_if_cancelled()  # (cancelled while it opened: it goes unused)
+        return drafter
+
     async def _stop_agents(self) -> None:
         self.owner.intake.closing = True
         with anyio.CancelScope(shield=True):
@@ -138,11 +169,12 @@ class Swarm(AgentHost):
         self.bus.close()
 
 
-def open_draft(engine: Engine, name: str | None) -> Engine:
-    """The draft model `name` (None: the catalogue's draft for the engine's
-    model) as an engine of its own, on the engine's device and kernels."""
-    from gpu.engine import OpenCLEngine, open_engine
+def draft_model_name(engine: Engine, name: str | None) -> str:
+    """The draft model to open for `engine`: `name`, or (None) the catalogue's
+    draft for the engine's model. Checked without opening anything."""
+    from gpu.engine import OpenCLEngine
     from gpu.model.catalogue import CATALOGUE, DRAFT_MODELS
+    from gpu.model.fetch import is_model_name, looks_like_a_name, unknown_model
 
     if not isinstance(engine, OpenCLEngine):
         raise ConfigError("speculate=draft on this engine needs the draft model's engine given (Swarm(draft=...))")
@@ -151,5 +183,17 @@ def open_draft(engine: Engine, name: str | None) -> Engine:
         name = DRAFT_MODELS.get(target or "")
         if name is None:
             raise ConfigError(f"no draft model is known for {engine.model_name}; name one: --speculate draft:MODEL")
+    elif looks_like_a_name(name) and not is_model_name(name) and not Path(name).expanduser().is_file():
+        raise ConfigError(f"draft model: {unknown_model(name)}")
+    return name
+
+
+def open_draft(engine: Engine, name: str | None) -> Engine:
+    """The draft model `name` (None: the catalogue's draft for the engine's
+    model) as an engine of its own, on the engine's device and kernels. Device
+    work that takes seconds: `Swarm` runs it in a worker thread."""
+    from gpu.engine import open_engine
+
+    name = draft_model_name(engine, name)
     # (its K/V holds a foreground turn or two: a small share of the device's memory)
     return open_engine(name, engine.device, kernels=engine.kernels, kv_fraction=0.05)

@@ -13,6 +13,10 @@ guesses mostly wrong (every step rolls back)."""
 
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
+
 import anyio
 import numpy as np
 import pytest
@@ -290,10 +294,173 @@ async def test_greedy_smollm2_drafting_for_itself_says_the_same(smollm2_model):
     assert on["fg"].drafted_tokens > 0 and on["fg"].accepted_tokens == on["fg"].drafted_tokens
 
 
+@pytest.mark.anyio
 @pytest.mark.model
-def test_smollm2_cannot_draft_for_qwen(smollm2_model):
+async def test_smollm2_cannot_draft_for_qwen(smollm2_model, anyio_backend):
     from gpu.engine import OpenCLEngine, open_engine
 
+    if anyio_backend == "trio":
+        pytest.skip("the check is the same on either backend")
     qwen = open_engine("qwen2.5-coder-0.5b", num_blocks=16)
     with pytest.raises(ConfigError, match="does not share"):
-        Swarm(qwen, speculate="draft", draft=OpenCLEngine(smollm2_model, num_blocks=16))
+        async with Swarm(qwen, speculate="draft", draft=OpenCLEngine(smollm2_model, num_blocks=16)):
+            pass
+
+
+# ------------------------------------------------- opening the draft model
+
+
+class GatedOpen:
+    """swarm.api's open_draft, the real one, held until the test lets it go on
+    (`go_on`); it notes the engine it opened, weakly (so that the test sees
+    whether anything still holds it)."""
+
+    def __init__(self, open_draft) -> None:
+        self.open_draft = open_draft
+        self.began, self.go_on = threading.Event(), threading.Event()
+        self.opened: weakref.ref | None = None
+
+    def __call__(self, engine, name):
+        self.began.set()
+        # (a guard, not a measure: only an open that blocks the event loop,
+        # which sets go_on as soon as it runs, waits this long)
+        if not self.go_on.wait(timeout=60):
+            raise RuntimeError("the event loop never let the draft model's open go on")
+        draft = self.open_draft(engine, name)
+        self.opened = weakref.ref(draft)
+        return draft
+
+
+async def freed(ref: weakref.ref | None) -> bool:
+    """Whether what `ref` names was opened and nothing holds it any more. (The
+    event loop holds a worker thread's result, or its error, until it has run
+    the task it wakes: a turn or two of the loop, whatever the machine's speed.)"""
+    for _ in range(10):
+        await anyio.lowlevel.checkpoint()
+        gc.collect()
+        if ref is not None and ref() is None:
+            return True
+    return False
+
+
+@pytest.fixture
+def gated_open(monkeypatch) -> GatedOpen:
+    import swarm.api
+
+    gate = GatedOpen(swarm.api.open_draft)
+    monkeypatch.setattr(swarm.api, "open_draft", gate)
+    return gate
+
+
+def tiny_target(tiny_gguf):
+    """The tiny model's engine, its cost law told (no calibration: the point is
+    the draft model's open)."""
+    from gpu.engine import OpenCLEngine
+
+    target = OpenCLEngine(tiny_gguf, num_blocks=32, kernels="cpu")
+    target.cost, target.calibrated = StepCost(fixed_s=1e-3, learns=False), True
+    return target
+
+
+@pytest.mark.anyio
+async def test_the_draft_model_opens_off_the_event_loop_and_goes_with_the_swarm(tiny_gguf, gated_open):
+    """`Swarm(engine, speculate="draft:MODEL")` in async code: building it opens
+    nothing; entering it opens the draft model in a worker thread while the
+    event loop runs other tasks (this one), and the owner, given it, runs a
+    turn; leaving lets go of it (freed, though the swarm object lives on)."""
+    swarm = Swarm(tiny_target(tiny_gguf), slots=1, speculate=f"draft:{tiny_gguf}")
+    assert not gated_open.began.is_set()
+    entered, leave = anyio.Event(), anyio.Event()
+
+    async def run() -> None:
+        async with swarm:
+            entered.set()
+            await leave.wait()
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.to_thread.run_sync(gated_open.began.wait)
+            await anyio.wait_all_tasks_blocked()
+            assert not entered.is_set()  # the open is under way, and this task runs
+            gated_open.go_on.set()
+            await entered.wait()
+            assert gated_open.opened is not None
+            assert swarm.owner.drafter is not None and swarm.owner.drafter.engine is gated_open.opened()
+            reader = Reader("fg", FOREGROUND, [1, 5, 9], 8)
+            await swarm.spawn(reader)
+            await swarm.join(reader.name)
+            assert len(reader.tokens) == 8
+            leave.set()
+    assert await freed(gated_open.opened)
+
+
+@pytest.mark.anyio
+async def test_entering_cancelled_while_the_draft_model_opens_keeps_nothing(tiny_gguf, gated_open):
+    """Cancelled while its draft model opens, the entry waits for the open to
+    end (no thread left working for nobody), then drops what it opened and
+    closes the event stream; the swarm never started."""
+    swarm = Swarm(tiny_target(tiny_gguf), slots=1, speculate=f"draft:{tiny_gguf}")
+    sub = swarm.bus.subscribe()
+
+    async def run() -> None:
+        async with swarm:
+            raise AssertionError("entered though cancelled")
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.to_thread.run_sync(gated_open.began.wait)
+            tg.cancel_scope.cancel()
+            gated_open.go_on.set()
+    assert await freed(gated_open.opened)
+    assert sub.closed and [item async for item in sub] == [] and not hasattr(swarm, "owner")
+
+
+@pytest.mark.anyio
+async def test_a_draft_model_refused_at_entry_leaves_nothing_behind(tiny_gguf, gated_open, tmp_path):
+    """A draft model with other tokens is opened, checked and refused when the
+    swarm is entered: the entry's own one-line ConfigError, the engine it
+    opened freed, the event stream closed with nothing in it. A name nothing
+    can be opened from is refused when the swarm is built."""
+    from gpu.model.synthetic import write_tiny_gguf
+
+    other = write_tiny_gguf(tmp_path / "other-tokens.gguf", without="z")
+    gated_open.go_on.set()
+    target = tiny_target(tiny_gguf)
+    with pytest.raises(ConfigError, match="unknown model 'qwen2.5-coder-0.6b'"):
+        Swarm(target, speculate="draft:qwen2.5-coder-0.6b")
+    assert not gated_open.began.is_set()
+    swarm = Swarm(target, slots=1, speculate=f"draft:{other}", events=tmp_path / "events.jsonl")
+    sub = swarm.bus.subscribe()
+    with anyio.fail_after(300), pytest.raises(ConfigError, match="does not share .* tokenizer"):
+        async with swarm:
+            raise AssertionError("entered with a draft model of other tokens")
+    assert await freed(gated_open.opened)
+    assert sub.closed and [item async for item in sub] == [] and (tmp_path / "events.jsonl").read_text() == ""
+
+
+@pytest.mark.anyio
+async def test_a_cluster_owner_whose_draft_model_is_refused_says_why(tiny_gguf, tmp_path):
+    """A cluster's owner (swarm.cluster.host, here without Ray) opens its draft
+    model when its swarm is entered: refused there, it tells whoever waits on
+    it why rather than leaving them waiting."""
+    from gpu.model.synthetic import write_tiny_gguf
+    from swarm.cluster.host import OwnerHost, OwnerSpec
+
+    other = write_tiny_gguf(tmp_path / "other-tokens.gguf", without="z")
+    host = OwnerHost(OwnerSpec(name="gpu0", model=str(tiny_gguf), kernels="cpu", num_blocks=32, speculate=f"draft:{other}"))
+    failures: list[Exception] = []
+
+    async def serve() -> None:
+        try:
+            await host.serve()
+        except Exception as exc:
+            failures.append(exc)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            with pytest.raises(RuntimeError, match="owner gpu0 could not start: ConfigError: draft model .* does not share"):
+                await host.info()
+    assert failures

@@ -60,7 +60,7 @@ class DraftModel:
     def __init__(self, engine: Engine, target: Engine) -> None:
         check_same_tokens(engine, target)
         self.engine = engine
-        self.block_size = engine.block_size
+        self.block_size, self.num_blocks = engine.block_size, engine.num_blocks
         self._free = list(range(engine.num_blocks))
         self._turns: dict[int, Drafting] = {}
         # Touched from the event loop (forget, teach) and the step thread (fill):
@@ -77,7 +77,7 @@ class DraftModel:
     @property
     def held_blocks(self) -> int:
         """Blocks of its pool that some turn's K/V holds."""
-        return self.engine.num_blocks - len(self._free)
+        return self.num_blocks - len(self._free)
 
     def calibrate(self) -> None:
         """Off the event loop, at the owner's start: its engine's cost law."""
@@ -91,6 +91,13 @@ class DraftModel:
         """Free ended turns' K/V. In the step thread, or with nothing running in it."""
         while self._ended:
             self._drop(self._ended.popleft())
+
+    def close(self) -> None:
+        """Once the owner has stopped: let go of the engine, so that one the
+        swarm opened is freed with its exit (one given to it stays its
+        giver's). What it held is still counted (`held_blocks`); nothing
+        drafts after, and a use fails as the bug it is."""
+        del self.engine
 
     def teach(self) -> None:
         """On the event loop: what its steps measured goes to its cost law (as

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import anyio
@@ -95,17 +96,29 @@ class OwnerHost:
                 model_name=engine.model_name,
             )
         except Exception as exc:
-            self._failure = f"{type(exc).__name__}: {exc}"
-            self._ready.set()
+            self._fail(exc)
             raise
         # The forwarders outlive the swarm: its shutdown ends every turn, and
         # those ends must still reach the driver before the stream closes.
-        async with anyio.create_task_group() as self._tasks:
-            async with swarm:
-                self._swarm = swarm
-                self._ready.set()
-                await self._stop.wait()
+        async with AsyncExitStack() as stack:
+            self._tasks = await stack.enter_async_context(anyio.create_task_group())
+            try:
+                await stack.enter_async_context(swarm)  # (its draft model, if any, is opened here)
+            except Exception as exc:
+                self._fail(exc)
+                raise
+            self._swarm = swarm
+            self._ready.set()
+            await self._stop.wait()
         self._outbox.close()
+
+    def _fail(self, exc: Exception) -> None:
+        """The owner could not start: every call waiting for it says why, and
+        no update will ever flow."""
+        self._failure = f"{type(exc).__name__}: {exc}"
+        self._outbox.close()
+        self._updates.close()
+        self._ready.set()
 
     async def info(self) -> OwnerInfo:
         await self._ready.wait()
