@@ -77,8 +77,9 @@ def _real(x: object) -> bool:
 GREEDY = Sampling()
 
 
-class Work(msgspec.Struct):
-    """One turn's share of one engine step."""
+class Work(msgspec.Struct, gc=False):
+    """One turn's share of one engine step. (Never in a reference cycle: nothing
+    it holds holds it, so the cycle collector need not track the many a step makes.)"""
 
     turn: int
     tokens: list[int]  # a prompt chunk, or [last sampled token] for a decode
