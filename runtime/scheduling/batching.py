@@ -110,7 +110,7 @@ class Batching:
         protected = [t for t in self.seats.running.values() if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
-        pending, computed = self.in_flight.pending, self.in_flight.computed
+        pending = self.in_flight.pending
         for _, turn, _, _ in self._batch_order(protected, now):
             if chunk > 0 and self._catch_up(turn, plan):
                 n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
@@ -124,15 +124,26 @@ class Batching:
         budget.close_base()
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
-        others = [t for t in self.seats.running.values() if unaged(t) < at]
+        # (each turn's share of the steps in flight is looked up once: taking
+        # another turn's work, or catching up on the cache, does not change it)
+        of, effective = self.in_flight.of, self.priorities.effective
+        others = [(turn, of(turn)) for turn in self.seats.running.values() if unaged(turn) < at]
         room = self.config.step_tokens
-        for turn in sorted(others, key=lambda t: (pending(t) > 1, -self.priorities.effective(t, now), t.last_stepped, t.last_admit)):
+
+        def order(share: tuple[Turn, Ahead]) -> tuple:
+            turn, ahead = share
+            return ahead.pending(turn) > 1, -effective(turn, now), turn.last_stepped, turn.last_admit
+
+        others.sort(key=order)
+        for turn, ahead in others:
             if not self._catch_up(turn, plan):
                 continue
-            n = budget.largest(computed(turn), min(pending(turn), room))
-            if n and self._take(turn, n, now, plan):
-                budget.add(computed(turn), n)
-                room -= n if pending(turn) > 1 else 0
+            # (after the catch-up, which may have shortened what it has to feed)
+            start, feed = turn.computed + ahead.positions, ahead.pending(turn)
+            n = budget.largest(start, min(feed, room))
+            if n and self._take(turn, n, now, plan, ahead):
+                budget.add(start, n)
+                room -= n if feed > 1 else 0
         return True
 
     def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[tuple, Turn, Ahead, int]]:

@@ -113,6 +113,26 @@ class BlockPool:
             self._evict(table, missing - taken)
         return True
 
+    def grow_all(self, tables: list[list[int]], positions: list[int]) -> bool:
+        """`grow` each table to its positions, in order, if the pool can cover
+        them all; False (and no change) if it cannot. One call for a step's
+        turns (Scheduler.repeatable), each taking what `grow` would."""
+        size, free, lru, refs = self.block_size, self._free, self._lru, self._refs
+        missing = [-(-end // size) - len(table) for table, end in zip(tables, positions, strict=True)]
+        if sum(n for n in missing if n > 0) > len(free) + len(lru):
+            return False
+        for table, n in zip(tables, missing, strict=True):
+            if n <= 0:
+                continue
+            taken = min(n, len(free))
+            for _ in range(taken):
+                block = free.popleft()
+                refs[block] = 1
+                table.append(block)
+            if taken < n:
+                self._evict(table, n - taken)
+        return True
+
     def _evict(self, table: list[int], n: int) -> None:
         """Append the `n` least recently used cached blocks to a table, unnamed
         (`_forget`, inlined for the common case: a block its family deferred,
@@ -209,12 +229,22 @@ class BlockPool:
         kin = self._families.get(family)
         return kin is None or (kin.owner == owner and kin.held)
 
-    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> None:
+    def defer_alone(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> bool:
+        """`defer` where `may_defer` (True), else nothing (False): a turn's blocks
+        after each step, asked once."""
+        kin = self._families.get(family)
+        if kin is not None and not (kin.owner == owner and kin.held) or not self.defer_naming:
+            return False
+        self.defer(family, owner, entries, kin)
+        return True
+
+    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]], kin: _Family | None = None) -> None:
         """File owned blocks under the family as cached (where `may_defer`), each to
         be named as `namer(entry)` says (its key, None if only noted; its parent
         key; its rows) when the family's names are next asked or changed. Deferred
         again, a block is named by its latest entry."""
-        kin = self._families.get(family)
+        if kin is None:
+            kin = self._families.get(family)
         if kin is None:
             kin = self._families[family] = _Family(owner)
         elif kin.owner != owner:

@@ -165,11 +165,9 @@ class PrefixCache:
         landed = turn.computed  # (K/V a step in flight writes is not there to share yet)
         full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
         if full > turn.committed:
-            family = self.family(turn)
-            if self.pool.may_defer(family, turn.id):
-                # (named when its family is next asked about: most never are)
-                blocks = turn.blocks
-                self.pool.defer(family, turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)])
+            blocks = turn.blocks
+            # (named when its family is next asked about: most never are)
+            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)]):
                 turn.committed = full
             else:
                 self._register(turn, full)
@@ -219,9 +217,7 @@ class PrefixCache:
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
-            if self.pool.may_defer(family, turn.id):
-                self.pool.defer(family, turn.id, [(turn.blocks[full], (turn, full, landed))])
-            else:
+            if not self.pool.defer_alone(family, turn.id, [(turn.blocks[full], (turn, full, landed))]):
                 self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
 
     def _name(self, entry: tuple[Turn, int, int | None]) -> tuple[bytes | None, bytes, tuple[int, ...]]:

@@ -271,16 +271,8 @@ class Scheduler:
             steps = min(steps, turn.max_tokens - len(turn.output))
         if steps <= 1:
             return 1
-        size, grow = self.pool.block_size, self.pool.grow
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        # (Turn.blocks_missing, inlined: every item of every round)
-        missing = [-(-end // size) - len(turn.blocks) for end, turn in zip(ends, plan.turns, strict=False)]
-        if sum(n for n in missing if n > 0) > self.pool.num_free:
-            return 1
-        for end, turn, n in zip(ends, plan.turns, missing, strict=False):
-            if n > 0:
-                grow(turn.blocks, end)
-        return steps
+        return steps if self.pool.grow_all([turn.blocks for turn in plan.turns], ends) else 1
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
         """A KV move of this plan failed for the turn: it is re-prefilled (runtime.scheduling.kvmoves)."""
