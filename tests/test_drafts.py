@@ -3,11 +3,13 @@ the acceptance rule, the acceptance rate and the cost law's choice of drafts."""
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.drafts import PRIOR_RATE, DraftCost, Lookup, Rate, accept, drafts_that_pay, expected_kept, propose
+from runtime.scheduling.drafts import PRIOR_RATE, DraftCost, Lookup, Rate, Rates, accept, drafts_that_pay, expected_kept, propose
 
 
 def test_lookup_proposes_what_followed_the_longest_most_recent_match():
@@ -114,3 +116,35 @@ def test_a_draft_models_steps_are_counted_and_its_first_read_shared_out():
     read = 2.0  # the draft model's prefill of a long context
     assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=10)) == 0
     assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=100_000)) >= 4
+
+
+def _history(rates: Rates, runs: list[int], drafts: int = 16) -> None:
+    """Verify steps of `drafts` drafts each, following 4-gram matches, the
+    first `run` of each kept (as accounting notes them)."""
+    for run in runs:
+        rates.note(4, run + (run < drafts), run)
+
+
+def test_without_evidence_of_depth_each_draft_is_priced_as_the_first():
+    rates = Rates()
+    assert rates.chain(4, 5) == [PRIOR_RATE] * 5
+    _history(rates, [0, 0, 0])  # (no draft past the first ever tested)
+    assert rates.of(4) < PRIOR_RATE and rates.chain(4, 3) == [rates.of(4)] * 3
+
+
+def test_a_copy_kept_or_broken_as_a_run_makes_long_drafts_pay_and_independent_drafts_do_not():
+    """Two turns keep about the same share of their first drafts. One keeps
+    its drafts in runs, a copy kept whole or broken at once; the other keeps
+    each draft independently of the one before. On a CPU law, where each row
+    costs a token's compute, the runs make the longest drafts pay; the
+    independent drafts are priced as one rate per draft prices them."""
+    cpu = StepCost(fixed_s=30.5e-3, token_s=10e-3)
+    clustered, independent = Rates(), Rates()
+    _history(clustered, [16, 0, 16, 0, 16, 16, 0, 16, 0, 16] * 3)
+    draw = random.Random(7)
+    _history(independent, [next((i for i in range(16) if draw.random() > 0.62), 16) for _ in range(30)])
+    assert abs(clustered.of(4) - independent.of(4)) < 0.15
+    assert drafts_that_pay(cpu, clustered.chain(4, 16), 16, 0, 0, 300) == 16
+    flat = drafts_that_pay(cpu, independent.of(4), 16, 0, 0, 300)
+    assert flat < 8 and abs(drafts_that_pay(cpu, independent.chain(4, 16), 16, 0, 0, 300) - flat) <= 1
+    assert expected_kept([0.5, 1.0, 1.0], 3) == 2.5 and expected_kept(0.5, 2) == expected_kept([0.5, 0.5], 2)

@@ -67,10 +67,14 @@ would need the grammar advanced over the drafts, which is not worth it.
 **Who speculates** (`Speculation`): only a turn the step is built for (the
 foreground in a shaped step) or one running alone, where the step cost law
 (runtime.scheduling.cost) says the extra rows pay: the k that maximises the
-expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
-.. + a^k for the turn's acceptance rate a so far, for matches of the length of
-the one proposing (`Rates`: a trigram's continuation is far likelier right
-than a single token's), or the draft model's own rate (`MODEL`). A draft
+expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a1 +
+a1 a2 + .. + a1 .. ak, where a1 is the turn's acceptance rate so far of a first
+draft following a match of the length of the one proposing (`Rates`: a
+trigram's continuation is far likelier right than a single token's), or the
+draft model's own rate (`MODEL`), and ai that of a draft at depth i given the
+ones before it were kept: a copy is kept or broken as a run, so a draft deep
+in a kept run is likelier kept than a first one, and a rate per draft alone
+would undervalue long drafts (`Chain`). A draft
 model's k drafts also cost k of its own steps, the first of them reading what
 the turn kept since it last drafted (`DraftCost`, from the draft engine's own
 cost law), so on a CPU, where its step is a good share of the target's and
@@ -163,10 +167,15 @@ def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
     return kept
 
 
-def expected_kept(rate: float, k: int) -> float:
-    """Tokens a verify step of k drafts yields on average, each draft kept with
-    probability `rate` given the ones before it were: 1 + rate + .. + rate^k."""
-    return sum(rate**i for i in range(k + 1))
+def expected_kept(rate: float | Sequence[float], k: int) -> float:
+    """Tokens a verify step of k drafts yields on average, draft i kept with
+    probability rate[i] given the ones before it were (a float: the same at
+    every depth, 1 + rate + .. + rate^k): 1 + r1 + r1 r2 + .. + r1 .. rk."""
+    total = run = 1.0
+    for i in range(k):
+        run *= rate if isinstance(rate, float | int) else rate[i]
+        total += run
+    return total
 
 
 class Lookup:
@@ -211,28 +220,55 @@ class Lookup:
 
 
 class Rates:
-    """A turn's acceptance rates, one per match length; the length of the match
-    its drafts in flight follow; and of the match its last token was guessed
-    from, with how many tokens lookup offered there (0: none: then it likely
-    has nothing to draft from next either, and no step waits for it)."""
+    """A turn's acceptance rates: of a first draft, one per match length; of
+    each deeper draft given the ones before it were kept, one per depth (and
+    way of drafting: lookup, or the draft model); the length of the match its
+    drafts in flight follow; and of the match its last token was guessed from,
+    with how many tokens lookup offered there (0: none: then it likely has
+    nothing to draft from next either, and no step waits for it).
+
+    Why depth. A copy is kept or broken as a run: once a draft was kept, the
+    match it follows is one token longer, and the next draft is likelier kept
+    than the first was. A rate per depth (the share of the drafts at depth i
+    kept, of those tested there: drafts 1 .. i-1 kept) prices a long run as the
+    turn has kept them; with no evidence yet at a depth it is the rate one
+    depth up (`Chain`), so a turn that never kept a run is priced as if each
+    draft were kept independently at its first draft's rate."""
 
     def __init__(self) -> None:
         # A length's rate is made when first noted: until then it is the prior,
         # and most turns never draft (every turn has its Rates).
         self.by_length: dict[int, Rate] = {}
+        self.deeper: dict[bool, Chain] = {}  # (by: drafts from the draft model?)
         self.drafting = 0
         self.matched = 0
         self.offered = 0
 
     def of(self, n: int) -> float:
+        """The rate of a first draft following a match of length n (MODEL: the draft model's)."""
         rate = self.by_length.get(n)
         return (rate if rate is not None else self._prior(n)).value
 
+    def chain(self, n: int, k: int) -> list[float]:
+        """The rate of each of k drafts following a match of length n, given
+        the ones before it were kept."""
+        first = self.of(n)
+        deeper = self.deeper.get(n == MODEL)
+        return deeper.rates(first, k) if deeper is not None else [first] * k
+
     def note(self, n: int, tried: int, kept: int) -> None:
+        """`kept` of the `tried` drafts following a match of length n put to
+        the test were kept (or would have been): the first `kept` in a row,
+        and the one after them refused if kept < tried."""
         rate = self.by_length.get(n)
         if rate is None:
             rate = self.by_length[n] = self._prior(n)
-        rate.note(tried, kept)
+        rate.note(min(tried, 1), min(kept, 1))
+        if tried > 1:
+            deeper = self.deeper.get(n == MODEL)
+            if deeper is None:
+                deeper = self.deeper[n == MODEL] = Chain()
+            deeper.note(tried, kept)
 
     @staticmethod
     def _prior(n: int) -> Rate:
@@ -241,6 +277,33 @@ class Rates:
         if not SHORTEST <= n <= LONGEST:
             raise KeyError(n)
         return Rate()
+
+
+class Chain:
+    """The rates of drafts 2 .. MAX_DRAFTS, each given the ones before it were
+    kept: per depth, the drafts kept of those tested there, the older weighing
+    less, each pulled towards the rate one depth up by PRIOR_WEIGHT drafts'
+    worth (the depths a turn seldom reaches borrow from those it does)."""
+
+    def __init__(self) -> None:
+        self.kept = [0.0] * (MAX_DRAFTS + 1)  # [i]: at depth i (0 and 1 unused)
+        self.tested = [0.0] * (MAX_DRAFTS + 1)
+
+    def rates(self, first: float, k: int) -> list[float]:
+        """Drafts 1 .. k's rates, the first's being `first`."""
+        out, above = [], first
+        for depth in range(1, k + 1):
+            if 1 < depth <= MAX_DRAFTS:
+                above = (self.kept[depth] + PRIOR_WEIGHT * above) / (self.tested[depth] + PRIOR_WEIGHT)
+            out.append(above)
+        return out
+
+    def note(self, tried: int, kept: int) -> None:
+        """As Rates.note, for depths 2 .. tried: each tested once, kept up to `kept`."""
+        fade = 1 - 1 / MEMORY
+        for depth in range(2, min(tried, MAX_DRAFTS) + 1):
+            self.kept[depth] = self.kept[depth] * fade + (depth <= kept)
+            self.tested[depth] = self.tested[depth] * fade + 1
 
 
 class Rate:
@@ -264,7 +327,7 @@ class Rate:
 
 def drafts_that_pay(
     cost: StepCost,
-    rate: float,
+    rate: float | Sequence[float],
     most: int,
     tokens: int,
     kv: int,
@@ -274,11 +337,15 @@ def drafts_that_pay(
     """How many drafts (0 .. most) a decode at position `start` should verify:
     the number that maximises the expected tokens per second of the step, whose
     other work is `tokens` tokens reading `kv` KV positions, and, where a draft
-    model makes the drafts, what making them costs (`draft`). Ties go to fewer."""
+    model makes the drafts, what making them costs (`draft`); `rate` is as
+    `expected_kept`'s (per depth: at least `most` of them). Ties go to fewer."""
     best, best_k = 0.0, 0
+    kept = run = 1.0
     for k in range(most + 1):
+        if k:
+            run *= rate if isinstance(rate, float | int) else rate[k - 1]
+            kept += run
         step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k))
-        kept = expected_kept(rate, k)
         if k and draft is not None:
             step_s += draft.seconds(k, kept)
         pace = kept / step_s if step_s > 0 else float(k)
