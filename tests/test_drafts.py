@@ -9,7 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.drafts import PRIOR_RATE, DraftCost, Lookup, Rate, Rates, accept, drafts_that_pay, expected_kept, propose
+from runtime.scheduling.drafts import (
+    LONGEST,
+    PRIOR_RATE,
+    RESYNC,
+    DraftCost,
+    Lookup,
+    Rate,
+    Rates,
+    accept,
+    drafts_that_pay,
+    expected_kept,
+    proposal,
+    propose,
+)
 
 
 def test_lookup_proposes_what_followed_the_longest_most_recent_match():
@@ -28,6 +41,30 @@ def test_lookup_proposes_what_followed_the_longest_most_recent_match():
     assert lookup.proposal(2) == ([1, 2], 1)
     lookup.extend([6])
     assert lookup.proposal(2) == ([], 0)
+
+
+def test_lookup_goes_on_with_the_copy_it_follows_past_a_replaced_token():
+    """An edited function is its original with a few tokens replaced: after
+    the replacement the copy goes on where it was (a guess with its own rate,
+    RESYNC), and a run that keeps matching is not taken over by a later
+    occurrence of its last few tokens."""
+    original = list(range(10, 30))
+    tokens = [*original, 99, *original[:6], 77]  # the copy's 7th token replaced by 77
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.proposal(3) == (original[7:10], RESYNC) == proposal(tokens, 3)
+    lookup.extend([original[7]])
+    assert lookup.proposal(3) == (original[8:11], LONGEST)  # back in the copy
+    lookup.extend([78, 79])  # two more changes in a row: no copy to follow
+    assert lookup.proposal(3) == ([], 0) == proposal([*tokens, original[7], 78, 79], 3)
+    # [1, 2, 3, 4] last occurred before 30, 31; the copy of `source` follows it with 20, 21
+    source = [10, 11, 12, 13, 1, 2, 3, 4, 20, 21]
+    tokens = [*source, 5, 1, 2, 3, 4, 30, 31, 6, *source[:8]]
+    assert proposal(tokens, 2) == ([20, 21], LONGEST)
+    lookup = Lookup()
+    lookup.extend(tokens[:12])
+    lookup.extend(tokens[12:])
+    assert lookup.proposal(2) == ([20, 21], LONGEST)
 
 
 def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():

@@ -6,7 +6,9 @@ seen: an edited function repeats the function it was given, a test repeats the
 names of the code. Prompt lookup (as vLLM's n-gram speculator) finds the last
 time the turn's most recent n tokens appeared before (n from `LONGEST` down to
 `SHORTEST`, the longest match first, its most recent occurrence) and proposes
-the tokens that followed it there. `Lookup` keeps, per turn, where each n-gram
+the tokens that followed it there. While a copy keeps matching it is followed past
+what a later occurrence of its last few tokens says, and past one token that
+breaks a long run of it (a renamed word: `RESYNC`). `Lookup` keeps, per turn, where each n-gram
 last ended, and is fed the turn's tokens as they are settled; `propose` is the
 same search written plainly, for the tests.
 
@@ -99,6 +101,7 @@ from runtime.scheduling.cost import StepCost, kv_reads
 
 LONGEST = 4  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
+RESYNC = LONGEST + 1  # among a turn's `Rates`: a copy going on past a token lookup guessed was replaced
 # Lookup indexes at most this many of a turn's tokens it is first given (the
 # latest): the scheduler builds the index on the event loop, so its first cost
 # is bounded however long the prompt.
@@ -141,16 +144,36 @@ def split_speculation(text: str | Speculate) -> tuple[Speculate, str | None]:
 
 
 def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the
-    longest suffix of `tokens` (of `longest` down to `shortest` tokens) that
-    occurred before; [] if none did."""
-    n_tokens = len(tokens)
-    for n in range(min(longest, n_tokens - 1), shortest - 1, -1):
-        suffix = list(tokens[n_tokens - n :])
-        for end in range(n_tokens - 1, n - 1, -1):  # an occurrence ending at `end` (exclusive), before the suffix's own
-            if list(tokens[end - n : end]) == suffix:
-                return list(tokens[end : end + k])
-    return []
+    """`proposal`'s drafts."""
+    return proposal(tokens, k, longest, shortest)[0]
+
+
+def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> tuple[list[int], int]:
+    """Up to k tokens that follow where `tokens` copy from, and the length of
+    the match that says so (RESYNC: a copy past a replaced token; 0: none):
+    `Lookup`'s rule, written plainly. The copy followed is taken, after each
+    token, from the most recent earlier occurrence of the longest suffix of
+    the tokens so far (of `longest` down to `shortest` tokens) that occurred
+    before, unless the copy followed until then matches at least as many."""
+    source, run, resyncing = -1, 0, False
+    for end in range(1, len(tokens) + 1):
+        token = tokens[end - 1]
+        if source >= 0 and tokens[source] == token:
+            source, run, resyncing = source + 1, run + 1, False
+        elif source >= 0 and not resyncing and run >= longest:
+            source, resyncing = source + 1, True
+        else:
+            source, run, resyncing = -1, 0, False
+        for n in range(min(longest, end - 1), shortest - 1, -1):
+            suffix = list(tokens[end - n : end])
+            at = next((e for e in range(end - 1, n - 1, -1) if list(tokens[e - n : e]) == suffix), -1)
+            if at >= 0:
+                if source < 0 or (n >= longest if resyncing else n > run):
+                    source, run, resyncing = at, n, False
+                break
+    if source < 0:
+        return [], 0
+    return list(tokens[source : source + k]), RESYNC if resyncing else min(run, longest)
 
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
@@ -180,7 +203,18 @@ def expected_kept(rate: float | Sequence[float], k: int) -> float:
 
 class Lookup:
     """A turn's n-gram index: where each n-gram (n = shortest .. longest) last
-    ended in its tokens, fed as they are settled."""
+    ended in its tokens, fed as they are settled; and the copy they follow.
+
+    The copy followed (`source`: where the token expected next is) is the
+    most recent earlier occurrence of the longest suffix that occurred before,
+    as vLLM's n-gram speculator picks it, with two differences that matter
+    where a turn copies a long text with a few changes (an edited function):
+    a copy that keeps matching is kept while no longer match is found
+    elsewhere (its match is as long as the run it has kept, not just the
+    n-gram's: a later line that shares the last few tokens does not take
+    over); and when a run of at least `longest` tokens breaks, lookup guesses
+    that one token was replaced and the copy goes on after it (`RESYNC`, its
+    own rate: a renamed word), dropped if the next token disagrees too."""
 
     def __init__(self, longest: int = LONGEST, shortest: int = SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
@@ -189,6 +223,9 @@ class Lookup:
         # n-gram -> the end (exclusive) of its latest occurrence but the last
         # one, and of its latest: the suffix's own is never its match.
         self._ends: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.source = -1  # where in `tokens` the copy followed expects the next token (-1: none)
+        self.run = 0  # the tokens it has matched in a row
+        self.resyncing = False  # past a token it guessed was replaced
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Index these tokens, which follow those given before (the first time,
@@ -197,26 +234,40 @@ class Lookup:
         if not self.tokens and len(tokens) > LOOKBACK:
             tokens = tokens[len(tokens) - LOOKBACK :]
         seen, ends = self.tokens, self._ends
+        longest, shortest = self.longest, self.shortest
         for token in tokens:
+            self._follow(token)
             seen.append(token)
             end = len(seen)
-            for n in range(self.shortest, min(self.longest, end) + 1):
+            match, at = 0, -1  # the longest suffix that occurred before, and where that ended
+            for n in range(shortest, min(longest, end) + 1):
                 gram = tuple(seen[end - n :])
                 before = ends.get(gram)
+                if before is not None:
+                    match, at = n, before[1]
                 ends[gram] = (before[1] if before is not None else -1, end)
+            if match and (self.source < 0 or (match >= longest if self.resyncing else match > self.run)):
+                self.source, self.run, self.resyncing = at, match, False
+
+    def _follow(self, token: int) -> None:
+        """The copy followed, given the token that comes next."""
+        source = self.source
+        if source >= 0 and self.tokens[source] == token:
+            self.source, self.run, self.resyncing = source + 1, self.run + 1, False
+        elif source >= 0 and not self.resyncing and self.run >= self.longest:
+            self.source, self.resyncing = source + 1, True
+        else:
+            self.source, self.run, self.resyncing = -1, 0, False
 
     def propose(self, k: int) -> list[int]:
         """`propose(tokens, k)` over the tokens indexed."""
         return self.proposal(k)[0]
 
     def proposal(self, k: int) -> tuple[list[int], int]:
-        """`propose`, and the length of the match it follows (0: none)."""
-        seen, end = self.tokens, len(self.tokens)
-        for n in range(min(self.longest, end - 1), self.shortest - 1, -1):
-            occurrence = self._ends.get(tuple(seen[end - n :]))
-            if occurrence is not None and occurrence[0] >= 0:
-                return seen[occurrence[0] : occurrence[0] + k], n
-        return [], 0
+        """`proposal(tokens, k)` over the tokens indexed."""
+        if self.source < 0:
+            return [], 0
+        return self.tokens[self.source : self.source + k], RESYNC if self.resyncing else min(self.run, self.longest)
 
 
 class Rates:
@@ -274,7 +325,7 @@ class Rates:
     def _prior(n: int) -> Rate:
         if n == MODEL:
             return Rate(MODEL_PRIOR_RATE)
-        if not SHORTEST <= n <= LONGEST:
+        if not SHORTEST <= n <= RESYNC:
             raise KeyError(n)
         return Rate()
 
