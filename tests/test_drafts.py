@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from runtime.scheduling.cost import StepCost
 from runtime.scheduling.drafts import (
     LONGEST,
+    MODEL,
+    MODEL_PRIOR_RATE,
     PRIOR_RATE,
     RESYNC,
     DraftCost,
@@ -54,17 +56,17 @@ def test_lookup_goes_on_with_the_copy_it_follows_past_a_replaced_token():
     lookup.extend(tokens)
     assert lookup.proposal(3) == (original[7:10], RESYNC) == proposal(tokens, 3)
     lookup.extend([original[7]])
-    assert lookup.proposal(3) == (original[8:11], LONGEST)  # back in the copy
+    assert lookup.proposal(3) == (original[8:11], 7)  # back in the copy, 7 tokens matched
     lookup.extend([78, 79])  # two more changes in a row: no copy to follow
     assert lookup.proposal(3) == ([], 0) == proposal([*tokens, original[7], 78, 79], 3)
     # [1, 2, 3, 4] last occurred before 30, 31; the copy of `source` follows it with 20, 21
     source = [10, 11, 12, 13, 1, 2, 3, 4, 20, 21]
     tokens = [*source, 5, 1, 2, 3, 4, 30, 31, 6, *source[:8]]
-    assert proposal(tokens, 2) == ([20, 21], LONGEST)
+    assert proposal(tokens, 2) == ([20, 21], 8)
     lookup = Lookup()
     lookup.extend(tokens[:12])
     lookup.extend(tokens[12:])
-    assert lookup.proposal(2) == ([20, 21], LONGEST)
+    assert lookup.proposal(2) == ([20, 21], 8)
 
 
 def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():
@@ -155,33 +157,38 @@ def test_a_draft_models_steps_are_counted_and_its_first_read_shared_out():
     assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=100_000)) >= 4
 
 
-def _history(rates: Rates, runs: list[int], drafts: int = 16) -> None:
-    """Verify steps of `drafts` drafts each, following 4-gram matches, the
-    first `run` of each kept (as accounting notes them)."""
+def _copy(rates: Rates, runs: list[int]) -> None:
+    """Copies found by a 4-gram match, each of which kept its first `run`
+    guesses and refused the next (16: it went on), noted token by token as
+    accounting notes them."""
     for run in runs:
-        rates.note(4, run + (run < drafts), run)
+        for i in range(min(run + 1, 16)):
+            rates.note(LONGEST + i, 1, i < run)
 
 
-def test_without_evidence_of_depth_each_draft_is_priced_as_the_first():
+def test_a_long_run_is_priced_by_its_length_until_the_turns_own_runs_say_otherwise():
     rates = Rates()
-    assert rates.chain(4, 5) == [PRIOR_RATE] * 5
-    _history(rates, [0, 0, 0])  # (no draft past the first ever tested)
-    assert rates.of(4) < PRIOR_RATE and rates.chain(4, 3) == [rates.of(4)] * 3
+    first = rates.chain(LONGEST, 16)
+    assert first[0] == PRIOR_RATE and first == sorted(first) and first[-1] > 0.9  # (the rule of succession)
+    assert rates.chain(RESYNC, 3)[0] == PRIOR_RATE and rates.chain(MODEL, 3) == [MODEL_PRIOR_RATE] * 3
+    _copy(rates, [5] * 10)  # every copy broken once it has matched 9 tokens
+    assert rates.of(9) < 0.3 and rates.of(8) > 0.9 and rates.of(LONGEST) > 0.8
+    assert drafts_that_pay(StepCost(fixed_s=30.5e-3, token_s=10e-3), rates.chain(LONGEST, 16), 16, 0, 0, 300) == 5
 
 
 def test_a_copy_kept_or_broken_as_a_run_makes_long_drafts_pay_and_independent_drafts_do_not():
-    """Two turns keep about the same share of their first drafts. One keeps
-    its drafts in runs, a copy kept whole or broken at once; the other keeps
-    each draft independently of the one before. On a CPU law, where each row
+    """Two turns keep about the same share of their first guesses. One keeps
+    its copies as runs, kept whole or broken at once; the other keeps each
+    guess independently of the one before. On a CPU law, where each row
     costs a token's compute, the runs make the longest drafts pay; the
-    independent drafts are priced as one rate per draft prices them."""
+    independent guesses are priced as one rate for all prices them."""
     cpu = StepCost(fixed_s=30.5e-3, token_s=10e-3)
     clustered, independent = Rates(), Rates()
-    _history(clustered, [16, 0, 16, 0, 16, 16, 0, 16, 0, 16] * 3)
+    _copy(clustered, [16, 0, 16, 0, 16, 16, 0, 16, 0, 16] * 3)
     draw = random.Random(7)
-    _history(independent, [next((i for i in range(16) if draw.random() > 0.62), 16) for _ in range(30)])
-    assert abs(clustered.of(4) - independent.of(4)) < 0.15
-    assert drafts_that_pay(cpu, clustered.chain(4, 16), 16, 0, 0, 300) == 16
-    flat = drafts_that_pay(cpu, independent.of(4), 16, 0, 0, 300)
-    assert flat < 8 and abs(drafts_that_pay(cpu, independent.chain(4, 16), 16, 0, 0, 300) - flat) <= 1
+    _copy(independent, [next((i for i in range(16) if draw.random() > 0.62), 16) for _ in range(30)])
+    assert abs(clustered.of(LONGEST) - independent.of(LONGEST)) < 0.15
+    assert drafts_that_pay(cpu, clustered.chain(LONGEST, 16), 16, 0, 0, 300) == 16
+    flat = drafts_that_pay(cpu, independent.of(LONGEST), 16, 0, 0, 300)
+    assert flat < 8 and abs(drafts_that_pay(cpu, independent.chain(LONGEST, 16), 16, 0, 0, 300) - flat) <= 1
     assert expected_kept([0.5, 1.0, 1.0], 3) == 2.5 and expected_kept(0.5, 2) == expected_kept([0.5, 0.5], 2)

@@ -70,13 +70,13 @@ would need the grammar advanced over the drafts, which is not worth it.
 foreground in a shaped step) or one running alone, where the step cost law
 (runtime.scheduling.cost) says the extra rows pay: the k that maximises the
 expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a1 +
-a1 a2 + .. + a1 .. ak, where a1 is the turn's acceptance rate so far of a first
-draft following a match of the length of the one proposing (`Rates`: a
-trigram's continuation is far likelier right than a single token's), or the
-draft model's own rate (`MODEL`), and ai that of a draft at depth i given the
-ones before it were kept: a copy is kept or broken as a run, so a draft deep
-in a kept run is likelier kept than a first one, and a rate per draft alone
-would undervalue long drafts (`Chain`). A draft
+a1 a2 + .. + a1 .. ak, where ai is the turn's acceptance rate so far of a
+guess that follows a copy which has matched r + i - 1 tokens, r being the run
+of the copy lookup proposes from (`Rates`: a 4-gram's continuation is far
+likelier right than a single token's, and a copy kept for 30 tokens likelier
+still: a copy is kept or broken as a run, so a draft deep in a kept run is
+likelier kept than a first one, and one rate for every draft would undervalue
+long drafts), or the draft model's own rate (`MODEL`). A draft
 model's k drafts also cost k of its own steps, the first of them reading what
 the turn kept since it last drafted (`DraftCost`, from the draft engine's own
 cost law), so on a CPU, where its step is a good share of the target's and
@@ -85,9 +85,8 @@ first time a turn drafts, the draft model also reads the turn's context (a
 prefill); each step is charged its share of that by the tokens it yields. On a GPU the rows are nearly free and every likely
 draft pays; on a CPU each row costs a token's compute and only long, likely
 matches do. The rates learn from every token such a turn samples, drafted or
-not: a token sampled without drafts is checked against the draft lookup would
-have made for it, so a turn that does not speculate still learns whether it
-would pay, at no device cost. (Not a draft model's: its guesses cost a step
+not: each is checked against the guess lookup had for it, so a turn that does
+not speculate still learns whether it would pay, at no device cost. (Not a draft model's: its guesses cost a step
 each, so its rate learns only from the drafts it verifies.)
 """
 
@@ -101,7 +100,7 @@ from runtime.scheduling.cost import StepCost, kv_reads
 
 LONGEST = 4  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
-RESYNC = LONGEST + 1  # among a turn's `Rates`: a copy going on past a token lookup guessed was replaced
+LONGEST_RUN = 64  # the longest run of a copy with a rate of its own (longer ones share it)
 # Lookup indexes at most this many of a turn's tokens it is first given (the
 # latest): the scheduler builds the index on the event loop, so its first cost
 # is bounded however long the prompt.
@@ -110,7 +109,8 @@ MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides
 PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
 MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
-MODEL = -1  # the draft model's rate among a turn's `Rates` (match lengths are SHORTEST .. LONGEST)
+MODEL = -1  # the draft model's rate among a turn's `Rates` (runs are 1 and up)
+RESYNC = -2  # lookup's guess past a token it guessed was replaced, among a turn's `Rates`
 # A draft model of the target's family agrees with it far more often than an
 # untested n-gram does: its rate starts here.
 MODEL_PRIOR_RATE = 0.75
@@ -150,7 +150,8 @@ def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int
 
 def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> tuple[list[int], int]:
     """Up to k tokens that follow where `tokens` copy from, and the length of
-    the match that says so (RESYNC: a copy past a replaced token; 0: none):
+    the run of that copy they end (RESYNC: a copy past a replaced token; 0:
+    none):
     `Lookup`'s rule, written plainly. The copy followed is taken, after each
     token, from the most recent earlier occurrence of the longest suffix of
     the tokens so far (of `longest` down to `shortest` tokens) that occurred
@@ -173,7 +174,7 @@ def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: in
                 break
     if source < 0:
         return [], 0
-    return list(tokens[source : source + k]), RESYNC if resyncing else min(run, longest)
+    return list(tokens[source : source + k]), RESYNC if resyncing else run
 
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
@@ -267,94 +268,79 @@ class Lookup:
         """`proposal(tokens, k)` over the tokens indexed."""
         if self.source < 0:
             return [], 0
-        return self.tokens[self.source : self.source + k], RESYNC if self.resyncing else min(self.run, self.longest)
+        return self.tokens[self.source : self.source + k], RESYNC if self.resyncing else self.run
 
 
 class Rates:
-    """A turn's acceptance rates: of a first draft, one per match length; of
-    each deeper draft given the ones before it were kept, one per depth (and
-    way of drafting: lookup, or the draft model); the length of the match its
-    drafts in flight follow; and of the match its last token was guessed from,
-    with how many tokens lookup offered there (0: none: then it likely has
-    nothing to draft from next either, and no step waits for it).
+    """A turn's acceptance rates: of lookup's guess for the next token, one per
+    length of the run its copy has matched (`run_class`), and one for a guess
+    past a replaced token (RESYNC); of the draft model's drafts (MODEL); the
+    match its drafts in flight follow; and the match its last token was
+    guessed from, with how many tokens lookup offered there (0: none: then it
+    likely has nothing to draft from next either, and no step waits for it).
 
-    Why depth. A copy is kept or broken as a run: once a draft was kept, the
-    match it follows is one token longer, and the next draft is likelier kept
-    than the first was. A rate per depth (the share of the drafts at depth i
-    kept, of those tested there: drafts 1 .. i-1 kept) prices a long run as the
-    turn has kept them; with no evidence yet at a depth it is the rate one
-    depth up (`Chain`), so a turn that never kept a run is priced as if each
-    draft were kept independently at its first draft's rate."""
+    Why the run. A copy is kept or broken as a run: a draft that follows a
+    copy which has matched r tokens, once kept, leaves one that has matched
+    r + 1, which is likelier kept still. So the rate of draft i of a step is
+    that of a run of r + i - 1 (`chain`), and a long copy is priced as the
+    turn has kept long copies, not as k independent guesses at the rate of
+    the first. A class of runs longer than LONGEST not noted yet is priced
+    by the run's own length (`_prior`)."""
 
     def __init__(self) -> None:
-        # A length's rate is made when first noted: until then it is the prior,
+        # A key's rate is made when first noted: until then it is the prior,
         # and most turns never draft (every turn has its Rates).
-        self.by_length: dict[int, Rate] = {}
-        self.deeper: dict[bool, Chain] = {}  # (by: drafts from the draft model?)
+        self.by_key: dict[int, Rate] = {}
         self.drafting = 0
         self.matched = 0
         self.offered = 0
 
-    def of(self, n: int) -> float:
-        """The rate of a first draft following a match of length n (MODEL: the draft model's)."""
-        rate = self.by_length.get(n)
-        return (rate if rate is not None else self._prior(n)).value
+    def of(self, match: int) -> float:
+        """The rate of a guess following a run of `match` tokens (RESYNC: past
+        a replaced token; MODEL: the draft model's)."""
+        key = run_class(match)
+        rate = self.by_key.get(key)
+        return rate.value if rate is not None else self._prior(key)
 
-    def chain(self, n: int, k: int) -> list[float]:
-        """The rate of each of k drafts following a match of length n, given
-        the ones before it were kept."""
-        first = self.of(n)
-        deeper = self.deeper.get(n == MODEL)
-        return deeper.rates(first, k) if deeper is not None else [first] * k
+    def chain(self, match: int, k: int) -> list[float]:
+        """The rate of each of k drafts following a match of `match` tokens,
+        given the ones before it were kept."""
+        if match == MODEL:
+            return [self.of(MODEL)] * k
+        if match == RESYNC:  # (kept, it continues a run of at least LONGEST)
+            return [self.of(RESYNC), *(self.of(LONGEST + i) for i in range(1, k))][:k]
+        return [self.of(match + i) for i in range(k)]
 
-    def note(self, n: int, tried: int, kept: int) -> None:
-        """`kept` of the `tried` drafts following a match of length n put to
-        the test were kept (or would have been): the first `kept` in a row,
-        and the one after them refused if kept < tried."""
-        rate = self.by_length.get(n)
+    def note(self, match: int, tried: int, kept: int) -> None:
+        """`kept` of `tried` guesses following a match of `match` tokens were kept (or would have been)."""
+        key = run_class(match)
+        rate = self.by_key.get(key)
         if rate is None:
-            rate = self.by_length[n] = self._prior(n)
-        rate.note(min(tried, 1), min(kept, 1))
-        if tried > 1:
-            deeper = self.deeper.get(n == MODEL)
-            if deeper is None:
-                deeper = self.deeper[n == MODEL] = Chain()
-            deeper.note(tried, kept)
+            rate = self.by_key[key] = Rate(self._prior(key))
+        rate.note(tried, kept)
 
-    @staticmethod
-    def _prior(n: int) -> Rate:
-        if n == MODEL:
-            return Rate(MODEL_PRIOR_RATE)
-        if not SHORTEST <= n <= RESYNC:
-            raise KeyError(n)
-        return Rate()
+    def _prior(self, key: int) -> float:
+        if key == MODEL:
+            return MODEL_PRIOR_RATE
+        if key == RESYNC or key <= LONGEST:
+            return PRIOR_RATE
+        # A run past its n-gram has kept its last key - LONGEST guesses (at
+        # most) in a row: before the turn has kept or broken runs that long,
+        # the next is kept as Laplace's rule of succession says, and no less
+        # likely than after a shorter run.
+        kept = key - LONGEST
+        return max(self.of(key // 2), (kept + 1) / (kept + 2))
 
 
-class Chain:
-    """The rates of drafts 2 .. MAX_DRAFTS, each given the ones before it were
-    kept: per depth, the drafts kept of those tested there, the older weighing
-    less, each pulled towards the rate one depth up by PRIOR_WEIGHT drafts'
-    worth (the depths a turn seldom reaches borrow from those it does)."""
-
-    def __init__(self) -> None:
-        self.kept = [0.0] * (MAX_DRAFTS + 1)  # [i]: at depth i (0 and 1 unused)
-        self.tested = [0.0] * (MAX_DRAFTS + 1)
-
-    def rates(self, first: float, k: int) -> list[float]:
-        """Drafts 1 .. k's rates, the first's being `first`."""
-        out, above = [], first
-        for depth in range(1, k + 1):
-            if 1 < depth <= MAX_DRAFTS:
-                above = (self.kept[depth] + PRIOR_WEIGHT * above) / (self.tested[depth] + PRIOR_WEIGHT)
-            out.append(above)
-        return out
-
-    def note(self, tried: int, kept: int) -> None:
-        """As Rates.note, for depths 2 .. tried: each tested once, kept up to `kept`."""
-        fade = 1 - 1 / MEMORY
-        for depth in range(2, min(tried, MAX_DRAFTS) + 1):
-            self.kept[depth] = self.kept[depth] * fade + (depth <= kept)
-            self.tested[depth] = self.tested[depth] * fade + 1
+def run_class(match: int) -> int:
+    """The class of a run's length whose rate it shares: each up to LONGEST
+    its own, then the powers of two up to LONGEST_RUN (a long run's rate
+    learns from runs about as long); keys below 1 (RESYNC, MODEL) as they are."""
+    if match <= LONGEST:
+        if match < SHORTEST and match not in (RESYNC, MODEL):
+            raise KeyError(match)
+        return match
+    return min(1 << (match - 1).bit_length(), LONGEST_RUN)
 
 
 class Rate:
