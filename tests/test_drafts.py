@@ -69,6 +69,22 @@ def test_lookup_goes_on_with_the_copy_it_follows_past_a_replaced_token():
     assert lookup.proposal(2) == ([20, 21], 8)
 
 
+def test_a_token_a_copy_replaced_is_replaced_further_on_until_a_copy_keeps_it():
+    """A renamed variable: once the copy went on after `count` written as
+    `kept`, lookup drafts `kept` where the copy has `count` again; a copy that
+    writes `count` there after all ends the rename."""
+    count, kept = 50, 60
+    original = [10, 11, 12, 13, count, 14, 15, 16, 17, count, 18, 19]
+    tokens = [*original, 99, *original[:4], kept, 14]
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.renamed == {count: kept}
+    assert lookup.proposal(5) == ([15, 16, 17, kept, 18], 5) == proposal(tokens, 5)
+    tokens += [15, 16, 17, count]  # (kept `count` after all)
+    lookup.extend(tokens[-4:])
+    assert lookup.renamed == {} and lookup.proposal(2) == ([18, 19], 9) == proposal(tokens, 2)
+
+
 def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():
     from runtime.scheduling.drafts import LOOKBACK
 

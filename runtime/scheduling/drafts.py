@@ -8,7 +8,8 @@ time the turn's most recent n tokens appeared before (n from `LONGEST` down to
 `SHORTEST`, the longest match first, its most recent occurrence) and proposes
 the tokens that followed it there. While a copy keeps matching it is followed past
 what a later occurrence of its last few tokens says, and past one token that
-breaks a long run of it (a renamed word: `RESYNC`). `Lookup` keeps, per turn, where each n-gram
+breaks a long run of it (a renamed word: `RESYNC`), which it then renames
+wherever the copy has it. `Lookup` keeps, per turn, where each n-gram
 last ended, and is fed the turn's tokens as they are settled; `propose` is the
 same search written plainly, for the tests.
 
@@ -151,18 +152,25 @@ def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int
 def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> tuple[list[int], int]:
     """Up to k tokens that follow where `tokens` copy from, and the length of
     the run of that copy they end (RESYNC: a copy past a replaced token; 0:
-    none):
-    `Lookup`'s rule, written plainly. The copy followed is taken, after each
-    token, from the most recent earlier occurrence of the longest suffix of
-    the tokens so far (of `longest` down to `shortest` tokens) that occurred
-    before, unless the copy followed until then matches at least as many."""
-    source, run, resyncing = -1, 0, False
+    none): `Lookup`'s rule, written plainly. The copy followed is taken,
+    after each token, from the most recent earlier occurrence of the longest
+    suffix of the tokens so far (of `longest` down to `shortest` tokens) that
+    occurred before, unless the copy followed until then matches at least as
+    many; a token it replaced, once the copy went on after it, is replaced
+    wherever the copy has it, until a copy keeps it."""
+    source, run, resyncing, renamed, replaced = -1, 0, False, {}, (0, 0)
     for end in range(1, len(tokens) + 1):
         token = tokens[end - 1]
-        if source >= 0 and tokens[source] == token:
+        original = tokens[source] if source >= 0 else None
+        if source >= 0 and renamed.get(original, original) == token:
+            if resyncing:
+                renamed[replaced[0]] = replaced[1]
+            source, run, resyncing = source + 1, run + 1, False
+        elif source >= 0 and original == token:  # (a copy that keeps a token renamed before)
+            del renamed[original]
             source, run, resyncing = source + 1, run + 1, False
         elif source >= 0 and not resyncing and run >= longest:
-            source, resyncing = source + 1, True
+            source, resyncing, replaced = source + 1, True, (original, token)
         else:
             source, run, resyncing = -1, 0, False
         for n in range(min(longest, end - 1), shortest - 1, -1):
@@ -174,7 +182,7 @@ def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: in
                 break
     if source < 0:
         return [], 0
-    return list(tokens[source : source + k]), RESYNC if resyncing else run
+    return [renamed.get(t, t) for t in tokens[source : source + k]], RESYNC if resyncing else run
 
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
@@ -215,7 +223,10 @@ class Lookup:
     n-gram's: a later line that shares the last few tokens does not take
     over); and when a run of at least `longest` tokens breaks, lookup guesses
     that one token was replaced and the copy goes on after it (`RESYNC`, its
-    own rate: a renamed word), dropped if the next token disagrees too."""
+    own rate: a renamed word), dropped if the next token disagrees too. Once
+    the copy went on after it, the token it replaced is replaced wherever a
+    copy has it (`renamed`: an edit renames a variable everywhere), until a
+    copy keeps it."""
 
     def __init__(self, longest: int = LONGEST, shortest: int = SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
@@ -227,6 +238,8 @@ class Lookup:
         self.source = -1  # where in `tokens` the copy followed expects the next token (-1: none)
         self.run = 0  # the tokens it has matched in a row
         self.resyncing = False  # past a token it guessed was replaced
+        self._replaced = (0, 0)  # (that token, and the one written instead)
+        self.renamed: dict[int, int] = {}  # tokens a copy replaced and went on after, each by what replaced it
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Index these tokens, which follow those given before (the first time,
@@ -253,10 +266,19 @@ class Lookup:
     def _follow(self, token: int) -> None:
         """The copy followed, given the token that comes next."""
         source = self.source
-        if source >= 0 and self.tokens[source] == token:
+        if source < 0:
+            return
+        original = self.tokens[source]
+        renamed = self.renamed
+        if renamed.get(original, original) == token:
+            if self.resyncing:  # (the copy went on after the token it replaced: a rename)
+                renamed[self._replaced[0]] = self._replaced[1]
             self.source, self.run, self.resyncing = source + 1, self.run + 1, False
-        elif source >= 0 and not self.resyncing and self.run >= self.longest:
-            self.source, self.resyncing = source + 1, True
+        elif original == token:  # (a copy that keeps a token renamed before: not renamed here)
+            del renamed[original]
+            self.source, self.run, self.resyncing = source + 1, self.run + 1, False
+        elif not self.resyncing and self.run >= self.longest:
+            self.source, self.resyncing, self._replaced = source + 1, True, (original, token)
         else:
             self.source, self.run, self.resyncing = -1, 0, False
 
@@ -268,7 +290,10 @@ class Lookup:
         """`proposal(tokens, k)` over the tokens indexed."""
         if self.source < 0:
             return [], 0
-        return self.tokens[self.source : self.source + k], RESYNC if self.resyncing else self.run
+        drafts = self.tokens[self.source : self.source + k]
+        if self.renamed:
+            drafts = [self.renamed.get(t, t) for t in drafts]
+        return drafts, RESYNC if self.resyncing else self.run
 
 
 class Rates:
