@@ -208,3 +208,15 @@ def test_a_copy_kept_or_broken_as_a_run_makes_long_drafts_pay_and_independent_dr
     flat = drafts_that_pay(cpu, independent.of(LONGEST), 16, 0, 0, 300)
     assert flat < 8 and abs(drafts_that_pay(cpu, independent.chain(LONGEST, 16), 16, 0, 0, 300) - flat) <= 1
     assert expected_kept([0.5, 1.0, 1.0], 3) == 2.5 and expected_kept(0.5, 2) == expected_kept([0.5, 0.5], 2)
+
+
+def test_a_match_length_not_tried_yet_is_priced_as_the_shorter_one():
+    """Free text: its single-token guesses mostly fail, and its longer matches
+    are too rare to have a rate of their own; they are not priced at the
+    prior as if nothing were known, so a cheap-row law drafts nothing."""
+    rates = Rates()
+    for i in range(30):
+        rates.note(1, 1, i % 6 == 0)
+    assert rates.of(2) == rates.of(3) == rates.of(LONGEST) == rates.of(1) < 0.3
+    cheap_rows = StepCost(fixed_s=32e-3, token_s=7e-3)
+    assert drafts_that_pay(cheap_rows, rates.chain(1, 16), 16, 0, 0, 300) == 0

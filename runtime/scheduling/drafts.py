@@ -309,8 +309,9 @@ class Rates:
     r + 1, which is likelier kept still. So the rate of draft i of a step is
     that of a run of r + i - 1 (`chain`), and a long copy is priced as the
     turn has kept long copies, not as k independent guesses at the rate of
-    the first. A class of runs longer than LONGEST not noted yet is priced
-    by the run's own length (`_prior`)."""
+    the first. A match length not noted yet is priced as the shorter one,
+    and a class of runs longer than LONGEST by the run's own length
+    (`_prior`)."""
 
     def __init__(self) -> None:
         # A key's rate is made when first noted: until then it is the prior,
@@ -347,8 +348,10 @@ class Rates:
     def _prior(self, key: int) -> float:
         if key == MODEL:
             return MODEL_PRIOR_RATE
-        if key == RESYNC or key <= LONGEST:
+        if key == RESYNC or key <= SHORTEST:
             return PRIOR_RATE
+        if key <= LONGEST:  # (no likelier than the shorter match, as far as the turn has shown)
+            return self.of(key - 1)
         # A run past its n-gram has kept its last key - LONGEST guesses (at
         # most) in a row: before the turn has kept or broken runs that long,
         # the next is kept as Laplace's rule of succession says, and no less
