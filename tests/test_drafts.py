@@ -3,11 +3,28 @@ the acceptance rule, the acceptance rate and the cost law's choice of drafts."""
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.scheduling.cost import StepCost
-from runtime.scheduling.drafts import PRIOR_RATE, DraftCost, Lookup, Rate, accept, drafts_that_pay, expected_kept, propose
+from runtime.scheduling.drafts import (
+    LONGEST,
+    MODEL,
+    MODEL_PRIOR_RATE,
+    PRIOR_RATE,
+    RESYNC,
+    DraftCost,
+    Lookup,
+    Rate,
+    Rates,
+    accept,
+    drafts_that_pay,
+    expected_kept,
+    proposal,
+    propose,
+)
 
 
 def test_lookup_proposes_what_followed_the_longest_most_recent_match():
@@ -26,6 +43,46 @@ def test_lookup_proposes_what_followed_the_longest_most_recent_match():
     assert lookup.proposal(2) == ([1, 2], 1)
     lookup.extend([6])
     assert lookup.proposal(2) == ([], 0)
+
+
+def test_lookup_goes_on_with_the_copy_it_follows_past_a_replaced_token():
+    """An edited function is its original with a few tokens replaced: after
+    the replacement the copy goes on where it was (a guess with its own rate,
+    RESYNC), and a run that keeps matching is not taken over by a later
+    occurrence of its last few tokens."""
+    original = list(range(10, 30))
+    tokens = [*original, 99, *original[:6], 77]  # the copy's 7th token replaced by 77
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.proposal(3) == (original[7:10], RESYNC) == proposal(tokens, 3)
+    lookup.extend([original[7]])
+    assert lookup.proposal(3) == (original[8:11], 7)  # back in the copy, 7 tokens matched
+    lookup.extend([78, 79])  # two more changes in a row: no copy to follow
+    assert lookup.proposal(3) == ([], 0) == proposal([*tokens, original[7], 78, 79], 3)
+    # [1, 2, 3, 4] last occurred before 30, 31; the copy of `source` follows it with 20, 21
+    source = [10, 11, 12, 13, 1, 2, 3, 4, 20, 21]
+    tokens = [*source, 5, 1, 2, 3, 4, 30, 31, 6, *source[:8]]
+    assert proposal(tokens, 2) == ([20, 21], 8)
+    lookup = Lookup()
+    lookup.extend(tokens[:12])
+    lookup.extend(tokens[12:])
+    assert lookup.proposal(2) == ([20, 21], 8)
+
+
+def test_a_token_a_copy_replaced_is_replaced_further_on_until_a_copy_keeps_it():
+    """A renamed variable: once the copy went on after `count` written as
+    `kept`, lookup drafts `kept` where the copy has `count` again; a copy that
+    writes `count` there after all ends the rename."""
+    count, kept = 50, 60
+    original = [10, 11, 12, 13, count, 14, 15, 16, 17, count, 18, 19]
+    tokens = [*original, 99, *original[:4], kept, 14]
+    lookup = Lookup()
+    lookup.extend(tokens)
+    assert lookup.renamed == {count: kept}
+    assert lookup.proposal(5) == ([15, 16, 17, kept, 18], 5) == proposal(tokens, 5)
+    tokens += [15, 16, 17, count]  # (kept `count` after all)
+    lookup.extend(tokens[-4:])
+    assert lookup.renamed == {} and lookup.proposal(2) == ([18, 19], 9) == proposal(tokens, 2)
 
 
 def test_lookup_indexes_only_the_latest_tokens_of_a_long_first_batch():
@@ -114,3 +171,52 @@ def test_a_draft_models_steps_are_counted_and_its_first_read_shared_out():
     read = 2.0  # the draft model's prefill of a long context
     assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=10)) == 0
     assert drafts_that_pay(gpu, 0.8, 8, 0, 0, 100, DraftCost(2e-3, 2e-3, read, remaining=100_000)) >= 4
+
+
+def _copy(rates: Rates, runs: list[int]) -> None:
+    """Copies found by a 4-gram match, each of which kept its first `run`
+    guesses and refused the next (16: it went on), noted token by token as
+    accounting notes them."""
+    for run in runs:
+        for i in range(min(run + 1, 16)):
+            rates.note(LONGEST + i, 1, i < run)
+
+
+def test_a_long_run_is_priced_by_its_length_until_the_turns_own_runs_say_otherwise():
+    rates = Rates()
+    first = rates.chain(LONGEST, 16)
+    assert first[0] == PRIOR_RATE and first == sorted(first) and first[-1] > 0.9  # (the rule of succession)
+    assert rates.chain(RESYNC, 3)[0] == PRIOR_RATE and rates.chain(MODEL, 3) == [MODEL_PRIOR_RATE] * 3
+    _copy(rates, [5] * 10)  # every copy broken once it has matched 9 tokens
+    assert rates.of(9) < 0.3 and rates.of(8) > 0.9 and rates.of(LONGEST) > 0.8
+    assert drafts_that_pay(StepCost(fixed_s=30.5e-3, token_s=10e-3), rates.chain(LONGEST, 16), 16, 0, 0, 300) == 5
+
+
+def test_a_copy_kept_or_broken_as_a_run_makes_long_drafts_pay_and_independent_drafts_do_not():
+    """Two turns keep about the same share of their first guesses. One keeps
+    its copies as runs, kept whole or broken at once; the other keeps each
+    guess independently of the one before. On a CPU law, where each row
+    costs a token's compute, the runs make the longest drafts pay; the
+    independent guesses are priced as one rate for all prices them."""
+    cpu = StepCost(fixed_s=30.5e-3, token_s=10e-3)
+    clustered, independent = Rates(), Rates()
+    _copy(clustered, [16, 0, 16, 0, 16, 16, 0, 16, 0, 16] * 3)
+    draw = random.Random(7)
+    _copy(independent, [next((i for i in range(16) if draw.random() > 0.62), 16) for _ in range(30)])
+    assert abs(clustered.of(LONGEST) - independent.of(LONGEST)) < 0.15
+    assert drafts_that_pay(cpu, clustered.chain(LONGEST, 16), 16, 0, 0, 300) == 16
+    flat = drafts_that_pay(cpu, independent.of(LONGEST), 16, 0, 0, 300)
+    assert flat < 8 and abs(drafts_that_pay(cpu, independent.chain(LONGEST, 16), 16, 0, 0, 300) - flat) <= 1
+    assert expected_kept([0.5, 1.0, 1.0], 3) == 2.5 and expected_kept(0.5, 2) == expected_kept([0.5, 0.5], 2)
+
+
+def test_a_match_length_not_tried_yet_is_priced_as_the_shorter_one():
+    """Free text: its single-token guesses mostly fail, and its longer matches
+    are too rare to have a rate of their own; they are not priced at the
+    prior as if nothing were known, so a cheap-row law drafts nothing."""
+    rates = Rates()
+    for i in range(30):
+        rates.note(1, 1, i % 6 == 0)
+    assert rates.of(2) == rates.of(3) == rates.of(LONGEST) == rates.of(1) < 0.3
+    cheap_rows = StepCost(fixed_s=32e-3, token_s=7e-3)
+    assert drafts_that_pay(cheap_rows, rates.chain(1, 16), 16, 0, 0, 300) == 0

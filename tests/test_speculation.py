@@ -21,6 +21,7 @@ from gpu.engine import OpenCLEngine
 from runtime.agent import Agent
 from runtime.events.kinds import Ended, Event, Queued
 from runtime.scheduling.blocks import BlockPool
+from runtime.scheduling.cost import StepCost
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.timing import TimingEngine, TimingModel
@@ -154,6 +155,38 @@ def test_turns_that_speculate_say_what_they_say_without_drafts_through_preemptio
     assert drafted[0][0] == 0 and drafted[1][1] > 0 and drafted[1][0] > drafted[1][1]  # some kept, some not
     spec = drafted[1][2]
     assert sum(e.sampling_steps for e in spec) < sum(e.tokens for e in spec)  # more than a token a step
+
+
+def test_an_edit_that_renames_a_variable_is_verified_in_long_drafts():
+    """A turn that returns its prompt's function with one variable renamed
+    (its three uses): on a CPU law, where each verified row costs a token's
+    compute, lookup follows the copy past each renamed use and the long runs
+    pay long drafts, so the answer takes a few steps for its 100 tokens."""
+    count, kept = 7, 8
+    body = [(13 * i) % 89 + 10 for i in range(96)]
+    body[20], body[55], body[80] = count, count, count
+    answer = [kept if t == count else t for t in body] + [EOS]
+    prompt = [3, 4, 5, *body, 6]
+    truth = prompt + answer
+    sched = Scheduler(
+        SchedulerConfig(slots=1, step_tokens=512, speculate="lookup"),
+        BlockPool(64, 16),
+        eos_token_ids=[EOS],
+        cost=StepCost(fixed_s=30.5e-3, token_s=10e-3, learns=False),
+    )
+    turn = sched.submit("fg", FOREGROUND, prompt, 200, 0.0)
+    while sched.turns:
+        plan = sched.schedule(0.0)
+        answers = []
+        for work in plan.works:  # (the engine's answer is the truth at every row)
+            rows = [
+                truth[p] if p < len(truth) else EOS
+                for p in range(work.start + len(work.tokens) - work.drafts, work.start + len(work.tokens) + 1)
+            ]
+            answers.append((rows if work.drafts else rows[0]) if work.sample else None)
+        sched.postprocess(plan, answers, 0.0)
+    assert turn.output == answer
+    assert turn.sampling_steps <= 16  # (one a token: 97; a copy broken at each use, priced one rate a draft: 27)
 
 
 def test_verify_steps_abandoned_in_flight_change_no_turn():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from runtime.scheduling.drafts import MAX_DRAFTS, accept
+from runtime.scheduling.drafts import MAX_DRAFTS, MODEL, accept
 from runtime.scheduling.prefix import PrefixCache
 from runtime.scheduling.turns import Plan, SchedulerConfig, Status, Turn
 from runtime.scheduling.work import Work
@@ -124,6 +124,8 @@ class Accounting:
         self._count_drafts(turn, work.drafts, len(kept) - 1)
         max_context = self.config.max_context
         for i, token in enumerate(kept):
+            if turn.lookup is not None:  # (lookup's drafts: each token kept teaches its rate, as one sampled alone)
+                self._check_lookup(turn, token)
             turn.output.append(token)
             turn.token_times.append(now)
             delivered.append((turn, token))
@@ -138,9 +140,10 @@ class Accounting:
 
     @staticmethod
     def _check_lookup(turn: Turn, token: int) -> None:
-        """A token sampled without drafts, by a turn that may speculate: would
-        lookup's draft for it have been kept? (So the turn's rate learns while
-        drafts do not pay, at no device cost.)"""
+        """A token a turn that may speculate samples, drafted or not: would
+        lookup's guess for it have been kept? (So the turn's rates learn from
+        every token, at every length of run, also while drafts do not pay, at
+        no device cost.)"""
         lookup = turn.lookup
         assert lookup is not None
         lookup.extend(turn.tokens(lookup.fed, turn.length))
@@ -154,7 +157,9 @@ class Accounting:
         turn.drafted += drafted
         turn.accepted += accepted
         rates = turn.rates
+        if rates.drafting != MODEL:
+            return  # (lookup's rates learn from each token, _check_lookup)
         # Drafts past the first one refused were never put to the test: each
         # draft is kept with the rate given the ones before it were.
-        rates.note(rates.drafting, accepted + (accepted < drafted), accepted)
-        rates.matched, rates.offered = rates.drafting, drafted
+        rates.note(MODEL, accepted + (accepted < drafted), accepted)
+        rates.matched, rates.offered = MODEL, drafted

@@ -262,7 +262,7 @@ class Batching:
         if match:
             tokens_so_far, kv = step_features(plan.works)
             most = min(offered, self.config.max_drafts)
-            plan.settle |= drafts_that_pay(self.cost, rates.of(match), most, tokens_so_far, kv, start + n) > 0
+            plan.settle |= drafts_that_pay(self.cost, rates.chain(match, most), most, tokens_so_far, kv, start + n) > 0
         return drafts
 
     def _most_drafts(self, turn: Turn, tokens: int) -> int:
@@ -289,7 +289,7 @@ class Batching:
             once_s=once_s,
             remaining=turn.max_tokens - len(turn.output),
         )
-        return drafts_that_pay(self.cost, turn.rates.of(MODEL), most, tokens, kv, start, draft)
+        return drafts_that_pay(self.cost, turn.rates.chain(MODEL, most), most, tokens, kv, start, draft)
 
     def _model_drafts(self, turn: Turn, start: int, plan: Plan) -> list[int]:
         """A settled decode's drafts from the draft model: as many placeholders
@@ -314,7 +314,7 @@ class Batching:
         tokens, kv = step_features(plan.works)
         most = self._most_drafts(turn, tokens)
         proposed, match = lookup.proposal(most) if most > 0 else ([], 0)
-        k = drafts_that_pay(self.cost, turn.rates.of(match), len(proposed), tokens, kv, start) if proposed else 0
+        k = drafts_that_pay(self.cost, turn.rates.chain(match, len(proposed)), len(proposed), tokens, kv, start) if proposed else 0
         if k and not self.memory.pool.grow(turn.blocks, start + 1 + k):
             k = 0
         turn.rates.drafting = match if k else 0

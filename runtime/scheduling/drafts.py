@@ -6,7 +6,10 @@ seen: an edited function repeats the function it was given, a test repeats the
 names of the code. Prompt lookup (as vLLM's n-gram speculator) finds the last
 time the turn's most recent n tokens appeared before (n from `LONGEST` down to
 `SHORTEST`, the longest match first, its most recent occurrence) and proposes
-the tokens that followed it there. `Lookup` keeps, per turn, where each n-gram
+the tokens that followed it there. While a copy keeps matching it is followed past
+what a later occurrence of its last few tokens says, and past one token that
+breaks a long run of it (a renamed word: `RESYNC`), which it then renames
+wherever the copy has it. `Lookup` keeps, per turn, where each n-gram
 last ended, and is fed the turn's tokens as they are settled; `propose` is the
 same search written plainly, for the tests.
 
@@ -67,10 +70,14 @@ would need the grammar advanced over the drafts, which is not worth it.
 **Who speculates** (`Speculation`): only a turn the step is built for (the
 foreground in a shaped step) or one running alone, where the step cost law
 (runtime.scheduling.cost) says the extra rows pay: the k that maximises the
-expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a +
-.. + a^k for the turn's acceptance rate a so far, for matches of the length of
-the one proposing (`Rates`: a trigram's continuation is far likelier right
-than a single token's), or the draft model's own rate (`MODEL`). A draft
+expected tokens per second, E[kept](k) / step_s(k), with E[kept](k) = 1 + a1 +
+a1 a2 + .. + a1 .. ak, where ai is the turn's acceptance rate so far of a
+guess that follows a copy which has matched r + i - 1 tokens, r being the run
+of the copy lookup proposes from (`Rates`: a 4-gram's continuation is far
+likelier right than a single token's, and a copy kept for 30 tokens likelier
+still: a copy is kept or broken as a run, so a draft deep in a kept run is
+likelier kept than a first one, and one rate for every draft would undervalue
+long drafts), or the draft model's own rate (`MODEL`). A draft
 model's k drafts also cost k of its own steps, the first of them reading what
 the turn kept since it last drafted (`DraftCost`, from the draft engine's own
 cost law), so on a CPU, where its step is a good share of the target's and
@@ -79,9 +86,8 @@ first time a turn drafts, the draft model also reads the turn's context (a
 prefill); each step is charged its share of that by the tokens it yields. On a GPU the rows are nearly free and every likely
 draft pays; on a CPU each row costs a token's compute and only long, likely
 matches do. The rates learn from every token such a turn samples, drafted or
-not: a token sampled without drafts is checked against the draft lookup would
-have made for it, so a turn that does not speculate still learns whether it
-would pay, at no device cost. (Not a draft model's: its guesses cost a step
+not: each is checked against the guess lookup had for it, so a turn that does
+not speculate still learns whether it would pay, at no device cost. (Not a draft model's: its guesses cost a step
 each, so its rate learns only from the drafts it verifies.)
 """
 
@@ -95,6 +101,7 @@ from runtime.scheduling.cost import StepCost, kv_reads
 
 LONGEST = 4  # the longest n-gram looked up
 SHORTEST = 1  # the shortest
+LONGEST_RUN = 64  # the longest run of a copy with a rate of its own (longer ones share it)
 # Lookup indexes at most this many of a turn's tokens it is first given (the
 # latest): the scheduler builds the index on the event loop, so its first cost
 # is bounded however long the prompt.
@@ -103,7 +110,8 @@ MAX_DRAFTS = 16  # drafts a verify step holds at most (the step cost law decides
 PRIOR_RATE = 0.5  # a turn's acceptance rate before anything is known of it
 PRIOR_WEIGHT = 4.0  # how many drafts the prior weighs as
 MEMORY = 32.0  # drafts the rate remembers (older ones weigh less)
-MODEL = -1  # the draft model's rate among a turn's `Rates` (match lengths are SHORTEST .. LONGEST)
+MODEL = -1  # the draft model's rate among a turn's `Rates` (runs are 1 and up)
+RESYNC = -2  # lookup's guess past a token it guessed was replaced, among a turn's `Rates`
 # A draft model of the target's family agrees with it far more often than an
 # untested n-gram does: its rate starts here.
 MODEL_PRIOR_RATE = 0.75
@@ -137,16 +145,44 @@ def split_speculation(text: str | Speculate) -> tuple[Speculate, str | None]:
 
 
 def propose(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the
-    longest suffix of `tokens` (of `longest` down to `shortest` tokens) that
-    occurred before; [] if none did."""
-    n_tokens = len(tokens)
-    for n in range(min(longest, n_tokens - 1), shortest - 1, -1):
-        suffix = list(tokens[n_tokens - n :])
-        for end in range(n_tokens - 1, n - 1, -1):  # an occurrence ending at `end` (exclusive), before the suffix's own
-            if list(tokens[end - n : end]) == suffix:
-                return list(tokens[end : end + k])
-    return []
+    """`proposal`'s drafts."""
+    return proposal(tokens, k, longest, shortest)[0]
+
+
+def proposal(tokens: Sequence[int], k: int, longest: int = LONGEST, shortest: int = SHORTEST) -> tuple[list[int], int]:
+    """Up to k tokens that follow where `tokens` copy from, and the length of
+    the run of that copy they end (RESYNC: a copy past a replaced token; 0:
+    none): `Lookup`'s rule, written plainly. The copy followed is taken,
+    after each token, from the most recent earlier occurrence of the longest
+    suffix of the tokens so far (of `longest` down to `shortest` tokens) that
+    occurred before, unless the copy followed until then matches at least as
+    many; a token it replaced, once the copy went on after it, is replaced
+    wherever the copy has it, until a copy keeps it."""
+    source, run, resyncing, renamed, replaced = -1, 0, False, {}, (0, 0)
+    for end in range(1, len(tokens) + 1):
+        token = tokens[end - 1]
+        original = tokens[source] if source >= 0 else None
+        if source >= 0 and renamed.get(original, original) == token:
+            if resyncing:
+                renamed[replaced[0]] = replaced[1]
+            source, run, resyncing = source + 1, run + 1, False
+        elif source >= 0 and original == token:  # (a copy that keeps a token renamed before)
+            del renamed[original]
+            source, run, resyncing = source + 1, run + 1, False
+        elif source >= 0 and not resyncing and run >= longest:
+            source, resyncing, replaced = source + 1, True, (original, token)
+        else:
+            source, run, resyncing = -1, 0, False
+        for n in range(min(longest, end - 1), shortest - 1, -1):
+            suffix = list(tokens[end - n : end])
+            at = next((e for e in range(end - 1, n - 1, -1) if list(tokens[e - n : e]) == suffix), -1)
+            if at >= 0:
+                if source < 0 or (n >= longest if resyncing else n > run):
+                    source, run, resyncing = at, n, False
+                break
+    if source < 0:
+        return [], 0
+    return [renamed.get(t, t) for t in tokens[source : source + k]], RESYNC if resyncing else run
 
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
@@ -163,15 +199,34 @@ def accept(drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
     return kept
 
 
-def expected_kept(rate: float, k: int) -> float:
-    """Tokens a verify step of k drafts yields on average, each draft kept with
-    probability `rate` given the ones before it were: 1 + rate + .. + rate^k."""
-    return sum(rate**i for i in range(k + 1))
+def expected_kept(rate: float | Sequence[float], k: int) -> float:
+    """Tokens a verify step of k drafts yields on average, draft i kept with
+    probability rate[i] given the ones before it were (a float: the same at
+    every depth, 1 + rate + .. + rate^k): 1 + r1 + r1 r2 + .. + r1 .. rk."""
+    total = run = 1.0
+    for i in range(k):
+        run *= rate if isinstance(rate, float | int) else rate[i]
+        total += run
+    return total
 
 
 class Lookup:
     """A turn's n-gram index: where each n-gram (n = shortest .. longest) last
-    ended in its tokens, fed as they are settled."""
+    ended in its tokens, fed as they are settled; and the copy they follow.
+
+    The copy followed (`source`: where the token expected next is) is the
+    most recent earlier occurrence of the longest suffix that occurred before,
+    as vLLM's n-gram speculator picks it, with two differences that matter
+    where a turn copies a long text with a few changes (an edited function):
+    a copy that keeps matching is kept while no longer match is found
+    elsewhere (its match is as long as the run it has kept, not just the
+    n-gram's: a later line that shares the last few tokens does not take
+    over); and when a run of at least `longest` tokens breaks, lookup guesses
+    that one token was replaced and the copy goes on after it (`RESYNC`, its
+    own rate: a renamed word), dropped if the next token disagrees too. Once
+    the copy went on after it, the token it replaced is replaced wherever a
+    copy has it (`renamed`: an edit renames a variable everywhere), until a
+    copy keeps it."""
 
     def __init__(self, longest: int = LONGEST, shortest: int = SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
@@ -180,6 +235,11 @@ class Lookup:
         # n-gram -> the end (exclusive) of its latest occurrence but the last
         # one, and of its latest: the suffix's own is never its match.
         self._ends: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.source = -1  # where in `tokens` the copy followed expects the next token (-1: none)
+        self.run = 0  # the tokens it has matched in a row
+        self.resyncing = False  # past a token it guessed was replaced
+        self._replaced = (0, 0)  # (that token, and the one written instead)
+        self.renamed: dict[int, int] = {}  # tokens a copy replaced and went on after, each by what replaced it
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Index these tokens, which follow those given before (the first time,
@@ -188,59 +248,127 @@ class Lookup:
         if not self.tokens and len(tokens) > LOOKBACK:
             tokens = tokens[len(tokens) - LOOKBACK :]
         seen, ends = self.tokens, self._ends
+        longest, shortest = self.longest, self.shortest
         for token in tokens:
+            self._follow(token)
             seen.append(token)
             end = len(seen)
-            for n in range(self.shortest, min(self.longest, end) + 1):
+            match, at = 0, -1  # the longest suffix that occurred before, and where that ended
+            for n in range(shortest, min(longest, end) + 1):
                 gram = tuple(seen[end - n :])
                 before = ends.get(gram)
+                if before is not None:
+                    match, at = n, before[1]
                 ends[gram] = (before[1] if before is not None else -1, end)
+            if match and (self.source < 0 or (match >= longest if self.resyncing else match > self.run)):
+                self.source, self.run, self.resyncing = at, match, False
+
+    def _follow(self, token: int) -> None:
+        """The copy followed, given the token that comes next."""
+        source = self.source
+        if source < 0:
+            return
+        original = self.tokens[source]
+        renamed = self.renamed
+        if renamed.get(original, original) == token:
+            if self.resyncing:  # (the copy went on after the token it replaced: a rename)
+                renamed[self._replaced[0]] = self._replaced[1]
+            self.source, self.run, self.resyncing = source + 1, self.run + 1, False
+        elif original == token:  # (a copy that keeps a token renamed before: not renamed here)
+            del renamed[original]
+            self.source, self.run, self.resyncing = source + 1, self.run + 1, False
+        elif not self.resyncing and self.run >= self.longest:
+            self.source, self.resyncing, self._replaced = source + 1, True, (original, token)
+        else:
+            self.source, self.run, self.resyncing = -1, 0, False
 
     def propose(self, k: int) -> list[int]:
         """`propose(tokens, k)` over the tokens indexed."""
         return self.proposal(k)[0]
 
     def proposal(self, k: int) -> tuple[list[int], int]:
-        """`propose`, and the length of the match it follows (0: none)."""
-        seen, end = self.tokens, len(self.tokens)
-        for n in range(min(self.longest, end - 1), self.shortest - 1, -1):
-            occurrence = self._ends.get(tuple(seen[end - n :]))
-            if occurrence is not None and occurrence[0] >= 0:
-                return seen[occurrence[0] : occurrence[0] + k], n
-        return [], 0
+        """`proposal(tokens, k)` over the tokens indexed."""
+        if self.source < 0:
+            return [], 0
+        drafts = self.tokens[self.source : self.source + k]
+        if self.renamed:
+            drafts = [self.renamed.get(t, t) for t in drafts]
+        return drafts, RESYNC if self.resyncing else self.run
 
 
 class Rates:
-    """A turn's acceptance rates, one per match length; the length of the match
-    its drafts in flight follow; and of the match its last token was guessed
-    from, with how many tokens lookup offered there (0: none: then it likely
-    has nothing to draft from next either, and no step waits for it)."""
+    """A turn's acceptance rates: of lookup's guess for the next token, one per
+    length of the run its copy has matched (`run_class`), and one for a guess
+    past a replaced token (RESYNC); of the draft model's drafts (MODEL); the
+    match its drafts in flight follow; and the match its last token was
+    guessed from, with how many tokens lookup offered there (0: none: then it
+    likely has nothing to draft from next either, and no step waits for it).
+
+    Why the run. A copy is kept or broken as a run: a draft that follows a
+    copy which has matched r tokens, once kept, leaves one that has matched
+    r + 1, which is likelier kept still. So the rate of draft i of a step is
+    that of a run of r + i - 1 (`chain`), and a long copy is priced as the
+    turn has kept long copies, not as k independent guesses at the rate of
+    the first. A match length not noted yet is priced as the shorter one,
+    and a class of runs longer than LONGEST by the run's own length
+    (`_prior`)."""
 
     def __init__(self) -> None:
-        # A length's rate is made when first noted: until then it is the prior,
+        # A key's rate is made when first noted: until then it is the prior,
         # and most turns never draft (every turn has its Rates).
-        self.by_length: dict[int, Rate] = {}
+        self.by_key: dict[int, Rate] = {}
         self.drafting = 0
         self.matched = 0
         self.offered = 0
 
-    def of(self, n: int) -> float:
-        rate = self.by_length.get(n)
-        return (rate if rate is not None else self._prior(n)).value
+    def of(self, match: int) -> float:
+        """The rate of a guess following a run of `match` tokens (RESYNC: past
+        a replaced token; MODEL: the draft model's)."""
+        key = run_class(match)
+        rate = self.by_key.get(key)
+        return rate.value if rate is not None else self._prior(key)
 
-    def note(self, n: int, tried: int, kept: int) -> None:
-        rate = self.by_length.get(n)
+    def chain(self, match: int, k: int) -> list[float]:
+        """The rate of each of k drafts following a match of `match` tokens,
+        given the ones before it were kept."""
+        if match == MODEL:
+            return [self.of(MODEL)] * k
+        if match == RESYNC:  # (kept, it continues a run of at least LONGEST)
+            return [self.of(RESYNC), *(self.of(LONGEST + i) for i in range(1, k))][:k]
+        return [self.of(match + i) for i in range(k)]
+
+    def note(self, match: int, tried: int, kept: int) -> None:
+        """`kept` of `tried` guesses following a match of `match` tokens were kept (or would have been)."""
+        key = run_class(match)
+        rate = self.by_key.get(key)
         if rate is None:
-            rate = self.by_length[n] = self._prior(n)
+            rate = self.by_key[key] = Rate(self._prior(key))
         rate.note(tried, kept)
 
-    @staticmethod
-    def _prior(n: int) -> Rate:
-        if n == MODEL:
-            return Rate(MODEL_PRIOR_RATE)
-        if not SHORTEST <= n <= LONGEST:
-            raise KeyError(n)
-        return Rate()
+    def _prior(self, key: int) -> float:
+        if key == MODEL:
+            return MODEL_PRIOR_RATE
+        if key == RESYNC or key <= SHORTEST:
+            return PRIOR_RATE
+        if key <= LONGEST:  # (no likelier than the shorter match, as far as the turn has shown)
+            return self.of(key - 1)
+        # A run past its n-gram has kept its last key - LONGEST guesses (at
+        # most) in a row: before the turn has kept or broken runs that long,
+        # the next is kept as Laplace's rule of succession says, and no less
+        # likely than after a shorter run.
+        kept = key - LONGEST
+        return max(self.of(key // 2), (kept + 1) / (kept + 2))
+
+
+def run_class(match: int) -> int:
+    """The class of a run's length whose rate it shares: each up to LONGEST
+    its own, then the powers of two up to LONGEST_RUN (a long run's rate
+    learns from runs about as long); keys below 1 (RESYNC, MODEL) as they are."""
+    if match <= LONGEST:
+        if match < SHORTEST and match not in (RESYNC, MODEL):
+            raise KeyError(match)
+        return match
+    return min(1 << (match - 1).bit_length(), LONGEST_RUN)
 
 
 class Rate:
@@ -264,7 +392,7 @@ class Rate:
 
 def drafts_that_pay(
     cost: StepCost,
-    rate: float,
+    rate: float | Sequence[float],
     most: int,
     tokens: int,
     kv: int,
@@ -274,11 +402,15 @@ def drafts_that_pay(
     """How many drafts (0 .. most) a decode at position `start` should verify:
     the number that maximises the expected tokens per second of the step, whose
     other work is `tokens` tokens reading `kv` KV positions, and, where a draft
-    model makes the drafts, what making them costs (`draft`). Ties go to fewer."""
+    model makes the drafts, what making them costs (`draft`); `rate` is as
+    `expected_kept`'s (per depth: at least `most` of them). Ties go to fewer."""
     best, best_k = 0.0, 0
+    kept = run = 1.0
     for k in range(most + 1):
+        if k:
+            run *= rate if isinstance(rate, float | int) else rate[k - 1]
+            kept += run
         step_s = cost.predict(tokens + 1 + k, kv + kv_reads(start, 1 + k))
-        kept = expected_kept(rate, k)
         if k and draft is not None:
             step_s += draft.seconds(k, kept)
         pace = kept / step_s if step_s > 0 else float(k)
