@@ -145,7 +145,7 @@ class Status(enum.Enum):
         return self in (Status.QUEUED, Status.RUNNING, Status.PAUSED)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Turn:
     id: int
     agent: str
