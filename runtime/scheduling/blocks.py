@@ -101,37 +101,35 @@ class BlockPool:
         missing = -(-positions // self.block_size) - len(table)  # (blocks_for, inlined: several calls a step)
         if missing <= 0:
             return True
-        free, lru, refs = self._free, self._lru, self._refs
-        if missing > len(free) + len(lru):
+        if missing > len(self._free) + len(self._lru):
             return False
-        taken = min(missing, len(free))
-        for _ in range(taken):
-            block = free.popleft()
-            refs[block] = 1
-            table.append(block)
-        if taken < missing:
-            self._evict(table, missing - taken)
+        self._append(table, missing)
         return True
 
     def grow_all(self, tables: list[list[int]], positions: list[int]) -> bool:
         """`grow` each table to its positions, in order, if the pool can cover
         them all; False (and no change) if it cannot. One call for a step's
         turns (Scheduler.repeatable), each taking what `grow` would."""
-        size, free, lru, refs = self.block_size, self._free, self._lru, self._refs
+        size = self.block_size
         missing = [-(-end // size) - len(table) for table, end in zip(tables, positions, strict=True)]
-        if sum(n for n in missing if n > 0) > len(free) + len(lru):
+        if sum(n for n in missing if n > 0) > len(self._free) + len(self._lru):
             return False
         for table, n in zip(tables, missing, strict=True):
-            if n <= 0:
-                continue
-            taken = min(n, len(free))
-            for _ in range(taken):
-                block = free.popleft()
-                refs[block] = 1
-                table.append(block)
-            if taken < n:
-                self._evict(table, n - taken)
+            if n > 0:
+                self._append(table, n)
         return True
+
+    def _append(self, table: list[int], n: int) -> None:
+        """Append `n` blocks to a table, which the pool has: free ones first, then
+        cached ones evicted, LRU first."""
+        free, refs = self._free, self._refs
+        taken = min(n, len(free))
+        for _ in range(taken):
+            block = free.popleft()
+            refs[block] = 1
+            table.append(block)
+        if taken < n:
+            self._evict(table, n - taken)
 
     def _evict(self, table: list[int], n: int) -> None:
         """Append the `n` least recently used cached blocks to a table, unnamed
