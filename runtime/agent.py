@@ -140,6 +140,10 @@ class Agent(Actor):
     async def on_resume(self, info: ResumeInfo) -> None:
         """A paused turn of this agent is running again."""
 
+    async def on_turn_end(self, turn: TurnHandle) -> None:
+        """A turn of this agent finished (it was not cancelled and did not fail),
+        as its `async with` block is left: `turn` says how it went."""
+
     def generate(
         self,
         prompt: Prompt,
@@ -453,6 +457,8 @@ class TurnHandle:
     async def __aexit__(self, *exc_info: Any) -> None:
         if self.ended is not None:
             self._channel.receive.close()  # (the owner has closed the send end)
+            if isinstance(self.ended, Finished):
+                await self.agent.on_turn_end(self)
             return
         # Left early: say why, and leave the channel open until the owner ends the
         # turn and closes it. Closed now, a token sent before the cancel is taken
