@@ -35,6 +35,7 @@ class TurnRecord:
     prompt_tokens: int = 0
     turn_s: float | None = None  # request to last token
     itl_s: tuple[float, ...] = ()  # between consecutive tokens
+    cached_tokens: int = 0  # prompt positions the prefix cache gave it
 
 
 class RecordingAgent(Agent):
@@ -80,6 +81,7 @@ class RecordingAgent(Agent):
                 len(turn.prompt),
                 turn.turn_s,
                 tuple(turn.itl_s),
+                turn.cached_tokens,
             )
         )
 

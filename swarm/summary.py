@@ -93,7 +93,12 @@ def summarize(events: list[Any], agents: list[Any] = (), cost: Any = None, prefi
         fg_wait = [r.waited_s for r in records]
     ttft = [r.ttft_s for r in records]
     idle = (
-        [cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk, overhead_s) for r in records if r.prompt_tokens and r.tokens]
+        # (the same turn alone: its prompt less what the prefix cache gave it)
+        [
+            cost.idle_turn(r.prompt_tokens, r.tokens, prefill_chunk, overhead_s, r.cached_tokens)
+            for r in records
+            if r.prompt_tokens and r.tokens
+        ]
         if cost
         else []
     )

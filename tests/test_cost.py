@@ -209,3 +209,14 @@ def test_a_refit_waits_for_enough_steps_and_enough_measured_time():
     assert set(cost.shape) == {1}
     cost.observe(2, 20, 0.050)
     assert set(cost.shape) == {1, 2}
+
+
+def test_an_idle_turn_computes_only_the_prompt_its_prefix_cache_did_not_give():
+    law = StepCost(fixed_s=0.01, token_s=0.001, kv_s=1e-6)
+    cold_ttft, itl, cold_turn = law.idle_turn(1000, 10, chunk=256)
+    warm_ttft, warm_itl, warm_turn = law.idle_turn(1000, 10, chunk=256, cached=900)
+    # 100 positions from 900 on, in one chunk; the decodes are the same.
+    assert warm_ttft == pytest.approx(law.predict(100, kv_reads(900, 100)))
+    assert warm_ttft < cold_ttft and warm_itl == itl and cold_turn - warm_turn == pytest.approx(cold_ttft - warm_ttft)
+    # All of it cached: its last position is still computed, to sample from.
+    assert law.idle_turn(1000, 10, chunk=256, cached=1000)[0] == pytest.approx(law.predict(1, kv_reads(999, 1)))

@@ -108,11 +108,16 @@ class StepCost:
     def predict_works(self, works: Sequence[Work]) -> float:
         return self.predict(*step_features(works))
 
-    def idle_turn(self, prompt: int, tokens: int, chunk: int = 512, overhead_s: float = 0.0) -> tuple[float, float, float]:
+    def idle_turn(self, prompt: int, tokens: int, chunk: int = 512, overhead_s: float = 0.0, cached: int = 0) -> tuple[float, float, float]:
         """What a turn would feel like alone on the engine: (time to first token,
-        inter-token latency, turn time), its prompt in chunks of `chunk` tokens,
-        each step also paying `overhead_s` of the owner's own work."""
-        ttft = sum(overhead_s + self.predict(min(chunk, prompt - s), kv_reads(s, min(chunk, prompt - s))) for s in range(0, prompt, chunk))
+        inter-token latency, turn time), its prompt past the `cached` positions
+        the prefix cache gave it (at least its last one is computed) in chunks
+        of `chunk` tokens, each step also paying `overhead_s` of the owner's own
+        work."""
+        first = max(0, min(cached, prompt - 1))
+        ttft = sum(
+            overhead_s + self.predict(min(chunk, prompt - s), kv_reads(s, min(chunk, prompt - s))) for s in range(first, prompt, chunk)
+        )
         decodes = [overhead_s + self.predict(1, prompt + i + 1) for i in range(max(tokens - 1, 0))]
         itl = sum(decodes) / len(decodes) if decodes else 0.0
         return ttft, itl, ttft + sum(decodes)

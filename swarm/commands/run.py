@@ -127,7 +127,7 @@ def print_summary(console: Console, s: Summary, runner: SessionRunner) -> None:
     console.print(table)
     waits = Table(
         title="foreground (turns at foreground priority); "
-        "idle: the same turns alone, by the engine's step cost law plus the owner's median time per step"
+        "idle: the same turns alone (with the same prefix cache hits), by the engine's step cost law plus the owner's median time per step"
     )
     for col in ("", "n", "p50", "p90", "p99", "max", "idle p50", "x idle"):
         waits.add_column(col, justify="right")
