@@ -162,16 +162,19 @@ class PrefixCache:
         if not self.enabled:
             return
         size = self.pool.block_size
-        landed = turn.computed  # (K/V a step in flight writes is not there to share yet)
-        full = min(landed // size, len(turn.blocks))  # turn.full_blocks, inlined: once a step per turn
-        if full > turn.committed:
-            blocks = turn.blocks
+        landed, blocks = turn.computed, turn.blocks  # (K/V a step in flight writes is not there to share yet)
+        held = len(blocks)
+        full = landed // size
+        if full > held:  # (turn.full_blocks, inlined: once a step per turn)
+            full = held
+        committed = turn.committed
+        if full > committed:
             # (named when its family is next asked about: most never are)
-            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)]):
+            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(committed, full)]):
                 turn.committed = full
             else:
                 self._register(turn, full)
-        if full < len(turn.blocks) and landed > full * size:
+        if full < held and landed > full * size:
             self._unsettled[turn.id] = turn
 
     def _register(self, turn: Turn, full: int) -> None:
@@ -217,7 +220,7 @@ class PrefixCache:
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
-            if not self.pool.defer_alone(family, turn.id, [(turn.blocks[full], (turn, full, landed))]):
+            if not self.pool.defer_one(family, turn.id, turn.blocks[full], (turn, full, landed)):
                 self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
 
     def _name(self, entry: tuple[Turn, int, int | None]) -> tuple[bytes | None, bytes, tuple[int, ...]]:
