@@ -269,7 +269,9 @@ class Scheduler:
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
-            steps = min(steps, turn.max_tokens - len(turn.output))
+            left = turn.max_tokens - len(turn.output)
+            if left < steps:
+                steps = left
         if steps <= 1:
             return 1
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
