@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from swarm import GREEDY, Agent, Sampling
+from swarm import GREEDY, Agent, Sampling, TurnHandle
 
 # The default model is tiny (SmolLM2-135M): short prompts, short answers.
 MAX_FILE_CHARS = 1200  # about 300 tokens of code
@@ -38,7 +38,7 @@ class TurnRecord:
 
 
 class RecordingAgent(Agent):
-    """An Agent that keeps a TurnRecord for every turn it runs through `answer`."""
+    """An Agent that keeps a TurnRecord for every turn it finishes."""
 
     def __init__(self, name: str, priority: int, *, log_text: bool = False, **kwargs: Any) -> None:
         super().__init__(name, priority, **kwargs)
@@ -62,13 +62,16 @@ class RecordingAgent(Agent):
         if not self.can_constrain:
             regex = None
         async with self.generate(prompt, max_tokens=max_tokens, sampling=sampling, schema=schema, regex=regex) as turn:
-            priority = self.turn_priority  # lent while someone waits on the request this serves
             async for _ in turn:
                 pass
+        return turn.text
+
+    async def on_turn_end(self, turn: TurnHandle) -> None:
+        # Every finished turn, whichever way it was run (`answer`, `use_tools`, `generate`).
         self.records.append(
             TurnRecord(
                 self.name,
-                priority,
+                self.turn_priority,  # lent while someone waits on the request it serves
                 len(turn.tokens),
                 turn.waited_s,
                 turn.ttft_s,
@@ -79,7 +82,6 @@ class RecordingAgent(Agent):
                 tuple(turn.itl_s),
             )
         )
-        return turn.text
 
     async def answer_as(
         self, schema: type[T], system: str, user: str, *, max_tokens: int = MAX_TOKENS, sampling: Sampling = GREEDY

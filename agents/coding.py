@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import msgspec
 
 from agents.base import RecordingAgent, clip
-from runtime.events.kinds import ToolCalled
 from swarm.coding.tools import Toolbox
 
 T = TypeVar("T")
@@ -87,18 +86,7 @@ class CodingAgent(RecordingAgent):
             ok = True
             return result
         finally:
-            if self._system is not None:
-                bus = self.system.bus
-                bus.emit(
-                    ToolCalled(
-                        t=bus.now(),
-                        step=self.system.step_source(),
-                        agent=self.name,
-                        tool=tool,
-                        duration_s=round(time.monotonic() - started, 4),
-                        status="ok" if ok else "error",
-                    )
-                )
+            self.tell_tool_called(tool, time.monotonic() - started, "ok" if ok else "error")
 
     async def source_files(self) -> dict[str, str]:
         """The project's own Python files (tests apart), path -> text."""

@@ -140,6 +140,10 @@ class Agent(Actor):
     async def on_resume(self, info: ResumeInfo) -> None:
         """A paused turn of this agent is running again."""
 
+    async def on_turn_end(self, turn: TurnHandle) -> None:
+        """A turn of this agent finished (it was not cancelled and did not fail),
+        as its `async with` block is left: `turn` says how it went."""
+
     def generate(
         self,
         prompt: Prompt,
@@ -264,23 +268,28 @@ class Agent(Actor):
             known = tools.get(call.name)
             outcome = unknown_tool(call.name, list(tools)) if known is None else await known.run(call.arguments, timeout_s=timeout_s)
             outcomes[i] = outcome
-            if self._system is not None:
-                bus = self.system.bus
-                bus.emit(
-                    ToolCalled(
-                        t=bus.now(),
-                        step=self.system.step_source(),
-                        agent=self.name,
-                        tool=call.name,
-                        duration_s=round(outcome.duration_s, 6),
-                        status=outcome.status,
-                    )
-                )
+            self.tell_tool_called(call.name, outcome.duration_s, outcome.status)
 
         async with anyio.create_task_group() as group:
             for i, call in enumerate(calls):
                 group.start_soon(run, i, call)
         return [o for o in outcomes if o is not None]
+
+    def tell_tool_called(self, tool: str, duration_s: float, status: str) -> None:
+        """Log that this agent ran a tool (a `tool.called` event: its name, time
+        and status; never what it was given or answered)."""
+        if self._system is not None:
+            bus = self.system.bus
+            bus.emit(
+                ToolCalled(
+                    t=bus.now(),
+                    step=self.system.step_source(),
+                    agent=self.name,
+                    tool=tool,
+                    duration_s=round(duration_s, 6),
+                    status=status,
+                )
+            )
 
     def waiting_on(self, agent: str) -> AbstractContextManager[object]:
         """`with self.waiting_on("aider"):` lends this agent's priority to another
@@ -453,6 +462,8 @@ class TurnHandle:
     async def __aexit__(self, *exc_info: Any) -> None:
         if self.ended is not None:
             self._channel.receive.close()  # (the owner has closed the send end)
+            if isinstance(self.ended, Finished):
+                await self.agent.on_turn_end(self)
             return
         # Left early: say why, and leave the channel open until the owner ends the
         # turn and closes it. Closed now, a token sent before the cancel is taken

@@ -177,3 +177,36 @@ async def test_agents_reading_one_file_compute_it_once(workspace: Path, tmp_path
     # Each file's team prompt and text (about 3/4 of a prompt) is computed once, not by
     # every agent: each file's whole prompt once, then only role-and-task tails.
     assert computed[True] < 0.5 * computed[False]
+
+
+@pytest.mark.asyncio
+async def test_a_recording_agent_keeps_every_finished_turn_however_it_was_run(tmp_path: Path):
+    # The planner answers through use_tools, which runs its turns with
+    # `generate`, not `answer`: the session summary's foreground figures must
+    # count them all the same, and a turn left early is no finished turn.
+    from agents import RecordingAgent
+    from runtime.events.kinds import read_events
+    from swarm.summary import summarize
+
+    class Asker(RecordingAgent):
+        async def run(self) -> None:
+            await self.answer("system", "a question", max_tokens=4)
+            async with self.generate(list(range(1, 20)), max_tokens=3) as turn:
+                async for _ in turn:
+                    pass
+            async with self.generate(list(range(1, 9)), max_tokens=50) as turn:
+                async for _ in turn:
+                    break  # cancelled: no record
+
+    with anyio.fail_after(60):
+        async with Swarm(TimingEngine(), slots=2, events=tmp_path / "events.jsonl") as swarm:
+            asker = await swarm.spawn(Asker("asker", FOREGROUND))
+            await swarm.join(asker)
+    assert [(r.tokens, r.prompt_tokens, r.priority) for r in asker.records] == [
+        (4, len(asker.chat("system", "a question")), FOREGROUND),
+        (3, 19, FOREGROUND),
+    ]
+    assert all(r.ttft_s is not None and r.turn_s is not None for r in asker.records)
+    summary = summarize(list(read_events(tmp_path / "events.jsonl")), [asker])
+    assert summary.fg_ttft_s == [r.ttft_s for r in asker.records]
+    assert len(summary.fg_itl_s) == 3 + 2

@@ -197,6 +197,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.sched.effective(turn, self.now) <= lowest
 
     @invariant()
+    def the_ranking_is_by_priority_then_admission(self):
+        """Scheduler.ranked is kept between changes: it must equal a fresh sort."""
+        running = self.sched.running.values()
+        fresh = sorted(running, key=lambda t: (-self.sched.effective(t, self.now), t.last_admit))
+        assert self.sched.ranked(self.now) == fresh
+
+    @invariant()
     def slots_are_never_oversubscribed(self):
         assert len(self.sched.running) <= self.sched.config.slots
         for slot, turn in self.sched.running.items():

@@ -42,6 +42,8 @@ Ran = tuple[list[int | list[int] | None] | None, dict[int, str], float | None]
 
 
 class StepInFlight:
+    __slots__ = ("plan", "flag", "chained", "job", "_ahead", "sampled", "drafted", "complete")
+
     def __init__(self, plan: Plan, ahead: StepInFlight | None, flag: threading.Event | None, *, chained: bool) -> None:
         self.plan = plan
         self.flag = flag

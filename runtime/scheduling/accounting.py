@@ -64,9 +64,10 @@ class Accounting:
             self.config.max_context,
             self._finish,
         )  # (once per step, not per turn)
+        running, ended = Status.RUNNING, Status.ENDED
         for work, turn, token in zip(plan.works, plan.turns, tokens, strict=False):
             status = turn.status
-            if status is Status.ENDED:
+            if status is ended:
                 continue
             n = len(work.tokens)
             if work.drafts:
@@ -93,15 +94,16 @@ class Accounting:
                 turn.sampling_steps += 1
                 if turn.first_token_at is None:
                     turn.first_token_at = now
-            if status is Status.RUNNING or status.resident:
+            if status is running or status.resident:
                 commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if token is None:
                 continue
+            output = len(turn.output)
             if token in eos and not turn.ignore_eos:
                 finish(turn, "eos", now)
-            elif len(turn.output) >= turn.max_tokens:
+            elif output >= turn.max_tokens:
                 finish(turn, "length", now)
-            elif max_context and turn.length >= max_context:
+            elif max_context and len(turn.prompt) + output >= max_context:  # (Turn.length, inlined)
                 finish(turn, "context", now)
         return delivered
 

@@ -45,11 +45,14 @@ NO_DRAFTS: list[int] = []  # (never changed)
 
 
 class Running(Protocol):
-    """What the batch asks of the scheduler: the turns in a slot, the highest
-    unaged priority among the live turns, and the step being planned."""
+    """What the batch asks of the scheduler: the turns in a slot (by slot, and
+    in priority order), the highest unaged priority among the live turns, and
+    the step being planned."""
 
     @property
     def running(self) -> dict[int, Turn]: ...
+
+    def ranked(self, now: float) -> list[Turn]: ...
 
     def top_unaged(self) -> int | None: ...
 
@@ -93,9 +96,9 @@ class Batching:
         if protected is not None and self._batch_shaped(protected, now, plan):
             return
         budget = self.config.step_tokens
-        running = self.seats.running
-        alone = self.speculates and len(running) == 1  # (a turn alone may speculate)
-        for _, turn, ahead, pending in self._batch_order(running.values(), now):
+        ranked = self.seats.ranked(now)
+        alone = self.speculates and len(ranked) == 1  # (a turn alone may speculate)
+        for turn, ahead, pending in self._batch_order(ranked):
             if budget <= 0:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
@@ -107,11 +110,11 @@ class Batching:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
         unaged = self.priorities.unaged
-        protected = [t for t in self.seats.running.values() if unaged(t) >= at]
+        protected = [t for t in self.seats.ranked(now) if unaged(t) >= at]
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         pending = self.in_flight.pending
-        for _, turn, _, _ in self._batch_order(protected, now):
+        for turn, _, _ in self._batch_order(protected):
             if chunk > 0 and self._catch_up(turn, plan):
                 n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
             else:
@@ -146,20 +149,18 @@ class Batching:
                 room -= n if feed > 1 else 0
         return True
 
-    def _batch_order(self, turns: Iterable[Turn], now: float) -> list[tuple[tuple, Turn, Ahead, int]]:
-        """The turns in the order their work is taken (after a sort key), each with its share of the
-        steps in flight and what it has to feed before its next sample
-        (InFlight.pending): decodes first, then the highest priority, then the
-        earliest admitted."""
-        effective, of = self.priorities.effective, self.in_flight.of  # (this runs for every turn at every step)
-        order = []
-        for i, turn in enumerate(turns):
+    def _batch_order(self, ranked: Iterable[Turn]) -> list[tuple[Turn, Ahead, int]]:
+        """The turns, given in priority order (Scheduler.ranked), in the order
+        their work is taken, each with its share of the steps in flight and what
+        it has to feed before its next sample (InFlight.pending): decodes first,
+        then the rest, each in the order given."""
+        of = self.in_flight.of  # (this runs for every turn at every step)
+        decodes, rest = [], []
+        for turn in ranked:
             ahead = of(turn)
             pending = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions  # (Ahead.pending, inlined)
-            # (i: equal keys keep the turns' order, and the sort compares no further)
-            order.append(((pending > 1, -effective(turn, now), turn.last_admit, i), turn, ahead, pending))
-        order.sort()
-        return order
+            (rest if pending > 1 else decodes).append((turn, ahead, pending))
+        return decodes + rest if rest else decodes
 
     def _catch_up(self, turn: Turn, plan: Plan) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has

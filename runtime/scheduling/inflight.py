@@ -30,7 +30,7 @@ is planned on it, since its next position is not known.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -49,16 +49,17 @@ class Ahead(msgspec.Struct, frozen=True, gc=False):
         return len(turn.prompt) + len(turn.output) + self.tokens - turn.computed - self.positions
 
 
+SETTLED = Ahead()  # the share of a turn with nothing in flight (shared: never changed)
+DECODE = Ahead(1, 1)  # a decode's share: one position, one token (shared likewise)
+NOTHING: frozenset[Turn] = frozenset()
+
+
 @dataclass(slots=True)
 class _Launched:
     plan: Plan
     shares: dict[Turn, Ahead]  # what its work adds, for each of its turns (at most one work a turn)
     # Turns whose K/V was dropped since the launch: what it writes for them is lost.
-    void: set[Turn] = field(default_factory=set)
-
-
-NOTHING: frozenset[Turn] = frozenset()
-SETTLED = Ahead()  # the share of a turn with nothing in flight (shared: never changed)
+    void: set[Turn] | frozenset[Turn] = NOTHING
 
 
 class InFlight:
@@ -77,7 +78,10 @@ class InFlight:
 
     def launch(self, plan: Plan) -> None:
         """A step was launched: what it writes and samples is ahead of its turns."""
-        shares = {turn: Ahead(len(w.tokens), w.sample + w.drafts, w.drafts > 0) for turn, w in zip(plan.turns, plan.works, strict=True)}
+        shares = {
+            turn: DECODE if len(w.tokens) == 1 and w.sample and not w.drafts else Ahead(len(w.tokens), w.sample + w.drafts, w.drafts > 0)
+            for turn, w in zip(plan.turns, plan.works, strict=True)
+        }  # (DECODE: nearly every work's share, one object for all of them)
         self._launched.append(_Launched(plan, shares))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
@@ -105,7 +109,7 @@ class InFlight:
             share = launched.shares.get(turn)
             if share is not None:
                 launched.shares[turn] = Ahead(0, share.tokens, share.verifying)
-                launched.void.add(turn)
+                launched.void = launched.void | {turn}
 
     # ----------------------------------------------- a turn, one step ahead
 

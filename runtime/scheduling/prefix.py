@@ -43,6 +43,7 @@ class PrefixCache:
 
     def __init__(self, pool: BlockPool, enabled: bool = True, in_flight: InFlight | None = None) -> None:
         self.pool = pool
+        self.block_size = pool.block_size
         self.enabled = enabled
         # The scheduler's steps in flight: a turn's K/V is only shared once it has
         # landed, and what a prompt takes from the cache continues what they write.
@@ -65,7 +66,7 @@ class PrefixCache:
         """The turn's keys, at least its first `n` named: `chain` without the copy."""
         keys = turn.hashes
         if len(keys) < n:
-            size = self.pool.block_size
+            size = self.block_size
             parent = keys[-1] if keys else self.root
             for i in range(len(keys), n):
                 parent = _digest(parent + array("q", turn.tokens(i * size, (i + 1) * size)).tobytes())
@@ -91,7 +92,7 @@ class PrefixCache:
         """Take by reference the cached full blocks that continue a turn's K/V, if
         it ends on a block boundary: at admission, or while it prefills, blocks a
         batch-mate with the same prefix has just computed. The positions gained."""
-        size = self.pool.block_size
+        size = self.block_size
         start = turn.computed
         if not self.enabled or start != len(turn.blocks) * size or self.in_flight.writing(turn):
             # (a step in flight still writes its last blocks, which are committed
@@ -119,7 +120,7 @@ class PrefixCache:
         turn a block of its own with a device copy of it (a `Copy` move), or that
         block itself where that loses nothing, so only the rest is computed. The
         positions gained."""
-        size = self.pool.block_size
+        size = self.block_size
         start, last = self.in_flight.computed(turn), self.in_flight.length(turn) - 1
         if not self.enabled or start != len(turn.blocks) * size or start >= last:
             return 0
@@ -150,7 +151,7 @@ class PrefixCache:
         False if the pool has none to spare."""
         pin = [source]  # held while a block is found, so the search cannot evict it
         self.pool.acquire(source)
-        grown = self.pool.grow(turn.blocks, (len(turn.blocks) + 1) * self.pool.block_size)
+        grown = self.pool.grow(turn.blocks, (len(turn.blocks) + 1) * self.block_size)
         self.pool.release(pin)
         if grown:
             moves.append(Copy(turn.id, source, turn.blocks[-1]))
@@ -161,16 +162,16 @@ class PrefixCache:
         computed one is noted at the next `settle`."""
         if not self.enabled:
             return
-        size = self.pool.block_size
-        landed, blocks = turn.computed, turn.blocks  # (K/V a step in flight writes is not there to share yet)
-        held = len(blocks)
-        full = landed // size
-        if full > held:  # (turn.full_blocks, inlined: once a step per turn)
+        size = self.block_size
+        landed = turn.computed  # (K/V a step in flight writes is not there to share yet)
+        held = len(turn.blocks)
+        full = landed // size  # turn.full_blocks, inlined: once a step per turn
+        if full > held:
             full = held
-        committed = turn.committed
-        if full > committed:
+        if full > turn.committed:
+            blocks = turn.blocks
             # (named when its family is next asked about: most never are)
-            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(committed, full)]):
+            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)]):
                 turn.committed = full
             else:
                 self._register(turn, full)
@@ -181,7 +182,7 @@ class PrefixCache:
         """Register (and note) the turn's blocks from its first uncommitted one to
         `full`, naming those `chain` has not yet: each block's tokens are read
         once, for its key and its note alike (a fast-forward commits many)."""
-        size, keys, blocks, pool, tokens = self.pool.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
+        size, keys, blocks, pool, tokens = self.block_size, turn.hashes, turn.blocks, self.pool, turn.tokens
         first, family = turn.committed, self.family(turn)
         parent = self.parent(turn, first)
         for i in range(first, full):
@@ -215,7 +216,7 @@ class PrefixCache:
         self._unsettled.pop(turn.id, None)
 
     def _note_last(self, turn: Turn) -> None:
-        size = self.pool.block_size
+        size = self.block_size
         landed = turn.computed
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
@@ -227,7 +228,7 @@ class PrefixCache:
         """What a deferred block is named (BlockPool.defer): block i of the turn,
         full (`landed` None) or with its rows up to `landed`."""
         turn, i, landed = entry
-        size = self.pool.block_size
+        size = self.block_size
         key = self._named(turn, i + 1)[i] if landed is None else None
         return key, self.parent(turn, i), tuple(turn.tokens(i * size, (i + 1) * size if landed is None else landed))
 

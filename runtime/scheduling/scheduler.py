@@ -109,6 +109,7 @@ class Scheduler:
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
         self._idle: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
+        self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
         self._next_progress = 0.0  # when the running turns' progress is next told
 
     # ------------------------------------------------------------------ inputs
@@ -304,6 +305,18 @@ class Scheduler:
             running = {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
             self._running = (self._changes, running)
         return running
+
+    def ranked(self, now: float) -> list[Turn]:
+        """The running turns, highest effective priority first, then the earliest
+        admitted (the same list until who runs or what is lent changes: a running
+        turn keeps the aging levels it was admitted with, so time does not
+        reorder them; do not change it)."""
+        changes, ranked = self._ranked
+        if changes != self._changes:
+            effective = self.priorities.effective
+            ranked = sorted(self.running.values(), key=lambda turn: (-effective(turn, now), turn.last_admit))
+            self._ranked = (self._changes, ranked)
+        return ranked
 
     def top_unaged(self) -> int | None:
         """The highest unaged priority among the live turns (None if there are none)."""

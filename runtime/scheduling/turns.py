@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -290,7 +289,7 @@ class Copy:
         engine.copy(self.source, self.target)
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """One step's decisions: KV moves to make first, in order, then the batch to run.
 
@@ -309,13 +308,16 @@ class Plan:
     # What its KV moves do (kv.swapped_out, kv.swapped_in), told only once they
     # are made: a move may fail (Scheduler.settle_moves).
     moved: list[Event] = field(default_factory=list)
+    _features: tuple[int, int] | None = field(default=None, init=False, repr=False)
 
-    @functools.cached_property
+    @property
     def features(self) -> tuple[int, int]:
         """(tokens, kv_reads) of its step, runtime.scheduling.cost's features, asked once the
         batch is built: the owner asks twice a step (runtime.owner.abandon, and the
         cost law when the step is measured)."""
-        return step_features(self.works)
+        if self._features is None:
+            self._features = step_features(self.works)
+        return self._features
 
     @property
     def swap_out(self) -> list[tuple[int, list[int], int]]:
