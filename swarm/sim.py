@@ -187,7 +187,7 @@ def simulate(
     round of its own: the same decisions, priced step by step (for the tests)."""
     rng = np.random.default_rng(workload.seed)
     gaps = rng.exponential(workload.foreground_interval_s, workload.arrivals)
-    arrivals = list(workload.warmup_s + np.cumsum(gaps))
+    arrivals = (workload.warmup_s + np.cumsum(gaps)).tolist()  # (Python floats: asked at every round)
     fg_lengths = list(workload.foreground.sample(rng, workload.arrivals))
     bg_rng = np.random.default_rng(workload.seed + 1)  # same background stream for every policy
     bg_pool = iter(())
@@ -270,7 +270,7 @@ def simulate(
     # The foreground turns not yet ended: kept to the end, every turn of a long
     # run would lengthen each pass of the garbage collector as it goes on.
     foreground: dict[int, Turn] = {}
-    now, next_fg = 0.0, 0
+    now, next_fg, slots = 0.0, 0, workload.slots
     while next_fg < len(arrivals) or any(not t.done for t in foreground.values()):
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
             turn = sched.submit(
@@ -279,18 +279,19 @@ def simulate(
             foreground[turn.id] = turn
             next_fg += 1
             progress(1)
-        horizon = [arrivals[next_fg]] if next_fg < len(arrivals) else []
+        horizon = arrivals[next_fg] if next_fg < len(arrivals) else None  # the next event
         aging = sched.next_aging(now)
-        if aging is not None:
-            horizon.append(aging)
+        if aging is not None and (horizon is None or aging < horizon):
+            horizon = aging
         # A decode step of every slot bounds the steps to come from above, so
         # skipping ahead by it never runs past the horizon by more than a step.
-        step_s = engine.cost.predict(workload.slots, sum(t.length + 1 for t in sched.running.values()) + workload.slots)
-        steps = max(1, math.ceil((min(horizon) - now) / step_s)) if horizon else 1 << 30
+        running = sched.running.values()
+        step_s = engine.cost.predict(slots, sum(len(t.prompt) + len(t.output) for t in running) + len(running) + slots)
+        steps = max(1, math.ceil((horizon - now) / step_s)) if horizon is not None else 1 << 30
         plan = sched.schedule(now)
         steps = sched.repeatable(plan, steps) if fast_forward else 1
         if not plan.works:  # idle until the next arrival
-            now = max(now, min(horizon)) if horizon else now + step_s
+            now = max(now, horizon) if horizon is not None else now + step_s
             continue
         # (priced once: the plan does not change until it is accounted)
         overhead_s, first_s, next_s, items = engine.overhead_s(plan), engine.first_step_s(plan), engine.next_step_s(plan), len(plan.works)

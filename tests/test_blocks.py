@@ -246,3 +246,36 @@ def test_best_rows_picks_what_a_scan_of_every_noted_block_picks(first, taken, th
             if p == parent and agree(rows) > most:
                 scanned, most = block, agree(rows)
         assert pool.best_rows(parent, tokens) == (scanned, most)
+
+
+def test_defer_one_does_what_defer_alone_does_with_one_block():
+    """The settle's shortcut (BlockPool.defer_one) files, refuses and names as
+    `defer_alone` of that one block does: alone, with another owner in the
+    family, once its owner has let the blocks go."""
+
+    def drive(defer) -> list:
+        pool = BlockPool(8, 4)
+        pool.namer = lambda entry: (None, b"root", entry)
+        seen = []
+        mine: list[int] = []
+        theirs: list[int] = []
+        pool.grow(mine, 12)
+        pool.grow(theirs, 4)
+        seen.append(defer(pool, "f", "a", mine[0], (1,)))  # a new family
+        seen.append(defer(pool, "f", "a", mine[0], (1, 2)))  # again: named by its latest entry
+        seen.append(defer(pool, "f", "a", mine[1], (3,)))
+        seen.append(defer(pool, "f", "b", theirs[0], (4,)))  # another owner: refused
+        seen.append(defer(pool, "g", "b", theirs[0], (5,)))
+        pool.release(theirs)
+        seen.append(defer(pool, "g", "b", mine[2], (6,)))  # its owner let its blocks go: refused
+        seen.append((pool.has_family("f"), pool.has_family("g"), pool.num_cached))
+        seen.append([pool.noted_rows(b) for b in range(8)])  # (names every deferred block)
+        return seen
+
+    def alone(pool, family, owner, block, entry):
+        return pool.defer_alone(family, owner, [(block, entry)])
+
+    def one(pool, family, owner, block, entry):
+        return pool.defer_one(family, owner, block, entry)
+
+    assert drive(one) == drive(alone)

@@ -116,7 +116,10 @@ class BlockPool:
             return False
         for table, n in zip(tables, missing, strict=True):
             if n > 0:
-                self._append(table, n)
+                if self._free:
+                    self._append(table, n)
+                else:  # (_append's own way once the free blocks are gone, as they soon are)
+                    self._evict(table, n)
         return True
 
     def _append(self, table: list[int], n: int) -> None:
@@ -137,18 +140,24 @@ class BlockPool:
         named by neither a key nor a note, every other block in the LRU)."""
         refs, hash_of, rows_of, family_of, families = self._refs, self._hash_of, self._rows_of, self._family_of, self._families
         popitem = self._lru.popitem
+        # (a turn's blocks reach the LRU together, so they mostly leave it together:
+        # the family of the block before is looked up once)
+        last, kin = None, None
         for _ in range(n):
             block, _ = popitem(last=False)
             if block in hash_of or block in rows_of:
                 self._forget(block)
+                last = None  # (which may have dropped its family)
             else:
                 family = family_of.pop(block, None)
                 if family is not None:
-                    kin = families[family]
+                    if family != last:
+                        last, kin = family, families[family]
                     kin.deferred.pop(block, None)
                     kin.count -= 1
                     if not kin.count:
                         del families[family]
+                        last = None
             refs[block] = 1
             table.append(block)
 
@@ -157,6 +166,7 @@ class BlockPool:
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
         refs, family_of = self._refs, self._family_of
+        last = None
         for block in reversed(table):
             held = refs[block]
             if held < 1:
@@ -165,7 +175,9 @@ class BlockPool:
             if held == 1:
                 family = family_of.get(block)
                 if family is not None:
-                    self._families[family].held = False  # (no longer all held by the turn that filed them)
+                    if family != last:  # (a table's blocks are mostly one family's)
+                        self._families[family].held = False  # (no longer all held by the turn that filed them)
+                        last = family
                     self._lru[block] = None
                 elif block in self._hash_of or block in self._rows_of:
                     self._lru[block] = None
@@ -234,6 +246,22 @@ class BlockPool:
         if kin is not None and not (kin.owner == owner and kin.held) or not self.defer_naming:
             return False
         self.defer(family, owner, entries, kin)
+        return True
+
+    def defer_one(self, family: Hashable, owner: object, block: int, entry: object) -> bool:
+        """`defer_alone` of one block: a turn's last, partly computed block, noted
+        anew at every `settle` (PrefixCache), for every running turn."""
+        kin = self._families.get(family)
+        if kin is None:
+            return self.defer_alone(family, owner, ((block, entry),))
+        if not (kin.owner == owner and kin.held and self.defer_naming):
+            return False
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+        if block not in self._family_of:
+            self._family_of[block] = family
+            kin.count += 1
+        kin.deferred[block] = entry
         return True
 
     def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]], kin: _Family | None = None) -> None:

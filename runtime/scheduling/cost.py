@@ -90,8 +90,9 @@ class StepCost:
 
     def predict(self, tokens: int, kv: int = 0) -> float:
         # The factor scales the per-step and per-token part (the matmuls a tile
-        # pads), not attention's reads, which no tile pads.
-        return (self.fixed_s + self.token_s * tokens) * self.factor(tokens) + self.kv_s * kv
+        # pads), not attention's reads, which no tile pads. (Without a shape
+        # learned it is 1: not asked, since every step's plan asks several times.)
+        return (self.fixed_s + self.token_s * tokens) * (self.factor(tokens) if self.shape else 1.0) + self.kv_s * kv
 
     def factor(self, tokens: int) -> float:
         """The learned correction for a step of `tokens`: its own where measured,

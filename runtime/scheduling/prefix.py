@@ -221,7 +221,7 @@ class PrefixCache:
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
-            if not self.pool.defer_alone(family, turn.id, [(turn.blocks[full], (turn, full, landed))]):
+            if not self.pool.defer_one(family, turn.id, turn.blocks[full], (turn, full, landed)):
                 self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
 
     def _name(self, entry: tuple[Turn, int, int | None]) -> tuple[bytes | None, bytes, tuple[int, ...]]:

@@ -89,12 +89,15 @@ class Priorities:
 
     def next_aging(self, waiting: Iterable[Turn], now: float) -> float | None:
         """When the next of these waiting turns gains an aging level."""
-        times = [
-            turn.waiting_since + (self.aging_levels(turn, now) + 1) * self.aging_s
-            for turn in waiting
-            if self.effective(turn, now) < self.aging_cap
-        ]
-        return min(times, default=None)
+        aging_s, cap, effective = self.aging_s, self.aging_cap, self.effective
+        soonest = None
+        for turn in waiting:
+            if effective(turn, now) < cap:
+                since = turn.waiting_since
+                at = since + (int((now - since) / aging_s) + 1) * aging_s  # (aging_levels, inlined)
+                if soonest is None or at < soonest:
+                    soonest = at
+        return soonest
 
     def queue_order(self, waiting: Iterable[Turn], now: float, *, by_priority: bool) -> list[Turn]:
         """Who gets a slot first: by effective priority (else, under FCFS, by

@@ -108,6 +108,7 @@ class Scheduler:
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
+        self._idle: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
         self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
         self._next_progress = 0.0  # when the running turns' progress is next told
 
@@ -269,7 +270,9 @@ class Scheduler:
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
-            steps = min(steps, turn.max_tokens - len(turn.output))
+            left = turn.max_tokens - len(turn.output)
+            if left < steps:
+                steps = left
         if steps <= 1:
             return 1
         ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
@@ -327,8 +330,18 @@ class Scheduler:
     @property
     def waiting(self) -> list[Turn]:
         """The queued and paused turns, in the order they (re)joined the queue."""
-        # (a live turn that is not running waits: ended turns are forgotten)
-        return sorted((t for t in self.turns.values() if t.status is not Status.RUNNING), key=lambda t: t.enqueued)
+        return sorted(self._not_running(), key=lambda t: t.enqueued)
+
+    def _not_running(self) -> list[Turn]:
+        """The waiting turns, in no particular order (the same list until who runs
+        changes: do not change it)."""
+        changes, idle = self._idle
+        if changes != self._changes:
+            # (a live turn that is not running waits: ended turns are forgotten; one
+            # comes, goes or takes or leaves a slot only where it counts as a change)
+            idle = [t for t in self.turns.values() if t.status is not Status.RUNNING]
+            self._idle = (self._changes, idle)
+        return idle
 
     def effective(self, turn: Turn, now: float) -> int:
         return self.priorities.effective(turn, now)
@@ -337,7 +350,7 @@ class Scheduler:
         """When the next waiting turn gains an aging level (the simulator skips ahead
         no further than this)."""
         # (in any order, unsorted: it is a minimum, and the simulator asks at every event)
-        return self.priorities.next_aging((t for t in self.turns.values() if t.status is not Status.RUNNING), now)
+        return self.priorities.next_aging(self._not_running(), now)
 
     # ------------------------------------------------------------- schedule
 
@@ -374,7 +387,7 @@ class Scheduler:
         running = self.running
         if len(running) < self.config.slots:
             return False
-        waiting = [t for t in self.turns.values() if t.status is not Status.RUNNING]
+        waiting = self._not_running()
         if self.policy.preempts and waiting:
             victim = self.priorities.victim(running.values(), now)
             bar = self.priorities.effective(victim, now) if victim is not None else None

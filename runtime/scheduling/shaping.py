@@ -50,6 +50,8 @@ class StepBudget:
 
     def largest(self, start: int, most: int) -> int:
         """The most tokens (up to `most`) from position `start` that still fit; 0 if none."""
+        if most == 1:  # (a decode: the bisection's one question)
+            return 1 if self.fits(start, 1) else 0
         lo, hi = 0, most  # the cost grows with n, so bisect
         while lo < hi:
             mid = (lo + hi + 1) // 2
