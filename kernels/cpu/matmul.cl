@@ -61,12 +61,12 @@ inline void column_scales(__global const float *x, __global const int *xrows,
  * the bytes PREFETCH_AHEAD on from what it reads now (later rows of its
  * work-group, or the next work-group's), and its scales as many rows on. A
  * prefetch is a hint: one past the end of a buffer is dropped, never a fault.
- * The distance spans a few row pairs of the widest rows a model has (a 1.5B
- * model's down projection: 8960 inputs, 7 KB a row in Q6_K), not only the rest
- * of the row being read. (The distances compared, and what each bought, are in
- * the commits that set them.) */
+ * The distance spans a few row pairs of the widest rows a model has, not only
+ * the rest of the row being read: the host sets it by the model
+ * (gpu/families.py's prefetch_ahead). (The distances compared, and what each
+ * bought, are in the commits that set them.) */
 #ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 16384
+#define PREFETCH_AHEAD 4096
 #endif
 #ifndef PREFETCH  /* (a build may define it empty, to compare) */
 #if defined(__has_builtin) && __has_builtin(__builtin_prefetch)
