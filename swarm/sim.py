@@ -170,6 +170,32 @@ class Result:
         }
 
 
+class Tally:
+    """Counts a run's scheduler events into its Result."""
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        # By turn: its prompt's length till it is admitted, and what its recomputes
+        # found in the prefix cache (in its end's count too, but no prompt's tokens).
+        self.prompts: dict[int, int] = {}
+        self.recached: dict[int, int] = {}
+
+    def count(self, event: Event) -> None:
+        result = self.result
+        match event:
+            case Preempted():
+                result.preemptions += 1
+            case Recomputed(turn=turn, tokens=tokens, cached_tokens=cached):
+                result.recomputed_tokens += tokens
+                self.recached[turn] = self.recached.get(turn, 0) + cached
+            case Queued(turn=turn, tokens=tokens):
+                self.prompts[turn] = tokens
+            case Admitted(turn=turn):
+                result.prompt_tokens += self.prompts.pop(turn)
+            case Ended(turn=turn, cached_tokens=cached):
+                result.cached_tokens += cached - self.recached.pop(turn, 0)
+
+
 def _percentiles(samples: list[float]) -> dict[str, float]:
     return percentiles(samples or [0.0])  # the table always has a row
 
@@ -201,23 +227,12 @@ def simulate(
             return int(next(bg_pool))
 
     result = Result(policy)
-    prompts: dict[int, int] = {}
+    tally = Tally(result)
 
     def count(event: Event) -> None:
         if events is not None:
             events(event)
-        match event:
-            case Preempted():
-                result.preemptions += 1
-            case Recomputed(tokens=tokens, cached_tokens=cached):
-                result.recomputed_tokens += tokens
-                result.cached_tokens -= cached  # counted by the turn's end, but not a prompt's
-            case Queued(turn=turn, tokens=tokens):
-                prompts[turn] = tokens
-            case Admitted(turn=turn):
-                result.prompt_tokens += prompts.pop(turn)
-            case Ended(cached_tokens=cached):
-                result.cached_tokens += cached
+        tally.count(event)
 
     if not 0 <= workload.prefix_share <= 1:
         raise ConfigError(f"prefix_share must be in [0, 1], got {workload.prefix_share}")

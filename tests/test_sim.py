@@ -10,7 +10,7 @@ import pytest
 
 from runtime.errors import ConfigError
 from swarm.cli import main
-from swarm.sim import POLICIES, load_workload, simulate
+from swarm.sim import POLICIES, Result, Tally, load_workload, simulate
 
 
 @pytest.mark.parametrize("dist", ["lognormal", "pareto"])
@@ -111,14 +111,14 @@ PINNED = {
     0.0: {
         "fcfs": (62573, 0, 0, 464427, 103296, 0, 0, 0, 223.705242, 229.743959, 516.043971, 745.78793),
         "priority": (62579, 0, 0, 464480, 103360, 0, 0, 0, 177.626532, 183.625283, 516.173646, 699.79893),
-        "recompute": (62522, 146, 2, 463539, 103104, -119, 285, 0, 2.664637, 8.651908, 515.040581, 523.692489),
+        "recompute": (62522, 146, 2, 463539, 103104, 0, 285, 0, 2.664637, 8.651908, 515.040581, 523.692489),
         "swap": (62510, 149, 3, 463442, 103104, 0, 0, 4816633856, 2.783724, 8.796315, 515.262292, 524.058607),
         "resident": (62522, 146, 2, 463539, 103104, 0, 0, 0, 2.664637, 8.651908, 515.040581, 523.692489),
     },
     0.5: {
         "fcfs": (62957, 0, 0, 467267, 103744, 51360, 0, 0, 232.830978, 237.867545, 513.575389, 751.442934),
         "priority": (62956, 0, 0, 467259, 103744, 51360, 0, 0, 191.761569, 196.792271, 513.62665, 710.418921),
-        "recompute": (62894, 144, 2, 466523, 103680, 50976, 219, 0, 2.65356, 7.683925, 513.184411, 520.868336),
+        "recompute": (62894, 144, 2, 466523, 103680, 51328, 219, 0, 2.65356, 7.683925, 513.184411, 520.868336),
         "swap": (62884, 143, 4, 466436, 103680, 51328, 0, 4329963520, 2.833162, 7.875924, 513.383628, 521.259552),
         "resident": (62894, 144, 2, 466523, 103680, 51328, 0, 0, 2.65356, 7.683925, 513.184411, 520.868336),
     },
@@ -142,14 +142,14 @@ DIGESTS = {
     0.0: {
         "fcfs": "1a971113893ab0e7",
         "priority": "56bf44faccea31d2",
-        "recompute": "6cdb2cb973672056",
+        "recompute": "bdfde2b395d82479",
         "swap": "46189e9a4d55b2ea",
         "resident": "ea9943c5f6cfd43c",
     },
     0.5: {
         "fcfs": "831e9b32c410be39",
         "priority": "5a40ccf9599961ce",
-        "recompute": "37f67dc88f31381c",
+        "recompute": "11d5108c9ea4a581",
         "swap": "06cfe3720c3a51be",
         "resident": "fb17dd76722b8a21",
     },
@@ -176,3 +176,21 @@ def test_the_fast_forward_makes_the_decisions_of_every_step(policy):
     skipped, stepped = logs[True], logs[False]
     assert [(type(e), e.turn, e.step, e.slot) for e in skipped] == [(type(e), e.turn, e.step, e.slot) for e in stepped]
     assert all(e.t == pytest.approx(f.t, abs=1e-9) for e, f in zip(skipped, stepped, strict=True))
+
+
+def test_a_recompute_hit_counts_as_no_prompt_reuse_whether_or_not_its_turn_ends():
+    # A recompute's cache hits are in its turn's end count too, but they found no
+    # prompt's tokens: taken out at the end, never before (a turn still live when
+    # the simulation stops, as background turns are, has no end to net them against).
+    from runtime.events.kinds import Admitted, Finished, Queued, Recomputed
+
+    about = {"t": 0.0, "step": 0, "agent": "bg", "priority": 0}
+    result = Result("recompute")
+    tally = Tally(result)
+    for turn in (1, 2):
+        tally.count(Queued(turn=turn, tokens=100, **about))
+        tally.count(Admitted(turn=turn, cached_tokens=30, **about))
+        tally.count(Recomputed(turn=turn, tokens=50, cached_tokens=40, **about))
+    tally.count(Finished(turn=1, tokens=10, reason="length", cached_tokens=30 + 40, **about))  # turn 2 is still live
+    assert result.summary()["prompt_reused"] == 30 / 200
+    assert result.recomputed_tokens == 100
