@@ -116,10 +116,7 @@ class BlockPool:
             return False
         for table, n in zip(tables, missing, strict=True):
             if n > 0:
-                if self._free:
-                    self._append(table, n)
-                else:  # (_append's own way once the free blocks are gone, as they soon are)
-                    self._evict(table, n)
+                self._append(table, n)
         return True
 
     def _append(self, table: list[int], n: int) -> None:

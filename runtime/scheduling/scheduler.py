@@ -108,7 +108,7 @@ class Scheduler:
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
         self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
-        self._idle: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
+        self._not_running_turns: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
         self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
         self._next_progress = 0.0  # when the running turns' progress is next told
 
@@ -335,13 +335,13 @@ class Scheduler:
     def _not_running(self) -> list[Turn]:
         """The waiting turns, in no particular order (the same list until who runs
         changes: do not change it)."""
-        changes, idle = self._idle
+        changes, waiting = self._not_running_turns
         if changes != self._changes:
             # (a live turn that is not running waits: ended turns are forgotten; one
             # comes, goes or takes or leaves a slot only where it counts as a change)
-            idle = [t for t in self.turns.values() if t.status is not Status.RUNNING]
-            self._idle = (self._changes, idle)
-        return idle
+            waiting = [t for t in self.turns.values() if t.status is not Status.RUNNING]
+            self._not_running_turns = (self._changes, waiting)
+        return waiting
 
     def effective(self, turn: Turn, now: float) -> int:
         return self.priorities.effective(turn, now)
