@@ -257,9 +257,9 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
                 a1[c] += convert_float16(p1) * (d1 * dx) + convert_float16(q1) * (m1 * dx);
                 continue;
             }
-            /* both halves in one chain of multiply-adds */
-            const int16 i0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0));
-            const int16 i1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0));
+            /* the halves in two chains of multiply-adds (scaled_super_dot says why) */
+            const int16 i0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0) + nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, 0);
+            const int16 i1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0) + nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, 0);
             if (wtype == WT_Q8_0) {  /* no offset */
                 a0[c] += convert_float16(i0) * (d0 * dx);
                 a1[c] += convert_float16(i1) * (d1 * dx);
@@ -370,14 +370,18 @@ __attribute__((always_inline)) inline void scale_super_quants(const int wtype, c
     }
 }
 
-/* lane u: block u / 4's integer sum over a row's super-block, from scale_super_quants' q */
+/* lane u: block u / 4's integer sum over a row's super-block, from scale_super_quants' q,
+   in two chains of multiply-adds (even and odd steps) added at the end: each vpdpwssd waits
+   for the one before it on its sum, and integer adds give the same bits in any order */
 __attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, __local const short32 *xv)
 {
-    int16 sum = 0;
+    int16 even = 0, odd = 0;
 #pragma unroll
-    for (int f = 0; f < 8; f++)
-        sum = madd_add(sum, q[f], xv[f]);
-    return sum;
+    for (int f = 0; f < 8; f += 2) {
+        even = madd_add(even, q[f], xv[f]);
+        odd = madd_add(odd, q[f + 1], xv[f + 1]);
+    }
+    return even + odd;
 }
 
 /* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks) */
