@@ -97,13 +97,14 @@ def test_compact_kinds_match_reference(tmp_path: Path, qtype, kernels: str, monk
 
 
 # SLOTSWARM_COMPACT: (the CPU family's kinds for Q4_K, Q6_K and Q5_0, the GPU family's)
-COMPACT_SETTINGS = [(None, ("q4_1", "q6", "q5"), ("q4_1", "q6", "q5")), ("0", ("q4_1", "q6", "q5"), ("q4_1", "q6", "q5")),
+COMPACT_SETTINGS = [(None, ("q4_k", "q6_k", "q5"), ("q4_1", "q6", "q5")), ("0", ("q4_1", "q6", "q5"), ("q4_1", "q6", "q5")),
                     ("1", ("q4_k", "q6_k", "q5_0"), ("q4_k", "q6_k", "q5_0"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("setting, cpu_kinds, gpu_kinds", COMPACT_SETTINGS, ids=["default", "off", "on"])
-def test_compact_kinds_are_opt_in(tmp_path: Path, setting, cpu_kinds, gpu_kinds, monkeypatch) -> None:
-    """Unless SLOTSWARM_COMPACT=1 says otherwise, both families widen Q4_K, Q6_K and Q5_0."""
+def test_compact_kinds_follow_each_familys_default(tmp_path: Path, setting, cpu_kinds, gpu_kinds, monkeypatch) -> None:
+    """Unless SLOTSWARM_COMPACT says otherwise, the CPU family keeps Q4_K and Q6_K compact and
+    widens Q5_0, and the GPU family widens all three."""
     if setting is None:
         monkeypatch.delenv("SLOTSWARM_COMPACT", raising=False)
     else:

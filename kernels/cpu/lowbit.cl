@@ -182,18 +182,19 @@ __attribute__((always_inline)) inline void read_super(const int wtype, __global 
 #define LOWBIT_Q(f) (wtype == WT_Q2 ? (w >> (short)(2 * f)) & (short)3 \
     : ((w >> (short)(2 * f)) & (short)3) | ((h >> (short)(f)) & (short)4))
 
-/* lane u: sub-block u's sum of quant * input */
+/* lane u: sub-block u's sum of quant * input, in two chains of multiply-adds (even and
+   odd steps) added at the end: each vpdpwssd waits for the one before it on its sum, and
+   integer adds give the same bits in any order */
 __attribute__((always_inline)) inline int16 lowbit_dot(const int wtype, short32 w, short32 h,
                                                        __local const int16 *xv)
 {
-    int16 sum = madd(LOWBIT_Q(0), as_short32(xv[0]));
-    sum = madd_add(sum, LOWBIT_Q(1), as_short32(xv[1]));
-    sum = madd_add(sum, LOWBIT_Q(2), as_short32(xv[2]));
-    sum = madd_add(sum, LOWBIT_Q(3), as_short32(xv[3]));
-    sum = madd_add(sum, LOWBIT_Q(4), as_short32(xv[4]));
-    sum = madd_add(sum, LOWBIT_Q(5), as_short32(xv[5]));
-    sum = madd_add(sum, LOWBIT_Q(6), as_short32(xv[6]));
-    return madd_add(sum, LOWBIT_Q(7), as_short32(xv[7]));
+    int16 even = madd(LOWBIT_Q(0), as_short32(xv[0])), odd = madd(LOWBIT_Q(1), as_short32(xv[1]));
+    even = madd_add(even, LOWBIT_Q(2), as_short32(xv[2]));
+    odd = madd_add(odd, LOWBIT_Q(3), as_short32(xv[3]));
+    even = madd_add(even, LOWBIT_Q(4), as_short32(xv[4]));
+    odd = madd_add(odd, LOWBIT_Q(5), as_short32(xv[5]));
+    even = madd_add(even, LOWBIT_Q(6), as_short32(xv[6]));
+    return even + madd_add(odd, LOWBIT_Q(7), as_short32(xv[7]));
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile, from the local

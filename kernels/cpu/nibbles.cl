@@ -35,8 +35,9 @@
 #define GEMM_TILE 32   /* the widest tile (gpu/launches.py) */
 
 /* The local buffer, per column and group: a float16 of the blocks' input sums (a
-   quarter of block b's in lanes 4b..4b + 3), four short32 of inputs (one per step),
-   and the float scale, in three arrays. */
+   quarter of block b's in lanes 4b..4b + 3; for a super-block, in its first group's,
+   its eight blocks' whole sums twice over), four short32 of inputs (one per step), and
+   the float scale, in three arrays. */
 #define NIB_SUMS(xl, tile, ng) ((__local float16 *)(xl))
 #define NIB_INPUTS(xl, tile, ng) ((__local short32 *)(NIB_SUMS(xl, tile, ng) + (tile) * (ng)))
 #define NIB_SCALES(xl, tile, ng) ((__local float *)(NIB_INPUTS(xl, tile, ng) + 4 * (tile) * (ng)))
@@ -70,6 +71,7 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
         }
         const float amax = as_float(hmax_int16(m));
         const float to_int = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        float8 blocks;  /* span 2: the super-block's block sums */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (h < span) {
@@ -79,18 +81,26 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
                 for (int b = 0; b < 4; b++) {
                     lo[b] = convert_short16(ROUND(v[8 * h + 2 * b] * to_int));
                     hi[b] = convert_short16(ROUND(v[8 * h + 2 * b + 1] * to_int));
-                    sums[b] = hsum16(v[8 * h + 2 * b] + v[8 * h + 2 * b + 1]) * 0.25f;
+                    sums[b] = hsum16(v[8 * h + 2 * b] + v[8 * h + 2 * b + 1]);
                 }
+                if (h == 0)
+                    blocks.lo = (float4)(sums[0], sums[1], sums[2], sums[3]);
+                else
+                    blocks.hi = (float4)(sums[0], sums[1], sums[2], sums[3]);
                 const int s = s0 + h;
                 __local short32 *o = xq + ((size_t)c * ng + s) * 4;
                 o[0] = (short32)(lo[0].even, lo[1].even, lo[2].even, lo[3].even);
                 o[1] = (short32)(hi[0].even, hi[1].even, hi[2].even, hi[3].even);
                 o[2] = (short32)(lo[0].odd, lo[1].odd, lo[2].odd, lo[3].odd);
                 o[3] = (short32)(hi[0].odd, hi[1].odd, hi[2].odd, hi[3].odd);
-                xs[c * ng + s] = (float16)((float4)(sums[0]), (float4)(sums[1]), (float4)(sums[2]), (float4)(sums[3]));
+                if (span == 1)
+                    xs[c * ng + s] = (float16)((float4)(sums[0] * 0.25f), (float4)(sums[1] * 0.25f),
+                                               (float4)(sums[2] * 0.25f), (float4)(sums[3] * 0.25f));
                 xd[c * ng + s] = amax / 32767.0f;
             }
         }
+        if (span == 2)
+            xs[c * ng + s0] = (float16)(blocks, blocks);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -257,9 +267,9 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
                 a1[c] += convert_float16(p1) * (d1 * dx) + convert_float16(q1) * (m1 * dx);
                 continue;
             }
-            /* both halves in one chain of multiply-adds */
-            const int16 i0 = nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0));
-            const int16 i1 = nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0));
+            /* the halves in two chains of multiply-adds (scaled_super_dot says why) */
+            const int16 i0 = nibble_half_dot(wtype, 0, w0, v0, h00, h01, xv, 0) + nibble_half_dot(wtype, 1, w0, v0, h00, h01, xv, 0);
+            const int16 i1 = nibble_half_dot(wtype, 0, w1, v1, h10, h11, xv, 0) + nibble_half_dot(wtype, 1, w1, v1, h10, h11, xv, 0);
             if (wtype == WT_Q8_0) {  /* no offset */
                 a0[c] += convert_float16(i0) * (d0 * dx);
                 a1[c] += convert_float16(i1) * (d1 * dx);
@@ -298,9 +308,9 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
  *
  * A row's group: its two halves' nibble lanes `w`, q6_k's high bits `h` (a lane's byte in
  * each 16-bit lane, h[half]: gpu/weights.py lays them out so), the integer scales of each half's lanes `sa` (q6_k:
- * of their first 16 weights, `sb` of the second), q4_k's float mins `m` (times -dmin), and d. */
+ * of their first 16 weights, `sb` of the second), q4_k's blocks' float mins (times -dmin), and d. */
 __attribute__((always_inline)) inline void read_super_group(const int wtype, __global const uchar *qs,
-        __global const float *dm, size_t grp, short32 *w, ushort32 *h, int16 *sa, int16 *sb, float16 *m, float *d)
+        __global const float *dm, size_t grp, short32 *w, ushort32 *h, int16 *sa, int16 *sb, float8 *mins, float *d)
 {
     if (wtype == WT_Q4_K) {
         __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
@@ -311,9 +321,7 @@ __attribute__((always_inline)) inline void read_super_group(const int wtype, __g
         const float2 dd = halves_to_float8(as_ushort8(head)).s01;
         sa[0] = fields.s0000111122223333;
         sa[1] = fields.s4444555566667777;
-        const float8 mins = convert_float8(fields.hi) * -dd.y;
-        m[0] = mins.s0000111122223333;
-        m[1] = mins.s4444555566667777;
+        *mins = convert_float8(fields.hi) * -dd.y;
         *d = dd.x;
         return;
     }
@@ -370,36 +378,44 @@ __attribute__((always_inline)) inline void scale_super_quants(const int wtype, c
     }
 }
 
-/* lane u: block u / 4's integer sum over a row's super-block, from scale_super_quants' q */
+/* lane u: block u / 4's integer sum over a row's super-block, from scale_super_quants' q,
+   in two chains of multiply-adds (even and odd steps) added at the end: each vpdpwssd waits
+   for the one before it on its sum, and integer adds give the same bits in any order */
 __attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, __local const short32 *xv)
 {
-    int16 sum = 0;
+    int16 even = 0, odd = 0;
 #pragma unroll
-    for (int f = 0; f < 8; f++)
-        sum = madd_add(sum, q[f], xv[f]);
-    return sum;
+    for (int f = 0; f < 8; f += 2) {
+        even = madd_add(even, q[f], xv[f]);
+        odd = madd_add(odd, q[f + 1], xv[f + 1]);
+    }
+    return even + odd;
 }
 
-/* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks) */
+/* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks). A column's
+ * accumulator holds both rows, r0's in lanes 0..7 and r1's in 8..15: each row's sums are
+ * added in pairs of lanes (its scales are in them already), so the super-block's d and Q4_K's
+ * mins take one vector multiply-add for the two rows, not one a row. */
 __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
-        float16 *a0, float16 *a1, float *out0, float *out1)
+        float16 *acc, float *out0, float *out1)
 {
     const int ng = k / NIB_GROUP, nsuper = k / 256;
     __local const float16 *xs = NIB_SUMS(xl, layout, ng);
     __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
     __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
-        a0[c] = a1[c] = (float16)0.0f;
+        acc[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
         short32 w0[2], w1[2];
         ushort32 h0[2], h1[2];
         int16 sa0[2], sb0[2], sa1[2], sb1[2];
-        float16 m0[2], m1[2];
+        float8 m0 = 0.0f, m1 = 0.0f;
         float d0, d1;
         prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
-        read_super_group(wtype, qs, dm, (size_t)r0 * nsuper + j, w0, h0, sa0, sb0, m0, &d0);
-        read_super_group(wtype, qs, dm, (size_t)r1 * nsuper + j, w1, h1, sa1, sb1, m1, &d1);
+        read_super_group(wtype, qs, dm, (size_t)r0 * nsuper + j, w0, h0, sa0, sb0, &m0, &d0);
+        read_super_group(wtype, qs, dm, (size_t)r1 * nsuper + j, w1, h1, sa1, sb1, &m1, &d1);
+        const float16 d = (float16)((float8)(d0), (float8)(d1)), mins = (float16)(m0, m1);
         short32 q0[8], q1[8];
         if (tile > 1) {
             scale_super_quants(wtype, w0, h0, sa0, sb0, q0);
@@ -408,22 +424,22 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
         for (int c = 0; c < tile; c++) {
             const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
             __local const short32 *xv = xq + (size_t)at * 4;
-            const float dx = xd[at];
             const int16 i0 = tile > 1 ? scaled_super_dot(q0, xv) : super_dot(wtype, w0, h0, sa0, sb0, xv);
             const int16 i1 = tile > 1 ? scaled_super_dot(q1, xv) : super_dot(wtype, w1, h1, sa1, sb1, xv);
-            if (wtype == WT_Q4_K) {
-                const float16 s0 = xs[at], s1 = xs[at + 1];
-                a0[c] += convert_float16(i0) * (d0 * dx) + m0[0] * s0 + m0[1] * s1;
-                a1[c] += convert_float16(i1) * (d1 * dx) + m1[0] * s0 + m1[1] * s1;
-            } else {
-                a0[c] += convert_float16(i0) * (d0 * dx);
-                a1[c] += convert_float16(i1) * (d1 * dx);
-            }
+            const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
+            /* Q4_K's pairs add in the integers (below 2^30); Q6_K's lanes may reach 2^31 */
+            const float16 sums = wtype == WT_Q4_K
+                ? convert_float16(shuffle2(i0, i1, even) + shuffle2(i0, i1, odd))
+                : shuffle2(convert_float16(i0), convert_float16(i1), even) + shuffle2(convert_float16(i0), convert_float16(i1), odd);
+            if (wtype == WT_Q4_K)
+                acc[c] += sums * (d * xd[at]) + mins * xs[at];
+            else
+                acc[c] += sums * (d * xd[at]);
         }
     }
     for (int c = 0; c < tile; c++) {
-        out0[c] = hsum16(a0[c]);
-        out1[c] = hsum16(a1[c]);
+        out0[c] = hsum8(acc[c].lo);
+        out1[c] = hsum8(acc[c].hi);
     }
 }
 
@@ -442,7 +458,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     if (tile <= MAX_TILE) {
         float16 a0[MAX_TILE], a1[MAX_TILE];
         if (SUPER_KIND(wtype))
-            pair_dot_super_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
+            pair_dot_super_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
         else
             pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
         return;
@@ -450,7 +466,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     float16 a0[GEMM_TILE], a1[GEMM_TILE];
     const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
     if (SUPER_KIND(wtype))
-        pair_dot_super_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
+        pair_dot_super_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
     else
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
 }
