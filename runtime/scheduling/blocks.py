@@ -103,39 +103,52 @@ class BlockPool:
             return True
         if missing > len(self._free) + len(self._lru):
             return False
-        self._append(table, missing)
+        table += self._take(missing)
         return True
 
     def grow_all(self, tables: list[list[int]], positions: list[int]) -> bool:
         """`grow` each table to its positions, in order, if the pool can cover
         them all; False (and no change) if it cannot. One call for a step's
-        turns (Scheduler.repeatable), each taking what `grow` would."""
+        turns (Scheduler.repeatable), each taking what `grow` would: the blocks
+        are taken at once, and each table has its share in order."""
         size = self.block_size
         missing = [-(-end // size) - len(table) for table, end in zip(tables, positions, strict=True)]
-        if sum(n for n in missing if n > 0) > len(self._free) + len(self._lru):
+        total = 0
+        for n in missing:
+            if n > 0:
+                total += n
+        if not total:
+            return True
+        if total > len(self._free) + len(self._lru):
             return False
+        taken = self._take(total)
+        at = 0
         for table, n in zip(tables, missing, strict=True):
             if n > 0:
-                self._append(table, n)
+                table += taken[at : at + n]
+                at += n
         return True
 
-    def _append(self, table: list[int], n: int) -> None:
-        """Append `n` blocks to a table, which the pool has: free ones first, then
+    def _take(self, n: int) -> list[int]:
+        """`n` blocks, which the pool has, now owned once: free ones first, then
         cached ones evicted, LRU first."""
-        free, refs = self._free, self._refs
-        taken = min(n, len(free))
-        for _ in range(taken):
-            block = free.popleft()
+        free = self._free
+        if len(free) >= n:
+            taken = [free.popleft() for _ in range(n)]
+        else:
+            taken = list(free)
+            free.clear()
+            self._evict(taken, n - len(taken))
+        refs = self._refs
+        for block in taken:
             refs[block] = 1
-            table.append(block)
-        if taken < n:
-            self._evict(table, n - taken)
+        return taken
 
-    def _evict(self, table: list[int], n: int) -> None:
-        """Append the `n` least recently used cached blocks to a table, unnamed
+    def _evict(self, taken: list[int], n: int) -> None:
+        """Append the `n` least recently used cached blocks to `taken`, unnamed
         (`_forget`, inlined for the common case: a block its family deferred,
         named by neither a key nor a note, every other block in the LRU)."""
-        refs, hash_of, rows_of, family_of, families = self._refs, self._hash_of, self._rows_of, self._family_of, self._families
+        hash_of, rows_of, family_of, families = self._hash_of, self._rows_of, self._family_of, self._families
         popitem = self._lru.popitem
         # (a turn's blocks reach the LRU together, so they mostly leave it together:
         # the family of the block before is looked up once)
@@ -155,8 +168,7 @@ class BlockPool:
                     if not kin.count:
                         del families[family]
                         last = None
-            refs[block] = 1
-            table.append(block)
+            taken.append(block)
 
     def release(self, table: list[int]) -> None:
         """Drop a table's references. A block nobody holds any more goes back to the
