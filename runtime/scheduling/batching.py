@@ -130,21 +130,26 @@ class Batching:
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
         of, effective = self.in_flight.of, self.priorities.effective
-        others = [(turn, of(turn)) for turn in self.seats.running.values() if unaged(turn) < at]
+        others = []
+        for turn in self.seats.running.values():
+            if unaged(turn) < at:
+                ahead = of(turn)
+                # (Ahead.pending, inlined: decodes first)
+                feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
+                others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead))
+        others.sort()  # (by the four keys: last_admit is every running turn's own)
         room = self.config.step_tokens
-
-        def order(share: tuple[Turn, Ahead]) -> tuple:
-            turn, ahead = share
-            return ahead.pending(turn) > 1, -effective(turn, now), turn.last_stepped, turn.last_admit
-
-        others.sort(key=order)
-        for turn, ahead in others:
-            if not self._catch_up(turn, plan):
-                continue
-            # (after the catch-up, which may have shortened what it has to feed)
-            start, feed = turn.computed + ahead.positions, ahead.pending(turn)
-            n = budget.largest(start, min(feed, room))
-            if n and self._take(turn, n, now, plan, ahead):
+        take = self._take
+        for *_, turn, ahead in others:
+            feed = ahead.pending(turn)
+            if feed > 1:  # (a decode has nothing to catch up on: _catch_up's first test)
+                if not self._catch_up(turn, plan):
+                    continue
+                feed = ahead.pending(turn)  # (the catch-up may have shortened what it has to feed)
+            start = turn.computed + ahead.positions
+            most = min(feed, room)
+            n = (1 if budget.fits(start, 1) else 0) if most == 1 else budget.largest(start, most)
+            if n and take(turn, n, now, plan, ahead):
                 budget.add(start, n)
                 room -= n if feed > 1 else 0
         return True
