@@ -40,7 +40,7 @@ whether a family has any block (`has_family`) skips the lookups that cannot hit.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
 from runtime.errors import UsageError
@@ -57,7 +57,14 @@ class BlockPool:
         # every chain hash, so a pool never serves one model's K/V to another.
         self.namespace = namespace
         self._free: deque[int] = deque(range(num_blocks))
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        # Cached, unreferenced blocks, oldest first: a deque, since most blocks
+        # leave it from the front. A block taken back out of the middle (a cache
+        # hit, `acquire`) leaves a stale entry, counted in `_stale` and skipped
+        # when reached: a block's stale entries are all before its live one.
+        self._lru: deque[int] = deque()
+        self._in_lru = [False] * num_blocks
+        self._stale = [0] * num_blocks
+        self._cached = 0  # blocks in the LRU (its live entries)
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
@@ -71,7 +78,7 @@ class BlockPool:
         self._notes = 0  # blocks first noted so far
         # Families (above): every block filed under one (cached, or deferred), and
         # each family's record; what names deferred blocks is the prefix cache's.
-        self._family_of: dict[int, Hashable] = {}
+        self._family_of: list[Hashable | None] = [None] * num_blocks  # (by block: a list, read for every block)
         self._families: dict[Hashable, _Family] = {}
         self.defer_naming = defer_naming  # (False: every block is named at once)
         self.namer: Callable[[object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
@@ -79,12 +86,12 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks `grow` can hand out: free ones, then cached ones nobody holds."""
-        return len(self._free) + len(self._lru)
+        return len(self._free) + self._cached
 
     @property
     def num_cached(self) -> int:
         """Cached blocks nobody holds (evictable)."""
-        return len(self._lru)
+        return self._cached
 
     def refs(self, block: int) -> int:
         return self._refs[block]
@@ -101,7 +108,7 @@ class BlockPool:
         missing = -(-positions // self.block_size) - len(table)  # (blocks_for, inlined: several calls a step)
         if missing <= 0:
             return True
-        if missing > len(self._free) + len(self._lru):
+        if missing > len(self._free) + self._cached:
             return False
         table += self._take(missing)
         return True
@@ -119,7 +126,7 @@ class BlockPool:
                 total += n
         if not total:
             return True
-        if total > len(self._free) + len(self._lru):
+        if total > len(self._free) + self._cached:
             return False
         taken = self._take(total)
         at = 0
@@ -149,18 +156,24 @@ class BlockPool:
         (`_forget`, inlined for the common case: a block its family deferred,
         named by neither a key nor a note, every other block in the LRU)."""
         hash_of, rows_of, family_of, families = self._hash_of, self._rows_of, self._family_of, self._families
-        popitem = self._lru.popitem
+        popleft, in_lru, stale = self._lru.popleft, self._in_lru, self._stale
+        self._cached -= n
         # (a turn's blocks reach the LRU together, so they mostly leave it together:
         # the family of the block before is looked up once)
         last, kin = None, None
         for _ in range(n):
-            block, _ = popitem(last=False)
+            block = popleft()
+            while stale[block]:
+                stale[block] -= 1
+                block = popleft()
+            in_lru[block] = False
             if block in hash_of or block in rows_of:
                 self._forget(block)
                 last = None  # (which may have dropped its family)
             else:
-                family = family_of.pop(block, None)
+                family = family_of[block]
                 if family is not None:
+                    family_of[block] = None
                     if family != last:
                         last, kin = family, families[family]
                     kin.deferred.pop(block, None)
@@ -174,24 +187,30 @@ class BlockPool:
         """Drop a table's references. A block nobody holds any more goes back to the
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
-        refs, family_of = self._refs, self._family_of
-        last = None
+        refs, family_of, in_lru, to_lru = self._refs, self._family_of, self._in_lru, self._lru.append
+        last, cached = None, self._cached
         for block in reversed(table):
             held = refs[block]
             if held < 1:
+                self._cached = cached
                 raise ValueError(f"block {block} released more often than it was taken")
             refs[block] = held - 1
             if held == 1:
-                family = family_of.get(block)
+                family = family_of[block]
                 if family is not None:
                     if family != last:  # (a table's blocks are mostly one family's)
                         self._families[family].held = False  # (no longer all held by the turn that filed them)
                         last = family
-                    self._lru[block] = None
+                    to_lru(block)
+                    in_lru[block] = True
+                    cached += 1
                 elif block in self._hash_of or block in self._rows_of:
-                    self._lru[block] = None
+                    to_lru(block)
+                    in_lru[block] = True
+                    cached += 1
                 else:
                     self._free.append(block)
+        self._cached = cached
         table.clear()
 
     # ---------------------------------------------------------------- sharing
@@ -205,10 +224,25 @@ class BlockPool:
     def acquire(self, block: int) -> None:
         """Take one more reference on a cached or owned block."""
         if self._refs[block] == 0:
-            if block not in self._lru:
+            if not self._in_lru[block]:
                 raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
-            del self._lru[block]
+            self._in_lru[block] = False
+            self._stale[block] += 1
+            self._cached -= 1
+            if len(self._lru) > 2 * self.num_blocks:
+                self._drop_stale()
         self._refs[block] += 1
+
+    def _drop_stale(self) -> None:
+        """Rebuild the LRU without its stale entries (once they outnumber the
+        blocks: a pool whose cache is hit, and never short, would keep them)."""
+        stale, live = self._stale, deque()
+        for block in self._lru:
+            if stale[block]:
+                stale[block] -= 1
+            else:
+                live.append(block)
+        self._lru = live
 
     def register(self, block: int, key: bytes, family: Hashable | None = None, owner: object = None) -> bool:
         """Record that an owned, full block holds the K/V that `key` names (filed
@@ -267,7 +301,7 @@ class BlockPool:
             return False
         if self._refs[block] < 1:
             raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-        if block not in self._family_of:
+        if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
         kin.deferred[block] = entry
@@ -288,7 +322,7 @@ class BlockPool:
         for block, entry in entries:
             if refs[block] < 1:
                 raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-            if block not in family_of:
+            if family_of[block] is None:
                 family_of[block] = family
                 kin.count += 1
             deferred[block] = entry
@@ -299,7 +333,7 @@ class BlockPool:
             kin = self._families[family] = _Family(owner)
         elif kin.owner != owner:
             kin.owner = _SHARED  # (named at once from now on)
-        if block not in self._family_of:
+        if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
         return kin
@@ -320,7 +354,7 @@ class BlockPool:
 
     def _name_block(self, block: int) -> None:
         """Name the block's family if the block is deferred."""
-        family = self._family_of.get(block)
+        family = self._family_of[block]
         if family is not None and block in self._families[family].deferred:
             self._name_deferred(family)
 
@@ -389,8 +423,9 @@ class BlockPool:
         noted = self._rows_of.pop(block, None)
         if noted is not None:
             self._unfile_first(block, noted)
-        family = self._family_of.pop(block, None)
+        family = self._family_of[block]
         if family is not None:
+            self._family_of[block] = None
             kin = self._families[family]
             kin.deferred.pop(block, None)
             kin.count -= 1
