@@ -76,6 +76,7 @@ class Batching:
         self.config = config
         self.draft_cost = draft_cost if config.speculate is Speculate.DRAFT else None  # a draft model's, if it drafts
         self.policy = config.policy
+        self.shapes = config.shaping and config.policy.preempts  # (asked every step)
         self.cost = cost
         self.block_size = memory.pool.block_size
         self.prefix = prefix
@@ -327,6 +328,6 @@ class Batching:
         return proposed[:k]
 
     def _protected_priority(self) -> int | None:
-        if not (self.config.shaping and self.policy.preempts):
+        if not self.shapes:
             return None
         return protected_priority(self.seats.top_unaged())
