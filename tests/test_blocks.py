@@ -281,7 +281,7 @@ def test_defer_one_does_what_defer_alone_does_with_one_block():
 
     def drive(defer) -> list:
         pool = BlockPool(8, 4)
-        pool.namer = lambda entry: (None, b"root", entry)
+        pool.namer = lambda owner, entry: (None, b"root", entry)
         seen = []
         mine: list[int] = []
         theirs: list[int] = []

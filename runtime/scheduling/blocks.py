@@ -81,7 +81,7 @@ class BlockPool:
         self._family_of: list[Hashable | None] = [None] * num_blocks  # (by block: a list, read for every block)
         self._families: dict[Hashable, _Family] = {}
         self.defer_naming = defer_naming  # (False: every block is named at once)
-        self.namer: Callable[[object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
+        self.namer: Callable[[object, object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -283,12 +283,26 @@ class BlockPool:
         return kin is None or (kin.owner == owner and kin.held)
 
     def defer_alone(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> bool:
-        """`defer` where `may_defer` (True), else nothing (False): a turn's blocks
-        after each step, asked once."""
+        """Where `may_defer` (else nothing, and False): file owned blocks under
+        the family as cached, each to be named as `namer(owner, entry)` says (its
+        key, None if only noted; its parent key; its rows) when the family's
+        names are next asked or changed. Deferred again, a block is named by its
+        latest entry. A turn's blocks after each step, asked once."""
         kin = self._families.get(family)
-        if kin is not None and not (kin.owner == owner and kin.held) or not self.defer_naming:
+        if kin is None:
+            if not self.defer_naming:
+                return False
+            kin = self._families[family] = _Family(owner)
+        elif not (kin.owner == owner and kin.held and self.defer_naming):
             return False
-        self.defer(family, owner, entries, kin)
+        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
+        for block, entry in entries:
+            if refs[block] < 1:
+                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+            if family_of[block] is None:
+                family_of[block] = family
+                kin.count += 1
+            deferred[block] = entry
         return True
 
     def defer_one(self, family: Hashable, owner: object, block: int, entry: object) -> bool:
@@ -306,26 +320,6 @@ class BlockPool:
             kin.count += 1
         kin.deferred[block] = entry
         return True
-
-    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]], kin: _Family | None = None) -> None:
-        """File owned blocks under the family as cached (where `may_defer`), each to
-        be named as `namer(entry)` says (its key, None if only noted; its parent
-        key; its rows) when the family's names are next asked or changed. Deferred
-        again, a block is named by its latest entry."""
-        if kin is None:
-            kin = self._families.get(family)
-        if kin is None:
-            kin = self._families[family] = _Family(owner)
-        elif kin.owner != owner:
-            kin.owner = _SHARED
-        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
-        for block, entry in entries:
-            if refs[block] < 1:
-                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-            if family_of[block] is None:
-                family_of[block] = family
-                kin.count += 1
-            deferred[block] = entry
 
     def _file(self, block: int, family: Hashable, owner: object) -> _Family:
         kin = self._families.get(family)
@@ -346,7 +340,7 @@ class BlockPool:
             if kin.deferred:
                 deferred, kin.deferred = kin.deferred, {}
                 for block, entry in deferred.items():
-                    key, parent, rows = self.namer(entry)
+                    key, parent, rows = self.namer(kin.owner, entry)
                     if key is not None:
                         self._block_of[key] = block
                         self._hash_of[block] = key
