@@ -141,7 +141,7 @@ class Batching:
         others.sort()  # (by the four keys: last_admit is every running turn's own)
         room = self.config.step_tokens
         take = self._take
-        for *_, turn, ahead in others:
+        for _, _, _, _, turn, ahead in others:
             feed = ahead.pending(turn)
             if feed > 1:  # (a decode has nothing to catch up on: _catch_up's first test)
                 if not self._catch_up(turn, plan):
@@ -233,7 +233,12 @@ class Batching:
         sample = end == known + ahead.tokens
         drafts = self._guess(turn, start, n, plan, ahead) if speculate and sample and turn.constraint is None else NO_DRAFTS
         if end <= known:
-            tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
+            if n == 1:  # (Turn.token_at, inlined: a decode's one token)
+                prompt = turn.prompt
+                tokens = [prompt[start] if start < len(prompt) else turn.output[start - len(prompt)]]
+            else:
+                tokens = turn.tokens(start, end)
+            follows = False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
         if drafts:
