@@ -176,8 +176,7 @@ class BlockPool:
                     family_of[block] = None
                     if family != last:
                         last, kin = family, families[family]
-                    kin.deferred.pop(block, None)
-                    kin.count -= 1
+                    kin.count -= 1  # (its entry in kin.deferred, if any, is stale now: _Family)
                     if not kin.count:
                         del families[family]
                         last = None
@@ -302,6 +301,7 @@ class BlockPool:
             if family_of[block] is None:
                 family_of[block] = family
                 kin.count += 1
+                deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
             deferred[block] = entry
         return True
 
@@ -318,6 +318,7 @@ class BlockPool:
         if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
+            kin.deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
         kin.deferred[block] = entry
         return True
 
@@ -335,11 +336,15 @@ class BlockPool:
     def _name_deferred(self, family: Hashable | None) -> None:
         """Name the family's deferred blocks (every family's, for None), in the
         order deferred."""
-        kins = self._families.values() if family is None else [self._families[family]] if family in self._families else []
-        for kin in kins:
+        families = self._families
+        kins = families.items() if family is None else [(family, families[family])] if family in families else []
+        family_of = self._family_of
+        for filed, kin in kins:
             if kin.deferred:
                 deferred, kin.deferred = kin.deferred, {}
                 for block, entry in deferred.items():
+                    if family_of[block] != filed:
+                        continue  # (evicted since: a stale entry)
                     key, parent, rows = self.namer(kin.owner, entry)
                     if key is not None:
                         self._block_of[key] = block
@@ -442,7 +447,10 @@ _SHARED = object()  # a family's owner once two turns have filed blocks under it
 class _Family:
     """What the pool knows of one family: how many blocks are filed under it, the
     turn that filed them all (`_SHARED` once there are two), whether that turn
-    still holds them all, and the blocks it has yet to name, in the order deferred."""
+    still holds them all, and the blocks it has yet to name, in the order deferred.
+    A deferred block evicted keeps its entry, stale (the eviction, from the LRU's
+    cold end, leaves the family's dict alone): naming skips a block no longer
+    filed under the family, and one filed anew drops its stale entry first."""
 
     __slots__ = ("count", "owner", "held", "deferred")
 
