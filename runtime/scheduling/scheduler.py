@@ -238,9 +238,7 @@ class Scheduler:
             self._tell_moves(plan)
         lost = self.in_flight.land(plan)  # (a launched step leaves the steps in flight as it lands)
         self._steps_landed += repeats
-        if repeats > 1:
-            self.accounting.repeat(plan, tokens, repeats - 1, now)
-        return self.accounting.postprocess(plan, tokens, now, lost, drafted)
+        return self.accounting.postprocess(plan, tokens, now, lost, drafted, repeats - 1)
 
     def tell_progress(self, now: float) -> None:
         """Tell each running turn's tokens so far (turn.progress) where it has
