@@ -282,11 +282,12 @@ def simulate(
 
     for i in range(workload.background_agents):
         submit_bg(f"bg{i}", 0.0)
-    # The foreground turns not yet ended: kept to the end, every turn of a long
-    # run would lengthen each pass of the garbage collector as it goes on.
+    # The foreground turns not yet ended (each leaves as it ends, its last token
+    # delivered): kept to the end, every turn of a long run would lengthen each
+    # pass of the garbage collector as it goes on.
     foreground: dict[int, Turn] = {}
     now, next_fg, slots = 0.0, 0, workload.slots
-    while next_fg < len(arrivals) or any(not t.done for t in foreground.values()):
+    while next_fg < len(arrivals) or foreground:
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
             turn = sched.submit(
                 "fg", FOREGROUND, prompt("fg", workload.foreground_prompt), int(fg_lengths[next_fg]), arrivals[next_fg], ignore_eos=True

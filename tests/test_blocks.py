@@ -193,6 +193,32 @@ def test_a_cached_block_outlives_its_turn_until_the_pool_needs_it():
     assert pool.lookup(b"a") is None and pool.num_free == 0
 
 
+def test_a_block_hit_many_times_keeps_the_lru_order_and_its_size():
+    # Every hit takes a cached block out of the middle of the LRU; a pool that is
+    # never short must not keep a trace of each (nor evict in another order).
+    pool = BlockPool(3, 4)
+    tables: list[list[int]] = [[], []]
+    pool.grow(tables[0], 4)
+    pool.grow(tables[1], 4)
+    a, b = tables[0][0], tables[1][0]
+    pool.register(a, b"a")
+    pool.register(b, b"b")
+    pool.release(tables[0])
+    pool.release(tables[1])
+    for _ in range(50):  # a, then b, each hit and let go: a is the oldest again
+        for key in (b"a", b"b"):
+            block = pool.lookup(key)
+            assert block is not None
+            pool.acquire(block)
+            pool.release([block])
+        assert pool.num_cached == 2 and pool.num_free == 3
+    assert len(pool._lru) <= 2 * pool.num_blocks + 1
+    taken: list[int] = []
+    assert pool.grow(taken, 8)  # the free block, then the least recently used
+    assert taken[1] == a and pool.lookup(b"a") is None and pool.lookup(b"b") == b
+    assert pool.grow(taken, 12) and taken[2] == b and pool.num_free == 0
+
+
 def test_a_second_copy_of_a_key_stays_private():
     pool = BlockPool(2, 4)
     a: list[int] = []
@@ -255,7 +281,7 @@ def test_defer_one_does_what_defer_alone_does_with_one_block():
 
     def drive(defer) -> list:
         pool = BlockPool(8, 4)
-        pool.namer = lambda entry: (None, b"root", entry)
+        pool.namer = lambda owner, entry: (None, b"root", entry)
         seen = []
         mine: list[int] = []
         theirs: list[int] = []

@@ -31,18 +31,6 @@ class Accounting:
         self.eos = frozenset(eos)
         self._finish = finish  # ends a turn as Finished, for a reason
 
-    def repeat(self, plan: Plan, tokens: Sequence[int | None], times: int, now: float) -> None:
-        """The plan's step ran `times` more times, each item decoding its token
-        again (Scheduler.repeatable): before `postprocess` accounts the last."""
-        for work, turn, token in zip(plan.works, plan.turns, tokens, strict=False):
-            if turn.status is not Status.RUNNING:
-                continue
-            turn.computed += times
-            if work.sample and token is not None:
-                if not turn.output:
-                    turn.first_token_at = now
-                turn.output.extend([token] * times)
-
     def postprocess(
         self,
         plan: Plan,
@@ -50,13 +38,16 @@ class Accounting:
         now: float,
         lost: Collection[Turn] = (),
         drafted: Mapping[int, list[int]] | None = None,
+        repeated: int = 0,
     ) -> list[tuple[Turn, int]]:
         """Account one step; return the sampled tokens to deliver, in batch order.
         A step launched before (runtime.scheduling.inflight) is accounted the same
         way as it lands: a turn paused since still takes its token (it was
         sampled before the pause), an ended one does not, and one whose K/V was
         dropped since (in `lost`) gains no positions. A verify step's drafts are
-        its work's last tokens, or in `drafted` where a draft model wrote them."""
+        its work's last tokens, or in `drafted` where a draft model wrote them.
+        `repeated`: the step ran that many more times before (Scheduler.repeatable),
+        each running turn's item decoding its token again, accounted first."""
         delivered = []
         commit, eos, max_context, finish = (
             self.prefix.commit,
@@ -69,6 +60,12 @@ class Accounting:
             status = turn.status
             if status is ended:
                 continue
+            if repeated and status is running:
+                turn.computed += repeated
+                if work.sample and token is not None:
+                    if not turn.output:
+                        turn.first_token_at = now
+                    turn.output.extend([token] * repeated)  # type: ignore[list-item]
             n = len(work.tokens)
             if work.drafts:
                 if work.context is not None:  # (its draft model was told these)

@@ -76,6 +76,7 @@ class Batching:
         self.config = config
         self.draft_cost = draft_cost if config.speculate is Speculate.DRAFT else None  # a draft model's, if it drafts
         self.policy = config.policy
+        self.shapes = config.shaping and config.policy.preempts  # (asked every step)
         self.cost = cost
         self.block_size = memory.pool.block_size
         self.prefix = prefix
@@ -130,21 +131,26 @@ class Batching:
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
         of, effective = self.in_flight.of, self.priorities.effective
-        others = [(turn, of(turn)) for turn in self.seats.running.values() if unaged(turn) < at]
+        others = []
+        for turn in self.seats.running.values():
+            if unaged(turn) < at:
+                ahead = of(turn)
+                # (Ahead.pending, inlined: decodes first)
+                feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
+                others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead))
+        others.sort()  # (by the four keys: last_admit is every running turn's own)
         room = self.config.step_tokens
-
-        def order(share: tuple[Turn, Ahead]) -> tuple:
-            turn, ahead = share
-            return ahead.pending(turn) > 1, -effective(turn, now), turn.last_stepped, turn.last_admit
-
-        others.sort(key=order)
-        for turn, ahead in others:
-            if not self._catch_up(turn, plan):
-                continue
-            # (after the catch-up, which may have shortened what it has to feed)
-            start, feed = turn.computed + ahead.positions, ahead.pending(turn)
-            n = budget.largest(start, min(feed, room))
-            if n and self._take(turn, n, now, plan, ahead):
+        take = self._take
+        for _, _, _, _, turn, ahead in others:
+            feed = ahead.pending(turn)
+            if feed > 1:  # (a decode has nothing to catch up on: _catch_up's first test)
+                if not self._catch_up(turn, plan):
+                    continue
+                feed = ahead.pending(turn)  # (the catch-up may have shortened what it has to feed)
+            start = turn.computed + ahead.positions
+            most = min(feed, room)
+            n = (1 if budget.fits(start, 1) else 0) if most == 1 else budget.largest(start, most)
+            if n and take(turn, n, now, plan, ahead):
                 budget.add(start, n)
                 room -= n if feed > 1 else 0
         return True
@@ -227,7 +233,12 @@ class Batching:
         sample = end == known + ahead.tokens
         drafts = self._guess(turn, start, n, plan, ahead) if speculate and sample and turn.constraint is None else NO_DRAFTS
         if end <= known:
-            tokens, follows = [turn.token_at(start)] if n == 1 else turn.tokens(start, end), False
+            if n == 1:  # (Turn.token_at, inlined: a decode's one token)
+                prompt = turn.prompt
+                tokens = [prompt[start] if start < len(prompt) else turn.output[start - len(prompt)]]
+            else:
+                tokens = turn.tokens(start, end)
+            follows = False
         else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
         if drafts:
@@ -322,6 +333,6 @@ class Batching:
         return proposed[:k]
 
     def _protected_priority(self) -> int | None:
-        if not (self.config.shaping and self.policy.preempts):
+        if not self.shapes:
             return None
         return protected_priority(self.seats.top_unaged())

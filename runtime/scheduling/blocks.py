@@ -40,7 +40,7 @@ whether a family has any block (`has_family`) skips the lookups that cannot hit.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
 from runtime.errors import UsageError
@@ -57,7 +57,14 @@ class BlockPool:
         # every chain hash, so a pool never serves one model's K/V to another.
         self.namespace = namespace
         self._free: deque[int] = deque(range(num_blocks))
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        # Cached, unreferenced blocks, oldest first: a deque, since most blocks
+        # leave it from the front. A block taken back out of the middle (a cache
+        # hit, `acquire`) leaves a stale entry, counted in `_stale` and skipped
+        # when reached: a block's stale entries are all before its live one.
+        self._lru: deque[int] = deque()
+        self._in_lru = [False] * num_blocks
+        self._stale = [0] * num_blocks
+        self._cached = 0  # blocks in the LRU (its live entries)
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
@@ -71,20 +78,20 @@ class BlockPool:
         self._notes = 0  # blocks first noted so far
         # Families (above): every block filed under one (cached, or deferred), and
         # each family's record; what names deferred blocks is the prefix cache's.
-        self._family_of: dict[int, Hashable] = {}
+        self._family_of: list[Hashable | None] = [None] * num_blocks  # (by block: a list, read for every block)
         self._families: dict[Hashable, _Family] = {}
         self.defer_naming = defer_naming  # (False: every block is named at once)
-        self.namer: Callable[[object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
+        self.namer: Callable[[object, object], tuple[bytes | None, bytes, tuple[int, ...]]] | None = None
 
     @property
     def num_free(self) -> int:
         """Blocks `grow` can hand out: free ones, then cached ones nobody holds."""
-        return len(self._free) + len(self._lru)
+        return len(self._free) + self._cached
 
     @property
     def num_cached(self) -> int:
         """Cached blocks nobody holds (evictable)."""
-        return len(self._lru)
+        return self._cached
 
     def refs(self, block: int) -> int:
         return self._refs[block]
@@ -101,85 +108,108 @@ class BlockPool:
         missing = -(-positions // self.block_size) - len(table)  # (blocks_for, inlined: several calls a step)
         if missing <= 0:
             return True
-        if missing > len(self._free) + len(self._lru):
+        if missing > len(self._free) + self._cached:
             return False
-        self._append(table, missing)
+        table += self._take(missing)
         return True
 
     def grow_all(self, tables: list[list[int]], positions: list[int]) -> bool:
         """`grow` each table to its positions, in order, if the pool can cover
         them all; False (and no change) if it cannot. One call for a step's
-        turns (Scheduler.repeatable), each taking what `grow` would."""
+        turns (Scheduler.repeatable), each taking what `grow` would: the blocks
+        are taken at once, and each table has its share in order."""
         size = self.block_size
         missing = [-(-end // size) - len(table) for table, end in zip(tables, positions, strict=True)]
-        if sum(n for n in missing if n > 0) > len(self._free) + len(self._lru):
+        total = 0
+        for n in missing:
+            if n > 0:
+                total += n
+        if not total:
+            return True
+        if total > len(self._free) + self._cached:
             return False
+        taken = self._take(total)
+        at = 0
         for table, n in zip(tables, missing, strict=True):
             if n > 0:
-                self._append(table, n)
+                table += taken[at : at + n]
+                at += n
         return True
 
-    def _append(self, table: list[int], n: int) -> None:
-        """Append `n` blocks to a table, which the pool has: free ones first, then
+    def _take(self, n: int) -> list[int]:
+        """`n` blocks, which the pool has, now owned once: free ones first, then
         cached ones evicted, LRU first."""
-        free, refs = self._free, self._refs
-        taken = min(n, len(free))
-        for _ in range(taken):
-            block = free.popleft()
+        free = self._free
+        if len(free) >= n:
+            taken = [free.popleft() for _ in range(n)]
+        else:
+            taken = list(free)
+            free.clear()
+            self._evict(taken, n - len(taken))
+        refs = self._refs
+        for block in taken:
             refs[block] = 1
-            table.append(block)
-        if taken < n:
-            self._evict(table, n - taken)
+        return taken
 
-    def _evict(self, table: list[int], n: int) -> None:
-        """Append the `n` least recently used cached blocks to a table, unnamed
+    def _evict(self, taken: list[int], n: int) -> None:
+        """Append the `n` least recently used cached blocks to `taken`, unnamed
         (`_forget`, inlined for the common case: a block its family deferred,
         named by neither a key nor a note, every other block in the LRU)."""
-        refs, hash_of, rows_of, family_of, families = self._refs, self._hash_of, self._rows_of, self._family_of, self._families
-        popitem = self._lru.popitem
+        hash_of, rows_of, family_of, families = self._hash_of, self._rows_of, self._family_of, self._families
+        popleft, in_lru, stale = self._lru.popleft, self._in_lru, self._stale
+        self._cached -= n
         # (a turn's blocks reach the LRU together, so they mostly leave it together:
         # the family of the block before is looked up once)
         last, kin = None, None
         for _ in range(n):
-            block, _ = popitem(last=False)
+            block = popleft()
+            while stale[block]:
+                stale[block] -= 1
+                block = popleft()
+            in_lru[block] = False
             if block in hash_of or block in rows_of:
                 self._forget(block)
                 last = None  # (which may have dropped its family)
             else:
-                family = family_of.pop(block, None)
+                family = family_of[block]
                 if family is not None:
+                    family_of[block] = None
                     if family != last:
                         last, kin = family, families[family]
-                    kin.deferred.pop(block, None)
-                    kin.count -= 1
+                    kin.count -= 1  # (its entry in kin.deferred, if any, is stale now: _Family)
                     if not kin.count:
                         del families[family]
                         last = None
-            refs[block] = 1
-            table.append(block)
+            taken.append(block)
 
     def release(self, table: list[int]) -> None:
         """Drop a table's references. A block nobody holds any more goes back to the
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
-        refs, family_of = self._refs, self._family_of
-        last = None
+        refs, family_of, in_lru, to_lru = self._refs, self._family_of, self._in_lru, self._lru.append
+        last, cached = None, self._cached
         for block in reversed(table):
             held = refs[block]
             if held < 1:
+                self._cached = cached
                 raise ValueError(f"block {block} released more often than it was taken")
             refs[block] = held - 1
             if held == 1:
-                family = family_of.get(block)
+                family = family_of[block]
                 if family is not None:
                     if family != last:  # (a table's blocks are mostly one family's)
                         self._families[family].held = False  # (no longer all held by the turn that filed them)
                         last = family
-                    self._lru[block] = None
+                    to_lru(block)
+                    in_lru[block] = True
+                    cached += 1
                 elif block in self._hash_of or block in self._rows_of:
-                    self._lru[block] = None
+                    to_lru(block)
+                    in_lru[block] = True
+                    cached += 1
                 else:
                     self._free.append(block)
+        self._cached = cached
         table.clear()
 
     # ---------------------------------------------------------------- sharing
@@ -193,10 +223,25 @@ class BlockPool:
     def acquire(self, block: int) -> None:
         """Take one more reference on a cached or owned block."""
         if self._refs[block] == 0:
-            if block not in self._lru:
+            if not self._in_lru[block]:
                 raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
-            del self._lru[block]
+            self._in_lru[block] = False
+            self._stale[block] += 1
+            self._cached -= 1
+            if len(self._lru) > 2 * self.num_blocks:
+                self._drop_stale()
         self._refs[block] += 1
+
+    def _drop_stale(self) -> None:
+        """Rebuild the LRU without its stale entries (once they outnumber the
+        blocks: a pool whose cache is hit, and never short, would keep them)."""
+        stale, live = self._stale, deque()
+        for block in self._lru:
+            if stale[block]:
+                stale[block] -= 1
+            else:
+                live.append(block)
+        self._lru = live
 
     def register(self, block: int, key: bytes, family: Hashable | None = None, owner: object = None) -> bool:
         """Record that an owned, full block holds the K/V that `key` names (filed
@@ -237,12 +282,27 @@ class BlockPool:
         return kin is None or (kin.owner == owner and kin.held)
 
     def defer_alone(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]]) -> bool:
-        """`defer` where `may_defer` (True), else nothing (False): a turn's blocks
-        after each step, asked once."""
+        """Where `may_defer` (else nothing, and False): file owned blocks under
+        the family as cached, each to be named as `namer(owner, entry)` says (its
+        key, None if only noted; its parent key; its rows) when the family's
+        names are next asked or changed. Deferred again, a block is named by its
+        latest entry. A turn's blocks after each step, asked once."""
         kin = self._families.get(family)
-        if kin is not None and not (kin.owner == owner and kin.held) or not self.defer_naming:
+        if kin is None:
+            if not self.defer_naming:
+                return False
+            kin = self._families[family] = _Family(owner)
+        elif not (kin.owner == owner and kin.held and self.defer_naming):
             return False
-        self.defer(family, owner, entries, kin)
+        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
+        for block, entry in entries:
+            if refs[block] < 1:
+                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
+            if family_of[block] is None:
+                family_of[block] = family
+                kin.count += 1
+                deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
+            deferred[block] = entry
         return True
 
     def defer_one(self, family: Hashable, owner: object, block: int, entry: object) -> bool:
@@ -255,31 +315,12 @@ class BlockPool:
             return False
         if self._refs[block] < 1:
             raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-        if block not in self._family_of:
+        if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
+            kin.deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
         kin.deferred[block] = entry
         return True
-
-    def defer(self, family: Hashable, owner: object, entries: Iterable[tuple[int, object]], kin: _Family | None = None) -> None:
-        """File owned blocks under the family as cached (where `may_defer`), each to
-        be named as `namer(entry)` says (its key, None if only noted; its parent
-        key; its rows) when the family's names are next asked or changed. Deferred
-        again, a block is named by its latest entry."""
-        if kin is None:
-            kin = self._families.get(family)
-        if kin is None:
-            kin = self._families[family] = _Family(owner)
-        elif kin.owner != owner:
-            kin.owner = _SHARED
-        refs, family_of, deferred = self._refs, self._family_of, kin.deferred
-        for block, entry in entries:
-            if refs[block] < 1:
-                raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
-            if block not in family_of:
-                family_of[block] = family
-                kin.count += 1
-            deferred[block] = entry
 
     def _file(self, block: int, family: Hashable, owner: object) -> _Family:
         kin = self._families.get(family)
@@ -287,7 +328,7 @@ class BlockPool:
             kin = self._families[family] = _Family(owner)
         elif kin.owner != owner:
             kin.owner = _SHARED  # (named at once from now on)
-        if block not in self._family_of:
+        if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
         return kin
@@ -295,12 +336,16 @@ class BlockPool:
     def _name_deferred(self, family: Hashable | None) -> None:
         """Name the family's deferred blocks (every family's, for None), in the
         order deferred."""
-        kins = self._families.values() if family is None else [self._families[family]] if family in self._families else []
-        for kin in kins:
+        families = self._families
+        kins = families.items() if family is None else [(family, families[family])] if family in families else []
+        family_of = self._family_of
+        for filed, kin in kins:
             if kin.deferred:
                 deferred, kin.deferred = kin.deferred, {}
                 for block, entry in deferred.items():
-                    key, parent, rows = self.namer(entry)
+                    if family_of[block] != filed:
+                        continue  # (evicted since: a stale entry)
+                    key, parent, rows = self.namer(kin.owner, entry)
                     if key is not None:
                         self._block_of[key] = block
                         self._hash_of[block] = key
@@ -308,7 +353,7 @@ class BlockPool:
 
     def _name_block(self, block: int) -> None:
         """Name the block's family if the block is deferred."""
-        family = self._family_of.get(block)
+        family = self._family_of[block]
         if family is not None and block in self._families[family].deferred:
             self._name_deferred(family)
 
@@ -377,8 +422,9 @@ class BlockPool:
         noted = self._rows_of.pop(block, None)
         if noted is not None:
             self._unfile_first(block, noted)
-        family = self._family_of.pop(block, None)
+        family = self._family_of[block]
         if family is not None:
+            self._family_of[block] = None
             kin = self._families[family]
             kin.deferred.pop(block, None)
             kin.count -= 1
@@ -401,7 +447,10 @@ _SHARED = object()  # a family's owner once two turns have filed blocks under it
 class _Family:
     """What the pool knows of one family: how many blocks are filed under it, the
     turn that filed them all (`_SHARED` once there are two), whether that turn
-    still holds them all, and the blocks it has yet to name, in the order deferred."""
+    still holds them all, and the blocks it has yet to name, in the order deferred.
+    A deferred block evicted keeps its entry, stale (the eviction, from the LRU's
+    cold end, leaves the family's dict alone): naming skips a block no longer
+    filed under the family, and one filed anew drops its stale entry first."""
 
     __slots__ = ("count", "owner", "held", "deferred")
 

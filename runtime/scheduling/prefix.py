@@ -170,8 +170,9 @@ class PrefixCache:
             full = held
         if full > turn.committed:
             blocks = turn.blocks
-            # (named when its family is next asked about: most never are)
-            if self.pool.defer_alone(self.family(turn), turn.id, [(blocks[i], (turn, i, None)) for i in range(turn.committed, full)]):
+            # (named when its family is next asked about: most never are; each
+            # block's entry is its index, `_name`)
+            if self.pool.defer_alone(self.family(turn), turn, zip(blocks[turn.committed : full], range(turn.committed, full), strict=True)):
                 turn.committed = full
             else:
                 self._register(turn, full)
@@ -192,8 +193,8 @@ class PrefixCache:
             else:
                 key = _digest(parent + array("q", rows).tobytes())
                 keys.append(key)
-            if pool.register(blocks[i], key, family, turn.id):
-                pool.note(blocks[i], parent, tuple(rows), family, turn.id)
+            if pool.register(blocks[i], key, family, turn):
+                pool.note(blocks[i], parent, tuple(rows), family, turn)
             parent = key
         turn.committed = full
 
@@ -221,16 +222,20 @@ class PrefixCache:
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
-            if not self.pool.defer_one(family, turn.id, turn.blocks[full], (turn, full, landed)):
-                self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn.id)
+            if not self.pool.defer_one(family, turn, turn.blocks[full], -landed):  # (`_name`)
+                self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn)
 
-    def _name(self, entry: tuple[Turn, int, int | None]) -> tuple[bytes | None, bytes, tuple[int, ...]]:
-        """What a deferred block is named (BlockPool.defer): block i of the turn,
-        full (`landed` None) or with its rows up to `landed`."""
-        turn, i, landed = entry
+    def _name(self, turn: Turn, entry: int) -> tuple[bytes | None, bytes, tuple[int, ...]]:
+        """What a deferred block of the turn is named (BlockPool.defer_alone): its
+        `entry` is the index of a full block, or minus the positions computed
+        of the partly computed one they end in."""
         size = self.block_size
-        key = self._named(turn, i + 1)[i] if landed is None else None
-        return key, self.parent(turn, i), tuple(turn.tokens(i * size, (i + 1) * size if landed is None else landed))
+        if entry >= 0:
+            i = entry
+            return self._named(turn, i + 1)[i], self.parent(turn, i), tuple(turn.tokens(i * size, (i + 1) * size))
+        landed = -entry
+        i = landed // size
+        return None, self.parent(turn, i), tuple(turn.tokens(i * size, landed))
 
     # ------------------------------------------------------------------ swap
 

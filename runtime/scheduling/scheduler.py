@@ -89,6 +89,7 @@ class Scheduler:
         # prefill is held back for the foreground.
         self.cost = cost or StepCost(fixed_s=1.0)
         self.policy = config.policy
+        self.preempts = config.policy.preempts  # (asked every step)
         self.pool = blocks
         self.in_flight = InFlight()
         self.prefix = PrefixCache(blocks, config.prefix_cache, self.in_flight)
@@ -237,9 +238,7 @@ class Scheduler:
             self._tell_moves(plan)
         lost = self.in_flight.land(plan)  # (a launched step leaves the steps in flight as it lands)
         self._steps_landed += repeats
-        if repeats > 1:
-            self.accounting.repeat(plan, tokens, repeats - 1, now)
-        return self.accounting.postprocess(plan, tokens, now, lost, drafted)
+        return self.accounting.postprocess(plan, tokens, now, lost, drafted, repeats - 1)
 
     def tell_progress(self, now: float) -> None:
         """Tell each running turn's tokens so far (turn.progress) where it has
@@ -362,7 +361,7 @@ class Scheduler:
         for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
             free = self._free_slot()
             if free is None:
-                if not self.policy.preempts:
+                if not self.preempts:
                     break
                 victim = self.priorities.victim(self.running.values(), now)
                 if victim is None or self.priorities.effective(turn, now) <= self.priorities.effective(victim, now):
@@ -388,12 +387,12 @@ class Scheduler:
         if len(running) < self.config.slots:
             return False
         waiting = self._not_running()
-        if self.policy.preempts and waiting:
+        if self.preempts and waiting:
             victim = self.priorities.victim(running.values(), now)
             bar = self.priorities.effective(victim, now) if victim is not None else None
             if bar is not None and any(self.priorities.effective(t, now) > bar for t in waiting):
                 return False
-        until = self.priorities.next_aging(waiting, now) if self.policy.preempts else None
+        until = self.priorities.next_aging(waiting, now) if self.preempts else None
         self._stuck = (self._changes, math.inf if until is None else until)
         return True
 

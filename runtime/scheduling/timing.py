@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from runtime.scheduling.cost import StepCost, step_features
+from runtime.scheduling.cost import StepCost
 from runtime.scheduling.turns import Plan
 from runtime.scheduling.work import Work
 
@@ -121,7 +121,7 @@ class TimingEngine:
         return first_s + rest * next_s + growth
 
     def first_step_s(self, plan: Plan) -> float:
-        return self._law.predict(*step_features(plan.works))
+        return self._law.predict(*plan.features)
 
     def next_step_s(self, plan: Plan) -> float:
         """The first fast-forwarded step: one decode per item, just past the first step."""
