@@ -148,8 +148,7 @@ class Batching:
                     continue
                 feed = ahead.pending(turn)  # (the catch-up may have shortened what it has to feed)
             start = turn.computed + ahead.positions
-            most = min(feed, room)
-            n = (1 if budget.fits(start, 1) else 0) if most == 1 else budget.largest(start, most)
+            n = budget.largest(start, min(feed, room))
             if n and take(turn, n, now, plan, ahead):
                 budget.add(start, n)
                 room -= n if feed > 1 else 0
