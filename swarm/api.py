@@ -6,12 +6,11 @@
         ...
 
 Leaving the block stops every agent, ends every turn in exactly one terminal
-event, frees the KV and closes the event stream.
+event, frees the KV and closes the event stream (swarm.outlets).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -21,9 +20,6 @@ import anyio
 
 from runtime.actors.system import ActorSystem
 from runtime.errors import ConfigError
-from runtime.events.bus import EventBus
-from runtime.events.kinds import SwarmStarted, SwarmStopped
-from runtime.events.stream import serve_events
 from runtime.owner.client import LocalGPU
 from runtime.owner.drafter import DraftModel
 from runtime.owner.owner import GPUOwner
@@ -31,6 +27,7 @@ from runtime.scheduling.drafts import Speculate, split_speculation
 from runtime.scheduling.turns import Policy, SchedulerConfig
 from runtime.scheduling.work import Engine
 from swarm.hosting import AgentHost
+from swarm.outlets import EventOutlets
 
 
 class Swarm(AgentHost):
@@ -98,11 +95,8 @@ class Swarm(AgentHost):
             max_context=engine.max_context,
         )
         self.engine = engine
-        self.bus = EventBus(clock=clock)
-        self.events_path = self.bus.log_to_file(events) if events else None
-        if terminal:
-            self.bus.log_to_terminal()
-        self.socket = Path(socket) if socket else None
+        self.outlets = EventOutlets(events, terminal=terminal, socket=socket, clock=clock)
+        self.bus = self.outlets.bus
         self.model_name = model_name or engine.model_name
         self.system = ActorSystem(self.bus)
         self.client: LocalGPU | None = None  # what agents hold (made at entry, with the owner)
@@ -125,22 +119,11 @@ class Swarm(AgentHost):
         async with AsyncExitStack() as stack:
             if drafter is not None:
                 stack.callback(drafter.close)
-            tasks = await stack.enter_async_context(anyio.create_task_group())
-            if self.socket:
-                await tasks.start(serve_events, self.bus, self.socket)
-            stack.push_async_callback(self._announce_stop)
+            await self.outlets.open(stack, lambda: self.owner.scheduler.step)
             await stack.enter_async_context(self.system)
             stack.push_async_callback(self._stop_agents)
-            self.bus.emit(
-                SwarmStarted(
-                    t=self.bus.now(),
-                    step=0,
-                    unix_time=time.time(),
-                    slots=self.config.slots,
-                    policy=self.config.policy.value,
-                    device=self.engine.device_name,
-                    model=self.model_name,
-                )
+            self.outlets.announce_start(
+                slots=self.config.slots, policy=self.config.policy.value, device=self.engine.device_name, model=self.model_name
             )
             await self.system.spawn(self.owner)
             self._stack = stack.pop_all()
@@ -163,10 +146,6 @@ class Swarm(AgentHost):
         self.owner.intake.closing = True
         with anyio.CancelScope(shield=True):
             await self.system.stop(*(name for name in self.system.names() if name != self.owner.name))
-
-    async def _announce_stop(self) -> None:
-        self.bus.emit(SwarmStopped(t=self.bus.now(), step=self.owner.scheduler.step, unix_time=time.time()))
-        self.bus.close()
 
 
 def draft_model_name(engine: Engine, name: str | None) -> str:

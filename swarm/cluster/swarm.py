@@ -27,14 +27,12 @@ import anyio
 
 from runtime.actors.system import ActorSystem
 from runtime.errors import ConfigError
-from runtime.events.bus import EventBus
-from runtime.events.kinds import SwarmStarted, SwarmStopped
-from runtime.events.stream import serve_events
 from runtime.scheduling.drafts import split_speculation
 from swarm.cluster.client import ClusterGPU
 from swarm.cluster.host import OwnerHost, OwnerInfo, OwnerSpec
 from swarm.cluster.placement import Placement, Router
 from swarm.hosting import AgentHost
+from swarm.outlets import EventOutlets
 
 STOP_GRACE_S = 30.0  # for the owners to end their turns at shutdown
 
@@ -101,11 +99,8 @@ class ClusterSwarm(AgentHost):
         self.specs = list(owners)
         self.address = address
         self.placement = placement
-        self.bus = EventBus()
-        self.events_path = self.bus.log_to_file(events) if events else None
-        if terminal:
-            self.bus.log_to_terminal()
-        self.socket = Path(socket) if socket else None
+        self.outlets = EventOutlets(events, terminal=terminal, socket=socket)
+        self.bus = self.outlets.bus
         self.system = ActorSystem(self.bus)
         self.handles: dict[str, Any] = {}
         self.infos: dict[str, OwnerInfo] = {}
@@ -123,10 +118,7 @@ class ClusterSwarm(AgentHost):
             if not ray.is_initialized():
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
                 stack.callback(ray.shutdown)
-            outer = await stack.enter_async_context(anyio.create_task_group())
-            if self.socket:
-                await outer.start(serve_events, self.bus, self.socket)
-            stack.push_async_callback(self._announce_stop)
+            await self.outlets.open(stack, lambda: 0)
             self._start_owners(ray)
             stack.push_async_callback(self._kill_owners)
             infos = [await self.handles[spec.name].info.remote() for spec in self.specs]
@@ -151,16 +143,11 @@ class ClusterSwarm(AgentHost):
             self.system.on_actor_stopped.append(self.client.agent_stopped)
             await stack.enter_async_context(self.system)
             stack.push_async_callback(self._stop_agents)
-            self.bus.emit(
-                SwarmStarted(
-                    t=self.bus.now(),
-                    step=0,
-                    unix_time=time.time(),
-                    slots=sum(s.slots for s in self.specs),
-                    policy=self.specs[0].policy,
-                    device=f"cluster of {len(self.specs)}: " + ", ".join(f"{i.name}={i.device}" for i in infos),
-                    model=infos[0].model,
-                )
+            self.outlets.announce_start(
+                slots=sum(s.slots for s in self.specs),
+                policy=self.specs[0].policy,
+                device=f"cluster of {len(self.specs)}: " + ", ".join(f"{i.name}={i.device}" for i in infos),
+                model=infos[0].model,
             )
             for name in self.handles:
                 tasks.start_soon(self._follow, name)
@@ -220,10 +207,6 @@ class ClusterSwarm(AgentHost):
     async def _kill_owners(self) -> None:
         for handle in self.handles.values():
             _ray().kill(handle, no_restart=True)
-
-    async def _announce_stop(self) -> None:
-        self.bus.emit(SwarmStopped(t=self.bus.now(), step=0, unix_time=time.time()))
-        self.bus.close()
 
     def kill_owner(self, name: str) -> None:
         """Kill an owner's process, as a crash would (fault drills and tests)."""
