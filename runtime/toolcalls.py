@@ -52,7 +52,7 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-# "auto": answer or call; "none": answer; "required": call at least one tool;
+# "auto": answer, call, or both (text, then calls); "none": answer; "required": call at least one tool;
 # any other string: call that tool.
 ToolChoice = Literal["auto", "none", "required"] | str
 
@@ -78,9 +78,10 @@ class ToolCallFormat:
     ) -> str | None:
         """The Lark grammar a turn is decoded under, or None for an unconstrained
         turn (`none`: a plain answer). `auto` takes an answer that never opens a
-        call block (JSON of `answer_schema`, if given), or one or more calls;
-        `required` one or more calls; a tool's name, exactly one call of it.
-        Without `parallel`, at most one call."""
+        call block, one or more calls, or text then calls (as Qwen writes "Let me
+        look." before a call); with `answer_schema`, a JSON answer or calls.
+        `required` takes one or more calls; a tool's name, exactly one call of
+        it. Without `parallel`, at most one call."""
         if choice == "none":
             return None
         if choice not in ("auto", "required"):
@@ -90,20 +91,32 @@ class ToolCallFormat:
             parallel = False
         if not specs:
             raise UsageError("a tool call needs at least one tool")
+        opening = self.call_open.strip()
+        assert self.call_open.startswith(opening), "a call block opens with its tag"
         call_rules = [f"call_{i}: %json{json.dumps(_call_schema(s))}" for i, s in enumerate(specs)]
+        more = " more" if parallel else ""  # (the calls after a first one)
         lines = [
-            "calls: " + ("call (" + _lark_string(self.call_separator) + " call)*" if parallel else "call"),
-            f"call: {_lark_string(self.call_open)} ({' | '.join(f'call_{i}' for i in range(len(specs)))}) {_lark_string(self.call_close)}",
+            f"calls: call{more}",
+            f"call: {_lark_string(opening)} opened",
+            # (a call past its opening tag: where text before the calls stops, below)
+            f"opened: {_lark_string(self.call_open[len(opening) :])} ({' | '.join(f'call_{i}' for i in range(len(specs)))}) "
+            + _lark_string(self.call_close),
+            *([f"more: ({_lark_string(self.call_separator)} call)*"] if parallel else []),
             *call_rules,
         ]
-        if choice == "auto":
+        if choice == "auto" and answer_schema is not None:
+            lines = ["start: answer | calls", f"answer: %json{json.dumps(answer_schema)}", *lines]
+        elif choice == "auto":
             # An answer may say anything but the call block's opening: a call is only
             # ever made through the rules below, so it always names a real tool.
-            opening = re.escape(self.call_open.strip())
-            if answer_schema is not None:
-                lines = ["start: answer | calls", f"answer: %json{json.dumps(answer_schema)}", *lines]
-            else:
-                lines = ["start: ANSWER | calls", f"ANSWER: /(?s:.+)/ & ~/(?s:.*{opening}.*)/", *lines]
+            # Text before calls ends lazily at the opening (llguidance's `stop`): a
+            # greedy lexeme would swallow a prefix of it and never give it back.
+            lines = [
+                f"start: ANSWER | calls | text opened{more}",
+                f"ANSWER: /(?s:.+)/ & ~/(?s:.*{re.escape(opening)}.*)/",
+                f"text[stop={_lark_string(opening)}]: /(?s:.*)/",
+                *lines,
+            ]
         else:
             lines = ["start: calls", *lines]
         return "\n".join(lines) + "\n"
@@ -128,16 +141,6 @@ class ToolCallFormat:
             return text, calls
         # A block left open after whole calls is one the turn ran out of tokens in.
         return rest.split(self.call_open.strip())[0].strip(), calls
-
-    def starts_call(self, text: str) -> bool | None:
-        """Whether an answer that begins with `text` is a call (None: too soon to say)."""
-        head = text.lstrip()
-        opening = self.call_open.strip()
-        if head.startswith(opening):
-            return True
-        if opening.startswith(head):
-            return None
-        return False
 
     # ------------------------------------------------------------ writing
 

@@ -377,7 +377,7 @@ def test_langchain_structured_output(llm: ChatOpenAI, method: str) -> None:
     assert isinstance(verdict, Verdict) and 1 <= verdict.score <= 5
 
 
-def test_the_splitter_sends_each_call_when_its_block_closes_and_text_as_it_comes() -> None:
+def test_the_splitter_sends_text_as_it_comes_and_each_call_when_its_block_closes() -> None:
     from runtime.toolcalls import HERMES
     from swarm.server.calls import CallSplitter
 
@@ -392,3 +392,14 @@ def test_the_splitter_sends_each_call_when_its_block_closes_and_text_as_it_comes
     assert cut.push('<tool_call>\n{"name": "ad') == [] and cut.finish() == ['<tool_call>\n{"name": "ad']
     after = CallSplitter(HERMES)  # ... and after whole calls, the cut one is dropped, as parse drops it
     assert [c.name for c in after.push(two + '\n<tool_call>\n{"na')] == ["add", "add"] and after.finish() == []
+    # Text, then calls: the text goes out as it comes, but for what may open a block
+    # (and the blank before it); piece by piece, it says what parse says of the whole.
+    both = "Let me <b>add</b> these.\n" + two
+    for size in (1, 3, 7, len(both)):
+        split = CallSplitter(HERMES)
+        out = [item for i in range(0, len(both), size) for item in split.push(both[i : i + size])] + split.finish()
+        text, calls = HERMES.parse(both)
+        assert "".join(x for x in out if isinstance(x, str)) == text == "Let me <b>add</b> these."
+        assert [(c.name, c.arguments) for c in out if not isinstance(c, str)] == [(c.name, c.arguments) for c in calls]
+    held = CallSplitter(HERMES)
+    assert held.push("Sure.\n<tool") == ["Sure."] and held.push("box>") == ["\n<toolbox>"]

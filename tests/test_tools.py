@@ -136,13 +136,18 @@ def test_tools_need_typed_keyword_parameters_and_distinct_names() -> None:
 SPECS = [Tool.of(weather).spec, Tool.of(add).spec]
 
 
-def test_under_auto_the_model_answers_or_calls_real_tools_with_valid_arguments() -> None:
+def test_under_auto_the_model_answers_calls_or_both_real_tools_with_valid_arguments() -> None:
     lark = HERMES.grammar(SPECS, "auto")
     assert accepts(lark, "It is sunny.")
     assert accepts(lark, call_text("add", {"a": 1, "b": 2}))
     assert accepts(lark, call_text("weather", {"place": {"city": "Oslo"}}) + "\n" + call_text("add", {"a": 1, "b": 2}))
     assert not accepts(lark, call_text("rm_rf", {}))  # no tool has that name
     assert not accepts(lark, "Sure! " + call_text("rm_rf", {}))  # nor through the answer's text
+    # Text, then calls: it stops at the call block's opening, and what follows is calls.
+    assert accepts(lark, "Let me add.\n" + call_text("add", {"a": 1, "b": 2}))
+    assert accepts(lark, "First <b>this</b>: " + call_text("add", {"a": 1, "b": 2}) + "\n" + call_text("add", {"a": 3, "b": 4}))
+    assert not accepts(lark, "Let me add.\n" + call_text("add", {"a": 1, "b": 2}) + "\nDone.")
+    assert not accepts(lark, "Half <tool_call> a call")
     assert not accepts(lark, call_text("add", {"a": "1", "b": 2}))  # a string where an int goes
     assert not accepts(lark, call_text("add", {"a": 1}))  # a required argument missing
     assert not accepts(lark, call_text("add", {"a": 1, "b": 2, "c": 3}))  # one it does not take
@@ -160,6 +165,8 @@ def test_required_named_and_single_call_choices() -> None:
     single = HERMES.grammar(SPECS, "auto", parallel=False)
     assert accepts(single, call_text("add", {"a": 1, "b": 2}))
     assert not accepts(single, call_text("add", {"a": 1, "b": 2}) + "\n" + call_text("add", {"a": 1, "b": 2}))
+    assert accepts(single, "So: " + call_text("add", {"a": 1, "b": 2}))
+    assert not accepts(single, "So: " + call_text("add", {"a": 1, "b": 2}) + "\n" + call_text("add", {"a": 1, "b": 2}))
     assert HERMES.grammar(SPECS, "none") is None
     json_answer = HERMES.grammar(
         SPECS, "auto", answer_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
@@ -183,7 +190,8 @@ def test_calls_parse_back_and_text_that_is_no_call_stays_text() -> None:
     assert HERMES.parse("Just an answer.") == ("Just an answer.", [])
     cut = HERMES.parse(call_text("add", {"a": 1, "b": 2}) + '\n<tool_call>\n{"name')  # out of tokens in the second
     assert cut[0] == "" and [c.name for c in cut[1]] == ["add"]
-    assert [HERMES.starts_call(t) for t in ("<tool", "<tool_call>\n{", "Hello", "")] == [None, True, False, None]
+    said = HERMES.parse("Let me add.\n" + call_text("add", {"a": 1, "b": 2}))  # text, then a call
+    assert said[0] == "Let me add." and [c.name for c in said[1]] == ["add"]
 
 
 def test_a_conversation_with_calls_folds_into_plain_messages_for_a_template_without_tools() -> None:
@@ -248,3 +256,33 @@ def test_a_conversation_whose_calls_do_not_parse_is_one_usage_error() -> None:
             template_messages(conversation)
         with pytest.raises(UsageError, match="tool call"):
             HERMES.fold(conversation, [])
+
+
+@pytest.mark.fetched_model
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_text_then_a_call_is_taken_token_by_token_in_each_models_own_tokens(name: str) -> None:
+    # Qwen writes the opening tag as one token of its own; SmolLM2 in pieces: either
+    # way the text stops there, and the call after it is held to the tools.
+    from gpu.grammar import ConstraintCompiler
+    from gpu.model.catalogue import CATALOGUE
+    from gpu.model.fetch import cached
+    from gpu.model.load import load_model
+    from gpu.model.tokenizer import Tokenizer
+    from runtime.scheduling.constraints import Grammar
+
+    path = cached(CATALOGUE[name])
+    if path is None:
+        pytest.skip(f"{name} is not in the model cache; fetch it with `swarm models --fetch {name}`")
+    tokenizer = Tokenizer.from_model(load_model(path))
+    compiler = ConstraintCompiler(tokenizer, tokenizer.vocab_size)
+    grammar = Grammar(HERMES.grammar(SPECS, "auto"))
+
+    def takes(text: str) -> bool:
+        matcher = compiler.matcher(grammar)
+        return matcher.consume_tokens(tokenizer.encode(text)) and matcher.is_accepting()
+
+    call = call_text("add", {"a": 1, "b": 2})
+    if name.startswith("qwen"):
+        assert len(tokenizer.encode("<tool_call>")) == 1
+    assert takes("Let me add them.\n" + call) and takes(call) and takes("It is 3.")
+    assert not takes("Let me add them.\n" + call_text("rm_rf", {}))

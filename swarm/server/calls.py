@@ -165,44 +165,53 @@ def message_calls(calls: list[MessageToolCall]) -> list[dict[str, Any]]:
 
 class CallSplitter:
     """Splits a streamed answer into content and tool calls. The grammar makes an
-    answer either text that never opens a call block, or call blocks only; until
-    the first characters say which, they are held back."""
+    answer text, call blocks, or text then call blocks (runtime.toolcalls): text
+    goes out as it comes, but for a tail that may still open the first block (a
+    prefix of its opening tag, and the white space before it), held until the
+    next piece says; from the opening on, each call goes out as its block closes."""
 
     def __init__(self, fmt: ToolCallFormat) -> None:
         self.fmt = fmt
         self.calls: list[ToolCall] = []
-        self._mode: str | None = None  # "text" or "calls", once known
+        self._in_calls = False  # the first block has opened
         self._held = ""
+        self._opening = fmt.call_open.strip()
         self._close = fmt.call_close.strip()
 
     def push(self, piece: str) -> list[str | ToolCall]:
         """What can go out now: text pieces and whole calls."""
-        if self._mode == "text":
-            return [piece] if piece else []
         self._held += piece
-        if self._mode is None:
-            starts = self.fmt.starts_call(self._held)
-            if starts is None:
-                return []
-            self._mode = "calls" if starts else "text"
-            if self._mode == "text":
-                out, self._held = self._held, ""
-                return [out]
-        return self._take_calls()
+        if self._in_calls:
+            return self._take_calls()
+        at = self._held.find(self._opening)
+        if at < 0:
+            return self._take_text()
+        # (the text before the calls, as ToolCallFormat.parse reads it: without the blank before the block)
+        text, self._held = self._held[:at].rstrip(), self._held[at:]
+        self._in_calls = True
+        return ([text] if text else []) + self._take_calls()
 
     def finish(self) -> list[str | ToolCall]:
         """What is left at the turn's end. A call block the turn ran out of tokens
         in is dropped after whole calls (as `ToolCallFormat.parse` does), and sent
         as the text the model wrote when it is all there is."""
-        out: list[str | ToolCall] = self._take_calls() if self._mode == "calls" else []
+        out: list[str | ToolCall] = self._take_calls() if self._in_calls else []
         if self._held and not self.calls:
             out.append(self._held)
         self._held = ""
         return out
 
+    def _take_text(self) -> list[str]:
+        """The held text but its tail that may still open a call block."""
+        held, opening = self._held, self._opening
+        tail = next((n for n in range(min(len(opening) - 1, len(held)), 0, -1) if opening.startswith(held[-n:])), 0)
+        cut = len(held[: len(held) - tail].rstrip())
+        out, self._held = held[:cut], held[cut:]
+        return [out] if out else []
+
     def _take_calls(self) -> list[str | ToolCall]:
         out: list[str | ToolCall] = []
-        opening = self.fmt.call_open.strip()
+        opening = self._opening
         while (end := self._held.find(self._close)) >= 0:
             block, self._held = self._held[: end + len(self._close)], self._held[end + len(self._close) :]
             body = block.strip().removeprefix(opening).removesuffix(self._close)
