@@ -302,7 +302,7 @@ def simulate(
         # A decode step of every slot bounds the steps to come from above, so
         # skipping ahead by it never runs past the horizon by more than a step.
         running = sched.running.values()
-        step_s = engine.cost.predict(slots, sum(len(t.prompt) + len(t.output) for t in running) + len(running) + slots)
+        step_s = engine.cost.predict(slots, sum([len(t.prompt) + len(t.output) for t in running]) + len(running) + slots)
         steps = max(1, math.ceil((horizon - now) / step_s)) if horizon is not None else 1 << 30
         plan = sched.schedule(now)
         steps = sched.repeatable(plan, steps) if fast_forward else 1
@@ -324,9 +324,10 @@ def simulate(
                     result.abandoned_steps += 1
                     now = start + stop
                     continue
-        for turn in plan.turns:
-            if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
-                result.fg_waits.append(now - turn.arrived + overhead_s)
+        if any(turn.admitted_at == now for turn in foreground.values()):  # (a wait ends: rarely, so asked of the few first)
+            for turn in plan.turns:
+                if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
+                    result.fg_waits.append(now - turn.arrived + overhead_s)
         if plan.moves:
             moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
             result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
@@ -334,6 +335,7 @@ def simulate(
         first = now + overhead_s + first_s
         now += overhead_s + span_s(steps)
         rest = (now - first) / (steps - 1) if steps > 1 else 0.0
+        warm = now > workload.warmup_s
         for turn, _ in sched.postprocess(plan, tokens, now, repeats=steps):
             if turn.agent == "fg":
                 if turn.id in last_token:
@@ -345,9 +347,10 @@ def simulate(
                 if turn.done:
                     result.fg_turn.append(now - turn.arrived)
                     del last_token[turn.id], foreground[turn.id]
-            elif now > workload.warmup_s:
+                continue
+            if warm:
                 result.bg_tokens += steps
-            if turn.done and turn.agent != "fg":
+            if turn.ended is not None:  # (Turn.done, inlined: asked of every token delivered)
                 submit_bg(turn.agent, now)
     result.span_s = now - workload.warmup_s
     result.steps = sched.step

@@ -266,16 +266,19 @@ class Scheduler:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
         if len(plan.works) < len(self.running):
             return 1  # (a turn left out of this step, by the token budget or the shaping, may have work in the next)
+        ends, tables = [], []  # (where each item's last step ends, less the steps after its first, and its table)
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
             left = turn.max_tokens - len(turn.output)
             if left < steps:
                 steps = left
+            ends.append(work.start + len(work.tokens))
+            tables.append(turn.blocks)
         if steps <= 1:
             return 1
-        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
-        return steps if self.pool.grow_all([turn.blocks for turn in plan.turns], ends) else 1
+        more = steps - 1
+        return steps if self.pool.grow_all(tables, [end + more for end in ends]) else 1
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
         """A KV move of this plan failed for the turn: it is re-prefilled (runtime.scheduling.kvmoves)."""
@@ -317,6 +320,14 @@ class Scheduler:
             self._ranked = (self._changes, ranked)
         return ranked
 
+    def _victim(self, now: float) -> Turn | None:
+        """The running turn a preemption pauses (Priorities.victim): the lowest
+        effective priority, the latest admitted among equals, which is the last
+        ranked (asked at every step while a turn waits, so read off the ranked
+        turns kept)."""
+        ranked = self.ranked(now)
+        return ranked[-1] if ranked else None
+
     def top_unaged(self) -> int | None:
         """The highest unaged priority among the live turns (None if there are none)."""
         changes, top = self._top
@@ -357,13 +368,14 @@ class Scheduler:
         """This boundary's decisions, on the turns as they stand once the steps in
         flight land: a prompt does not compute again a block one of them computes."""
         plan = Plan()
-        waiting = [] if self._queue_stuck(now) else self.waiting
+        # (unsorted: queue_order sorts them, by keys that end in the order they joined the queue)
+        waiting = [] if self._queue_stuck(now) else self._not_running()
         for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
             free = self._free_slot()
             if free is None:
                 if not self.preempts:
                     break
-                victim = self.priorities.victim(self.running.values(), now)
+                victim = self._victim(now)
                 if victim is None or self.priorities.effective(turn, now) <= self.priorities.effective(victim, now):
                     break
                 free = victim.slot
@@ -388,7 +400,7 @@ class Scheduler:
             return False
         waiting = self._not_running()
         if self.preempts and waiting:
-            victim = self.priorities.victim(running.values(), now)
+            victim = self._victim(now)
             bar = self.priorities.effective(victim, now) if victim is not None else None
             if bar is not None and any(self.priorities.effective(t, now) > bar for t in waiting):
                 return False
