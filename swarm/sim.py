@@ -182,18 +182,18 @@ class Tally:
 
     def count(self, event: Event) -> None:
         result = self.result
-        match event:
-            case Preempted():
-                result.preemptions += 1
-            case Recomputed(turn=turn, tokens=tokens, cached_tokens=cached):
-                result.recomputed_tokens += tokens
-                self.recached[turn] = self.recached.get(turn, 0) + cached
+        match event:  # (every turn's three first: one of each a turn)
             case Queued(turn=turn, tokens=tokens):
                 self.prompts[turn] = tokens
             case Admitted(turn=turn):
                 result.prompt_tokens += self.prompts.pop(turn)
             case Ended(turn=turn, cached_tokens=cached):
                 result.cached_tokens += cached - self.recached.pop(turn, 0)
+            case Preempted():
+                result.preemptions += 1
+            case Recomputed(turn=turn, tokens=tokens, cached_tokens=cached):
+                result.recomputed_tokens += tokens
+                self.recached[turn] = self.recached.get(turn, 0) + cached
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -253,7 +253,9 @@ def simulate(
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
-    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
+    # (it lands each plan before planning the next, and the timing model reads no block table)
+    pool = BlockPool(workload.num_blocks, workload.block_size)
+    sched = Scheduler(config, pool, emit=count, cost=engine.cost, launches_ahead=False)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def before_arrival(span_s: Callable[[int], float], overhead_s: float, steps: int, now: float, arrival: float) -> int:
