@@ -108,7 +108,7 @@ class Batching:
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan, ahead, alone and budget > 1)
             elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
-                budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
+                budget -= self._take(turn, min(ahead.pending(turn), budget), now, plan, ahead)
 
     def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
@@ -121,11 +121,10 @@ class Batching:
             (protected if unaged(turn) >= at else background).append(turn)
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
-        pending = self.in_flight.pending
         preemptions = plan.preemptions
-        for turn, _, _ in self._batch_order(protected):
+        for turn, ahead, _ in self._batch_order(protected):
             if chunk > 0 and self._catch_up(turn, plan):
-                n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
+                n = self._take(turn, min(ahead.pending(turn), chunk), now, plan, ahead, self.speculates)
             else:
                 n = 0
             if n:
@@ -140,10 +139,10 @@ class Batching:
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
-        of, effective = self.in_flight.of, self.priorities.effective
+        of, effective = self.in_flight.of if self.in_flight else None, self.priorities.effective
         others = []
         for turn in background:
-            ahead = of(turn)
+            ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
             # (Ahead.pending, inlined: decodes first)
             feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
             others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead, feed))
@@ -167,10 +166,10 @@ class Batching:
         their work is taken, each with its share of the steps in flight and what
         it has to feed before its next sample (InFlight.pending): decodes first,
         then the rest, each in the order given."""
-        of = self.in_flight.of  # (this runs for every turn at every step)
+        of = self.in_flight.of if self.in_flight else None  # (this runs for every turn at every step)
         decodes, rest = [], []
         for turn in ranked:
-            ahead = of(turn)
+            ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
             pending = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions  # (Ahead.pending, inlined)
             (rest if pending > 1 else decodes).append((turn, ahead, pending))
         return decodes + rest if rest else decodes
