@@ -238,9 +238,14 @@ def simulate(
         raise ConfigError(f"prefix_share must be in [0, 1], got {workload.prefix_share}")
     fresh = itertools.count(1 << 20)  # token ids no prompt shares
 
+    @functools.cache
+    def repeated(agent: str, shared: int) -> tuple[int, ...]:
+        """The first `shared` tokens of every prompt of the agent (made once per agent)."""
+        return tuple(zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared))
+
     def prompt(agent: str, n: int) -> list[int]:
         shared = round(workload.prefix_share * n)
-        return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + list(itertools.islice(fresh, n - shared))
+        return [*repeated(agent, shared), *itertools.islice(fresh, n - shared)]
 
     config = SchedulerConfig(
         slots=workload.slots,

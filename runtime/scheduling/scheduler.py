@@ -278,19 +278,16 @@ class Scheduler:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
         if len(plan.works) < len(self.running):
             return 1  # (a turn left out of this step, by the token budget or the shaping, may have work in the next)
-        ends, tables = [], []  # (where each item's last step ends, less the steps after its first, and its table)
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
                 return 1
             left = turn.max_tokens - len(turn.output)
             if left < steps:
                 steps = left
-            ends.append(work.start + len(work.tokens))
-            tables.append(turn.blocks)
         if steps <= 1:
             return 1
-        more = steps - 1
-        return steps if self.pool.grow_all(tables, [end + more for end in ends]) else 1
+        ends = [work.start + len(work.tokens) + steps - 1 for work in plan.works]
+        return steps if self.pool.grow_all([turn.blocks for turn in plan.turns], ends) else 1
 
     def lose_kv(self, plan: Plan, turn_id: int, now: float) -> None:
         """A KV move of this plan failed for the turn: it is re-prefilled (runtime.scheduling.kvmoves)."""
