@@ -107,7 +107,7 @@ class Batching:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan, ahead, alone and budget > 1)
-            elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
+            elif self._catch_up(turn, plan, ahead):  # (which may shorten what it has to feed)
                 budget -= self._take(turn, min(ahead.pending(turn), budget), now, plan, ahead)
 
     def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
@@ -123,7 +123,7 @@ class Batching:
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         preemptions = plan.preemptions
         for turn, ahead, _ in self._batch_order(protected):
-            if chunk > 0 and self._catch_up(turn, plan):
+            if chunk > 0 and self._catch_up(turn, plan, ahead):
                 n = self._take(turn, min(ahead.pending(turn), chunk), now, plan, ahead, self.speculates)
             else:
                 n = 0
@@ -151,7 +151,7 @@ class Batching:
         take, largest, add = self._take, budget.largest, budget.add
         for _, _, _, _, turn, ahead, feed in others:
             if feed > 1:  # (a decode has nothing to catch up on: _catch_up's first test)
-                if not self._catch_up(turn, plan):
+                if not self._catch_up(turn, plan, ahead):
                     continue
                 feed = ahead.pending(turn)  # (the catch-up may have shortened what it has to feed)
             start = turn.computed + ahead.positions
@@ -174,11 +174,12 @@ class Batching:
             (rest if pending > 1 else decodes).append((turn, ahead, pending))
         return decodes + rest if rest else decodes
 
-    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
+    def _catch_up(self, turn: Turn, plan: Plan, ahead: Ahead) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
         gained since (runtime.scheduling.prefix). False if the turn should wait this step,
-        because a batch-mate computes its next block for the same tokens."""
-        if turn.status is not Status.RUNNING or self.in_flight.pending(turn) <= 1 or not self.prefix.enabled:
+        because a batch-mate computes its next block for the same tokens. (`ahead`:
+        its share of the steps in flight, which the caller has.)"""
+        if turn.status is not Status.RUNNING or ahead.pending(turn) <= 1 or not self.prefix.enabled:
             return True
         self.prefix.extend(turn)
         if self._computed_alongside(turn, plan):

@@ -510,7 +510,7 @@ class Scheduler:
         return None
 
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
-        if turn.done:
+        if turn.status is Status.ENDED:  # (Turn.done, inlined)
             return
         # (What a step in flight samples for it never reaches it: an ended turn
         # takes nothing when that step lands.)
