@@ -182,18 +182,18 @@ class Tally:
 
     def count(self, event: Event) -> None:
         result = self.result
-        match event:
-            case Preempted():
-                result.preemptions += 1
-            case Recomputed(turn=turn, tokens=tokens, cached_tokens=cached):
-                result.recomputed_tokens += tokens
-                self.recached[turn] = self.recached.get(turn, 0) + cached
+        match event:  # (every turn's three first: one of each a turn)
             case Queued(turn=turn, tokens=tokens):
                 self.prompts[turn] = tokens
             case Admitted(turn=turn):
                 result.prompt_tokens += self.prompts.pop(turn)
             case Ended(turn=turn, cached_tokens=cached):
                 result.cached_tokens += cached - self.recached.pop(turn, 0)
+            case Preempted():
+                result.preemptions += 1
+            case Recomputed(turn=turn, tokens=tokens, cached_tokens=cached):
+                result.recomputed_tokens += tokens
+                self.recached[turn] = self.recached.get(turn, 0) + cached
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -238,9 +238,14 @@ def simulate(
         raise ConfigError(f"prefix_share must be in [0, 1], got {workload.prefix_share}")
     fresh = itertools.count(1 << 20)  # token ids no prompt shares
 
+    @functools.cache
+    def repeated(agent: str, shared: int) -> tuple[int, ...]:
+        """The first `shared` tokens of every prompt of the agent (made once per agent)."""
+        return tuple(zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared))
+
     def prompt(agent: str, n: int) -> list[int]:
         shared = round(workload.prefix_share * n)
-        return [zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared)] + list(itertools.islice(fresh, n - shared))
+        return [*repeated(agent, shared), *itertools.islice(fresh, n - shared)]
 
     config = SchedulerConfig(
         slots=workload.slots,
@@ -253,7 +258,9 @@ def simulate(
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
-    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
+    # (it lands each plan before planning the next, and the timing model reads no block table)
+    pool = BlockPool(workload.num_blocks, workload.block_size)
+    sched = Scheduler(config, pool, emit=count, cost=engine.cost, launches_ahead=False)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def before_arrival(span_s: Callable[[int], float], overhead_s: float, steps: int, now: float, arrival: float) -> int:
@@ -302,7 +309,7 @@ def simulate(
         # A decode step of every slot bounds the steps to come from above, so
         # skipping ahead by it never runs past the horizon by more than a step.
         running = sched.running.values()
-        step_s = engine.cost.predict(slots, sum(len(t.prompt) + len(t.output) for t in running) + len(running) + slots)
+        step_s = engine.cost.predict(slots, sum([len(t.prompt) + len(t.output) for t in running]) + len(running) + slots)
         steps = max(1, math.ceil((horizon - now) / step_s)) if horizon is not None else 1 << 30
         plan = sched.schedule(now)
         steps = sched.repeatable(plan, steps) if fast_forward else 1
@@ -324,9 +331,10 @@ def simulate(
                     result.abandoned_steps += 1
                     now = start + stop
                     continue
-        for turn in plan.turns:
-            if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
-                result.fg_waits.append(now - turn.arrived + overhead_s)
+        if any(turn.admitted_at == now for turn in foreground.values()):  # (a wait ends: rarely, so asked of the few first)
+            for turn in plan.turns:
+                if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
+                    result.fg_waits.append(now - turn.arrived + overhead_s)
         if plan.moves:
             moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
             result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
@@ -334,6 +342,7 @@ def simulate(
         first = now + overhead_s + first_s
         now += overhead_s + span_s(steps)
         rest = (now - first) / (steps - 1) if steps > 1 else 0.0
+        warm = now > workload.warmup_s
         for turn, _ in sched.postprocess(plan, tokens, now, repeats=steps):
             if turn.agent == "fg":
                 if turn.id in last_token:
@@ -345,9 +354,10 @@ def simulate(
                 if turn.done:
                     result.fg_turn.append(now - turn.arrived)
                     del last_token[turn.id], foreground[turn.id]
-            elif now > workload.warmup_s:
+                continue
+            if warm:
                 result.bg_tokens += steps
-            if turn.done and turn.agent != "fg":
+            if turn.ended is not None:  # (Turn.done, inlined: asked of every token delivered)
                 submit_bg(turn.agent, now)
     result.span_s = now - workload.warmup_s
     result.steps = sched.step

@@ -60,13 +60,15 @@ class Accounting:
             status = turn.status
             if status is ended:
                 continue
+            output = turn.output
+            sampled = work.sample and token is not None
+            n = len(work.tokens)
             if repeated and status is running:
                 turn.computed += repeated
-                if work.sample and token is not None:
-                    if not turn.output:
+                if sampled:
+                    if not output:
                         turn.first_token_at = now
-                    turn.output.extend([token] * repeated)  # type: ignore[list-item]
-            n = len(work.tokens)
+                    output.extend([token] * repeated)  # type: ignore[list-item]
             if work.drafts:
                 if work.context is not None:  # (its draft model was told these)
                     turn.draft_told = work.context_start + len(work.context)
@@ -75,10 +77,10 @@ class Accounting:
                 # written again by later steps before anything reads them.
                 n = len(kept)
                 token = kept[-1] if kept else None
-            elif work.sample and token is not None:
+            elif sampled:
                 if turn.lookup is not None:
                     self._check_lookup(turn, token)  # type: ignore[arg-type]
-                turn.output.append(token)  # type: ignore[arg-type]
+                output.append(token)  # type: ignore[arg-type]
                 turn.token_times.append(now)
                 delivered.append((turn, token))  # type: ignore[arg-type]
             else:
@@ -95,12 +97,11 @@ class Accounting:
                 commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
             if token is None:
                 continue
-            output = len(turn.output)
             if token in eos and not turn.ignore_eos:
                 finish(turn, "eos", now)
-            elif output >= turn.max_tokens:
+            elif len(output) >= turn.max_tokens:
                 finish(turn, "length", now)
-            elif max_context and len(turn.prompt) + output >= max_context:  # (Turn.length, inlined)
+            elif max_context and len(turn.prompt) + len(output) >= max_context:  # (Turn.length, inlined)
                 finish(turn, "context", now)
         return delivered
 

@@ -70,6 +70,8 @@ class Batching:
         memory: KVMemory,
         seats: Running,
         draft_cost: StepCost | None = None,
+        *,
+        copy_tables: bool = True,
     ) -> None:
         if config.speculate is Speculate.DRAFT and draft_cost is None:
             raise ConfigError("speculate=draft needs a draft model (and its step cost law); this engine has none")
@@ -85,6 +87,7 @@ class Batching:
         self.memory = memory
         self.seats = seats
         self.speculates = config.speculate is not Speculate.OFF
+        self.copy_tables = copy_tables  # (False: each Work holds its turn's own table, Scheduler's launches_ahead)
         self._step = 0
 
     def fill(self, now: float, plan: Plan) -> None:
@@ -104,20 +107,24 @@ class Batching:
                 break
             if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
                 budget -= self._take(turn, 1, now, plan, ahead, alone and budget > 1)
-            elif self._catch_up(turn, plan):  # (which may shorten what it has to feed)
-                budget -= self._take(turn, min(self.in_flight.pending(turn), budget), now, plan)
+            elif self._catch_up(turn, plan, ahead):  # (which may shorten what it has to feed)
+                budget -= self._take(turn, min(ahead.pending(turn), budget), now, plan, ahead)
 
     def _batch_shaped(self, at: int, now: float, plan: Plan) -> bool:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
+        # (one pass over the running turns sorts them into protected and background,
+        # each turn's unaged priority asked once)
         unaged = self.priorities.unaged
-        protected = [t for t in self.seats.ranked(now) if unaged(t) >= at]
+        protected, background = [], []
+        for turn in self.seats.ranked(now):
+            (protected if unaged(turn) >= at else background).append(turn)
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
-        pending = self.in_flight.pending
-        for turn, _, _ in self._batch_order(protected):
-            if chunk > 0 and self._catch_up(turn, plan):
-                n = self._take(turn, min(pending(turn), chunk), now, plan, speculate=self.speculates)
+        preemptions = plan.preemptions
+        for turn, ahead, _ in self._batch_order(protected):
+            if chunk > 0 and self._catch_up(turn, plan, ahead):
+                n = self._take(turn, min(ahead.pending(turn), chunk), now, plan, ahead, self.speculates)
             else:
                 n = 0
             if n:
@@ -126,31 +133,31 @@ class Batching:
         if not plan.works:
             return False  # e.g. waiting for memory that only background progress frees
         budget.close_base()
+        if plan.preemptions != preemptions:  # (a turn paused for the protected work's memory has none)
+            background = [turn for turn in background if turn.status is Status.RUNNING]
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
-        of, effective = self.in_flight.of, self.priorities.effective
+        of, effective = self.in_flight.of if self.in_flight else None, self.priorities.effective
         others = []
-        for turn in self.seats.running.values():
-            if unaged(turn) < at:
-                ahead = of(turn)
-                # (Ahead.pending, inlined: decodes first)
-                feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
-                others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead))
+        for turn in background:
+            ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
+            # (Ahead.pending, inlined: decodes first)
+            feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
+            others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead, feed))
         others.sort()  # (by the four keys: last_admit is every running turn's own)
         room = self.config.step_tokens
-        take = self._take
-        for _, _, _, _, turn, ahead in others:
-            feed = ahead.pending(turn)
+        take, largest, add = self._take, budget.largest, budget.add
+        for _, _, _, _, turn, ahead, feed in others:
             if feed > 1:  # (a decode has nothing to catch up on: _catch_up's first test)
-                if not self._catch_up(turn, plan):
+                if not self._catch_up(turn, plan, ahead):
                     continue
                 feed = ahead.pending(turn)  # (the catch-up may have shortened what it has to feed)
             start = turn.computed + ahead.positions
-            n = budget.largest(start, min(feed, room))
+            n = largest(start, min(feed, room))
             if n and take(turn, n, now, plan, ahead):
-                budget.add(start, n)
+                add(start, n)
                 room -= n if feed > 1 else 0
         return True
 
@@ -159,19 +166,20 @@ class Batching:
         their work is taken, each with its share of the steps in flight and what
         it has to feed before its next sample (InFlight.pending): decodes first,
         then the rest, each in the order given."""
-        of = self.in_flight.of  # (this runs for every turn at every step)
+        of = self.in_flight.of if self.in_flight else None  # (this runs for every turn at every step)
         decodes, rest = [], []
         for turn in ranked:
-            ahead = of(turn)
+            ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
             pending = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions  # (Ahead.pending, inlined)
             (rest if pending > 1 else decodes).append((turn, ahead, pending))
         return decodes + rest if rest else decodes
 
-    def _catch_up(self, turn: Turn, plan: Plan) -> bool:
+    def _catch_up(self, turn: Turn, plan: Plan, ahead: Ahead) -> bool:
         """Before a prompt's next chunk is planned: take what the prefix cache has
         gained since (runtime.scheduling.prefix). False if the turn should wait this step,
-        because a batch-mate computes its next block for the same tokens."""
-        if turn.status is not Status.RUNNING or self.in_flight.pending(turn) <= 1 or not self.prefix.enabled:
+        because a batch-mate computes its next block for the same tokens. (`ahead`:
+        its share of the steps in flight, which the caller has.)"""
+        if turn.status is not Status.RUNNING or ahead.pending(turn) <= 1 or not self.prefix.enabled:
             return True
         self.prefix.extend(turn)
         if self._computed_alongside(turn, plan):
@@ -192,10 +200,13 @@ class Batching:
         key = turn.hashes[i]
         # (the steps in flight too: what they compute is only shared once they land)
         works, turns = plan.works, plan.turns
-        for launched in self.in_flight.plans:
-            works, turns = works + launched.works, turns + launched.turns
+        if self.in_flight:
+            for launched in self.in_flight.plans:
+                works, turns = works + launched.works, turns + launched.turns
+        first, last = i * size, (i + 1) * size  # the block's positions
         for work, other in zip(works, turns, strict=False):
-            if work.start >= min((i + 1) * size, len(other.prompt)) or work.start + len(work.tokens) <= i * size:
+            start = work.start  # (nearly every work is a decode past its prompt: the first test)
+            if start >= len(other.prompt) or start >= last or start + len(work.tokens) <= first:
                 continue
             if len(other.hashes) <= i:
                 if (i + 1) * size > len(other.prompt):
@@ -215,26 +226,29 @@ class Batching:
             return 0  # preempted for memory while this batch was built
         if ahead is None:
             ahead = self.in_flight.of(turn)
-        known = len(turn.prompt) + len(turn.output)  # its tokens so far (Turn.length, inlined: once a step per turn)
+        prompt, output, blocks = turn.prompt, turn.output, turn.blocks
+        known = len(prompt) + len(output)  # its tokens so far (Turn.length, inlined: once a step per turn)
         if ahead.tokens:
             if ahead.verifying:
                 return 0  # its next position is not known yet
             # Its last token may be the one being sampled, by length or context: it
             # ends when that step lands.
-            output, max_context = len(turn.output) + ahead.tokens, self.config.max_context
-            if output >= turn.max_tokens or (max_context and known + ahead.tokens >= max_context):
+            max_context = self.config.max_context
+            if len(output) + ahead.tokens >= turn.max_tokens or (max_context and known + ahead.tokens >= max_context):
                 return 0
         start = turn.computed + ahead.positions
         end = start + n
-        if len(turn.blocks) * self.block_size < end and not self.memory.reserve(turn.blocks, end, now, plan, keep=turn):
+        if len(blocks) * self.block_size < end and not self.memory.reserve(blocks, end, now, plan, keep=turn):
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
-        drafts = self._guess(turn, start, n, plan, ahead) if speculate and sample and turn.constraint is None else NO_DRAFTS
+        if speculate and sample and turn.constraint is None:
+            drafts = self._guess(turn, start, n, plan, ahead)
+        else:
+            drafts = NO_DRAFTS
         if end <= known:
             if n == 1:  # (Turn.token_at, inlined: a decode's one token)
-                prompt = turn.prompt
-                tokens = [prompt[start] if start < len(prompt) else turn.output[start - len(prompt)]]
+                tokens = [prompt[start] if start < len(prompt) else output[start - len(prompt)]]
             else:
                 tokens = turn.tokens(start, end)
             follows = False
@@ -243,7 +257,9 @@ class Batching:
         if drafts:
             tokens += drafts
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        work = Work(turn.id, tokens, start, turn.blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
+        work = Work(
+            turn.id, tokens, start, blocks[:] if self.copy_tables else blocks, sample, turn.sampling, turn.constraint, follows, len(drafts)
+        )
         if drafts and self.draft_cost is not None:  # (drafts the draft model writes: what it was not told yet)
             work.context, work.context_start = turn.tokens(turn.draft_told, known), turn.draft_told
         plan.works.append(work)

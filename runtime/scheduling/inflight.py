@@ -118,8 +118,10 @@ class InFlight:
         them, nearly always one step (two only between a launch and the landing
         of the step before it)."""
         flying = self._launched
-        if len(flying) == 1:  # (nearly always)
+        if len(flying) == 1:  # (nearly always, on an owner)
             return flying[0].shares.get(turn, SETTLED)
+        if not flying:  # (always, in the simulator: it plans every step once the last has landed)
+            return SETTLED
         share = SETTLED
         for launched in flying:
             add = launched.shares.get(turn)

@@ -64,6 +64,8 @@ class Priorities:
 
     def unaged(self, turn: Turn) -> int:
         """max(base, lent): the effective priority before aging."""
+        if not self.lent:  # (the common case, asked of every running turn at every shaped step)
+            return turn.priority
         return self._with_lent(turn.lifts, turn.priority)
 
     def unaged_of(self, base: int, lifts: Iterable[str]) -> int:
@@ -74,8 +76,8 @@ class Priorities:
     def top_unaged(self, turns: Iterable[Turn]) -> int | None:
         """The highest `unaged` priority among the turns (None if there are none)."""
         if not self.lent:
-            return max((turn.priority for turn in turns), default=None)
-        return max((self.unaged(turn) for turn in turns), default=None)
+            return max([turn.priority for turn in turns], default=None)  # (a list: no generator to resume per turn)
+        return max([self.unaged(turn) for turn in turns], default=None)
 
     def _with_lent(self, lifts: Iterable[str], priority: int) -> int:
         lent = self.lent

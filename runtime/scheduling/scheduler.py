@@ -81,7 +81,14 @@ class Scheduler:
         emit: Callable[[Event], None] = lambda event: None,
         cost: StepCost | None = None,
         draft_cost: StepCost | None = None,
+        launches_ahead: bool = True,
     ) -> None:
+        """`launches_ahead`: whether steps may be launched before the one before
+        them has landed (`advance`): then each Work holds a copy of its turn's
+        block table, which the turn's own changes while the step runs. A
+        driver that lands every plan before the next is planned, and whose
+        engine reads no table (the simulator), passes False and spares the copies."""
+        self.launches_ahead = launches_ahead
         self.vocab_size = vocab_size  # token ids at or past it fail their own turn at submit
         self.config = config
         # What a step costs (runtime.scheduling.cost): the input step shaping decides by. The
@@ -98,7 +105,9 @@ class Scheduler:
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.memory = KVMemory(config, blocks, self.prefix, self.in_flight, self.priorities, self, emit, self._about)
-        self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self, draft_cost)
+        self.batching = Batching(
+            config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self, draft_cost, copy_tables=launches_ahead
+        )
         self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
@@ -111,6 +120,7 @@ class Scheduler:
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
         self._not_running_turns: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
         self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
+        self._aging: tuple[int, float | None] = (-1, None)  # (changes, next_aging): asked every step by the simulator
         self._next_progress = 0.0  # when the running turns' progress is next told
 
     # ------------------------------------------------------------------ inputs
@@ -209,6 +219,8 @@ class Scheduler:
         """A step was launched and its tokens are not known yet: it enters the
         steps in flight (runtime.scheduling.inflight), so the next can be planned
         while it runs. Its `postprocess` lands it."""
+        if not self.launches_ahead:
+            raise UsageError("advance: this scheduler was made with launches_ahead=False (its works share their turns' block tables)")
         if plan.moved:
             self._tell_moves(plan)
         self.in_flight.launch(plan)
@@ -317,6 +329,14 @@ class Scheduler:
             self._ranked = (self._changes, ranked)
         return ranked
 
+    def _victim(self, now: float) -> Turn | None:
+        """The running turn a preemption pauses (Priorities.victim): the lowest
+        effective priority, the latest admitted among equals, which is the last
+        ranked (asked at every step while a turn waits, so read off the ranked
+        turns kept)."""
+        ranked = self.ranked(now)
+        return ranked[-1] if ranked else None
+
     def top_unaged(self) -> int | None:
         """The highest unaged priority among the live turns (None if there are none)."""
         changes, top = self._top
@@ -348,8 +368,15 @@ class Scheduler:
     def next_aging(self, now: float) -> float | None:
         """When the next waiting turn gains an aging level (the simulator skips ahead
         no further than this)."""
-        # (in any order, unsorted: it is a minimum, and the simulator asks at every event)
-        return self.priorities.next_aging(self._not_running(), now)
+        # It stays the answer until who waits or what is lent changes, or that time
+        # comes (no waiting turn gains a level before it): remembered till then,
+        # since the simulator asks at every round. (In any order, unsorted: it is a minimum.)
+        changes, soonest = self._aging
+        if changes == self._changes and (soonest is None or now < soonest):
+            return soonest
+        soonest = self.priorities.next_aging(self._not_running(), now)
+        self._aging = (self._changes, soonest)
+        return soonest
 
     # ------------------------------------------------------------- schedule
 
@@ -357,13 +384,14 @@ class Scheduler:
         """This boundary's decisions, on the turns as they stand once the steps in
         flight land: a prompt does not compute again a block one of them computes."""
         plan = Plan()
-        waiting = [] if self._queue_stuck(now) else self.waiting
+        # (unsorted: queue_order sorts them, by keys that end in the order they joined the queue)
+        waiting = [] if self._queue_stuck(now) else self._not_running()
         for turn in self.priorities.queue_order(waiting, now, by_priority=self.policy is not Policy.FCFS):
             free = self._free_slot()
             if free is None:
                 if not self.preempts:
                     break
-                victim = self.priorities.victim(self.running.values(), now)
+                victim = self._victim(now)
                 if victim is None or self.priorities.effective(turn, now) <= self.priorities.effective(victim, now):
                     break
                 free = victim.slot
@@ -388,11 +416,11 @@ class Scheduler:
             return False
         waiting = self._not_running()
         if self.preempts and waiting:
-            victim = self.priorities.victim(running.values(), now)
+            victim = self._victim(now)
             bar = self.priorities.effective(victim, now) if victim is not None else None
             if bar is not None and any(self.priorities.effective(t, now) > bar for t in waiting):
                 return False
-        until = self.priorities.next_aging(waiting, now) if self.preempts else None
+        until = self.next_aging(now) if self.preempts else None
         self._stuck = (self._changes, math.inf if until is None else until)
         return True
 
@@ -482,7 +510,7 @@ class Scheduler:
         return None
 
     def _end(self, turn: Turn, kind: type[Ended], reason: str, now: float) -> None:
-        if turn.done:
+        if turn.status is Status.ENDED:  # (Turn.done, inlined)
             return
         # (What a step in flight samples for it never reaches it: an ended turn
         # takes nothing when that step lands.)

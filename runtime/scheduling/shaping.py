@@ -37,7 +37,7 @@ class StepBudget:
 
     def add(self, start: int, n: int) -> None:
         self.tokens += n
-        self.kv += kv_reads(start, n)
+        self.kv += n * start + n * (n + 1) // 2  # (kv_reads, inlined: once a turn at every shaped step)
 
     def close_base(self) -> float:
         """The protected work is in: fix the ceiling at (1 + slack) times its cost."""
@@ -50,8 +50,8 @@ class StepBudget:
 
     def largest(self, start: int, most: int) -> int:
         """The most tokens (up to `most`) from position `start` that still fit; 0 if none."""
-        if most == 1:  # (a decode: the bisection's one question)
-            return 1 if self.fits(start, 1) else 0
+        if most == 1:  # (a decode: the bisection's one question, `fits` inlined)
+            return 1 if self.cost.predict(self.tokens + 1, self.kv + start + 1) <= self.limit else 0  # type: ignore[operator]
         lo, hi = 0, most  # the cost grows with n, so bisect
         while lo < hi:
             mid = (lo + hi + 1) // 2

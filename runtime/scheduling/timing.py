@@ -125,7 +125,7 @@ class TimingEngine:
 
     def next_step_s(self, plan: Plan) -> float:
         """The first fast-forwarded step: one decode per item, just past the first step."""
-        ends = sum(w.start + len(w.tokens) for w in plan.works)
+        ends = sum([w.start + len(w.tokens) for w in plan.works])
         return self._law.predict(len(plan.works), ends + len(plan.works))
 
     def overhead_s(self, plan: Plan) -> float:
