@@ -258,9 +258,7 @@ def simulate(
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
-    # (it lands each plan before planning the next, and the timing model reads no block table)
-    pool = BlockPool(workload.num_blocks, workload.block_size)
-    sched = Scheduler(config, pool, emit=count, cost=engine.cost, launches_ahead=False)
+    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def before_arrival(span_s: Callable[[int], float], overhead_s: float, steps: int, now: float, arrival: float) -> int:

@@ -70,8 +70,6 @@ class Batching:
         memory: KVMemory,
         seats: Running,
         draft_cost: StepCost | None = None,
-        *,
-        copy_tables: bool = True,
     ) -> None:
         if config.speculate is Speculate.DRAFT and draft_cost is None:
             raise ConfigError("speculate=draft needs a draft model (and its step cost law); this engine has none")
@@ -87,7 +85,6 @@ class Batching:
         self.memory = memory
         self.seats = seats
         self.speculates = config.speculate is not Speculate.OFF
-        self.copy_tables = copy_tables  # (False: each Work holds its turn's own table, Scheduler's launches_ahead)
         self._step = 0
 
     def fill(self, now: float, plan: Plan) -> None:
@@ -257,9 +254,7 @@ class Batching:
         if drafts:
             tokens += drafts
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        work = Work(
-            turn.id, tokens, start, blocks[:] if self.copy_tables else blocks, sample, turn.sampling, turn.constraint, follows, len(drafts)
-        )
+        work = Work(turn.id, tokens, start, blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
         if drafts and self.draft_cost is not None:  # (drafts the draft model writes: what it was not told yet)
             work.context, work.context_start = turn.tokens(turn.draft_told, known), turn.draft_told
         plan.works.append(work)

@@ -81,14 +81,7 @@ class Scheduler:
         emit: Callable[[Event], None] = lambda event: None,
         cost: StepCost | None = None,
         draft_cost: StepCost | None = None,
-        launches_ahead: bool = True,
     ) -> None:
-        """`launches_ahead`: whether steps may be launched before the one before
-        them has landed (`advance`): then each Work holds a copy of its turn's
-        block table, which the turn's own changes while the step runs. A
-        driver that lands every plan before the next is planned, and whose
-        engine reads no table (the simulator), passes False and spares the copies."""
-        self.launches_ahead = launches_ahead
         self.vocab_size = vocab_size  # token ids at or past it fail their own turn at submit
         self.config = config
         # What a step costs (runtime.scheduling.cost): the input step shaping decides by. The
@@ -105,9 +98,7 @@ class Scheduler:
         self.turns: dict[int, Turn] = {}  # every live turn by id; each turn's status says where it is
         self.priorities = Priorities(config.aging_s, config.aging_cap)
         self.memory = KVMemory(config, blocks, self.prefix, self.in_flight, self.priorities, self, emit, self._about)
-        self.batching = Batching(
-            config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self, draft_cost, copy_tables=launches_ahead
-        )
+        self.batching = Batching(config, self.cost, self.prefix, self.in_flight, self.priorities, self.memory, self, draft_cost)
         self.accounting = Accounting(config, self.prefix, eos_token_ids, lambda turn, reason, now: self._end(turn, Finished, reason, now))
         self._ids = itertools.count(1)
         self._admissions = itertools.count(1)
@@ -219,8 +210,6 @@ class Scheduler:
         """A step was launched and its tokens are not known yet: it enters the
         steps in flight (runtime.scheduling.inflight), so the next can be planned
         while it runs. Its `postprocess` lands it."""
-        if not self.launches_ahead:
-            raise UsageError("advance: this scheduler was made with launches_ahead=False (its works share their turns' block tables)")
         if plan.moved:
             self._tell_moves(plan)
         self.in_flight.launch(plan)
