@@ -64,6 +64,16 @@ def test_a_run_that_sleeps_forever_is_cut_off(kind: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_run_ends_with_its_command_and_what_it_left_running_dies(kind: str, tmp_path: Path) -> None:
+    token = uuid.uuid4().hex
+    code = f"import os, time\nif os.fork() == 0:\n    time.sleep(10_000)  # {token}\nprint('done')\n"
+    result, _ = run(kind, tmp_path, code)
+    assert result.ok and result.cut_off is None  # not held to the timeout by the child's pipe
+    assert result.output.strip() == "done"
+    assert alive_with(token) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_run_that_floods_its_output_is_cut_off(kind: str, tmp_path: Path) -> None:
     result, _ = run(kind, tmp_path, "while True: print('x' * 1000)", output_bytes=200_000)
     assert result.cut_off is not None and result.cut_off.startswith("output flood")

@@ -198,6 +198,8 @@ class Sandbox:
                 if left <= 0:
                     return b"".join(chunks), f"timeout after {self.limits.timeout_s:g} s"
                 if not selector.select(timeout=min(left, 1.0)):
+                    if process.poll() is not None:
+                        break  # its command ended: what it left running holds the pipe open
                     continue
                 chunk = os.read(process.stdout.fileno(), 65536)
                 if not chunk:
