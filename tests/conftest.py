@@ -54,6 +54,14 @@ def smollm2_tokenizer(smollm2_model: Model) -> Tokenizer:
 
 
 @pytest.fixture
+def plain_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The projects a test runs pytest on use no plugin, and loading this environment's
+    (hypothesis, langsmith and the rest) cost about 3 s a run: the sandbox passes pytest's
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD on to them."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+@pytest.fixture
 def events_file(tmp_path: Path) -> Path:
     """A made-up session's events as a JSON-lines file."""
     from fake_session import Clock, emit_session

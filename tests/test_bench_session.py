@@ -8,8 +8,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from swarm.bench.session import QUESTIONS, format_report, measure
 from tests.scripted_engine import ScriptedEngine
+
+pytestmark = pytest.mark.usefixtures("plain_pytest")
 
 CALC = "def add(a, b):\n    return a - b\n"
 TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"

@@ -17,6 +17,8 @@ from swarm.coding.sandbox import Limits, Sandbox
 from swarm.coding.testing import CommandRunner, detect_runner
 from swarm.coding.tools import Toolbox
 
+pytestmark = pytest.mark.usefixtures("plain_pytest")
+
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 TESTS = "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
 KNOWN_DIFF = """--- a/calc.py
@@ -144,8 +146,10 @@ def test_a_test_run_that_hangs_or_floods_is_cut_off_and_reported(tmp_path: Path)
     (project / "test_slow.py").write_text("import time\n\n\ndef test_sleeps():\n    time.sleep(10_000)\n")
     (project / "test_loud.py").write_text("def test_floods():\n    while True:\n        print('x' * 1000)\n")
     copy = ProjectCopy.create(project, tmp_path / "out")
-    for selected, why in ((["test_slow.py"], "timeout"), (["-s", "test_loud.py"], "output flood")):
-        box = Toolbox(copy, detect_runner(copy.copy), Sandbox(Limits(timeout_s=20, output_bytes=100_000)), tmp_path / "out" / "scratch")
+    # The hang waits out its timeout; the flood's is far past when it floods.
+    for selected, why, timeout in ((["test_slow.py"], "timeout", 5), (["-s", "test_loud.py"], "output flood", 60)):
+        limits = Limits(timeout_s=timeout, output_bytes=100_000)
+        box = Toolbox(copy, detect_runner(copy.copy), Sandbox(limits), tmp_path / "out" / "scratch")
         report = anyio.run(box.run_tests, selected)
         assert report.cut_off is not None and report.cut_off.startswith(why)
         assert not report.ran and report.summary().startswith("cut off: ")

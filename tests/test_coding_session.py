@@ -17,6 +17,8 @@ from gpu.model.synthetic import write_tiny_gguf
 from runtime.events.kinds import ToolCalled, read_events
 from swarm.cli import main
 
+pytestmark = pytest.mark.usefixtures("plain_pytest")
+
 ROOT = Path(__file__).resolve().parent.parent
 CALC = "def add(a, b):\n    return a - b\n"
 TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"

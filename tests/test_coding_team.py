@@ -18,6 +18,8 @@ from swarm.runner import SessionRunner
 from swarm.session import Session
 from tests.scripted_engine import ScriptedEngine
 
+pytestmark = pytest.mark.usefixtures("plain_pytest")
+
 CALC = 'def add(a, b):\n    """The sum."""\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n'
 TESTS = "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
 # The answers as the constrained team writes them: the fixer's and the test

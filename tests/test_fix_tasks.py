@@ -15,6 +15,8 @@ from swarm.coding.sandbox import Sandbox
 from swarm.coding.testing import detect_runner
 from swarm.coding.tools import Toolbox
 
+pytestmark = pytest.mark.usefixtures("plain_pytest")
+
 
 def test_the_bench_finds_at_least_twelve_tasks() -> None:
     assert TASKS.is_dir(), TASKS

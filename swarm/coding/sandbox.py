@@ -289,7 +289,9 @@ def _rmdir(path: Path) -> bool:
 
 
 def _base_env() -> dict[str, str]:
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "PYENV_VERSION", "PYENV_ROOT", "TERM")
+    # pytest's own settings reach a project's runs as they would in the person's shell.
+    pytest_settings = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "PYENV_VERSION", "PYENV_ROOT", "TERM", *pytest_settings)
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
