@@ -58,12 +58,15 @@ def test_prefill_logits_match_the_reference(engine: OpenCLEngine, reference: Ref
 
 def test_sampling_at_a_temperature_on_the_device_draws_what_the_host_draws(engine: OpenCLEngine, smollm2_tokenizer: Tokenizer) -> None:
     # gpu.devicesampling over SmolLM2's 49,152 logits: a draw, two top-p rows and a
-    # greedy one, each against the host's draw from the whole row.
+    # greedy one, each against the host's draw from the whole row. The prompt is
+    # prefilled once; each seed then decodes its next token (rewriting the same K/V).
     prompt = smollm2_tokenizer.chat([{"role": "user", "content": "Write a haiku about the sea."}])
     samplings = [Sampling(0.7), Sampling(0.5, 0.9), Sampling(1.3, 0.95), GREEDY]
+    tables = [[8 * i + b for b in range(8)] for i in range(len(samplings))]
+    engine.step([Work(turn=i, tokens=prompt[:-1], start=0, block_table=tables[i], sample=False) for i in range(len(samplings))])
     before = engine.whole_rows_read
     for seed in range(3):
-        works = [Work(turn=i, tokens=prompt, start=0, block_table=[8 * i + b for b in range(8)], sample=True,
+        works = [Work(turn=i, tokens=prompt[-1:], start=len(prompt) - 1, block_table=tables[i], sample=True,
                       sampling=Sampling(s.temperature, s.top_p, seed) if not s.greedy else s) for i, s in enumerate(samplings)]  # fmt: skip
         rows = engine.step_logits(works)
         want = [sample(row, w.sampling, len(prompt)) for row, w in zip(rows, works, strict=False)]
