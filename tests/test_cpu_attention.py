@@ -11,6 +11,7 @@ import pytest
 from gpu.device import select_device
 from gpu.families import CPUFamily
 from gpu.launches import attention_kernel
+from kernels import source
 
 HEAD_DIM, BLOCK, LAYERS, LAYER = 32, 16, 2, 1
 
@@ -25,7 +26,8 @@ def build(device, heads: int, kv_heads: int) -> cl.Program:
     shape = ["-DEMBED_SCALE=1.0f", "-DQK_NORM=0", "-DACT_GELU=0", "-DNORM_EPS=1e-6f", f"-DHEAD_DIM={HEAD_DIM}",
              f"-DN_HEADS={heads}", f"-DN_KV_HEADS={kv_heads}", f"-DN_LAYERS={LAYERS}", f"-DBLOCK_SIZE={BLOCK}",
              "-DARGMAX_WG=16", f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", "-DMAX_COLS=64"]  # fmt: skip
-    return device.build(family.source(), shape)
+    # only the sources attention needs: the family's whole, every matmul, built in ~10 s cold
+    return device.build("\n".join(map(source, ("quant", "common", "cpu/attention"))), shape)
 
 
 def numpy_attention(q, k, v, positions, window: int) -> np.ndarray:

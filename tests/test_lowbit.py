@@ -15,6 +15,7 @@ from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import CPUMatmul
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
+from kernels import source
 
 Q = gguf.GGMLQuantizationType
 ROWS, COLS, EPS = 67, 512, 1e-6  # an odd row count: the last work-item's pair is one row
@@ -27,8 +28,12 @@ def device():
     return select_device()
 
 
-def build(device, width: int, vnni: bool = False) -> cl.Program:
-    """The CPU family at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
+# the sources the integer kernels need; nibbles.cl's many are built only where they run
+LOWBIT_SOURCES = ("quant", "common", "cpu/matmul", "cpu/lowbit")
+
+
+def build(device, width: int, vnni: bool = False, sources: tuple[str, ...] = LOWBIT_SOURCES) -> cl.Program:
+    """`sources` of the CPU family at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
     macro = WIDTHS[width]
     if vnni and not (device.is_cpu and host_has_vnni() and width == 512):
         pytest.skip("vpdpwssd needs an AVX-512 VNNI CPU and the 512-bit build")
@@ -42,7 +47,7 @@ def build(device, width: int, vnni: bool = False) -> cl.Program:
     family = CPUFamily(device)
     options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DMADD_WIDTH={width}",
                f"-DDOT_VNNI={int(vnni)}"]  # fmt: skip
-    return device.build(family.source(), SHAPE + options)
+    return device.build("\n".join(map(source, sources)), SHAPE + options)
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
