@@ -59,7 +59,6 @@
 #define WT_Q2 5
 #define WT_Q8X2 6
 #define WT_Q3 7
-#define WT_Q8_LEVELS 8  /* Q8_0 without its scale: w / d, for a dot product to scale once */
 #define WT_Q4_K 9
 #define WT_Q6_K 10
 #define WT_Q5_0 11
@@ -69,12 +68,13 @@
 #define Q6_K_GROUP 208
 #define Q5_0_GROUP 176
 
-/* Every weight type the kernels read, as X(kernel suffix, WT_ constant). Each
- * kernel family instantiates its weight-reading kernels once per entry, so a new
+/* Every weight type the kernels read, as X(kernel suffix, WT_ constant). The GPU
+ * family instantiates its weight-reading kernels once per entry, so there a new
  * type is: a WT_ constant, its branch in load_block, its entry here, and its
- * packing in gpu/weights.py. Nothing in cpu/ or gpu/ changes. The CPU family's
- * matmuls read the super-block kinds (q2, q3) in integer arithmetic
- * (cpu/lowbit.cl) and decode the others to floats, a block at a time. */
+ * packing in gpu/weights.py. The CPU family's matmuls read most kinds in integer
+ * arithmetic (cpu/nibbles.cl; cpu/lowbit.cl the super-block kinds q2 and q3) and
+ * decode f32 and q8x2 to floats, a block at a time (cpu/matmul.cl): a new type
+ * takes one of those routes as well. */
 #define FOR_EACH_BLOCK_WTYPE(X) X(q4_1, WT_Q4_1) X(q8_0, WT_Q8_0) X(f32, WT_F32) \
     X(q5, WT_Q5) X(q6, WT_Q6) X(q8x2, WT_Q8X2) X(q4_k, WT_Q4_K) X(q6_k, WT_Q6_K) X(q5_0, WT_Q5_0)
 #define FOR_EACH_SUPER_WTYPE(X) X(q2, WT_Q2) X(q3, WT_Q3)
@@ -198,9 +198,9 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const float4 s = ((__global const float4 *)dm)[blk];
         *lo = convert_float16(q[2 * blk]) * s.x + s.y;
         *hi = convert_float16(q[2 * blk + 1]) * s.z + s.w;
-    } else if (wtype == WT_Q8_0 || wtype == WT_Q8_LEVELS) {
+    } else if (wtype == WT_Q8_0) {
         __global const char16 *q = (__global const char16 *)qs;
-        const float d = wtype == WT_Q8_0 ? dm[blk] : 1.0f;
+        const float d = dm[blk];
         *lo = convert_float16(q[2 * blk]) * d;
         *hi = convert_float16(q[2 * blk + 1]) * d;
     } else {

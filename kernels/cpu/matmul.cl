@@ -124,13 +124,8 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     for (int b = 0; b < nb; b++) {
         float16 lo0, hi0, lo1, hi1;
         prefetch_pair(qs, dm, r0, r1, nb, b, 1, QS_BYTES(wtype), DM_BYTES(wtype));
-        /* Q8_0's blocks as their levels, scaled once per block below (one multiply
-           a block, not one a weight: its halves share the scale and have no offset) */
-        const int kind = wtype == WT_Q8_0 ? WT_Q8_LEVELS : wtype;
-        load_block(kind, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
-        load_block(kind, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
-        const float d0 = wtype == WT_Q8_0 ? dm[(size_t)r0 * nb + b] : 1.0f;
-        const float d1 = wtype == WT_Q8_0 ? dm[(size_t)r1 * nb + b] : 1.0f;
+        load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
+        load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
         const float16 glo = scaled ? F16(2 * b, g) : 1.0f, ghi = scaled ? F16(2 * b + 1, g) : 1.0f;
         if (scaled && tile > 2) {
             lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;
@@ -140,13 +135,8 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
             if (scaled && tile <= 2) {
                 xlo *= glo; xhi *= ghi;
             }
-            if (wtype == WT_Q8_0) {
-                a0[c] += (lo0 * xlo + hi0 * xhi) * d0;
-                a1[c] += (lo1 * xlo + hi1 * xhi) * d1;
-            } else {
-                a0[c] += lo0 * xlo + hi0 * xhi;
-                a1[c] += lo1 * xlo + hi1 * xhi;
-            }
+            a0[c] += lo0 * xlo + hi0 * xhi;
+            a1[c] += lo1 * xlo + hi1 * xhi;
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -272,4 +262,7 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
     DEFINE_MATMUL(NAME, WTYPE, 4)   \
     DEFINE_MATMUL(NAME, WTYPE, 8)
 
-FOR_EACH_BLOCK_WTYPE(DEFINE_MATMULS)  /* q2, q3: cpu/lowbit.cl */
+/* the kinds no integer route reads: cpu/nibbles.cl takes the other 32-weight kinds
+   (gpu/launches.py's NIBBLE_VARIANTS), cpu/lowbit.cl q2 and q3 */
+DEFINE_MATMULS(f32, WT_F32)
+DEFINE_MATMULS(q8x2, WT_Q8X2)
