@@ -45,6 +45,7 @@ from gpu.launches import (
     GPUAttention,
     GPUMatmul,
     Grid,
+    cpu_variant,
 )
 from gpu.weights import COMPACT, Q
 from kernels import source
@@ -142,9 +143,12 @@ class CPUFamily:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
+        # only the matmuls of the kinds this model reads (cpu/matmul.cl's MATMUL_KINDS)
+        kinds = {cpu_variant(part.kind) for m in engine.weights.matrices() for part in m.parts or [m]}
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
                 f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}",
-                f"-DPREFETCH_AHEAD={prefetch_ahead(engine.config.d_ff)}"]  # fmt: skip
+                f"-DPREFETCH_AHEAD={prefetch_ahead(engine.config.d_ff)}",
+                "-DMATMUL_KINDS", *(f"-DMATMUL_{kind}" for kind in sorted(kinds))]  # fmt: skip
 
     def check(self, engine: OpenCLEngine) -> None:
         pass

@@ -20,6 +20,24 @@
 
 #define MAX_TILE 8
 
+/* The weight kinds whose matmuls a build makes (this file's float ones, lowbit.cl's and
+ * nibbles.cl's): the host names those its model reads, -DMATMUL_KINDS and -DMATMUL_<name>
+ * for each (gpu/families.py), since each kind's kernels add seconds to a cold build. A
+ * build that names none, as the kernel tests' do, makes every kind's. */
+#ifndef MATMUL_KINDS
+#define MATMUL_f32
+#define MATMUL_q8x2
+#define MATMUL_q2
+#define MATMUL_q3
+#define MATMUL_nib
+#define MATMUL_nib5
+#define MATMUL_nib6
+#define MATMUL_nib8
+#define MATMUL_nibq4k
+#define MATMUL_nibq6k
+#define MATMUL_nibq50
+#endif
+
 /* ======================================================================== */
 /* Input RMSNorm, folded into the matmul                                     */
 /* ======================================================================== */
@@ -264,5 +282,9 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
 
 /* the kinds no integer route reads: cpu/nibbles.cl takes the other 32-weight kinds
    (gpu/launches.py's NIBBLE_VARIANTS), cpu/lowbit.cl q2 and q3 */
+#ifdef MATMUL_f32
 DEFINE_MATMULS(f32, WT_F32)
+#endif
+#ifdef MATMUL_q8x2
 DEFINE_MATMULS(q8x2, WT_Q8X2)
+#endif
