@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from runtime.errors import UsageError
@@ -107,9 +107,11 @@ class Scheduler:
         # `_stuck`, the queue is walked only when a turn might take a slot.
         self._changes = 0
         self._stuck: tuple[int, float] | None = None  # (changes, until): no waiting turn can run before then
-        self._running: tuple[int, dict[int, Turn]] = (-1, {})  # (changes, running): asked several times a step
+        # The live turns by where they are, kept as they move (asked several times a step):
+        # in a slot, by slot; waiting (queued or paused), by id.
+        self._slots: dict[int, Turn] = {}
+        self._queue: dict[int, Turn] = {}
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
-        self._not_running_turns: tuple[int, list[Turn]] = (-1, [])  # (changes, the live turns not running): asked every step
         self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
         self._aging: tuple[int, float | None] = (-1, None)  # (changes, next_aging): asked every step by the simulator
         self._next_progress = 0.0  # when the running turns' progress is next told
@@ -154,6 +156,7 @@ class Scheduler:
         if constraint is not None:
             turn.constraint = TurnConstraint(constraint, len(turn.prompt) - prior_output, turn.tokens)
         self.turns[turn.id] = turn
+        self._queue[turn.id] = turn
         self._changes += 1
         self.emit(Queued(**self._about(turn, now), tokens=len(turn.prompt)))
         problem = self._unrunnable(turn)
@@ -249,7 +252,7 @@ class Scheduler:
         if now < self._next_progress:
             return
         self._next_progress = now + PROGRESS_S
-        for turn in self.running.values():
+        for turn in [t for t in self.turns.values() if t.status is Status.RUNNING]:  # (in the order they came)
             tokens = len(turn.output)
             if tokens > turn.told_tokens:
                 turn.told_tokens = tokens
@@ -297,14 +300,9 @@ class Scheduler:
 
     @property
     def running(self) -> dict[int, Turn]:
-        """The turns in a slot, by slot (the same dict until who runs changes: do
-        not change it)."""
-        changes, running = self._running
-        if changes != self._changes:
-            # (a turn enters or leaves a slot only in _admit, _unslot and _end, which count as changes)
-            running = {t.slot: t for t in self.turns.values() if t.status is Status.RUNNING}
-            self._running = (self._changes, running)
-        return running
+        """The turns in a slot, by slot (kept as turns take and leave a slot, in
+        _admit, _unslot and _end: do not change it)."""
+        return self._slots
 
     def ranked(self, now: float) -> list[Turn]:
         """The running turns, highest effective priority first, then the earliest
@@ -340,16 +338,10 @@ class Scheduler:
         """The queued and paused turns, in the order they (re)joined the queue."""
         return sorted(self._not_running(), key=lambda t: t.enqueued)
 
-    def _not_running(self) -> list[Turn]:
-        """The waiting turns, in no particular order (the same list until who runs
-        changes: do not change it)."""
-        changes, waiting = self._not_running_turns
-        if changes != self._changes:
-            # (a live turn that is not running waits: ended turns are forgotten; one
-            # comes, goes or takes or leaves a slot only where it counts as a change)
-            waiting = [t for t in self.turns.values() if t.status is not Status.RUNNING]
-            self._not_running_turns = (self._changes, waiting)
-        return waiting
+    def _not_running(self) -> Collection[Turn]:
+        """The waiting turns, in no particular order (kept as turns come, go, and
+        take or leave a slot: do not change it)."""
+        return self._queue.values()
 
     def effective(self, turn: Turn, now: float) -> int:
         return self.priorities.effective(turn, now)
@@ -450,6 +442,8 @@ class Scheduler:
             turn.cached_tokens = self.prefix.reuse(turn, plan.moves)
         turn.aging_kept = self.priorities.aging_levels(turn, now)
         turn.status, turn.slot = Status.RUNNING, slot
+        del self._queue[turn.id]
+        self._slots[slot] = turn
         turn.last_admit = next(self._admissions)
         self._changes += 1
         if turn.admitted_at is None:
@@ -478,6 +472,8 @@ class Scheduler:
     def _unslot(self, turn: Turn, now: float) -> None:
         """Back to the queue, its K/V still on the device (evicting it is the
         policy's next step)."""
+        del self._slots[turn.slot]  # type: ignore[index]
+        self._queue[turn.id] = turn
         turn.status, turn.slot = Status.PAUSED, None
         self._changes += 1
         turn.aging_kept = 0
@@ -517,6 +513,10 @@ class Scheduler:
         self.emit(turn.ended)
         if turn.status is Status.SWAPPED:
             self.memory.release_host(turn)
+        if turn.slot is not None:
+            del self._slots[turn.slot]
+        else:
+            del self._queue[turn.id]
         turn.status, turn.slot = Status.ENDED, None
         self._changes += 1
         self.prefix.settle(turn)  # (its last block's rows stay findable for a turn that repeats it)
