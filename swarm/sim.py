@@ -11,7 +11,6 @@ stretches one plan over many steps and skips ahead (Scheduler.repeatable).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import tomllib
 import zlib
@@ -221,10 +220,10 @@ def simulate(
     def bg_length() -> int:
         nonlocal bg_pool
         try:
-            return int(next(bg_pool))
+            return next(bg_pool)
         except StopIteration:
-            bg_pool = iter(workload.background.sample(bg_rng, 4096))
-            return int(next(bg_pool))
+            bg_pool = iter(workload.background.sample(bg_rng, 4096).tolist())  # (Python ints, made at once)
+            return next(bg_pool)
 
     result = Result(policy)
     tally = Tally(result)
@@ -236,7 +235,7 @@ def simulate(
 
     if not 0 <= workload.prefix_share <= 1:
         raise ConfigError(f"prefix_share must be in [0, 1], got {workload.prefix_share}")
-    fresh = itertools.count(1 << 20)  # token ids no prompt shares
+    fresh = 1 << 20  # the next token id no prompt shares
 
     @functools.cache
     def repeated(agent: str, shared: int) -> tuple[int, ...]:
@@ -244,8 +243,10 @@ def simulate(
         return tuple(zlib.crc32(f"{agent} {i}".encode()) & 0xFFFFF for i in range(shared))
 
     def prompt(agent: str, n: int) -> list[int]:
+        nonlocal fresh
         shared = round(workload.prefix_share * n)
-        return [*repeated(agent, shared), *itertools.islice(fresh, n - shared)]
+        first, fresh = fresh, fresh + n - shared
+        return [*repeated(agent, shared), *range(first, fresh)]
 
     config = SchedulerConfig(
         slots=workload.slots,
@@ -329,7 +330,7 @@ def simulate(
                     result.abandoned_steps += 1
                     now = start + stop
                     continue
-        if any(turn.admitted_at == now for turn in foreground.values()):  # (a wait ends: rarely, so asked of the few first)
+        if foreground and any(turn.admitted_at == now for turn in foreground.values()):  # (a wait ends: rarely, so asked of the few first)
             for turn in plan.turns:
                 if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
                     result.fg_waits.append(now - turn.arrived + overhead_s)

@@ -365,11 +365,11 @@ def test_a_turn_alone_in_its_family_names_its_blocks_only_when_asked():
     rig = Rig()
     first = rig.submit("a", PROMPT, max_tokens=8)
     rig.finish(first)
-    # Its prompt's keys are named at admission (a batch-mate may compute the same
-    # blocks), its reply's only when a turn that starts the same way asks.
-    assert len(first.hashes) == 5
+    # Neither its prompt's keys nor its reply's are named (no batch-mate computed
+    # the same blocks), until a turn that starts the same way asks.
+    assert len(first.hashes) == 0
     rig.finish(rig.submit("b", [99, *PROMPT]))
-    assert len(first.hashes) == 5
+    assert len(first.hashes) == 0
     again = rig.submit("c", PROMPT + [7] * 8)
     rig.step()
     assert len(first.hashes) == 7 and again.cached_tokens == 28

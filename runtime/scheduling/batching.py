@@ -192,9 +192,13 @@ class Batching:
         one system prompt compute it once)."""
         size = self.block_size
         i, rest = divmod(self.in_flight.computed(turn), size)
-        if rest or i >= len(turn.hashes):
+        # A prefilling turn's keys count as named up to its reusable blocks (where
+        # `PrefixCache.extend` named them at its admission: its length has not
+        # changed since), but are made only here, once a batch-mate's block is
+        # there to compare with: most prompts share none.
+        if rest or i >= max(len(turn.hashes), turn.reusable_blocks(size)):
             return False
-        key = turn.hashes[i]
+        key = None
         # (the steps in flight too: what they compute is only shared once they land)
         works, turns = plan.works, plan.turns
         if self.in_flight:
@@ -210,6 +214,8 @@ class Batching:
                     continue  # (its tokens past the prompt are not all known yet)
                 # Not named yet: the step in flight computes it, and only then is it committed.
                 self.prefix.chain(other, i + 1)
+            if key is None:
+                key = self.prefix.chain(turn, i + 1)[i]
             if other.hashes[i] == key:
                 return True
         return False

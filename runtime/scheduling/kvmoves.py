@@ -49,7 +49,7 @@ class KVMemory:
         priorities: Priorities,
         seats: Seats,
         emit: Callable[[Event], None],
-        about: Callable[[Turn, float], dict[str, Any]],
+        about: Callable[[Turn, float], tuple[Any, ...]],
     ) -> None:
         self.config = config
         self.policy = config.policy
@@ -59,7 +59,7 @@ class KVMemory:
         self.priorities = priorities
         self.seats = seats
         self.emit = emit
-        self._about = about  # the fields every event about a turn carries
+        self._about = about  # the fields every event about a turn starts with, by position
         self.swapped_blocks = 0  # host memory in use, in blocks
 
     def lose(self, turn: Turn, plan: Plan, now: float) -> None:
@@ -80,7 +80,7 @@ class KVMemory:
             turn.cached_tokens = self.prefix.reuse(turn)
             if turn.status is Status.RUNNING:
                 tokens = self.in_flight.length(turn) - turn.cached_tokens
-                self.emit(Recomputed(**self._about(turn, now), tokens=tokens, cached_tokens=turn.cached_tokens))
+                self.emit(Recomputed(*self._about(turn, now), tokens=tokens, cached_tokens=turn.cached_tokens))
 
     def release_host(self, turn: Turn) -> None:
         """A swapped-out turn ended: its host copy is freed."""
@@ -162,7 +162,7 @@ class KVMemory:
             self.swapped_blocks += copied
             self.prefix.settle(turn)
             self.pool.release(turn.blocks)
-            plan.moved.append(SwappedOut(**self._about(turn, now), blocks=copied))
+            plan.moved.append(SwappedOut(*self._about(turn, now), blocks=copied))
         else:
             self.drop(turn, plan)
 

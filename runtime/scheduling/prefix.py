@@ -101,9 +101,9 @@ class PrefixCache:
         want = turn.reusable_blocks(size)
         if want <= len(turn.blocks):
             return 0
-        keys = self._named(turn, want)  # (named even where nothing can hit: `Batching` compares them)
+        # (named only where a block may hit: `Batching` names the rest when it compares them)
         family = self.family(turn)
-        for key in keys[len(turn.blocks) : want] if self.pool.has_family(family) else ():
+        for key in self._named(turn, want)[len(turn.blocks) : want] if self.pool.has_family(family) else ():
             block = self.pool.lookup(key, family)
             if block is None:
                 break
