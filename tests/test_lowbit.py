@@ -28,12 +28,13 @@ def device():
     return select_device()
 
 
-# the sources the integer kernels need; nibbles.cl's many are built only where they run
-LOWBIT_SOURCES = ("quant", "common", "cpu/matmul", "cpu/lowbit")
+# the integer matmuls' sources, not attention's or argmax's (test_nibbles builds the same:
+# one cold build serves both)
+INTEGER_SOURCES = ("quant", "common", "cpu/matmul", "cpu/lowbit", "cpu/nibbles")
 
 
-def build(device, width: int, vnni: bool = False, sources: tuple[str, ...] = LOWBIT_SOURCES) -> cl.Program:
-    """`sources` of the CPU family at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
+def build(device, width: int, vnni: bool = False) -> cl.Program:
+    """The CPU family's integer matmuls at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
     macro = WIDTHS[width]
     if vnni and not (device.is_cpu and host_has_vnni() and width == 512):
         pytest.skip("vpdpwssd needs an AVX-512 VNNI CPU and the 512-bit build")
@@ -47,7 +48,7 @@ def build(device, width: int, vnni: bool = False, sources: tuple[str, ...] = LOW
     family = CPUFamily(device)
     options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DMADD_WIDTH={width}",
                f"-DDOT_VNNI={int(vnni)}"]  # fmt: skip
-    return device.build("\n".join(map(source, sources)), SHAPE + options)
+    return device.build("\n".join(map(source, INTEGER_SOURCES)), SHAPE + options)
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])

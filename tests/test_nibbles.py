@@ -11,8 +11,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 from test_device_quants import SHAPE
-from test_lowbit import EPS, LOWBIT_SOURCES, MAX_COLS, WIDTHS, device  # noqa: F401 (device is a fixture)
-from test_lowbit import build as build_sources
+from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
 from test_quants import random_blocks
 
 from gpu.families import CPUFamily, host_has_vnni
@@ -33,11 +32,6 @@ CASES = [(Q.Q4_1, 576, 1, 0), (Q.Q4_1, 576, 0, 0), (Q.Q4_0, 256, 1, 0), (Q.Q4_0,
          (Q.Q6_K, 512, 1, 1), (Q.Q6_K, 256, 0, 1), (Q.Q8_0, 576, 1, 0), (Q.Q8_0, 256, 0, 0)]  # fmt: skip
 COMPACT_TYPES = [(Q.Q4_K, 1), (Q.Q5_0, 1), (Q.Q6_K, 1)]
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-
-
-def build(dev, width: int, vnni: bool = False) -> cl.Program:
-    """nibbles.cl at a pmaddwd width (test_lowbit's build, with it)."""
-    return build_sources(dev, width, vnni, (*LOWBIT_SOURCES, "cpu/nibbles"))
 
 
 def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
