@@ -134,9 +134,8 @@ def test_a_person_asks_at_the_prompt(tmp_path: Path, roomy_gguf: Path) -> None:
         "--rounds",
         "1",
     ]
-    child = pexpect.spawn(
-        sys.executable, argv, cwd=str(ROOT), encoding="utf-8", timeout=240, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    )
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # (plain_pytest's)
+    child = pexpect.spawn(sys.executable, argv, cwd=str(ROOT), encoding="utf-8", timeout=240, env=env)
     try:
         child.expect("you> ")
         child.sendline("status")
