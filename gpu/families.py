@@ -138,6 +138,9 @@ class CPUFamily:
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
         self.compact = compact_layouts(default=self.COMPACT)
+        # SLOTSWARM_INT8=1: compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end
+        # takes them (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, coarser logits
+        self.int8 = os.environ.get("SLOTSWARM_INT8", "0") == "1"
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
@@ -146,7 +149,7 @@ class CPUFamily:
         # only the matmuls of the kinds this model reads (cpu/matmul.cl's MATMUL_KINDS)
         kinds = {cpu_variant(part.kind) for m in engine.weights.matrices() for part in m.parts or [m]}
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
-                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}",
+                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}", f"-DSUPER_INT8={int(self.int8)}",
                 f"-DPREFETCH_AHEAD={prefetch_ahead(engine.config.d_ff)}",
                 "-DMATMUL_KINDS", *(f"-DMATMUL_{kind}" for kind in sorted(kinds))]  # fmt: skip
 

@@ -2,7 +2,10 @@
 gpu/model/arch.py describes; the description's flags switch the optional parts on.
 
 It is the yardstick the OpenCL engine is tested against, not a fast path: every weight is
-dequantized to float32 once, and the KV cache is one contiguous array per layer.
+dequantized to float32 once, and the KV cache is one contiguous array per layer. With
+SLOTSWARM_INT8 the CPU family rounds the inputs of its compact Q4_K and Q6_K matmuls to 8
+bits (kernels/cpu/nibbles.cl); `int8_types` names the types whose matmuls round them so
+here too (`for_engine` picks them for an engine).
 
     ref = ReferenceModel(load_model(path))
     ids = ref.generate(prompt_ids, max_tokens=20, sampling=GREEDY)
@@ -21,11 +24,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import gguf
 import numpy as np
 
-from gpu.model.load import Model, ModelConfig
+from gpu.model import quants
+from gpu.model.load import Model, ModelConfig, WeightTensor
 from gpu.sampling import sample
 from runtime.scheduling.work import GREEDY, Sampling
+
+Q = gguf.GGMLQuantizationType
 
 
 @dataclass
@@ -50,16 +57,48 @@ class ReferenceCache:
         self.v[layer] = np.concatenate([self.v[layer], v])
 
 
+class Int8Matrix:
+    """A Q4_K or Q6_K matrix as the CPU family multiplies it: each input super-block of 256
+    rounded to 8 bits with one scale (its largest |x| / 127, llama.cpp's Q8_K) against the
+    scaled quants, and Q4_K's offsets against the float inputs' sums of each block of 32."""
+
+    def __init__(self, t: WeightTensor) -> None:
+        blocks = np.asarray(t.raw, np.uint8).reshape(-1, t.block_bytes)
+        q, scale, offset = quants.SUBBLOCKS[t.qtype](blocks)
+        sub = q.shape[1] // scale.shape[1]
+        self.scaled = (q.reshape(len(q), -1, sub) * scale[:, :, None]).reshape(t.rows, t.cols).astype(np.float32)
+        self.offset = np.repeat(offset, sub // 32, axis=1).reshape(t.rows, t.cols // 32) if offset.any() else None
+
+    def times(self, x: np.ndarray) -> np.ndarray:
+        blocks = x.reshape(len(x), -1, 256)
+        amax = np.abs(blocks).max(axis=2, keepdims=True)
+        to_int = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+        rounded = (np.round(blocks * to_int) * (amax / np.float32(127))).reshape(x.shape)
+        y = rounded @ self.scaled.T
+        if self.offset is not None:
+            y += x.reshape(len(x), -1, 32).sum(axis=2) @ self.offset.T
+        return y
+
+
+def matmul(x: np.ndarray, w: np.ndarray | Int8Matrix) -> np.ndarray:
+    """x @ w.T"""
+    return w.times(x) if isinstance(w, Int8Matrix) else x @ w.T
+
+
 class ReferenceModel:
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, int8_types: Collection = ()) -> None:
         self.config = c = model.config
         self.arch = c.arch
         w = lambda name: model.tensor(name).dequantize()  # noqa: E731
+
+        def matrix(t: WeightTensor) -> np.ndarray | Int8Matrix:
+            return Int8Matrix(t) if t.qtype in int8_types else t.dequantize()
+
         self.embedding = w("token_embd.weight")  # (vocab, d)
         # layer i's tensors by their name after "blk.i.", e.g. "attn_q.weight", "attn_q.bias"
-        self.layers = [{name: w(f"blk.{i}.{name}") for name in c.arch.layer_tensors()} for i in range(c.n_layers)]
+        self.layers = [{name: matrix(model.tensor(f"blk.{i}.{name}")) for name in c.arch.layer_tensors()} for i in range(c.n_layers)]
         self.output_norm = w("output_norm.weight")
-        self.output = self.embedding if model.tied else model.output_weight().dequantize()
+        self.output = matrix(model.tensor("token_embd.weight") if model.tied else model.output_weight())
         self.inv_freq = [c.inv_freq(i) for i in range(c.n_layers)]
         self.embed_scale = np.float32(np.sqrt(c.d_model)) if c.arch.embed_scale else np.float32(1.0)
         self.activation = gelu if c.arch.activation == "gelu" else silu
@@ -80,7 +119,7 @@ class ReferenceModel:
         for i, L in enumerate(self.layers):
             # ---- attention
             h = rmsnorm(x, L["attn_norm.weight"], c.norm_eps)
-            q, k, v = (h @ L[f"attn_{n}.weight"].T for n in "qkv")
+            q, k, v = (matmul(h, L[f"attn_{n}.weight"]) for n in "qkv")
             if arch.qkv_bias:
                 q, k, v = q + L["attn_q.bias"], k + L["attn_k.bias"], v + L["attn_v.bias"]
             q = q.reshape(T, c.n_heads, c.head_dim)
@@ -93,20 +132,20 @@ class ReferenceModel:
             k = rope(k, positions, self.inv_freq[i], arch.rope)
             cache.append(i, k, v)
             att = attention(q, cache.k[i], cache.v[i], start, c.window(i))  # (T, n_heads, head_dim)
-            out = att.reshape(T, c.q_dim) @ L["attn_output.weight"].T
+            out = matmul(att.reshape(T, c.q_dim), L["attn_output.weight"])
             if arch.post_norms:
                 out = rmsnorm(out, L["post_attention_norm.weight"], c.norm_eps)
             x = x + out
 
             # ---- feed-forward (gated: act(gate) * up)
             h = rmsnorm(x, L["ffn_norm.weight"], c.norm_eps)
-            out = (self.activation(h @ L["ffn_gate.weight"].T) * (h @ L["ffn_up.weight"].T)) @ L["ffn_down.weight"].T
+            out = matmul(self.activation(matmul(h, L["ffn_gate.weight"])) * matmul(h, L["ffn_up.weight"]), L["ffn_down.weight"])
             if arch.post_norms:
                 out = rmsnorm(out, L["post_ffw_norm.weight"], c.norm_eps)
             x = x + out
 
         x = rmsnorm(x, self.output_norm, c.norm_eps)
-        return x @ self.output.T  # (T, vocab)
+        return matmul(x, self.output)  # (T, vocab)
 
     def generate(
         self,
@@ -129,6 +168,13 @@ class ReferenceModel:
                 break
             logits = self.forward([token], position, cache)[-1]
         return out
+
+
+def for_engine(model: Model, engine) -> ReferenceModel:
+    """The reference for an OpenCLEngine's logits: with SLOTSWARM_INT8, the CPU family rounds
+    the inputs of its compact Q4_K and Q6_K matmuls to 8 bits."""
+    family = engine.family
+    return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} if family.name == "cpu" and family.int8 else ())
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

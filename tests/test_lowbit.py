@@ -33,8 +33,9 @@ def device():
 INTEGER_SOURCES = ("quant", "common", "cpu/matmul", "cpu/lowbit", "cpu/nibbles")
 
 
-def build(device, width: int, vnni: bool = False) -> cl.Program:
-    """The CPU family's integer matmuls at a pmaddwd width; with `vnni`, its multiply-adds as vpdpwssd."""
+def build(device, width: int, vnni: bool = False, int8: bool = False) -> cl.Program:
+    """The CPU family's integer matmuls at a pmaddwd width; with `vnni`, its multiply-adds as
+    vpdpwssd (and vpdpbusd); with `int8`, compact Q4_K and Q6_K on 8-bit inputs (SUPER_INT8)."""
     macro = WIDTHS[width]
     if vnni and not (device.is_cpu and host_has_vnni() and width == 512):
         pytest.skip("vpdpwssd needs an AVX-512 VNNI CPU and the 512-bit build")
@@ -47,7 +48,7 @@ def build(device, width: int, vnni: bool = False) -> cl.Program:
             pytest.skip(f"this device's compiler does not target {macro}")
     family = CPUFamily(device)
     options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DMADD_WIDTH={width}",
-               f"-DDOT_VNNI={int(vnni)}"]  # fmt: skip
+               f"-DDOT_VNNI={int(vnni)}"] + (["-DSUPER_INT8=1"] if int8 else [])  # fmt: skip
     return device.build("\n".join(map(source, INTEGER_SOURCES)), SHAPE + options)
 
 

@@ -4,12 +4,15 @@ width the device can build (and vpdpwssd where the CPU has AVX-512 VNNI), at one
 five columns (the 8-column tile) and twenty (the 32-column GEMM tile: two full sub-tiles, a
 partial one and one skipped), for rows of whole groups of four blocks, rows with blocks past
 the last group (decoded as floats), and rows shorter than a group; and a column's results
-are the same bits at every tile width, and with vpdpwssd or without."""
+are the same bits at every tile width, and with vpdpwssd or without. With SUPER_INT8 (the
+host's SLOTSWARM_INT8), compact Q4_K and Q6_K on 8-bit inputs match the reference's rounding
+of them (reference.Int8Matrix) to float error, with the same invariances."""
 
 import gguf
 import numpy as np
 import pyopencl as cl
 import pytest
+from reference import Int8Matrix
 from test_device_quants import SHAPE
 from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
 from test_quants import random_blocks
@@ -79,13 +82,41 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     assert np.all(np.abs(got - want) <= np.maximum(1.01 * bound, 2e-4 * np.abs(want).max()))
 
 
+@pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
+@pytest.mark.parametrize("width", sorted(WIDTHS))
+@pytest.mark.parametrize(("qtype", "cols", "normalize"), [(Q.Q4_K, 512, 1), (Q.Q4_K, 256, 0), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0)],
+                         ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+@pytest.mark.parametrize("ncols", [1, 5, 20])
+def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, cols: int, normalize: int, ncols: int, vnni: bool) -> None:  # noqa: F811
+    """SUPER_INT8: each super-block of 256 inputs rounded to 8 bits (at most 1/254 of its
+    largest |x| off), and exactly as reference.Int8Matrix rounds them."""
+    program = build(device, width, vnni, int8=True)
+    raw = random_blocks(qtype, ROWS * cols // 256, seed=width + ncols + cols).reshape(ROWS, -1)
+    rng = np.random.default_rng(ncols + cols)
+    x = (rng.standard_normal((ncols, cols)) * rng.uniform(0.1, 10, (ncols, 1))).astype(np.float32)
+    x[:, :32] *= 30  # one block far larger than the rest of its super-block
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    got = run(device, program, raw, qtype, x, g, normalize, compact=True)
+    inputs = x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) if normalize else x
+    weights = gguf.quants.dequantize(raw, qtype)
+    want = inputs @ weights.T
+    step = np.repeat(np.abs(inputs).reshape(ncols, -1, 256).max(axis=2) / 254, 256, axis=1)
+    assert np.all(np.abs(got - want) <= 1.01 * step @ np.abs(weights).T + 2e-4 * np.abs(want).max())
+    rounded = Int8Matrix(WeightTensor("w", qtype, ROWS, cols, raw.reshape(-1))).times(inputs)
+    assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max()
+
+
 @pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
                          ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
-def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, compact: int) -> None:  # noqa: F811
+@pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
+def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, compact: int, int8: int) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
+    if int8 and not (compact and qtype in K_QUANTS):
+        pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
     family = CPUFamily(device)  # the width the device's own build takes
-    program = device.build(family.source(), SHAPE + [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}"])
+    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
+    program = device.build(family.source(), SHAPE + options)
     # 32-weight blocks: with blocks past the last group, or (compact Q5_0) a row's last half-group
     cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
@@ -112,17 +143,19 @@ def extreme_super_blocks(qtype, n: int) -> np.ndarray:
     return np.tile(block, (n, 1))
 
 
+@pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-def test_compact_super_block_sums_do_not_overflow(device, qtype) -> None:  # noqa: F811
+def test_compact_super_block_sums_do_not_overflow(device, qtype, int8: int) -> None:  # noqa: F811
     """The compact Q4_K and Q6_K kernels add a super-block's scaled integer dot products in
-    32 bits (cpu/nibbles.cl's bound): at the largest quants, scales and inputs they still
-    match NumPy, at one column and at a tile of eight."""
-    program = build(device, 512, host_has_vnni())
+    32 bits, and with SUPER_INT8 pack a block half's in 16 (cpu/nibbles.cl's bounds): at the
+    largest quants, scales and inputs they still match NumPy, at one column and at a tile of
+    eight."""
+    program = build(device, 512, host_has_vnni(), bool(int8))
     cols = 512
     raw = extreme_super_blocks(qtype, ROWS * cols // 256).reshape(ROWS, -1)
     want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
     for ncols in (1, 8):
-        x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits
+        x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits, 127 in 8
         got = run(device, program, raw, qtype, x, np.ones(cols, np.float32), 0, compact=True)
         np.testing.assert_allclose(got, np.full((ncols, ROWS), want_row), rtol=1e-6)
 
@@ -130,12 +163,13 @@ def test_compact_super_block_sums_do_not_overflow(device, qtype) -> None:  # noq
 LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K)
 
 
-@pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in LOWBIT_AND_NIBBLE] + COMPACT_TYPES,
-                         ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
-def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int) -> None:  # noqa: F811
-    """The VNNI build is one instruction where the other takes two, in the same integers:
-    a host with and one without AVX-512 VNNI sample the same tokens."""
-    madd, vnni = build(device, 512), build(device, 512, vnni=True)
+@pytest.mark.parametrize(("qtype", "compact", "int8"), [(q, 0, 0) for q in LOWBIT_AND_NIBBLE] + [(q, c, 0) for q, c in COMPACT_TYPES]
+                         + [(Q.Q4_K, 1, 1), (Q.Q6_K, 1, 1)], ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int, int8: int) -> None:  # noqa: F811
+    """The VNNI build is one instruction where the other takes two, in the same integers
+    (and with SUPER_INT8, vpdpbusd where the other takes pmaddubsw and pmaddwd): a host with
+    and one without AVX-512 VNNI sample the same tokens."""
+    madd, vnni = build(device, 512, int8=bool(int8)), build(device, 512, vnni=True, int8=bool(int8))
     cols = 512 if qtype in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 640 if compact else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if cols == 512 else 32), seed=5).reshape(ROWS, -1)
     rng = np.random.default_rng(5)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import ReferenceModel
+from reference import ReferenceModel, for_engine
 
 from gpu.engine import OpenCLEngine
 from gpu.model.catalogue import CATALOGUE
@@ -65,22 +65,25 @@ def greedy_tokens(engine: OpenCLEngine, prompts: list[list[int]], n_new: int = 3
     return outs
 
 
-def assert_reference_agrees(model: Model, tokenizer: Tokenizer, prompts: list[list[int]], outs: list[list[int]]) -> None:
+def assert_reference_agrees(reference: ReferenceModel, tokenizer: Tokenizer, prompts: list[list[int]], outs: list[list[int]]) -> None:
     """The reference reads each prompt plus the engine's tokens in one forward pass: its argmax
     at every position equal to the engine's next token is the same as its own greedy run
     producing them (each step would see exactly the prefix the engine saw), at one pass's cost."""
-    reference = ReferenceModel(model)
     for prompt, out in zip(prompts, outs, strict=False):
         logits = reference.forward(prompt + out[:-1], 0, reference.new_cache())
         want = np.argmax(logits[len(prompt) - 1 :], axis=-1).tolist()
         assert out == want, tokenizer.decode(out)
 
 
-def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tokenizer) -> None:
-    """32 greedy tokens for each of 3 prompts."""
+@pytest.mark.parametrize("int8", ["0", "1"], ids=["", "int8"])
+def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tokenizer, int8: str, monkeypatch) -> None:
+    """32 greedy tokens for each of 3 prompts; with SLOTSWARM_INT8 (its Q4_K and Q6_K matmuls
+    on 8-bit inputs), against a reference that rounds their inputs too."""
+    monkeypatch.setenv("SLOTSWARM_INT8", int8)
     prompts = [qwen_tokenizer.chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    outs = greedy_tokens(OpenCLEngine(qwen, num_blocks=3 * 8), prompts)
-    assert_reference_agrees(qwen, qwen_tokenizer, prompts, outs)
+    engine = OpenCLEngine(qwen, num_blocks=3 * 8)
+    outs = greedy_tokens(engine, prompts)
+    assert_reference_agrees(for_engine(qwen, engine), qwen_tokenizer, prompts, outs)
     assert "def " in qwen_tokenizer.decode(outs[0])  # a coder writes code
 
 
@@ -93,7 +96,7 @@ def test_gemma3_greedy_tokens_equal_the_reference() -> None:
     tokenizer = Tokenizer.from_model(gemma)
     prompts = [tokenizer.chat([{"role": "user", "content": p}]) for p in ["def fibonacci(n):", *PROMPTS[1:]]]
     outs = {k: greedy_tokens(OpenCLEngine(gemma, num_blocks=3 * 8, kernels=k), prompts) for k in ("cpu", "gpu")}
-    assert_reference_agrees(gemma, tokenizer, prompts, outs["gpu"])
+    assert_reference_agrees(ReferenceModel(gemma), tokenizer, prompts, outs["gpu"])
     assert outs["cpu"] == outs["gpu"]
     assert "return" in tokenizer.decode(outs["gpu"][0])
 

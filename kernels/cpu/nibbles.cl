@@ -443,6 +443,221 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
     }
 }
 
+/* SUPER_INT8=1 (the host's SLOTSWARM_INT8, gpu/families.py): Q4_K and Q6_K on 8-bit inputs,
+ * llama.cpp's numerics for them. A row and super-block takes four vpdpbusd where 16-bit inputs
+ * take eight vpdpwssd, and prompts and batches are bound by those; the price is an input
+ * rounded by up to 1/254 of its super-block's largest |x|, not 1/65534, so it is the host's
+ * choice, not the default. */
+#ifndef SUPER_INT8
+#define SUPER_INT8 0
+#endif
+#if SUPER_INT8
+
+/* quantize_nibble_tile for Q4_K and Q6_K with SUPER_INT8 (pair_dot_super_bytes): a super-block
+   of 256 inputs to 8-bit integers, one scale (rounding error at most 1/254 of its largest |x|, as
+   llama.cpp's Q8_K), in the first of its two groups' places: 64 bytes a block half, the
+   first halves of blocks 0..3, their second halves, then blocks 4..7's, so byte p of each
+   meets the quants a row's nibbles give at byte p (super_bytes_dot). `offset` 128 stores them
+   unsigned, x + 128 (Q6_K's quants are the signed operand). The float sums of the eight
+   blocks go in the lane order super_bytes_dot's sums come out in: blocks 0, 4, 1, 5, 2, 6, 3, 7. */
+__attribute__((always_inline)) inline void quantize_super_bytes(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, const int offset,
+                                 __local uchar *xl)
+{
+    const int ng = k / NIB_GROUP, nsuper = k / 256;
+    __local float16 *xs = NIB_SUMS(xl, tile, ng);
+    __local char16 *xq = (__local char16 *)NIB_INPUTS(xl, tile, ng);
+    __local float *xd = NIB_SCALES(xl, tile, ng);
+    const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int u = get_local_id(0); u < live * nsuper; u += get_local_size(0)) {
+        const int c = u / nsuper, j = u % nsuper;
+        __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + 256 * j;
+        float16 v[16];  /* v[2b], v[2b + 1]: block b's halves */
+        int16 m = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            v[i] = normalize ? F16(i, xc) * F16(16 * j + i, g) : F16(i, xc);
+            m = max(m, as_int16(v[i]) & 0x7fffffff);
+        }
+        const float amax = as_float(hmax_int16(m));
+        const float to_int = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __local char16 *o = xq + ((size_t)c * ng + 2 * j) * 16;
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                o[4 * r + b] = convert_char16(ROUND(v[2 * (4 * (r / 2) + b) + r % 2] * to_int) + offset);
+        float sums[8];
+#pragma unroll
+        for (int b = 0; b < 8; b++)
+            sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
+        const float8 order = (float8)(sums[0], sums[4], sums[1], sums[5], sums[2], sums[6], sums[3], sums[7]);
+        xs[c * ng + 2 * j] = (float16)(order, order);
+        xd[c * ng + 2 * j] = amax / 127.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+typedef uchar uchar64 __attribute__((ext_vector_type(64)));
+
+/* lane u: acc + the sum of u's four products of unsigned bytes (`u8`) and signed ones (`s8`):
+   one vpdpbusd where the host says the CPU has AVX-512 VNNI (madd_add says how), else
+   pmaddubsw's pairs (no pair here comes near its 16-bit saturation: at most 2 * 255 * 32 or
+   2 * 15 * 127) added by pmaddwd. The integer sums are the same bits either way. */
+inline int16 dot_bytes(int16 acc, uint16 u8, uint16 s8)
+{
+#if DOT_VNNI && MADD_WIDTH == 512
+    typedef int v16i __attribute__((__vector_size__(64)));
+    v16i s = __builtin_astype(acc, v16i);
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(s) : "v"(__builtin_astype(u8, v16i)), "v"(__builtin_astype(s8, v16i)));
+    return __builtin_astype(s, int16);
+#elif MADD_WIDTH == 512
+    typedef char v64c __attribute__((__vector_size__(64)));
+    typedef short v32s __attribute__((__vector_size__(64)));
+    const v32s pairs = __builtin_ia32_pmaddubsw512((v64c)__builtin_astype(u8, v32s), (v64c)__builtin_astype(s8, v32s));
+    return acc + madd(__builtin_astype(pairs, short32), (short32)1);
+#elif MADD_WIDTH == 256
+    typedef char v32c __attribute__((__vector_size__(32)));
+    typedef short v16s __attribute__((__vector_size__(32)));
+    const v16s lo = __builtin_ia32_pmaddubsw256((v32c)__builtin_astype(u8.lo, v16s), (v32c)__builtin_astype(s8.lo, v16s));
+    const v16s hi = __builtin_ia32_pmaddubsw256((v32c)__builtin_astype(u8.hi, v16s), (v32c)__builtin_astype(s8.hi, v16s));
+    return acc + madd((short32)(__builtin_astype(lo, short16), __builtin_astype(hi, short16)), (short32)1);
+#else
+    const short32 s = __builtin_astype(s8, short32);
+    const short32 u_even = __builtin_astype(u8 & 0x00ff00ffu, short32), u_odd = __builtin_astype((u8 >> 8) & 0x00ff00ffu, short32);
+    return acc + madd(u_even, (s << (short)8) >> (short)8) + madd(u_odd, s >> (short)8);
+#endif
+}
+
+/* a's and b's lanes, each within 16 bits, as vpackssdw interleaves them: in each 128 bits,
+   four of a's, then four of b's */
+inline short32 pack_halves(int16 a, int16 b)
+{
+#if MADD_WIDTH == 512
+    typedef int v16i __attribute__((__vector_size__(64)));
+    typedef short v32s __attribute__((__vector_size__(64)));
+    return __builtin_astype(__builtin_ia32_packssdw512(__builtin_astype(a, v16i), __builtin_astype(b, v16i)), short32);
+#else
+    return __builtin_convertvector(__builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
+                                                           8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), short32);
+#endif
+}
+
+/* Q4_K's and Q6_K's super-blocks against 8-bit inputs (quantize_super_bytes), as llama.cpp's
+ * CPU kernels take them: a 32-bit lane sums four byte products (vpdpbusd, 64 weights an
+ * instruction), each block half's sums are multiplied by its integer sub-block scale in a
+ * pmaddwd, and a row's sums over the super-block become one float, times d. Q4_K's mins
+ * meet the blocks' float input sums.
+ *
+ * A row's group as four registers of 64 bytes, `q`: the low nibbles of its first 64 bytes
+ * (blocks 0..3's first halves: weight j of block b at byte 16 b + j), their high nibbles (the
+ * second halves), then the same for blocks 4..7; Q6_K's with their two high bits, centred
+ * (q - 32, signed). Q4_K's quants (0..15) are the unsigned operand, against signed inputs;
+ * Q6_K's are the signed one, against x + 128, and `bias` takes away what the 128 adds:
+ * 128 times each lane's quant sum, scaled as the lanes are. The scales, `scales`, are laid
+ * out as pack_halves lays out the sums. No 16-bit lane overflows: a lane's four products
+ * are at most 4 * 15 * 127 (Q4_K) or 4 * 255 * 32 (Q6_K), and the 32-bit sums stay below 2^26.
+ */
+__attribute__((always_inline)) inline void read_super_bytes(const int wtype, __global const uchar *qs,
+        __global const float *dm, size_t grp, uint16 *q, short32 *scales, int16 *bias, float8 *mins, float *d)
+{
+    if (wtype == WT_Q4_K) {
+        __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint16 n = (uint16)(p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]);
+            q[2 * i] = n & 0x0f0f0f0fu;
+            q[2 * i + 1] = (n >> 4) & 0x0f0f0f0fu;
+        }
+        const uint4 head = p[8];
+        const int16 fields = q4_k_fields(head);
+        const float2 dd = halves_to_float8(as_ushort8(head)).s01;
+        scales[0] = pack_halves(fields.s0000111122223333, fields.s4444555566667777);
+        *mins = (convert_float8(fields.hi) * -dd.y).s04152637;  /* super_bytes_dot's lane order */
+        *d = dd.x;
+        return;
+    }
+    __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
+    const uint16 c128 = 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const uint16 n = (uint16)(p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]);
+        /* 16-bit lane 8b + l: nibble bytes 2l, 2l + 1 of block b, and its byte of high bits,
+           whose bits 0, 4 go to the low nibbles' weights (2l, 2l + 1), 2, 6 to the high's */
+        const ushort32 h = __builtin_convertvector(__builtin_astype((uint8)(p[8 + 2 * i], p[9 + 2 * i]), uchar32), ushort32);
+        const ushort32 low = ((h << (ushort)4) & (ushort)0x30) | ((h << (ushort)8) & (ushort)0x3000);
+        const ushort32 high = ((h << (ushort)2) & (ushort)0x30) | ((h << (ushort)6) & (ushort)0x3000);
+        q[2 * i] = __builtin_astype(__builtin_astype((n & 0x0f0f0f0fu) | __builtin_astype(low, uint16), uchar64) - (uchar)32, uint16);
+        q[2 * i + 1] = __builtin_astype(__builtin_astype(((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16), uchar64) - (uchar)32, uint16);
+    }
+    const int16 sc = convert_int16(as_char16(p[12]));
+    scales[0] = pack_halves(sc.s0000222244446666, sc.s1111333355557777);
+    scales[1] = pack_halves(sc.s8888aaaacccceeee, sc.s9999bbbbddddffff);
+    *bias = -madd_add(madd(pack_halves(dot_bytes((int16)0, c128, q[0]), dot_bytes((int16)0, c128, q[1])), scales[0]),
+                      pack_halves(dot_bytes((int16)0, c128, q[2]), dot_bytes((int16)0, c128, q[3])), scales[1]);
+    *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
+}
+
+/* lanes 4m, 4m + 1: block m's scaled sums over a row's super-block; 4m + 2, 4m + 3: block
+   m + 4's (for Q6_K, both halves' of each block) */
+__attribute__((always_inline)) inline int16 super_bytes_dot(const int wtype, const uint16 *q, const short32 *scales, int16 bias,
+                                                      __local const uint16 *x)
+{
+    if (wtype == WT_Q4_K) {
+        const int16 first = dot_bytes(dot_bytes((int16)0, q[0], x[0]), q[1], x[1]);
+        const int16 second = dot_bytes(dot_bytes((int16)0, q[2], x[2]), q[3], x[3]);
+        return madd(pack_halves(first, second), scales[0]);
+    }
+    const int16 first = madd_add(bias, pack_halves(dot_bytes((int16)0, x[0], q[0]), dot_bytes((int16)0, x[1], q[1])), scales[0]);
+    return madd_add(first, pack_halves(dot_bytes((int16)0, x[2], q[2]), dot_bytes((int16)0, x[3], q[3])), scales[1]);
+}
+
+/* pair_dot_super_cols on 8-bit inputs: the same accumulators, the quants decoded once a row
+ * for all the tile's columns, each column's sums the same at any width. */
+__attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype, const int tile, const int layout,
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
+        float16 *acc, float *out0, float *out1)
+{
+    const int ng = k / NIB_GROUP, nsuper = k / 256;
+    __local const float16 *xs = NIB_SUMS(xl, layout, ng);
+    __local const uint16 *xq = (__local const uint16 *)NIB_INPUTS(xl, layout, ng);
+    __local const float *xd = NIB_SCALES(xl, layout, ng);
+    for (int c = 0; c < tile; c++)
+        acc[c] = (float16)0.0f;
+    for (int j = 0; j < nsuper; j++) {
+        uint16 q0[4], q1[4];
+        short32 s0[2], s1[2];
+        int16 b0 = 0, b1 = 0;
+        float8 m0 = 0.0f, m1 = 0.0f;
+        float d0, d1;
+        prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
+        read_super_bytes(wtype, qs, dm, (size_t)r0 * nsuper + j, q0, s0, &b0, &m0, &d0);
+        read_super_bytes(wtype, qs, dm, (size_t)r1 * nsuper + j, q1, s1, &b1, &m1, &d1);
+        const float16 d = (float16)((float8)(d0), (float8)(d1)), mins = (float16)(m0, m1);
+        for (int c = 0; c < tile; c++) {
+            const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
+            __local const uint16 *xv = xq + (size_t)at * 4;
+            const int16 i0 = super_bytes_dot(wtype, q0, s0, b0, xv), i1 = super_bytes_dot(wtype, q1, s1, b1, xv);
+            const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
+            const float16 sums = convert_float16(shuffle2(i0, i1, even) + shuffle2(i0, i1, odd));
+            if (wtype == WT_Q4_K)
+                acc[c] += sums * (d * xd[at]) + mins * xs[at];
+            else
+                acc[c] += sums * (d * xd[at]);
+        }
+    }
+    for (int c = 0; c < tile; c++) {
+        out0[c] = hsum8(acc[c].lo);
+        out1[c] = hsum8(acc[c].hi);
+    }
+}
+
+#define PAIR_DOT_SUPER pair_dot_super_bytes
+#else
+#define PAIR_DOT_SUPER pair_dot_super_cols
+#endif
+
 /* A prompt's many columns as a GEMM: a 32-column tile is quantized at once, and each row
  * pair decodes a group of blocks once for all of its (live) columns, not once per 8, and
  * streams its weights once per 32 columns. Each column is added exactly as in an 8-column
@@ -458,7 +673,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     if (tile <= MAX_TILE) {
         float16 a0[MAX_TILE], a1[MAX_TILE];
         if (SUPER_KIND(wtype))
-            pair_dot_super_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+            PAIR_DOT_SUPER(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
         else
             pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
         return;
@@ -466,7 +681,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     float16 a0[GEMM_TILE], a1[GEMM_TILE];
     const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
     if (SUPER_KIND(wtype))
-        pair_dot_super_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+        PAIR_DOT_SUPER(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
     else
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
 }
@@ -477,15 +692,28 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 1, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
-#define SUPER_TILE_BEGIN(TILE, normalize)                                       \
+#if SUPER_INT8
+#define Q4_K_TILE_BEGIN(TILE, normalize)                                        \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, 0, (__local uchar *)xl); \
+    if (!active)                                                                \
+        continue;
+#define Q6_K_TILE_BEGIN(TILE, normalize)                                        \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, 128, (__local uchar *)xl); \
+    if (!active)                                                                \
+        continue;
+#else
+#define Q4_K_TILE_BEGIN(TILE, normalize)                                        \
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 2, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
+#define Q6_K_TILE_BEGIN Q4_K_TILE_BEGIN
+#endif
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
     pair_dot_nibbles(WTYPE, TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
 /* each kind's fused kernels at every tile width; BEGIN quantizes the tile's inputs, a
-   scale a group of 128 (NIBBLE_TILE_BEGIN) or a super-block of 256 (SUPER_TILE_BEGIN) */
+   scale a group of 128 (NIBBLE_TILE_BEGIN) or, for Q4_K and Q6_K, a super-block of 256
+   (Q4_K_TILE_BEGIN, Q6_K_TILE_BEGIN: 16-bit inputs, or with SUPER_INT8 8-bit ones) */
 #define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN)                               \
     DEFINE_FUSED(NAME, WTYPE, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
@@ -506,10 +734,10 @@ DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLE_TILE_BEGIN)
 DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLE_TILE_BEGIN)
 #endif
 #ifdef MATMUL_nibq4k
-DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, SUPER_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_TILE_BEGIN)
 #endif
 #ifdef MATMUL_nibq6k
-DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, SUPER_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_TILE_BEGIN)
 #endif
 #ifdef MATMUL_nibq50
 DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLE_TILE_BEGIN)

@@ -128,6 +128,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     return {
         "device": engine.device_name,
         "kernels": engine.kernels,
+        "int8": getattr(engine.family, "int8", False),  # SLOTSWARM_INT8: 8-bit Q4_K/Q6_K inputs
         "steps": results,
         "long": long,
         "prefill_tok_per_s": PREFILL / prefill_s,
@@ -205,7 +206,8 @@ def _refit(cost) -> dict:
 
 
 def format_report(r: dict) -> str:
-    lines = [f"device: {r['device']} ({r['kernels']} kernels)"]
+    int8 = ", Q4_K/Q6_K on 8-bit inputs" if r.get("int8") else ""
+    lines = [f"device: {r['device']} ({r['kernels']} kernels{int8})"]
     for s in r["steps"]:
         lines.append(f"  decode step, {s['batch']} turn(s): {s['step_ms']:7.2f} ms  ({s['batch'] / s['step_ms'] * 1e3:6.1f} tok/s)")
         if "profile" in s:
