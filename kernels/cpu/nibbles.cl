@@ -392,6 +392,20 @@ __attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, _
     return even + odd;
 }
 
+/* acc plus a column's super-block for a row pair: each row's integer sums (scales applied)
+   added in pairs of lanes, in the integers where `integer_pairs` says they cannot overflow,
+   else as floats; times d and the column's input scale `xd`, and for Q4_K its mins times
+   the blocks' input sums `xs` */
+__attribute__((always_inline)) inline float16 add_super_sums(const int wtype, const int integer_pairs, float16 acc,
+        int16 i0, int16 i1, float16 d, float16 mins, float xd, float16 xs)
+{
+    const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
+    const float16 sums = integer_pairs
+        ? convert_float16(shuffle2(i0, i1, even) + shuffle2(i0, i1, odd))
+        : shuffle2(convert_float16(i0), convert_float16(i1), even) + shuffle2(convert_float16(i0), convert_float16(i1), odd);
+    return wtype == WT_Q4_K ? acc + (sums * (d * xd) + mins * xs) : acc + sums * (d * xd);
+}
+
 /* pair_dot_nibble_cols for Q4_K and Q6_K (rows of whole super-blocks). A column's
  * accumulator holds both rows, r0's in lanes 0..7 and r1's in 8..15: each row's sums are
  * added in pairs of lanes (its scales are in them already), so the super-block's d and Q4_K's
@@ -426,15 +440,8 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
             __local const short32 *xv = xq + (size_t)at * 4;
             const int16 i0 = tile > 1 ? scaled_super_dot(q0, xv) : super_dot(wtype, w0, h0, sa0, sb0, xv);
             const int16 i1 = tile > 1 ? scaled_super_dot(q1, xv) : super_dot(wtype, w1, h1, sa1, sb1, xv);
-            const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
             /* Q4_K's pairs add in the integers (below 2^30); Q6_K's lanes may reach 2^31 */
-            const float16 sums = wtype == WT_Q4_K
-                ? convert_float16(shuffle2(i0, i1, even) + shuffle2(i0, i1, odd))
-                : shuffle2(convert_float16(i0), convert_float16(i1), even) + shuffle2(convert_float16(i0), convert_float16(i1), odd);
-            if (wtype == WT_Q4_K)
-                acc[c] += sums * (d * xd[at]) + mins * xs[at];
-            else
-                acc[c] += sums * (d * xd[at]);
+            acc[c] = add_super_sums(wtype, wtype == WT_Q4_K, acc[c], i0, i1, d, mins, xd[at], xs[at]);
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -639,12 +646,7 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
             const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
             __local const uint16 *xv = xq + (size_t)at * 4;
             const int16 i0 = super_bytes_dot(wtype, q0, s0, b0, xv), i1 = super_bytes_dot(wtype, q1, s1, b1, xv);
-            const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
-            const float16 sums = convert_float16(shuffle2(i0, i1, even) + shuffle2(i0, i1, odd));
-            if (wtype == WT_Q4_K)
-                acc[c] += sums * (d * xd[at]) + mins * xs[at];
-            else
-                acc[c] += sums * (d * xd[at]);
+            acc[c] = add_super_sums(wtype, 1, acc[c], i0, i1, d, mins, xd[at], xs[at]);  /* (sums below 2^27) */
         }
     }
     for (int c = 0; c < tile; c++) {
