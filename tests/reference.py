@@ -98,7 +98,8 @@ class ReferenceModel:
         # layer i's tensors by their name after "blk.i.", e.g. "attn_q.weight", "attn_q.bias"
         self.layers = [{name: matrix(model.tensor(f"blk.{i}.{name}")) for name in c.arch.layer_tensors()} for i in range(c.n_layers)]
         self.output_norm = w("output_norm.weight")
-        self.output = matrix(model.tensor("token_embd.weight") if model.tied else model.output_weight())
+        head = model.tensor("token_embd.weight") if model.tied else model.output_weight()
+        self.output = self.embedding if model.tied and head.qtype not in int8_types else matrix(head)
         self.inv_freq = [c.inv_freq(i) for i in range(c.n_layers)]
         self.embed_scale = np.float32(np.sqrt(c.d_model)) if c.arch.embed_scale else np.float32(1.0)
         self.activation = gelu if c.arch.activation == "gelu" else silu
