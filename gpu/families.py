@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyopencl as cl
@@ -386,7 +386,3 @@ def qk_norm(program: cl.Program, e: OpenCLEngine, L, layer: int) -> list[Launch]
     cfg, b = e.config, e.buffers
     return [Grid("qk_norm", program, "qk_norm_rope", cfg.n_heads + cfg.n_kv_heads, (1, 1), b.qkv, b.pos, b.seq,
                  b.tables, i32(e.max_blocks), L.rope, L.q_norm, L.k_norm, e.kv.k, i32(layer))]  # fmt: skip
-
-
-def describe(family: Any) -> str:
-    return f"{family.name} kernels, work-groups of {family.wg}"
