@@ -213,6 +213,7 @@ class CPUFamily:
 class GPUFamily:
     name = "gpu"
     splits_stacks = False  # its kernels read a stack as one matrix of one kind
+    int8 = False  # its matmuls take float inputs (SLOTSWARM_INT8 is the CPU family's)
     SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
     MAX_WG = 256
     MAX_SPLITS = 16

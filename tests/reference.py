@@ -175,7 +175,7 @@ def for_engine(model: Model, engine) -> ReferenceModel:
     """The reference for an OpenCLEngine's logits: with SLOTSWARM_INT8, the CPU family rounds
     the inputs of its compact Q4_K and Q6_K matmuls to 8 bits."""
     family = engine.family
-    return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} if family.name == "cpu" and family.int8 else ())
+    return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} if family.int8 else ())
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -128,7 +128,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     return {
         "device": engine.device_name,
         "kernels": engine.kernels,
-        "int8": getattr(engine.family, "int8", False),  # SLOTSWARM_INT8: 8-bit Q4_K/Q6_K inputs
+        "int8": engine.family.int8,  # SLOTSWARM_INT8: 8-bit Q4_K/Q6_K inputs
         "steps": results,
         "long": long,
         "prefill_tok_per_s": PREFILL / prefill_s,
