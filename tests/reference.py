@@ -59,8 +59,11 @@ class ReferenceCache:
 
 class Int8Matrix:
     """A Q4_K or Q6_K matrix as the CPU family multiplies it: each input super-block of 256
-    rounded to 8 bits with one scale (its largest |x| / 127, llama.cpp's Q8_K) against the
-    scaled quants, and Q4_K's offsets against the float inputs' sums of each block of 32."""
+    rounded to 8 bits in steps of u m_b, u 1/8 of its largest |x| / 127 (llama.cpp's Q8_K
+    step) and m_b (1..8) the least block b's largest |x| allows, against the scaled quants;
+    Q4_K's offsets against the float inputs' sums of each block of 32."""
+
+    BLOCK_STEPS = 8
 
     def __init__(self, t: WeightTensor) -> None:
         blocks = np.asarray(t.raw, np.uint8).reshape(-1, t.block_bytes)
@@ -70,14 +73,24 @@ class Int8Matrix:
         self.offset = np.repeat(offset, sub // 32, axis=1).reshape(t.rows, t.cols // 32) if offset.any() else None
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        blocks = x.reshape(len(x), -1, 256)
-        amax = np.abs(blocks).max(axis=2, keepdims=True)
-        to_int = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
-        rounded = (np.round(blocks * to_int) * (amax / np.float32(127))).reshape(x.shape)
-        y = rounded @ self.scaled.T
+        y = self.rounded(x) @ self.scaled.T
         if self.offset is not None:
             y += x.reshape(len(x), -1, 32).sum(axis=2) @ self.offset.T
         return y
+
+    @classmethod
+    def rounded(cls, x: np.ndarray) -> np.ndarray:
+        """x as its 8-bit quants stand for it: steps and quants float32 operation for operation
+        as the kernel's (cpu/nibbles.cl's quantize_super_bytes)."""
+        n, f32 = np.float32(cls.BLOCK_STEPS), np.float32
+        blocks = x.astype(f32).reshape(len(x), -1, 8, 32)
+        amax = np.abs(blocks).max(axis=(2, 3), keepdims=True)
+        block_max = np.abs(blocks).max(axis=3, keepdims=True)
+        live = amax > 0
+        safe = np.where(live, amax, f32(1))
+        steps = np.where(live, np.clip(np.ceil(n * block_max / safe), f32(1), n), f32(1))
+        to_int = np.where(live, (f32(127) * n) / (safe * steps), f32(0))
+        return (np.round(blocks * to_int) * steps * (amax / (f32(127) * n))).reshape(x.shape)
 
 
 def matmul(x: np.ndarray, w: np.ndarray | Int8Matrix) -> np.ndarray:

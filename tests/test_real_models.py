@@ -65,25 +65,33 @@ def greedy_tokens(engine: OpenCLEngine, prompts: list[list[int]], n_new: int = 3
     return outs
 
 
-def assert_reference_agrees(reference: ReferenceModel, tokenizer: Tokenizer, prompts: list[list[int]], outs: list[list[int]]) -> None:
+def assert_reference_agrees(
+    reference: ReferenceModel, tokenizer: Tokenizer, prompts: list[list[int]], outs: list[list[int]], tie: float = 0.0
+) -> None:
     """The reference reads each prompt plus the engine's tokens in one forward pass: its argmax
     at every position equal to the engine's next token is the same as its own greedy run
-    producing them (each step would see exactly the prefix the engine saw), at one pass's cost."""
+    producing them (each step would see exactly the prefix the engine saw), at one pass's cost.
+    With `tie`, the engine's token may instead be one the reference puts within `tie` of its
+    argmax's logit."""
     for prompt, out in zip(prompts, outs, strict=False):
-        logits = reference.forward(prompt + out[:-1], 0, reference.new_cache())
-        want = np.argmax(logits[len(prompt) - 1 :], axis=-1).tolist()
-        assert out == want, tokenizer.decode(out)
+        logits = reference.forward(prompt + out[:-1], 0, reference.new_cache())[len(prompt) - 1 :]
+        want = np.argmax(logits, axis=-1)
+        behind = logits[np.arange(len(out)), want] - logits[np.arange(len(out)), out]
+        assert out == want.tolist() or behind.max() <= tie, (tokenizer.decode(out), behind.max())
 
 
 @pytest.mark.parametrize("int8", ["0", "1"], ids=["", "int8"])
 def test_qwen_greedy_tokens_equal_the_reference(qwen: Model, qwen_tokenizer: Tokenizer, int8: str, monkeypatch) -> None:
     """32 greedy tokens for each of 3 prompts; with SLOTSWARM_INT8 (its Q4_K and Q6_K matmuls
-    on 8-bit inputs), against a reference that rounds their inputs too."""
+    on 8-bit inputs), against a reference that rounds their inputs too. An input near a rounding
+    boundary may land on either side of it in the engine's float sums and the reference's, and
+    their logits part by up to about 0.8 on these prompts, so there the engine's token may be a
+    near tie of the reference's (within 1.0 of its logit) rather than its argmax."""
     monkeypatch.setenv("SLOTSWARM_INT8", int8)
     prompts = [qwen_tokenizer.chat([{"role": "user", "content": p}]) for p in PROMPTS]
     engine = OpenCLEngine(qwen, num_blocks=3 * 8)
     outs = greedy_tokens(engine, prompts)
-    assert_reference_agrees(for_engine(qwen, engine), qwen_tokenizer, prompts, outs)
+    assert_reference_agrees(for_engine(qwen, engine), qwen_tokenizer, prompts, outs, tie=1.0 if int8 == "1" else 0.0)
     assert "def " in qwen_tokenizer.decode(outs[0])  # a coder writes code
 
 

@@ -394,10 +394,10 @@ __attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, _
 
 /* acc plus a column's super-block for a row pair: each row's integer sums (scales applied)
    added in pairs of lanes, in the integers where `integer_pairs` says they cannot overflow,
-   else as floats; times d and the column's input scale `xd`, and for Q4_K its mins times
-   the blocks' input sums `xs` */
+   else as floats; times d and the column's input step `xd` (each pair's own, with 8-bit
+   inputs), and for Q4_K its mins times the blocks' input sums `xs` */
 __attribute__((always_inline)) inline float16 add_super_sums(const int wtype, const int integer_pairs, float16 acc,
-        int16 i0, int16 i1, float16 d, float16 mins, float xd, float16 xs)
+        int16 i0, int16 i1, float16 d, float16 mins, float16 xd, float16 xs)
 {
     const uint16 even = (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), odd = even + 1;
     const float16 sums = integer_pairs
@@ -441,7 +441,7 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
             const int16 i0 = tile > 1 ? scaled_super_dot(q0, xv) : super_dot(wtype, w0, h0, sa0, sb0, xv);
             const int16 i1 = tile > 1 ? scaled_super_dot(q1, xv) : super_dot(wtype, w1, h1, sa1, sb1, xv);
             /* Q4_K's pairs add in the integers (below 2^30); Q6_K's lanes may reach 2^31 */
-            acc[c] = add_super_sums(wtype, wtype == WT_Q4_K, acc[c], i0, i1, d, mins, xd[at], xs[at]);
+            acc[c] = add_super_sums(wtype, wtype == WT_Q4_K, acc[c], i0, i1, d, mins, (float16)xd[at], xs[at]);
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -451,57 +451,81 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
 }
 
 /* SUPER_INT8=1 (the host's SLOTSWARM_INT8, gpu/families.py): Q4_K and Q6_K on 8-bit inputs,
- * llama.cpp's numerics for them. A row and super-block takes four vpdpbusd where 16-bit inputs
+ * much as llama.cpp takes them. A row and super-block takes four vpdpbusd where 16-bit inputs
  * take eight vpdpwssd, and prompts and batches are bound by those; the price is an input
- * rounded by up to 1/254 of its super-block's largest |x|, not 1/65534, so it is the host's
- * choice, not the default. */
+ * rounded by up to half a step of about 1/127 of its block's largest |x| (quantize_super_bytes),
+ * not 1/65534 of its group's, so it is the host's choice, not the default. */
 #ifndef SUPER_INT8
 #define SUPER_INT8 0
 #endif
 #if SUPER_INT8
 
+#define BLOCK_STEPS 8  /* the finest step a block may take: 1/8 of its super-block's */
+
 /* quantize_nibble_tile for Q4_K and Q6_K with SUPER_INT8 (pair_dot_super_bytes): a super-block
-   of 256 inputs to 8-bit integers, one scale (rounding error at most 1/254 of its largest |x|, as
-   llama.cpp's Q8_K), in the first of its two groups' places: 64 bytes a block half, the
-   first halves of blocks 0..3, their second halves, then blocks 4..7's, so byte p of each
-   meets the quants a row's nibbles give at byte p (super_bytes_dot). `offset` 128 stores them
-   unsigned, x + 128 (Q6_K's quants are the signed operand). The float sums of the eight
-   blocks go in the lane order super_bytes_dot's sums come out in: blocks 0, 4, 1, 5, 2, 6, 3, 7. */
+   of 256 inputs to 8-bit integers, block b's in steps of u m_b: u is 1/BLOCK_STEPS of the step
+   the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
+   the least its own largest |x| allows, so a block far below its super-block's largest keeps a
+   finer step. The quants go in the first of the super-block's two groups' places: 64 bytes a
+   block half, the first halves of blocks 0..3, their second halves, then blocks 4..7's, so
+   byte p of each meets the quants a row's nibbles give at byte p (super_bytes_dot). `wtype`
+   Q6_K stores them unsigned, x + 128 (its quants are the signed operand). The steps u m_b go
+   in the second sums' place, in the lane order super_bytes_dot's sums come out in, blocks 0,
+   4, 1, 5, 2, 6, 3, 7, as a block's sums take them; for Q4_K the blocks' float sums, in the
+   same order, go in the first. */
 __attribute__((always_inline)) inline void quantize_super_bytes(__global const float *x, __global const int *xrows, __global const float *g,
-                                 int normalize, int k, int c0, int ncols, const int tile, const int offset,
+                                 int normalize, int k, int c0, int ncols, const int tile, const int wtype,
                                  __local uchar *xl)
 {
     const int ng = k / NIB_GROUP, nsuper = k / 256;
     __local float16 *xs = NIB_SUMS(xl, tile, ng);
     __local char16 *xq = (__local char16 *)NIB_INPUTS(xl, tile, ng);
-    __local float *xd = NIB_SCALES(xl, tile, ng);
+    const int offset = wtype == WT_Q6_K ? 128 : 0;
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int u = get_local_id(0); u < live * nsuper; u += get_local_size(0)) {
         const int c = u / nsuper, j = u % nsuper;
         __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + 256 * j;
         float16 v[16];  /* v[2b], v[2b + 1]: block b's halves */
-        int16 m = 0;
+        int16 m[8];  /* block b's |x| as ordered integers, lane by lane */
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            v[i] = normalize ? F16(i, xc) * F16(16 * j + i, g) : F16(i, xc);
-            m = max(m, as_int16(v[i]) & 0x7fffffff);
+        for (int b = 0; b < 8; b++) {
+            v[2 * b] = normalize ? F16(2 * b, xc) * F16(16 * j + 2 * b, g) : F16(2 * b, xc);
+            v[2 * b + 1] = normalize ? F16(2 * b + 1, xc) * F16(16 * j + 2 * b + 1, g) : F16(2 * b + 1, xc);
+            m[b] = max(as_int16(v[2 * b]) & 0x7fffffff, as_int16(v[2 * b + 1]) & 0x7fffffff);
         }
-        const float amax = as_float(hmax_int16(m));
-        const float to_int = amax > 0.0f ? 127.0f / amax : 0.0f;
+        /* the eight blocks' largest |x| at once: halving every block's lanes a level */
+        int16 pairs[4], quads[2];
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+            pairs[b] = max((int16)(m[2 * b].lo, m[2 * b + 1].lo), (int16)(m[2 * b].hi, m[2 * b + 1].hi));
+#pragma unroll
+        for (int b = 0; b < 2; b++)
+            quads[b] = max((int16)(pairs[2 * b].even, pairs[2 * b + 1].even), (int16)(pairs[2 * b].odd, pairs[2 * b + 1].odd));
+        const int16 eights = max((int16)(quads[0].even, quads[1].even), (int16)(quads[0].odd, quads[1].odd));
+        const float8 block_max = as_float8(max(eights.even, eights.odd));
+        const float amax = as_float(hmax_int16((int16)(as_int8(block_max), as_int8(block_max))));
+        const float8 steps = amax > 0.0f ? clamp(ceil((float)BLOCK_STEPS * block_max / amax), 1.0f, (float)BLOCK_STEPS) : 1.0f;
+        const float8 to_int = amax > 0.0f ? (127.0f * BLOCK_STEPS) / (amax * steps) : 0.0f;
         __local char16 *o = xq + ((size_t)c * ng + 2 * j) * 16;
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
-            for (int b = 0; b < 4; b++)
-                o[4 * r + b] = convert_char16(ROUND(v[2 * (4 * (r / 2) + b) + r % 2] * to_int) + offset);
-        float sums[8];
+            for (int b = 0; b < 4; b++) {
+                const int block = 4 * (r / 2) + b;
+                o[4 * r + b] = convert_char16(ROUND(v[2 * block + r % 2] * to_int[block]) + offset);
+            }
+        const float unit = amax / (127.0f * BLOCK_STEPS);
+        const float8 step = steps.s04152637 * unit;
+        xs[c * ng + 2 * j + 1] = (float16)(step, step);
+        if (wtype == WT_Q4_K) {
+            float sums[8];
 #pragma unroll
-        for (int b = 0; b < 8; b++)
-            sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
-        const float8 order = (float8)(sums[0], sums[4], sums[1], sums[5], sums[2], sums[6], sums[3], sums[7]);
-        xs[c * ng + 2 * j] = (float16)(order, order);
-        xd[c * ng + 2 * j] = amax / 127.0f;
+            for (int b = 0; b < 8; b++)
+                sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
+            const float8 order = (float8)(sums[0], sums[4], sums[1], sums[5], sums[2], sums[6], sums[3], sums[7]);
+            xs[c * ng + 2 * j] = (float16)(order, order);
+        }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -551,11 +575,11 @@ inline short32 pack_halves(int16 a, int16 b)
 #endif
 }
 
-/* Q4_K's and Q6_K's super-blocks against 8-bit inputs (quantize_super_bytes), as llama.cpp's
+/* Q4_K's and Q6_K's super-blocks against 8-bit inputs (quantize_super_bytes), much as llama.cpp's
  * CPU kernels take them: a 32-bit lane sums four byte products (vpdpbusd, 64 weights an
  * instruction), each block half's sums are multiplied by its integer sub-block scale in a
- * pmaddwd, and a row's sums over the super-block become one float, times d. Q4_K's mins
- * meet the blocks' float input sums.
+ * pmaddwd, and a row's sums over each block become one float, times d and the block's input
+ * step. Q4_K's mins meet the blocks' float input sums.
  *
  * A row's group as four registers of 64 bytes, `q`: the low nibbles of its first 64 bytes
  * (blocks 0..3's first halves: weight j of block b at byte 16 b + j), their high nibbles (the
@@ -563,8 +587,9 @@ inline short32 pack_halves(int16 a, int16 b)
  * (q - 32, signed). Q4_K's quants (0..15) are the unsigned operand, against signed inputs;
  * Q6_K's are the signed one, against x + 128, and `bias` takes away what the 128 adds:
  * 128 times each lane's quant sum, scaled as the lanes are. The scales, `scales`, are laid
- * out as pack_halves lays out the sums. No 16-bit lane overflows: a lane's four products
- * are at most 4 * 15 * 127 (Q4_K) or 4 * 255 * 32 (Q6_K), and the 32-bit sums stay below 2^26.
+ * out as pack_halves lays out the sums: each 128 bits block m's, then block m + 4's, for
+ * Q6_K one half of each a time. No 16-bit lane overflows: a packed lane sums at most eight
+ * products of 15 * 127 (Q4_K) or four of 255 * 32 (Q6_K), and the 32-bit sums stay below 2^26.
  */
 __attribute__((always_inline)) inline void read_super_bytes(const int wtype, __global const uchar *qs,
         __global const float *dm, size_t grp, uint16 *q, short32 *scales, int16 *bias, float8 *mins, float *d)
@@ -599,10 +624,10 @@ __attribute__((always_inline)) inline void read_super_bytes(const int wtype, __g
         q[2 * i + 1] = __builtin_astype(__builtin_astype(((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16), uchar64) - (uchar)32, uint16);
     }
     const int16 sc = convert_int16(as_char16(p[12]));
-    scales[0] = pack_halves(sc.s0000222244446666, sc.s1111333355557777);
-    scales[1] = pack_halves(sc.s8888aaaacccceeee, sc.s9999bbbbddddffff);
-    *bias = -madd_add(madd(pack_halves(dot_bytes((int16)0, c128, q[0]), dot_bytes((int16)0, c128, q[1])), scales[0]),
-                      pack_halves(dot_bytes((int16)0, c128, q[2]), dot_bytes((int16)0, c128, q[3])), scales[1]);
+    scales[0] = pack_halves(sc.s0000222244446666, sc.s8888aaaacccceeee);
+    scales[1] = pack_halves(sc.s1111333355557777, sc.s9999bbbbddddffff);
+    *bias = -madd_add(madd(pack_halves(dot_bytes((int16)0, c128, q[0]), dot_bytes((int16)0, c128, q[2])), scales[0]),
+                      pack_halves(dot_bytes((int16)0, c128, q[1]), dot_bytes((int16)0, c128, q[3])), scales[1]);
     *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
 }
 
@@ -616,8 +641,8 @@ __attribute__((always_inline)) inline int16 super_bytes_dot(const int wtype, con
         const int16 second = dot_bytes(dot_bytes((int16)0, q[2], x[2]), q[3], x[3]);
         return madd(pack_halves(first, second), scales[0]);
     }
-    const int16 first = madd_add(bias, pack_halves(dot_bytes((int16)0, x[0], q[0]), dot_bytes((int16)0, x[1], q[1])), scales[0]);
-    return madd_add(first, pack_halves(dot_bytes((int16)0, x[2], q[2]), dot_bytes((int16)0, x[3], q[3])), scales[1]);
+    const int16 first = madd_add(bias, pack_halves(dot_bytes((int16)0, x[0], q[0]), dot_bytes((int16)0, x[2], q[2])), scales[0]);
+    return madd_add(first, pack_halves(dot_bytes((int16)0, x[1], q[1]), dot_bytes((int16)0, x[3], q[3])), scales[1]);
 }
 
 /* pair_dot_super_cols on 8-bit inputs: the same accumulators, the quants decoded once a row
@@ -629,7 +654,6 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
     const int ng = k / NIB_GROUP, nsuper = k / 256;
     __local const float16 *xs = NIB_SUMS(xl, layout, ng);
     __local const uint16 *xq = (__local const uint16 *)NIB_INPUTS(xl, layout, ng);
-    __local const float *xd = NIB_SCALES(xl, layout, ng);
     for (int c = 0; c < tile; c++)
         acc[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
@@ -646,7 +670,7 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
             const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
             __local const uint16 *xv = xq + (size_t)at * 4;
             const int16 i0 = super_bytes_dot(wtype, q0, s0, b0, xv), i1 = super_bytes_dot(wtype, q1, s1, b1, xv);
-            acc[c] = add_super_sums(wtype, 1, acc[c], i0, i1, d, mins, xd[at], xs[at]);  /* (sums below 2^27) */
+            acc[c] = add_super_sums(wtype, 1, acc[c], i0, i1, d, mins, xs[at + 1], xs[at]);  /* (sums below 2^27) */
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -696,11 +720,11 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         continue;
 #if SUPER_INT8
 #define Q4_K_TILE_BEGIN(TILE, normalize)                                        \
-    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, 0, (__local uchar *)xl); \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q4_K, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
 #define Q6_K_TILE_BEGIN(TILE, normalize)                                        \
-    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, 128, (__local uchar *)xl); \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q6_K, (__local uchar *)xl); \
     if (!active)                                                                \
         continue;
 #else
