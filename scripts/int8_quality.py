@@ -22,7 +22,10 @@ import numpy as np
 from gpu.engine import OpenCLEngine
 from gpu.model.fetch import resolve_model
 from gpu.model.load import load_model
+from runtime.scheduling.units import ceil_div
 from runtime.scheduling.work import Work
+
+BLOCK = 16  # KV positions a block: one run's blocks are all the engine holds
 
 
 def code_runs(tokenizer, runs: int, tokens: int) -> list[list[int]]:
@@ -46,8 +49,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def every_position(engine: OpenCLEngine, ids: list[int]) -> np.ndarray:
     """Log-probabilities of the next token at each of ids' positions, in one step."""
-    blocks = -(-len(ids) // engine.block_size)
-    work = Work(turn=1, tokens=ids, start=0, block_table=list(range(blocks)), sample=True, drafts=len(ids) - 1)
+    table = list(range(ceil_div(len(ids), engine.block_size)))
+    work = Work(turn=1, tokens=ids, start=0, block_table=table, sample=True, drafts=len(ids) - 1)
     try:
         return log_softmax(engine.step_logits([work]))
     finally:
@@ -59,7 +62,7 @@ def measure(model_name: str, runs: int, tokens: int) -> list[str]:
     engines = {}
     for inputs, flag in (("16-bit", "0"), ("8-bit", "1")):
         os.environ["SLOTSWARM_INT8"] = flag  # (read when an engine builds its kernels)
-        engines[inputs] = OpenCLEngine(model, num_blocks=-(-tokens // 16) + 1, kernels="cpu")
+        engines[inputs] = OpenCLEngine(model, num_blocks=ceil_div(tokens, BLOCK), block_size=BLOCK, kernels="cpu")
     nll = {inputs: [] for inputs in engines}
     kl, same = [], []
     for ids in code_runs(engines["16-bit"].tokenizer, runs, tokens):

@@ -487,18 +487,18 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
         const int c = u / nsuper, j = u % nsuper;
         __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + 256 * j;
         float16 v[16];  /* v[2b], v[2b + 1]: block b's halves */
-        int16 m[8];  /* block b's |x| as ordered integers, lane by lane */
+        int16 magnitude[8];  /* block b's |x| as ordered integers, lane by lane */
 #pragma unroll
         for (int b = 0; b < 8; b++) {
             v[2 * b] = normalize ? F16(2 * b, xc) * F16(16 * j + 2 * b, g) : F16(2 * b, xc);
             v[2 * b + 1] = normalize ? F16(2 * b + 1, xc) * F16(16 * j + 2 * b + 1, g) : F16(2 * b + 1, xc);
-            m[b] = max(as_int16(v[2 * b]) & 0x7fffffff, as_int16(v[2 * b + 1]) & 0x7fffffff);
+            magnitude[b] = max(as_int16(v[2 * b]) & 0x7fffffff, as_int16(v[2 * b + 1]) & 0x7fffffff);
         }
         /* the eight blocks' largest |x| at once: halving every block's lanes a level */
         int16 pairs[4], quads[2];
 #pragma unroll
         for (int b = 0; b < 4; b++)
-            pairs[b] = max((int16)(m[2 * b].lo, m[2 * b + 1].lo), (int16)(m[2 * b].hi, m[2 * b + 1].hi));
+            pairs[b] = max((int16)(magnitude[2 * b].lo, magnitude[2 * b + 1].lo), (int16)(magnitude[2 * b].hi, magnitude[2 * b + 1].hi));
 #pragma unroll
         for (int b = 0; b < 2; b++)
             quads[b] = max((int16)(pairs[2 * b].even, pairs[2 * b + 1].even), (int16)(pairs[2 * b].odd, pairs[2 * b + 1].odd));
