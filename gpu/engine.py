@@ -379,7 +379,7 @@ class OpenCLEngine:
         )  # finished below
         launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
         if n:
-            launches.append((step.head, n))
+            launches += [(launch, n) for launch in step.head]
         if masked is not None:
             # Only this launch waits for the host's masks, computed while the
             # layers above run (gpu.masks): their copy goes just before it.
@@ -416,7 +416,10 @@ class OpenCLEngine:
                     return None
             if masked is not None and not grouped and i == fill_at:
                 masked.fill(event)
-            event = launch.enqueue(q, size)
+            enqueued = launch.enqueue(q, size)
+            if enqueued is None:
+                continue
+            event = enqueued
             if self.profile:
                 self.last_profile.append((launch.name, launch.weight_bytes, event))
         if self.device.is_cpu:

@@ -11,7 +11,9 @@ family's argmax scans a row in one work-item, kernels/cpu/argmax.cl).
 
 - cpu: a work-item walks whole rows with 16-wide vectors, small work-groups (PoCL
   runs a work-group on one core). Five launches per layer (plus a norm per
-  residual add for post-norm models, and the Q/K norm for QK-norm ones).
+  residual add for post-norm models, and the Q/K norm for QK-norm ones; and
+  for a batch of two tokens or more, before each integer matmul, one that
+  quantizes its inputs once for all its work-groups: gpu/launches.py's CPUStage).
 - gpu: work-groups cooperate on rows with reductions, prefill tiles through
   local memory, attention parallel over positions with the output projection
   fused in. Four launches per layer (plus the same extras). Work-group sizes
@@ -35,6 +37,7 @@ from gpu.device import Device
 from gpu.devicesampling import SampleHot
 from gpu.launches import (
     LOWBIT_KINDS,
+    NIBBLE_VARIANTS,
     OP_MATMUL,
     OP_QKV,
     OP_SWIGLU,
@@ -45,6 +48,7 @@ from gpu.launches import (
     GPUAttention,
     GPUMatmul,
     Grid,
+    Stage,
     cpu_variant,
 )
 from gpu.weights import COMPACT, Q
@@ -63,7 +67,7 @@ class Launch(Protocol):
     name: str
     weight_bytes: int
 
-    def enqueue(self, queue: cl.CommandQueue, n: int) -> cl.Event: ...
+    def enqueue(self, queue: cl.CommandQueue, n: int) -> cl.Event | None: ...  # None: nothing to do for n
 
 
 @dataclass
@@ -74,7 +78,7 @@ class StepLaunches:
 
     embed: Launch
     layers: list[Launch]
-    head: Launch
+    head: list[Launch]
     argmax: Argmax
     sample: SampleHot
     mask: ApplyMask  # before argmax and sample, where a row is constrained (gpu.masks)
@@ -161,22 +165,29 @@ class CPUFamily:
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
 
         local_mem = self.local_mem - 4 * e.max_batch_tokens  # less the kernels' RMS scales
+        nibbles = [part for m in W.matrices() for part in m.parts or [m] if part.kind in NIBBLE_VARIANTS]
+        stage = Stage(e.device.context, max(w.cols for w in nibbles), e.max_batch_tokens) if nibbles else None
 
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
-            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm)
+            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm, stage)
+
+        def staged(m: CPUMatmul) -> list[Launch]:
+            """A matmul, after the launch that stages its inputs where it has one."""
+            return [m.stage_inputs, m] if m.stage_inputs else [m]
 
         def qkv(L, layer):
             """The QKV matmul, a launch per part of a split stack."""
             kv = (b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
-            return [matmul("qkv", "qkv", part, L.attn_norm, b.x, b.all_rows, b.qkv, *kv) for part in L.qkv.parts or [L.qkv]]
+            parts = [matmul("qkv", "qkv", part, L.attn_norm, b.x, b.all_rows, b.qkv, *kv) for part in L.qkv.parts or [L.qkv]]
+            return [launch for part in parts for launch in staged(part)]
 
         def residual(name, w, x, post_norm):
             """x += w . x_in, or with post-norms x += rmsnorm(w . x_in) * post_norm."""
             if post_norm is None:
-                return [matmul(name, "matmul", w, b.ones, x, b.all_rows, b.x, i32(0), i32(1))]
-            return [matmul(name, "matmul", w, b.ones, x, b.all_rows, b.tmp, i32(0), i32(0)),
-                    Grid("post_norm", program, "add_rmsnorm", 1, (1, 1), b.x, b.tmp, post_norm, i32(cfg.d_model))]  # fmt: skip
+                return staged(matmul(name, "matmul", w, b.ones, x, b.all_rows, b.x, i32(0), i32(1)))
+            return staged(matmul(name, "matmul", w, b.ones, x, b.all_rows, b.tmp, i32(0), i32(0))) + [
+                Grid("post_norm", program, "add_rmsnorm", 1, (1, 1), b.x, b.tmp, post_norm, i32(cfg.d_model))]  # fmt: skip
 
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
@@ -187,7 +198,7 @@ class CPUFamily:
             layers.append(CPUAttention(program, cfg.n_heads, cfg.n_kv_heads, self.attention_items, b.qkv, b.pos, b.seq,
                                        b.tables, width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
             layers += residual("out", L.out, b.att, L.post_attn_norm)
-            layers.append(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
+            layers += staged(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
             layers += residual("down", L.down, b.h, L.post_ffw_norm)
         return StepLaunches(
             embed=Grid(
@@ -203,7 +214,7 @@ class CPUFamily:
                 i32(cfg.d_model),
             ),  # fmt: skip
             layers=layers,
-            head=matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0)),
+            head=staged(matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0))),
             argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
@@ -350,7 +361,7 @@ class GPUFamily:
                 "embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None, W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)
             ),  # fmt: skip
             layers=layers,
-            head=matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:]),
+            head=[matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:])],
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),

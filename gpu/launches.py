@@ -102,18 +102,62 @@ def local_bytes(w: DeviceMatrix, tile: int) -> int:
 
 
 GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches past 8, where on)
+MAX_TILE = 8  # columns of cpu/matmul.cl's widest tile otherwise, and of a stage's work-group
+STAGED_MIN = 2  # columns from which a nibble matmul's inputs are staged (one is read from memory faster than it is quantized)
+
+
+def staged_bytes(k: int, cols: int) -> int:
+    """The bytes of a nibble kind's inputs of length `k` staged for `cols` columns: its
+    local buffer's layout (local_bytes) as wide as the batch, and a float a column (its
+    RMS scale)."""
+    return cols * ((k // 128) * (64 + 256 + 4) + 4)
+
+
+class Stage:
+    """Where a nibble matmul's inputs are staged (cpu/nibbles.cl's stage_* kernels): a
+    buffer shared by every matmul of a step (they run one after another) and its width
+    in columns, the batch's most rounded up to a work-group's tile."""
+
+    def __init__(self, context: cl.Context, k: int, max_cols: int):
+        self.cols = ceil_div(max_cols, MAX_TILE) * MAX_TILE
+        self.buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, staged_bytes(k, self.cols))
+
+
+class CPUStage:
+    """A nibble matmul's inputs quantized once for all its work-groups, where the batch
+    has at least STAGED_MIN columns (its enqueue is None below that): each of its
+    work-groups quantizes a tile of MAX_TILE columns into the Stage's buffer."""
+
+    NCOLS = 5  # index of the ncols argument
+
+    def __init__(self, program: cl.Program, wg: int, w: DeviceMatrix, g, x, xrows, eps, normalize: int, stage: Stage):
+        self.name, self.weight_bytes, self.wg = "stage", 0, wg
+        self.kernel = cl.Kernel(program, f"stage_{cpu_variant(w.kind)}")
+        self.kernel.set_args(g, x, xrows, eps, i32(w.cols), i32(1), i32(normalize), stage.buffer, i32(stage.cols),
+                             *lowbit_local(w, MAX_TILE))  # fmt: skip
+        self.width = 1  # the ncols argument as last set
+
+    def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event | None:
+        if ncols < STAGED_MIN:
+            return None
+        if self.width != ncols:
+            self.kernel.set_arg(self.NCOLS, i32(ncols))
+            self.width = ncols
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (ceil_div(ncols, MAX_TILE) * self.wg,), (self.wg,))
 
 
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
     qkv) in every tile variant; a work-item owns a pair of rows. With `gemm`, batches
     past 8 columns take the nibble kinds' 32-column tile where its local buffer fits
-    the device (`gemm_tile`: the widest tile taken)."""
+    the device (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a
+    `stage` has `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN
+    columns on it reads what that staged."""
 
     NCOLS = 9  # index of the ncols argument
 
     def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple,
-                 local_mem: int = 0, gemm: bool = False):  # fmt: skip
+                 local_mem: int = 0, gemm: bool = False, stage: Stage | None = None):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
         pairs = ceil_div(rows, 2)
@@ -122,13 +166,25 @@ class CPUMatmul:
         # and the kernel reads its rows from there (cpu/matmul.cl)
         self.offset = (w.first_row // 2,) if w.first_row else None
         rows += w.first_row
+        nibbles = w.kind in NIBBLE_VARIANTS
+        self.stage = stage  # (a kernel argument holds no reference to its buffer)
+        self.stage_inputs, staging = None, ()
+        if nibbles:
+            # swiglu and qkv always normalize; matmul's first own argument says whether it does
+            normalize = 1 if kernel != "matmul" else int(extra[0])
+            if stage is not None:
+                self.stage_inputs = CPUStage(program, wg, w, *head[2:6], normalize, stage)
+            staging = (stage.buffer if stage else head[0], i32(0))  # (the staged width: set by enqueue)
+        self.staged_arg = 10 + len(extra) + 1  # index of the staged width, after the kernel's own arguments
         self.tiles = {}
-        wide = gemm and w.kind in NIBBLE_VARIANTS and local_bytes(w, GEMM_TILE) <= local_mem
+        wide = gemm and nibbles and local_bytes(w, GEMM_TILE) <= local_mem
         for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
             k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
-            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *lowbit_local(w, tile))
+            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *staging, *lowbit_local(w, tile))
             self.tiles[tile] = k
         self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
+        self.staged_cols = stage.cols if stage is not None and nibbles else 0
+        self.staged = dict.fromkeys(self.tiles, 0)  # each variant's staged width as last set
         self.gemm_tile = max(self.tiles)
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event:
@@ -137,6 +193,10 @@ class CPUMatmul:
         if self.widths[tile] != ncols:
             kernel.set_arg(self.NCOLS, i32(ncols))
             self.widths[tile] = ncols
+        staged = self.staged_cols if ncols >= STAGED_MIN else 0
+        if self.staged[tile] != staged:
+            kernel.set_arg(self.staged_arg, i32(staged))
+            self.staged[tile] = staged
         return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,), global_work_offset=self.offset)
 
 

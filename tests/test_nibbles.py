@@ -18,7 +18,7 @@ from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (devi
 from test_quants import random_blocks
 
 from gpu.families import CPUFamily, host_has_vnni
-from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, CPUMatmul, cpu_variant
+from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant
 from gpu.model.load import WeightTensor
 from gpu.weights import upload_matrix
 
@@ -38,8 +38,9 @@ K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
-        compact: bool = False) -> np.ndarray:  # fmt: skip
-    """The matmul kernel on x's columns: (columns, ROWS)."""
+        compact: bool = False, staged: bool = True, gemm: bool = True) -> np.ndarray:  # fmt: skip
+    """The matmul kernel on x's columns: (columns, ROWS), with its inputs staged from
+    STAGED_MIN columns on, as the engine's are, or with `staged` False never."""
     ncols, cols = x.shape
     ctx, flags = dev.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
@@ -47,10 +48,12 @@ def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, 
     w = upload_matrix(ctx, [WeightTensor("w", qtype, ROWS, cols, raw)], compact)
     assert w.kind in LOWBIT_KINDS or cpu_variant(w.kind) == NIBBLE_VARIANTS[w.kind]
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
+    stage = Stage(ctx, cols, MAX_COLS) if staged else None
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
-                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=True)  # fmt: skip
-    assert launch.gemm_tile == (8 if w.kind in LOWBIT_KINDS else 32)
-    launch.enqueue(dev.queue, ncols)
+                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=gemm, stage=stage)  # fmt: skip
+    assert launch.gemm_tile == (32 if gemm and w.kind not in LOWBIT_KINDS else 8)
+    for step in [launch.stage_inputs, launch] if launch.stage_inputs else [launch]:
+        step.enqueue(dev.queue, ncols)
     got = np.empty((ncols, ROWS), np.float32)
     cl.enqueue_copy(dev.queue, got, y)
     return got
@@ -132,6 +135,31 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, com
         assert batch[0].tobytes() == alone[0].tobytes()
         for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
             assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact))[0].tobytes()
+
+
+@pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q5_1, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
+                         ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+@pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
+@pytest.mark.parametrize("gemm", [False, True], ids=["t8", "t32"])
+def test_staged_inputs_give_the_bits_of_each_work_group_s_own(device, qtype, compact: int, int8: int, gemm: bool) -> None:  # noqa: F811
+    """A batch's inputs quantized once by the stage kernels, and copied by every
+    work-group of the matmul, are the bytes each work-group would make itself, and so
+    are their RMS scales (ROWS is odd, so the last group's pair is one row; 9 columns
+    leave a tile with one column live)."""
+    if int8 and not (compact and qtype in K_QUANTS):
+        pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
+    family = CPUFamily(device)
+    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
+    program = device.build(family.source(), SHAPE + options)
+    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
+    raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=7).reshape(ROWS, -1)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    for ncols, normalize in ((STAGED_MIN, 1), (9, 1), (20, 0), (MAX_COLS, 1)):
+        staged = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm)
+        own = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm, staged=False)
+        assert staged.tobytes() == own.tobytes()
 
 
 def extreme_super_blocks(qtype, n: int) -> np.ndarray:

@@ -47,15 +47,15 @@
  * tile, or each column's inputs where a tile has one or two (fewer multiplies:
  * a pair of rows takes four per block, a column two), and 1/rms(x) the finished
  * dot product. The work-group computes 1/rms(x) for each column once, into
- * local memory. Matmuls without a norm (normalize = 0) skip g altogether. */
-inline void column_scales(__global const float *x, __global const int *xrows,
-                          int ncols, int k, float eps, int normalize,
-                          __local float *inv)
+ * local memory (or copies what cpu/nibbles.cl's stage computed). Matmuls without
+ * a norm (normalize = 0) skip g altogether. */
+inline void column_scales_from(__global const float *x, __global const int *xrows, int c0, int n,
+                               int k, float eps, int normalize, __local float *inv)
 {
-    for (int c = get_local_id(0); c < ncols; c += get_local_size(0)) {
+    for (int c = get_local_id(0); c < n; c += get_local_size(0)) {
         float s = 1.0f;
         if (normalize) {
-            __global const float *xc = x + (size_t)xrows[c] * k;
+            __global const float *xc = x + (size_t)xrows[c0 + c] * k;
             float16 ss = (float16)0.0f;
             for (int j = 0; j < k / 16; j++) {
                 float16 v = F16(j, xc);
@@ -65,6 +65,14 @@ inline void column_scales(__global const float *x, __global const int *xrows,
         }
         inv[c] = s;
     }
+}
+
+/* (column_scales_from: columns c0.. c0 + n - 1's scales into inv[0.. n - 1]) */
+inline void column_scales(__global const float *x, __global const int *xrows,
+                          int ncols, int k, float eps, int normalize,
+                          __local float *inv)
+{
+    column_scales_from(x, xrows, 0, ncols, k, eps, normalize, inv);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 

@@ -712,59 +712,145 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
 }
 
-/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
-   q6 and q8_0 as "nib", "nib5", "nib6" and "nib8") */
-#define NIBBLE_TILE_BEGIN(TILE, normalize)                                      \
-    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 1, (__local uchar *)xl); \
-    if (!active)                                                                \
-        continue;
+/* A tile's inputs quantized into the local buffer, as each kind takes them: a scale a group
+   of 128 (nibble kinds), or for Q4_K and Q6_K a super-block of 256, in 16 bits or with
+   SUPER_INT8 in 8 */
+#define QUANTIZE_NIBBLES(TILE, normalize)                                       \
+    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 1, (__local uchar *)xl)
 #if SUPER_INT8
-#define Q4_K_TILE_BEGIN(TILE, normalize)                                        \
-    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q4_K, (__local uchar *)xl); \
-    if (!active)                                                                \
-        continue;
-#define Q6_K_TILE_BEGIN(TILE, normalize)                                        \
-    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q6_K, (__local uchar *)xl); \
-    if (!active)                                                                \
-        continue;
+#define QUANTIZE_Q4_K(TILE, normalize)                                          \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q4_K, (__local uchar *)xl)
+#define QUANTIZE_Q6_K(TILE, normalize)                                          \
+    quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q6_K, (__local uchar *)xl)
 #else
-#define Q4_K_TILE_BEGIN(TILE, normalize)                                        \
-    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 2, (__local uchar *)xl); \
+#define QUANTIZE_Q4_K(TILE, normalize)                                          \
+    quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 2, (__local uchar *)xl)
+#define QUANTIZE_Q6_K QUANTIZE_Q4_K
+#endif
+
+/* Staging. Every work-group of a matmul quantizes the same columns (its rows differ, its
+ * inputs do not), so a matrix of 8960 rows quantized each column 70 times, and took each
+ * column's RMS 70 times. For a batch the host stages them instead (gpu/launches.py's
+ * CPUStage): a stage_* kernel quantizes each tile of MAX_TILE columns once, into a global
+ * buffer laid out as the local one is at a width of `cols` columns, with the columns' RMS
+ * scales after, and each work-group of the matmul copies its tiles' columns from there.
+ * The bytes are the ones it would have made, so a column's results are the same bits
+ * staged or not. */
+#define STAGED_SUMS(p, cols, ng) ((__global float16 *)(p))
+#define STAGED_INPUTS(p, cols, ng) ((__global short32 *)(STAGED_SUMS(p, cols, ng) + (cols) * (ng)))
+#define STAGED_SCALES(p, cols, ng) ((__global float *)(STAGED_INPUTS(p, cols, ng) + 4 * (cols) * (ng)))
+#define STAGED_RMS(p, cols, ng) (STAGED_SCALES(p, cols, ng) + (cols) * (ng))  /* column_scales' */
+
+/* columns 0.. n - 1 of a `tile`-column local buffer to columns c0.. of the staged one */
+inline void store_staged(__local const uchar *xl, const int tile, __global uchar *staged, int cols, int k, int c0, int n)
+{
+    const int ng = k / NIB_GROUP;
+    for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
+        const int at = u, to = c0 * ng + u;  /* (a column's groups follow each other in both) */
+        STAGED_SUMS(staged, cols, ng)[to] = NIB_SUMS(xl, tile, ng)[at];
+        for (int i = 0; i < 4; i++)
+            STAGED_INPUTS(staged, cols, ng)[4 * to + i] = NIB_INPUTS(xl, tile, ng)[4 * at + i];
+        STAGED_SCALES(staged, cols, ng)[to] = NIB_SCALES(xl, tile, ng)[at];
+    }
+}
+
+/* columns c0.. c0 + n - 1 of the staged buffer to columns 0.. of a `tile`-column local one */
+inline void load_staged(__global const uchar *staged, int cols, int k, int c0, int n, const int tile, __local uchar *xl)
+{
+    const int ng = k / NIB_GROUP;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
+        const int at = u, from = c0 * ng + u;
+        NIB_SUMS(xl, tile, ng)[at] = STAGED_SUMS(staged, cols, ng)[from];
+        for (int i = 0; i < 4; i++)
+            NIB_INPUTS(xl, tile, ng)[4 * at + i] = STAGED_INPUTS(staged, cols, ng)[4 * from + i];
+        NIB_SCALES(xl, tile, ng)[at] = STAGED_SCALES(staged, cols, ng)[from];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* the batch's column scales (column_scales) from the staged buffer */
+inline void load_staged_scales(__global const uchar *staged, int cols, int k, int ncols, __local float *inv)
+{
+    __global const float *from = STAGED_RMS(staged, cols, k / NIB_GROUP);
+    for (int c = get_local_id(0); c < ncols; c += get_local_size(0))
+        inv[c] = from[c];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* the columns of a tile from c0 that hold inputs: a wide tile's past the batch, rounded up
+   to MAX_TILE, are skipped (pair_dot_nibbles) */
+#define LIVE_COLUMNS(TILE) ((TILE) > MAX_TILE ? min(TILE, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : (TILE))
+
+/* stage_NAME: columns MAX_TILE * group.. of g * x (x when `normalize` is 0), quantized as
+   NAME's matmuls take them, into `staged` (`cols` columns wide), and their column scales */
+#define DEFINE_STAGE(NAME, QUANTIZE)                                            \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void stage_##NAME(__global const float *g, __global const float *x, __global const int *xrows, float eps, \
+                  int k, int ncols, int normalize, __global uchar *staged, int cols, __local short *xl) \
+{                                                                               \
+    const int c0 = MAX_TILE * get_group_id(0), n = min(MAX_TILE, ncols - c0);  \
+    __local float inv[MAX_TILE];                                                \
+    column_scales_from(x, xrows, c0, n, k, eps, normalize, inv);                \
+    QUANTIZE(MAX_TILE, normalize); /* (its barriers order inv's stores too) */  \
+    store_staged((__local uchar *)xl, MAX_TILE, staged, cols, k, c0, MAX_TILE); \
+    for (int c = get_local_id(0); c < n; c += get_local_size(0))                \
+        STAGED_RMS(staged, cols, k / NIB_GROUP)[c0 + c] = inv[c];               \
+}
+
+/* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
+   q6 and q8_0 as "nib", "nib5", "nib6" and "nib8"), and `staged_cols` 0 where each
+   work-group quantizes its own tiles, else the width of the staged inputs it copies */
+#define NIBBLE_ARGS , __global const uchar *staged, int staged_cols, __local short *xl
+#define NIBBLE_BEGIN(normalize)                                                 \
+    __local float inv[MAX_COLS];                                                \
+    if (staged_cols)                                                            \
+        load_staged_scales(staged, staged_cols, k, ncols, inv);                 \
+    else                                                                        \
+        column_scales(x, xrows, ncols, k, eps, normalize, inv);                 \
+    const int r = 2 * get_global_id(0);                                         \
+    const int active = r < rows;
+#define NIBBLE_TILE_BEGIN(QUANTIZE, TILE, normalize)                            \
+    if (staged_cols)                                                            \
+        load_staged(staged, staged_cols, k, c0, LIVE_COLUMNS(TILE), TILE, (__local uchar *)xl); \
+    else                                                                        \
+        QUANTIZE(TILE, normalize);                                              \
     if (!active)                                                                \
         continue;
-#define Q6_K_TILE_BEGIN Q4_K_TILE_BEGIN
-#endif
+#define NIBBLES_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_NIBBLES, TILE, normalize)
+#define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, TILE, normalize)
+#define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, TILE, normalize)
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
     pair_dot_nibbles(WTYPE, TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
-/* each kind's fused kernels at every tile width; BEGIN quantizes the tile's inputs, a
-   scale a group of 128 (NIBBLE_TILE_BEGIN) or, for Q4_K and Q6_K, a super-block of 256
-   (Q4_K_TILE_BEGIN, Q6_K_TILE_BEGIN: 16-bit inputs, or with SUPER_INT8 8-bit ones) */
-#define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN)                               \
-    DEFINE_FUSED(NAME, WTYPE, 1, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 2, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 4, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 8, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 32, WG, LOWBIT_ARGS, LOWBIT_BEGIN, BEGIN, NIBBLE_DOT)
+/* each kind's stage kernel and fused kernels at every tile width; BEGIN quantizes or
+   copies the tile's inputs, QUANTIZE (its QUANTIZE_*) says how */
+#define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN, QUANTIZE)                     \
+    DEFINE_STAGE(NAME, QUANTIZE)                                                \
+    DEFINE_FUSED(NAME, WTYPE, 1, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 2, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 4, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 8, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
+    DEFINE_FUSED(NAME, WTYPE, 32, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT)
 
 #ifdef MATMUL_nib
-DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, NIBBLE_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
 #endif
 #ifdef MATMUL_nib5
-DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLE_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
 #endif
 #ifdef MATMUL_nib6
-DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLE_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
 #endif
 #ifdef MATMUL_nib8
-DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLE_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
 #endif
 #ifdef MATMUL_nibq4k
-DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_BEGIN, QUANTIZE_Q4_K)
 #endif
 #ifdef MATMUL_nibq6k
-DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K)
 #endif
 #ifdef MATMUL_nibq50
-DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLE_TILE_BEGIN)
+DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
 #endif
