@@ -12,7 +12,7 @@ family's argmax scans a row in one work-item, kernels/cpu/argmax.cl).
 - cpu: a work-item walks whole rows with 16-wide vectors, small work-groups (PoCL
   runs a work-group on one core). Five launches per layer (plus a norm per
   residual add for post-norm models, and the Q/K norm for QK-norm ones; and
-  for a batch of two tokens or more, before each integer matmul, one that
+  for a batch of more than 8 tokens, before each integer matmul, one that
   quantizes its inputs once for all its work-groups: gpu/launches.py's CPUStage).
 - gpu: work-groups cooperate on rows with reductions, prefill tiles through
   local memory, attention parallel over positions with the output projection

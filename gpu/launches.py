@@ -103,7 +103,7 @@ def local_bytes(w: DeviceMatrix, tile: int) -> int:
 
 GEMM_TILE = 32  # columns of cpu/nibbles.cl's widest tile (prefill and batches past 8, where on)
 MAX_TILE = 8  # columns of cpu/matmul.cl's widest tile otherwise, and of a stage's work-group
-STAGED_MIN = 2  # columns from which a nibble matmul's inputs are staged (one is read from memory faster than it is quantized)
+STAGED_MIN = 9  # columns from which a nibble matmul's inputs are staged (below, the launches cost what they save)
 
 
 def staged_bytes(k: int, cols: int) -> int:

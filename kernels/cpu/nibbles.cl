@@ -730,7 +730,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
 
 /* Staging. Every work-group of a matmul quantizes the same columns (its rows differ, its
  * inputs do not), so a matrix of 8960 rows quantized each column 70 times, and took each
- * column's RMS 70 times. For a batch the host stages them instead (gpu/launches.py's
+ * column's RMS 70 times. For a wide batch the host stages them instead (gpu/launches.py's
  * CPUStage): a stage_* kernel quantizes each tile of MAX_TILE columns once, into a global
  * buffer laid out as the local one is at a width of `cols` columns, with the columns' RMS
  * scales after, and each work-group of the matmul copies its tiles' columns from there.
