@@ -59,11 +59,13 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
         const float correction = exp(m - m_new);
         float16 w = exp(score - m_new);
         l = l * correction + hsum16(w);
+#pragma unroll
         for (int j = 0; j < HV; j++)
             acc[j] *= correction;
         const float *wp = (const float *)&w;
         __global const half *v = vcache + tile + slot0 * HEAD_DIM;
         for (int s = max(0, first - p0); s < min(16, n - p0); s++)
+#pragma unroll
             for (int j = 0; j < HV; j++)
                 acc[j] += wp[s] * vload_half16(j, v + s * HEAD_DIM);
         m = m_new;
@@ -108,10 +110,12 @@ __kernel void attention_group(__global const float *qkv, __global const int *pos
         const int slot0 = p0 % BLOCK_SIZE;
         __global const half *k = kcache + tile + slot0;
         float16 score[GROUP], w[GROUP];
+#pragma unroll
         for (int i = 0; i < GROUP; i++)
             score[i] = (float16)0.0f;
         for (int d = 0; d < HEAD_DIM; d++) {
             const float16 kd = vload_half16(0, k + d * BLOCK_SIZE);
+#pragma unroll
             for (int i = 0; i < GROUP; i++)
                 score[i] += q[i][d] * kd;
         }
@@ -130,6 +134,7 @@ __kernel void attention_group(__global const float *qkv, __global const int *pos
         for (int j = 0; j < HV; j++)
             for (int s = s0; s < s1; s++) {
                 const float16 vj = vload_half16(j, v + s * HEAD_DIM);
+#pragma unroll
                 for (int i = 0; i < GROUP; i++)
                     acc[i][j] += ((const float *)&w[i])[s] * vj;
             }
