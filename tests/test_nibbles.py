@@ -112,6 +112,21 @@ def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, c
     assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max()
 
 
+def batch_case(dev, qtype, int8: int, seed: int) -> tuple:
+    """The build the device's own family takes (SUPER_INT8 as asked), a ROWS-row matrix of
+    `qtype` and MAX_COLS input columns with their norm weights: (program, raw, x, g). Rows of
+    32-weight blocks have blocks past the last group, or (compact Q5_0) a last half-group."""
+    family = CPUFamily(dev)
+    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
+    program = dev.build(family.source(), SHAPE + options)
+    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
+    raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=seed).reshape(ROWS, -1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    return program, raw, x, g
+
+
 @pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
                          ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
 @pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
@@ -120,15 +135,7 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, com
     resumed turn's logits must not move."""
     if int8 and not (compact and qtype in K_QUANTS):
         pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
-    family = CPUFamily(device)  # the width the device's own build takes
-    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
-    program = device.build(family.source(), SHAPE + options)
-    # 32-weight blocks: with blocks past the last group, or (compact Q5_0) a row's last half-group
-    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
-    raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=3).reshape(ROWS, -1)
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
-    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    program, raw, x, g = batch_case(device, qtype, int8, seed=3)
     alone = run(device, program, raw, qtype, x[:1], g, 1, compact=bool(compact))
     for ncols in (2, 3, 8, 20, MAX_COLS):  # tiles of 2, 4, 8 and 32 (one, and two: its column 33 the second's first)
         batch = run(device, program, raw, qtype, x[:ncols], g, 1, compact=bool(compact))
@@ -148,14 +155,7 @@ def test_staged_inputs_give_the_bits_of_each_work_group_s_own(device, qtype, com
     the fewest staged, leave a tile with one column live)."""
     if int8 and not (compact and qtype in K_QUANTS):
         pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
-    family = CPUFamily(device)
-    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
-    program = device.build(family.source(), SHAPE + options)
-    cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
-    raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=7).reshape(ROWS, -1)
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((MAX_COLS, cols)).astype(np.float32)
-    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    program, raw, x, g = batch_case(device, qtype, int8, seed=7)
     assert STAGED_MIN == 9
     for ncols, normalize in ((STAGED_MIN, 1), (20, 0), (MAX_COLS, 1)):
         staged = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm)
