@@ -24,13 +24,15 @@ from kv_engine import KVEngine, next_token, reference_output
 from test_speculation import VOCAB, WINDOW, Reader, drive, noting_verifying, prompt, run_owner
 
 from runtime.errors import ConfigError
+from runtime.owner.devicework import DeviceWork
 from runtime.owner.drafter import DraftModel, check_same_tokens
+from runtime.owner.flight import StepInFlight
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import StepCost
 from runtime.scheduling.drafts import Speculate, split_speculation
 from runtime.scheduling.priority import BACKGROUND, FOREGROUND
 from runtime.scheduling.scheduler import Scheduler
-from runtime.scheduling.turns import Policy, SchedulerConfig
+from runtime.scheduling.turns import Plan, Policy, SchedulerConfig
 from runtime.scheduling.work import TO_DRAFT, Work
 from swarm import Swarm
 
@@ -128,6 +130,40 @@ def test_a_turn_paused_or_abandoned_mid_verify_keeps_its_draft_model_exact(polic
         assert t.output == reference_output(t.prompt, t.max_tokens, VOCAB, window=WINDOW)
         assert t.drafted > 0 and t.accepted == t.drafted
     assert sched.pool.num_free == sched.pool.num_blocks and not sched.in_flight.plans
+
+
+def test_a_step_whose_flag_goes_up_while_it_is_drafted_for_never_runs():
+    """A turn that outranks the step arrives while the draft model drafts for
+    it: the draft model stops, and the step is abandoned before it starts,
+    not run on stand-in drafts that would all be refused (the CI run that
+    found this counted 7 of a turn's 56 drafts refused). The step run again
+    drafts exactly."""
+    target = KVEngine(num_blocks=24, block_size=4, vocab=VOCAB, window=WINDOW)
+    draft = draft_engine()
+    flag, drafts_by = threading.Event(), draft.step
+    target_steps = 0
+
+    def arriving(batch, abandon=None):  # (the arrival lands during the draft model's step)
+        flag.set()
+        return drafts_by(batch, abandon)
+
+    def counted(batch, abandon=None):
+        nonlocal target_steps
+        target_steps += 1
+        return KVEngine.step(target, batch, abandon)
+
+    history, k, table = prompt(4), 4, [0, 1, 2]
+    target.step([Work(1, history[:-1], 0, table, False)])
+    target.step, draft.step = counted, arriving
+    device = DeviceWork(target, DraftModel(draft, target))
+    verify = Work(1, [history[-1]] + [TO_DRAFT] * k, len(history) - 1, table, True, drafts=k, context=history, context_start=0)
+    assert device.run_step(StepInFlight(Plan(works=[verify]), None, flag, chained=False)) == (None, {}, None)
+    assert target_steps == 0
+    draft.step = drafts_by
+    again = StepInFlight(Plan(works=[verify]), None, threading.Event(), chained=False)
+    out, faults, _ = device.run_step(again)
+    assert out == [reference_output(history, k + 1, VOCAB, window=WINDOW)] and not faults
+    assert again.drafted[1] == out[0][:k]  # every draft right
 
 
 class Quitter(Reader):

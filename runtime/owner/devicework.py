@@ -41,7 +41,8 @@ class DeviceWork:
         the turn that causes it and the others go on. (Running a work again is
         exact: it rewrites the same K/V at the same positions, and sampling
         depends only on the turn's seed and position.) A step whose flag is up
-        is abandoned (runtime.owner.abandon), and one planned on it is never started."""
+        is abandoned (runtime.owner.abandon), and one planned on it is never
+        started; nor is one whose flag went up while its drafts were made."""
         if flight.abandoned:
             return None, {}, None
         works = flight.plan.works
@@ -49,6 +50,8 @@ class DeviceWork:
         if self.drafter is not None:
             # (before the step, and not in its time: the law prices the target's step)
             runnable, flight.drafted = self.drafter.fill(runnable, flight.flag)
+            if flight.abandoned:  # (the draft model gave up: its stand-ins would all be refused)
+                return None, {}, None
         started = time.perf_counter()
         if flight.chained and self._step_ended is not None:
             # The device idled this long between the two: what the host did not hide.
