@@ -12,6 +12,7 @@ from gpu.model.load import load_model
 from gpu.model.tokenizer import Tokenizer
 from runtime.errors import ConfigError
 from runtime.scheduling.work import Sampling
+from swarm.bench.engine import PREFILL_REPEATS
 from swarm.cli import main
 
 
@@ -82,7 +83,7 @@ def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.C
     assert out["ttft_uncached_ms"] > 0 and out["ttft_cached_ms"] > 0
     law = out["step_cost"]
     assert min(law["fixed_s"], law["token_s"], law["kv_s"]) >= 0 and law["fixed_s"] + law["token_s"] > 0
-    assert law["calibration_steps"] > 0 and law["observed_steps"] == 1 + 4 * 3  # the prefill and every timed decode
+    assert law["calibration_steps"] > 0 and law["observed_steps"] == PREFILL_REPEATS + 4 * 3  # the prefills and every timed decode
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
