@@ -142,9 +142,10 @@ class CPUFamily:
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
         self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
         self.compact = compact_layouts(default=self.COMPACT)
-        # SLOTSWARM_INT8=1: compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end
-        # takes them (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, coarser logits
-        self.int8 = os.environ.get("SLOTSWARM_INT8", "0") == "1"
+        # compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end takes them
+        # (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, for logits a little
+        # coarser than 16-bit inputs give; SLOTSWARM_INT8=0 keeps the 16 bits
+        self.int8 = os.environ.get("SLOTSWARM_INT8", "1") != "0"
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)

@@ -2,8 +2,8 @@
 gpu/model/arch.py describes; the description's flags switch the optional parts on.
 
 It is the yardstick the OpenCL engine is tested against, not a fast path: every weight is
-dequantized to float32 once, and the KV cache is one contiguous array per layer. With
-SLOTSWARM_INT8 the CPU family rounds the inputs of its compact Q4_K and Q6_K matmuls to 8
+dequantized to float32 once, and the KV cache is one contiguous array per layer. Unless
+SLOTSWARM_INT8=0, the CPU family rounds the inputs of its compact Q4_K and Q6_K matmuls to 8
 bits (kernels/cpu/nibbles.cl); `int8_types` names the types whose matmuls round them so
 here too (`for_engine` picks them for an engine).
 
@@ -185,8 +185,8 @@ class ReferenceModel:
 
 
 def for_engine(model: Model, engine) -> ReferenceModel:
-    """The reference for an OpenCLEngine's logits: with SLOTSWARM_INT8, the CPU family rounds
-    the inputs of its compact Q4_K and Q6_K matmuls to 8 bits."""
+    """The reference for an OpenCLEngine's logits: unless SLOTSWARM_INT8=0, the CPU family
+    rounds the inputs of its compact Q4_K and Q6_K matmuls to 8 bits."""
     family = engine.family
     return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} if family.int8 else ())
 
