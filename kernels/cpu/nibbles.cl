@@ -450,11 +450,11 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
     }
 }
 
-/* SUPER_INT8=1 (the host's SLOTSWARM_INT8, gpu/families.py): Q4_K and Q6_K on 8-bit inputs,
- * much as llama.cpp takes them. A row and super-block takes four vpdpbusd where 16-bit inputs
- * take eight vpdpwssd, and prompts and batches are bound by those; the price is an input
- * rounded by up to half a step of about 1/127 of its block's largest |x| (quantize_super_bytes),
- * not 1/65534 of its group's, so it is the host's choice, not the default. */
+/* SUPER_INT8=1 (the host's default; SLOTSWARM_INT8=0 in gpu/families.py turns it off): Q4_K
+ * and Q6_K on 8-bit inputs, much as llama.cpp takes them. A row and super-block takes four
+ * vpdpbusd where 16-bit inputs take eight vpdpwssd, and prompts and batches are bound by
+ * those; the price is an input rounded by up to half a step of about 1/127 of its block's
+ * largest |x| (quantize_super_bytes), not 1/65534 of its group's. */
 #ifndef SUPER_INT8
 #define SUPER_INT8 0
 #endif
