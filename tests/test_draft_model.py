@@ -135,17 +135,16 @@ def test_a_turn_paused_or_abandoned_mid_verify_keeps_its_draft_model_exact(polic
 def test_a_step_whose_flag_goes_up_while_it_is_drafted_for_never_runs():
     """A turn that outranks the step arrives while the draft model drafts for
     it: the draft model stops, and the step is abandoned before it starts,
-    not run on stand-in drafts that would all be refused (the CI run that
-    found this counted 7 of a turn's 56 drafts refused). The step run again
+    not run on stand-in drafts that would all be refused. The step run again
     drafts exactly."""
     target = KVEngine(num_blocks=24, block_size=4, vocab=VOCAB, window=WINDOW)
     draft = draft_engine()
-    flag, drafts_by = threading.Event(), draft.step
+    flag, draft_step = threading.Event(), draft.step
     target_steps = 0
 
     def arriving(batch, abandon=None):  # (the arrival lands during the draft model's step)
         flag.set()
-        return drafts_by(batch, abandon)
+        return draft_step(batch, abandon)
 
     def counted(batch, abandon=None):
         nonlocal target_steps
@@ -159,7 +158,7 @@ def test_a_step_whose_flag_goes_up_while_it_is_drafted_for_never_runs():
     verify = Work(1, [history[-1]] + [TO_DRAFT] * k, len(history) - 1, table, True, drafts=k, context=history, context_start=0)
     assert device.run_step(StepInFlight(Plan(works=[verify]), None, flag, chained=False)) == (None, {}, None)
     assert target_steps == 0
-    draft.step = drafts_by
+    draft.step = draft_step
     again = StepInFlight(Plan(works=[verify]), None, threading.Event(), chained=False)
     out, faults, _ = device.run_step(again)
     assert out == [reference_output(history, k + 1, VOCAB, window=WINDOW)] and not faults
