@@ -41,6 +41,7 @@ from gpu.launches import (
     OP_MATMUL,
     OP_QKV,
     OP_SWIGLU,
+    SUPER_KINDS,
     ApplyMask,
     Argmax,
     CPUAttention,
@@ -136,11 +137,12 @@ class CPUFamily:
         # attention by KV head (cpu/attention.cl's attention_group) where a step has
         # a few work-items a core of them, else by query head (gpu/launches.py)
         self.attention_items = 4 * int(device.device.max_compute_units)
-        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off, SLOTSWARM_GEMM=1 their
-        # 32-column prompt tiles on (cpu/nibbles.cl says why they are off); either way
-        # the same bits, so the two can be compared on any model
+        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off; SLOTSWARM_GEMM=1 takes
+        # the 32-column prompt tiles for every nibble kind, 0 for none, and unset for the
+        # kinds they pay for (cpu/nibbles.cl's pair_dot_nibbles says which); either way
+        # the same bits, so the settings can be compared on any model
         self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
-        self.gemm = os.environ.get("SLOTSWARM_GEMM", "0") == "1"
+        self.gemm = os.environ.get("SLOTSWARM_GEMM")
         self.compact = compact_layouts(default=self.COMPACT)
         # compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end takes them
         # (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, for logits a little
@@ -171,7 +173,8 @@ class CPUFamily:
 
         def matmul(name, kernel, w, g, x, xrows, y, *extra):
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
-            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, self.gemm, stage)
+            gemm = self.gemm == "1" if self.gemm in ("0", "1") else self.int8 and w.kind in SUPER_KINDS
+            return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, gemm, stage)
 
         def staged(m: CPUMatmul) -> list[Launch]:
             """A matmul, after the launch that stages its inputs where it has one."""

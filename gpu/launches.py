@@ -75,6 +75,7 @@ LOWBIT_KINDS = ("q2", "q3")  # read by kernels/cpu/lowbit.cl
 
 # read by kernels/cpu/nibbles.cl
 NIBBLE_VARIANTS = {"q4_1": "nib", "q5": "nib5", "q6": "nib6", "q8_0": "nib8", "q4_k": "nibq4k", "q6_k": "nibq6k", "q5_0": "nibq50"}
+SUPER_KINDS = frozenset({"q4_k", "q6_k"})  # read a super-block at a time (cpu/nibbles.cl's SUPER_KIND)
 
 
 def cpu_variant(kind: str) -> str:
@@ -87,7 +88,8 @@ def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
     """The local buffer the integer kernels quantize a tile's inputs into. cpu/lowbit.cl:
     per column 2 bytes an input, an int16 of sums and a float scale per super-block of
     256; cpu/nibbles.cl: per column and group of 128 inputs, a float16 of sums, 256
-    bytes of inputs and a float scale."""
+    bytes of inputs and a float scale (Q4_K's and Q6_K's SuperRecords on 8-bit inputs
+    take less)."""
     nbytes = local_bytes(w, tile)
     return (cl.LocalMemory(nbytes),) if nbytes else ()
 
@@ -107,10 +109,10 @@ STAGED_MIN = 9  # columns from which a nibble matmul's inputs are staged (below,
 
 
 def staged_bytes(k: int, cols: int) -> int:
-    """The bytes of a nibble kind's inputs of length `k` staged for `cols` columns: its
-    local buffer's layout (local_bytes) as wide as the batch, and a float a column (its
-    RMS scale)."""
-    return cols * ((k // 128) * (64 + 256 + 4) + 4)
+    """The bytes of a nibble kind's inputs of length `k` staged for `cols` columns: a float
+    a column (its RMS scale) up to a whole 64 bytes, then its local buffer's layout
+    (local_bytes) as wide as the batch."""
+    return ceil_div(4 * cols, 64) * 64 + cols * (k // 128) * (64 + 256 + 4)
 
 
 class Stage:

@@ -12,6 +12,7 @@ from reference import ReferenceModel
 
 from gpu.engine import OpenCLEngine
 from gpu.families import GPUTuning
+from gpu.launches import CPUMatmul
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
 from runtime.scheduling.work import Work
@@ -131,3 +132,27 @@ def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
     last to finish combines them."""
     path = write_tiny_gguf(tmp_path / "m.gguf", arch="gemma3", weight_type=Q.Q8_0, embed_type=Q.Q8_0, tied=True, **SHAPE)
     compare(path, steps=6, kernels="gpu", span=3)
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_a_prompt_s_tile_width_changes_no_bit(tmp_path: Path, setting: str, monkeypatch) -> None:
+    """The CPU family reads a prompt's columns through Q4_K and Q6_K on 8-bit inputs in
+    32-column tiles, and through the other nibble kinds 8 at a time, unless SLOTSWARM_GEMM
+    says 1 (every kind 32) or 0 (none); the logits are the same bits every way."""
+    monkeypatch.setenv("SLOTSWARM_INT8", "1")
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q4_K, v_type=Q.Q6_K, embed_type=Q.Q8_0, **SHAPE)
+    model = load_model(path)
+    prompt = np.random.default_rng(2).integers(0, model.config.vocab_size, 40).tolist()
+
+    def prefill() -> tuple[set[int], set[int], np.ndarray]:
+        engine = OpenCLEngine(model, num_blocks=8, kernels="cpu")
+        widest = lambda launches: {launch.gemm_tile for launch in launches if isinstance(launch, CPUMatmul)}  # noqa: E731
+        logits = engine.step_logits([Work(turn=0, tokens=prompt, start=0, block_table=[3, 1, 6], sample=True)])[0]
+        return widest(engine.launches.layers), widest(engine.launches.head), logits
+
+    layers, head, logits = prefill()
+    assert (layers, head) == ({32}, {8})  # Q4_K and Q6_K; Q8_0
+    monkeypatch.setenv("SLOTSWARM_GEMM", setting)
+    layers, head, same = prefill()
+    assert layers == head == {32 if setting == "1" else 8}
+    assert same.tobytes() == logits.tobytes()

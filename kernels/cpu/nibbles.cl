@@ -458,6 +458,16 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
 #ifndef SUPER_INT8
 #define SUPER_INT8 0
 #endif
+
+/* A column's inputs to Q4_K and Q6_K on 8-bit inputs: a record a super-block, a column's
+   records one after another, so a tile's inputs (and a column's staged ones) are one run of
+   bytes, 320 a super-block where the 16-bit groups take 648. */
+typedef struct {
+    uint16 quants[4];  /* 64 bytes a block half: blocks 0..3's first halves, their second, then 4..7's */
+    float8 steps;      /* each block's step, in super_bytes_dot's lane order: blocks 0, 4, 1, 5, 2, 6, 3, 7 */
+    float8 sums;       /* Q4_K: each block's float input sum, in the same order */
+} SuperRecord;
+
 #if SUPER_INT8
 
 #define BLOCK_STEPS 8  /* the finest step a block may take: 1/8 of its super-block's */
@@ -466,20 +476,14 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
    of 256 inputs to 8-bit integers, block b's in steps of u m_b: u is 1/BLOCK_STEPS of the step
    the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
    the least its own largest |x| allows, so a block far below its super-block's largest keeps a
-   finer step. The quants go in the first of the super-block's two groups' places: 64 bytes a
-   block half, the first halves of blocks 0..3, their second halves, then blocks 4..7's, so
-   byte p of each meets the quants a row's nibbles give at byte p (super_bytes_dot). `wtype`
-   Q6_K stores them unsigned, x + 128 (its quants are the signed operand). The steps u m_b go
-   in the second sums' place, in the lane order super_bytes_dot's sums come out in, blocks 0,
-   4, 1, 5, 2, 6, 3, 7, as a block's sums take them; for Q4_K the blocks' float sums, in the
-   same order, go in the first. */
+   finer step. Column c's super-block j goes to record c * nsuper + j: byte p of each block half
+   meets the quants a row's nibbles give at byte p (super_bytes_dot). `wtype` Q6_K stores them
+   unsigned, x + 128 (its quants are the signed operand). */
 __attribute__((always_inline)) inline void quantize_super_bytes(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int wtype,
                                  __local uchar *xl)
 {
-    const int ng = k / NIB_GROUP, nsuper = k / 256;
-    __local float16 *xs = NIB_SUMS(xl, tile, ng);
-    __local char16 *xq = (__local char16 *)NIB_INPUTS(xl, tile, ng);
+    const int nsuper = k / 256;
     const int offset = wtype == WT_Q6_K ? 128 : 0;
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -507,7 +511,8 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
         const float amax = as_float(hmax_int16((int16)(as_int8(block_max), as_int8(block_max))));
         const float8 steps = amax > 0.0f ? clamp(ceil((float)BLOCK_STEPS * block_max / amax), 1.0f, (float)BLOCK_STEPS) : 1.0f;
         const float8 to_int = amax > 0.0f ? (127.0f * BLOCK_STEPS) / (amax * steps) : 0.0f;
-        __local char16 *o = xq + ((size_t)c * ng + 2 * j) * 16;
+        __local SuperRecord *record = (__local SuperRecord *)xl + (size_t)c * nsuper + j;
+        __local char16 *o = (__local char16 *)record->quants;
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -516,15 +521,13 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
                 o[4 * r + b] = convert_char16(ROUND(v[2 * block + r % 2] * to_int[block]) + offset);
             }
         const float unit = amax / (127.0f * BLOCK_STEPS);
-        const float8 step = steps.s04152637 * unit;
-        xs[c * ng + 2 * j + 1] = (float16)(step, step);
+        record->steps = steps.s04152637 * unit;
         if (wtype == WT_Q4_K) {
             float sums[8];
 #pragma unroll
             for (int b = 0; b < 8; b++)
                 sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
-            const float8 order = (float8)(sums[0], sums[4], sums[1], sums[5], sums[2], sums[6], sums[3], sums[7]);
-            xs[c * ng + 2 * j] = (float16)(order, order);
+            record->sums = (float8)(sums[0], sums[4], sums[1], sums[5], sums[2], sums[6], sums[3], sums[7]);
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -646,14 +649,14 @@ __attribute__((always_inline)) inline int16 super_bytes_dot(const int wtype, con
 }
 
 /* pair_dot_super_cols on 8-bit inputs: the same accumulators, the quants decoded once a row
- * for all the tile's columns, each column's sums the same at any width. */
+ * for all the tile's columns, each column's sums the same at any width. A column's records
+ * are where they are at any `layout` width. */
 __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
         float16 *acc, float *out0, float *out1)
 {
-    const int ng = k / NIB_GROUP, nsuper = k / 256;
-    __local const float16 *xs = NIB_SUMS(xl, layout, ng);
-    __local const uint16 *xq = (__local const uint16 *)NIB_INPUTS(xl, layout, ng);
+    const int nsuper = k / 256;
+    __local const SuperRecord *records = (__local const SuperRecord *)xl;
     for (int c = 0; c < tile; c++)
         acc[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
@@ -667,10 +670,10 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         read_super_bytes(wtype, qs, dm, (size_t)r1 * nsuper + j, q1, s1, &b1, &m1, &d1);
         const float16 d = (float16)((float8)(d0), (float8)(d1)), mins = (float16)(m0, m1);
         for (int c = 0; c < tile; c++) {
-            const int at = c * ng + 2 * j;  /* the super-block's first group of inputs */
-            __local const uint16 *xv = xq + (size_t)at * 4;
-            const int16 i0 = super_bytes_dot(wtype, q0, s0, b0, xv), i1 = super_bytes_dot(wtype, q1, s1, b1, xv);
-            acc[c] = add_super_sums(wtype, 1, acc[c], i0, i1, d, mins, xs[at + 1], xs[at]);  /* (sums below 2^27) */
+            __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
+            const int16 i0 = super_bytes_dot(wtype, q0, s0, b0, inputs->quants), i1 = super_bytes_dot(wtype, q1, s1, b1, inputs->quants);
+            const float16 steps = (float16)(inputs->steps, inputs->steps), sums = (float16)(inputs->sums, inputs->sums);
+            acc[c] = add_super_sums(wtype, 1, acc[c], i0, i1, d, mins, steps, sums);  /* (sums below 2^27) */
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -687,10 +690,11 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
 /* A prompt's many columns as a GEMM: a 32-column tile is quantized at once, and each row
  * pair decodes a group of blocks once for all of its (live) columns, not once per 8, and
  * streams its weights once per 32 columns. Each column is added exactly as in an 8-column
- * tile, so its bits do not depend on the width either. The host takes it only when asked
- * (SLOTSWARM_GEMM=1): a row pair reads far more input bytes than weight bytes (16-bit
- * inputs for two rows, half-byte weights for the tile's columns), and an 8-column tile's
- * inputs stay in L1 for the whole work-group where 32 columns' do not. */
+ * tile, so its bits do not depend on the width either. The host takes it for Q4_K and Q6_K
+ * on 8-bit inputs, whose SuperRecords take 320 bytes a super-block and column, and for the
+ * other kinds only when asked (SLOTSWARM_GEMM=1): their 16-bit inputs take 648, a row pair
+ * reads far more input bytes than weight bytes, and an 8-column tile's inputs stay in L1
+ * for the whole work-group where 32 columns' do not. */
 __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
         __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
         __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
@@ -732,18 +736,29 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
  * inputs do not), so a matrix of 8960 rows quantized each column 70 times, and took each
  * column's RMS 70 times. For a wide batch the host stages them instead (gpu/launches.py's
  * CPUStage): a stage_* kernel quantizes each tile of MAX_TILE columns once, into a global
- * buffer laid out as the local one is at a width of `cols` columns, with the columns' RMS
- * scales after, and each work-group of the matmul copies its tiles' columns from there.
- * The bytes are the ones it would have made, so a column's results are the same bits
- * staged or not. */
-#define STAGED_SUMS(p, cols, ng) ((__global float16 *)(p))
+ * buffer that holds the columns' RMS scales (column_scales'), then their inputs laid out
+ * as the local buffer lays them out at a width of `cols` columns, and each work-group of
+ * the matmul copies its tiles' columns from there. The bytes are the ones it would have
+ * made, so a column's results are the same bits staged or not. `records`: the inputs are
+ * SuperRecords (Q4_K and Q6_K with SUPER_INT8), else groups of 128. */
+#define STAGED_RMS(p) ((__global float *)(p))
+#define STAGED_AFTER_RMS(p, cols) ((__global uchar *)(p) + (((cols) * 4 + 63) & ~63))
+#define STAGED_SUMS(p, cols, ng) ((__global float16 *)STAGED_AFTER_RMS(p, cols))
 #define STAGED_INPUTS(p, cols, ng) ((__global short32 *)(STAGED_SUMS(p, cols, ng) + (cols) * (ng)))
 #define STAGED_SCALES(p, cols, ng) ((__global float *)(STAGED_INPUTS(p, cols, ng) + 4 * (cols) * (ng)))
-#define STAGED_RMS(p, cols, ng) (STAGED_SCALES(p, cols, ng) + (cols) * (ng))  /* column_scales' */
+#define STAGED_RECORDS(p, cols) ((__global uint16 *)STAGED_AFTER_RMS(p, cols))
+#define RECORD_VECTORS (sizeof(SuperRecord) / sizeof(uint16))
 
 /* columns 0.. n - 1 of a `tile`-column local buffer to columns c0.. of the staged one */
-inline void store_staged(__local const uchar *xl, const int tile, __global uchar *staged, int cols, int k, int c0, int n)
+inline void store_staged(__local const uchar *xl, const int tile, __global uchar *staged, int cols, int k, int c0, int n,
+                         const int records)
 {
+    if (records) {  /* a column's records follow each other in both */
+        const int per_column = k / 256 * RECORD_VECTORS;
+        for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
+            STAGED_RECORDS(staged, cols)[c0 * per_column + u] = ((__local const uint16 *)xl)[u];
+        return;
+    }
     const int ng = k / NIB_GROUP;
     for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
         const int at = u, to = c0 * ng + u;  /* (a column's groups follow each other in both) */
@@ -755,10 +770,18 @@ inline void store_staged(__local const uchar *xl, const int tile, __global uchar
 }
 
 /* columns c0.. c0 + n - 1 of the staged buffer to columns 0.. of a `tile`-column local one */
-inline void load_staged(__global const uchar *staged, int cols, int k, int c0, int n, const int tile, __local uchar *xl)
+inline void load_staged(__global const uchar *staged, int cols, int k, int c0, int n, const int tile, __local uchar *xl,
+                        const int records)
 {
     const int ng = k / NIB_GROUP;
     barrier(CLK_LOCAL_MEM_FENCE);
+    if (records) {
+        const int per_column = k / 256 * RECORD_VECTORS;
+        for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
+            ((__local uint16 *)xl)[u] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        return;
+    }
     for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
         const int at = u, from = c0 * ng + u;
         NIB_SUMS(xl, tile, ng)[at] = STAGED_SUMS(staged, cols, ng)[from];
@@ -770,11 +793,10 @@ inline void load_staged(__global const uchar *staged, int cols, int k, int c0, i
 }
 
 /* the batch's column scales (column_scales) from the staged buffer */
-inline void load_staged_scales(__global const uchar *staged, int cols, int k, int ncols, __local float *inv)
+inline void load_staged_scales(__global const uchar *staged, int ncols, __local float *inv)
 {
-    __global const float *from = STAGED_RMS(staged, cols, k / NIB_GROUP);
     for (int c = get_local_id(0); c < ncols; c += get_local_size(0))
-        inv[c] = from[c];
+        inv[c] = STAGED_RMS(staged)[c];
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
@@ -783,8 +805,9 @@ inline void load_staged_scales(__global const uchar *staged, int cols, int k, in
 #define LIVE_COLUMNS(TILE) ((TILE) > MAX_TILE ? min(TILE, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : (TILE))
 
 /* stage_NAME: columns MAX_TILE * group.. of g * x (x when `normalize` is 0), quantized as
-   NAME's matmuls take them, into `staged` (`cols` columns wide), and their column scales */
-#define DEFINE_STAGE(NAME, QUANTIZE)                                            \
+   NAME's matmuls take them (as RECORDS says), into `staged` (`cols` columns wide), and their
+   column scales */
+#define DEFINE_STAGE(NAME, QUANTIZE, RECORDS)                                   \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void stage_##NAME(__global const float *g, __global const float *x, __global const int *xrows, float eps, \
                   int k, int ncols, int normalize, __global uchar *staged, int cols, __local short *xl) \
@@ -793,9 +816,9 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
     __local float inv[MAX_TILE];                                                \
     column_scales_from(x, xrows, c0, n, k, eps, normalize, inv);                \
     QUANTIZE(MAX_TILE, normalize); /* (its barriers order inv's stores too) */  \
-    store_staged((__local uchar *)xl, MAX_TILE, staged, cols, k, c0, MAX_TILE); \
+    store_staged((__local uchar *)xl, MAX_TILE, staged, cols, k, c0, MAX_TILE, RECORDS); \
     for (int c = get_local_id(0); c < n; c += get_local_size(0))                \
-        STAGED_RMS(staged, cols, k / NIB_GROUP)[c0 + c] = inv[c];               \
+        STAGED_RMS(staged)[c0 + c] = inv[c];                                    \
 }
 
 /* cpu/matmul.cl's fused kernels with these hooks, as cpu/lowbit.cl's (kinds q4_1, q5,
@@ -805,28 +828,28 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
 #define NIBBLE_BEGIN(normalize)                                                 \
     __local float inv[MAX_COLS];                                                \
     if (staged_cols)                                                            \
-        load_staged_scales(staged, staged_cols, k, ncols, inv);                 \
+        load_staged_scales(staged, ncols, inv);                                 \
     else                                                                        \
         column_scales(x, xrows, ncols, k, eps, normalize, inv);                 \
     const int r = 2 * get_global_id(0);                                         \
     const int active = r < rows;
-#define NIBBLE_TILE_BEGIN(QUANTIZE, TILE, normalize)                            \
+#define NIBBLE_TILE_BEGIN(QUANTIZE, RECORDS, TILE, normalize)                   \
     if (staged_cols)                                                            \
-        load_staged(staged, staged_cols, k, c0, LIVE_COLUMNS(TILE), TILE, (__local uchar *)xl); \
+        load_staged(staged, staged_cols, k, c0, LIVE_COLUMNS(TILE), TILE, (__local uchar *)xl, RECORDS); \
     else                                                                        \
         QUANTIZE(TILE, normalize);                                              \
     if (!active)                                                                \
         continue;
-#define NIBBLES_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_NIBBLES, TILE, normalize)
-#define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, TILE, normalize)
-#define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, TILE, normalize)
+#define NIBBLES_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_NIBBLES, 0, TILE, normalize)
+#define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, SUPER_INT8, TILE, normalize)
+#define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, SUPER_INT8, TILE, normalize)
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
     pair_dot_nibbles(WTYPE, TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
 /* each kind's stage kernel and fused kernels at every tile width; BEGIN quantizes or
-   copies the tile's inputs, QUANTIZE (its QUANTIZE_*) says how */
-#define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN, QUANTIZE)                     \
-    DEFINE_STAGE(NAME, QUANTIZE)                                                \
+   copies the tile's inputs, QUANTIZE (its QUANTIZE_*) says how, RECORDS in what layout */
+#define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN, QUANTIZE, RECORDS)            \
+    DEFINE_STAGE(NAME, QUANTIZE, RECORDS)                                       \
     DEFINE_FUSED(NAME, WTYPE, 1, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 2, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 4, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
@@ -834,23 +857,23 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
     DEFINE_FUSED(NAME, WTYPE, 32, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT)
 
 #ifdef MATMUL_nib
-DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
+DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
 #endif
 #ifdef MATMUL_nib5
-DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
+DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
 #endif
 #ifdef MATMUL_nib6
-DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
+DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
 #endif
 #ifdef MATMUL_nib8
-DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
+DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
 #endif
 #ifdef MATMUL_nibq4k
-DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_BEGIN, QUANTIZE_Q4_K)
+DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_BEGIN, QUANTIZE_Q4_K, SUPER_INT8)
 #endif
 #ifdef MATMUL_nibq6k
-DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K)
+DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K, SUPER_INT8)
 #endif
 #ifdef MATMUL_nibq50
-DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES)
+DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
 #endif
