@@ -335,11 +335,12 @@ def test_a_turns_end_says_what_the_engine_computed_and_what_it_reused():
 )
 def test_commit_registers_and_notes_what_chain_names_block_by_block(tokens, named_first, strides) -> None:
     """commit registers the blocks a step completes (a fast-forward completes
-    many at once), named when first asked about (a turn alone in its family
-    defers it): the keys must be those `chain` gives a fresh turn block by
-    block, each full block found under its key and noted under its
-    predecessor's with its tokens, and the last partial block noted at
-    `settle`, whatever the turn had named before."""
+    many at once), filed and named when first asked about (a turn alone in its
+    family defers both, till it lets its blocks go at the latest): the keys
+    must be those `chain` gives a fresh turn block by block, each full block
+    found under its key and noted under its predecessor's with its tokens,
+    and the last partial block noted at `settle`, whatever the turn had named
+    before."""
     pool = BlockPool(32, B)
     prefix = PrefixCache(pool)
     turn = Turn(1, "a", BACKGROUND, tokens, 1)
@@ -348,7 +349,7 @@ def test_commit_registers_and_notes_what_chain_names_block_by_block(tokens, name
     for stride in strides:
         turn.computed = min(turn.computed + stride, len(tokens))
         prefix.commit(turn)
-    prefix.settle()
+    prefix.settle(turn)  # (as before it lets its blocks go: the pool is asked directly below)
     fresh = Turn(2, "b", BACKGROUND, tokens, 1)
     full = turn.computed // B
     keys = [prefix.chain(fresh, i + 1)[i] for i in range(full)]  # (one block at a time)

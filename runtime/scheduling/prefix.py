@@ -20,7 +20,12 @@ turn's own (`copy_rows`): a repeated prompt computes only its last token.
 Only a turn that starts with the same token can use a block, so the pool files
 blocks by their turn's first token, and a turn alone in its family defers naming
 its blocks until a turn of the family asks (BlockPool, families): most are
-evicted unnamed, and no decision changes.
+evicted unnamed, and no decision changes. Such a turn does not even file its
+blocks as it computes them: it files what it has committed only when its
+family is next asked about or changed, or it lets its blocks go (`_file_alone`).
+Until then no other turn can ask for them, so filing late files exactly what
+filing at every step would have; and most turns file their blocks once, not
+once a step.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ class PrefixCache:
         self.in_flight = in_flight if in_flight is not None else InFlight()
         self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
         self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
+        # By family: the turn alone in it whose committed blocks are not all filed
+        # yet (`commit`), how many of its leading blocks are, and how `settle` last
+        # noted its partly computed last block (minus its positions computed; 0:
+        # not since it last filed). `_file_alone` files them.
+        self._unfiled: dict[int, tuple[Turn, int, int]] = {}
         pool.namer = self._name
 
     @staticmethod
@@ -103,6 +113,7 @@ class PrefixCache:
             return 0
         # (named only where a block may hit: `Batching` names the rest when it compares them)
         family = self.family(turn)
+        self._asking(family)
         for key in self._named(turn, want)[len(turn.blocks) : want] if self.pool.has_family(family) else ():
             block = self.pool.lookup(key, family)
             if block is None:
@@ -127,6 +138,7 @@ class PrefixCache:
         i = len(turn.blocks)
         self.settle()
         family = self.family(turn)
+        self._asking(family)
         if not self.pool.has_family(family):
             return 0  # (no block shares its first token, so none its rows)
         source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)), family)
@@ -159,7 +171,8 @@ class PrefixCache:
 
     def commit(self, turn: Turn) -> None:
         """Register the turn's newly computed full blocks; its last, partly
-        computed one is noted at the next `settle`."""
+        computed one is noted at the next `settle`. A turn alone in its family
+        (one the pool lets defer naming) files them later (`_file_alone`)."""
         if not self.enabled:
             return
         size = self.block_size
@@ -169,15 +182,41 @@ class PrefixCache:
         if full > held:
             full = held
         if full > turn.committed:
-            blocks = turn.blocks
-            # (named when its family is next asked about: most never are; each
-            # block's entry is its index, `_name`)
-            if self.pool.defer_alone(self.family(turn), turn, zip(blocks[turn.committed : full], range(turn.committed, full), strict=True)):
-                turn.committed = full
-            else:
-                self._register(turn, full)
+            family = turn.prompt[0]  # (self.family, inlined)
+            alone = self._unfiled.get(family)
+            if alone is None or alone[0] is not turn:  # (else it is alone already: nothing to do till it files)
+                if alone is not None:
+                    self._file_alone(family)  # (another turn's, committed first: filed first)
+                if self.pool.may_defer(family, turn):
+                    self._unfiled[family] = (turn, turn.committed, 0)
+                else:
+                    self._register(turn, full)
+            turn.committed = full
         if full < held and landed > full * size:
             self._unsettled[turn.id] = turn
+
+    def _asking(self, family: int) -> None:
+        """The family is about to be asked about or changed: a turn alone in it
+        files what it has committed first."""
+        if family in self._unfiled:
+            self._file_alone(family)
+
+    def _file_alone(self, family: int) -> None:
+        """File the blocks the turn alone in the family has committed since it
+        last filed, as deferred (BlockPool.defer_alone), and its last block as
+        `settle` last noted it: what `commit` and `settle` would have filed step
+        by step. Nobody else has filed in the family since (whoever would have
+        files after it, `_asking`), so it still may; and the order its own
+        blocks are filed in decides nothing (no two share a predecessor)."""
+        turn, filed, last = self._unfiled.pop(family)
+        committed = turn.committed
+        if committed > filed:
+            # (each block's entry is its index, `_name`)
+            deferred = self.pool.defer_alone(family, turn, zip(turn.blocks[filed:committed], range(filed, committed), strict=True))
+            assert deferred, "a turn alone in its family may defer naming its blocks"
+        if last and -last // self.block_size >= committed:  # (a block noted partly computed, and not full since)
+            deferred = self.pool.defer_one(family, turn, turn.blocks[-last // self.block_size], last)
+            assert deferred, "a turn alone in its family may defer naming its blocks"
 
     def _register(self, turn: Turn, full: int) -> None:
         """Register (and note) the turn's blocks from its first uncommitted one to
@@ -200,11 +239,13 @@ class PrefixCache:
 
     def settle(self, turn: Turn | None = None) -> None:
         """Note the rows of partly computed last blocks as they stand now: one
-        turn's, before it lets its blocks go; every turn's, before a lookup reads
-        the notes (`copy_rows`). A running turn's last block gains a row every
-        step, and nobody looks at most steps: noting it only when asked saved
-        half of `postprocess`."""
+        turn's, before it lets its blocks go (filing what it committed, if it is
+        alone in its family); every turn's, before a lookup reads the notes
+        (`copy_rows`). A running turn's last block gains a row every step, and
+        nobody looks at most steps: noting it only when asked saved half of
+        `postprocess`."""
         if turn is not None:
+            self._file_own(turn)
             if self._unsettled.pop(turn.id, None) is not None:
                 self._note_last(turn)
             return
@@ -213,8 +254,17 @@ class PrefixCache:
         self._unsettled.clear()
 
     def unsettle(self, turn: Turn) -> None:
-        """The turn's K/V is not to be trusted: its last block is not noted."""
+        """The turn's K/V is not to be trusted: its last block is not noted
+        (the full blocks it committed are filed, as they would have been at once)."""
+        self._file_own(turn)
         self._unsettled.pop(turn.id, None)
+
+    def _file_own(self, turn: Turn) -> None:
+        """Before the turn lets its blocks go: file what it committed, if it is
+        alone in its family and has not yet."""
+        alone = self._unfiled.get(turn.prompt[0]) if turn.prompt else None
+        if alone is not None and alone[0] is turn:
+            self._file_alone(turn.prompt[0])
 
     def _note_last(self, turn: Turn) -> None:
         size = self.block_size
@@ -222,6 +272,12 @@ class PrefixCache:
         full = landed // size
         if full < len(turn.blocks) and landed > full * size:  # (nothing, if it has let its blocks go)
             family = self.family(turn)
+            alone = self._unfiled.get(family)
+            if alone is not None:
+                if alone[0] is turn:  # (alone in its family: noted as it files)
+                    self._unfiled[family] = (turn, alone[1], -landed)
+                    return
+                self._file_alone(family)  # (another turn's blocks, committed before: filed first)
             if not self.pool.defer_one(family, turn, turn.blocks[full], -landed):  # (`_name`)
                 self.pool.note(turn.blocks[full], self.parent(turn, full), tuple(turn.tokens(full * size, landed)), family, turn)
 
@@ -243,6 +299,8 @@ class PrefixCache:
         """Indices among the turn's first `n` blocks that a swap-out need not copy:
         cached blocks another turn also holds, so they stay on the device anyway."""
         pool = self.pool
+        if turn.blocks:
+            self._asking(self.family(turn))
         return [i for i, block in enumerate(turn.blocks[:n]) if pool.refs(block) > 1 and pool.is_cached(block)]
 
     def restore(self, turn: Turn, kept: list[int]) -> list[int] | None:
@@ -251,6 +309,7 @@ class PrefixCache:
         if not kept:
             return []
         keys = self.chain(turn, max(kept) + 1)
+        self._asking(self.family(turn))
         blocks = [self.pool.lookup(keys[i], self.family(turn)) for i in kept]
         if None in blocks:
             return None
