@@ -56,10 +56,8 @@ class PrefixCache:
         self.root = _digest(f"slotswarm kv\0{pool.namespace}\0{pool.block_size}".encode())
         self._unsettled: dict[int, Turn] = {}  # turns whose last block's note is behind (`settle`)
         # By family: the turn alone in it whose committed blocks are not all filed
-        # yet (`commit`), how many of its leading blocks are, and how `settle` last
-        # noted its partly computed last block (minus its positions computed; 0:
-        # not since it last filed). `_file_alone` files them.
-        self._unfiled: dict[int, tuple[Turn, int, int]] = {}
+        # yet (`commit`), and what it has to file (`_Alone`, `_file_alone`).
+        self._unfiled: dict[int, _Alone] = {}
         pool.namer = self._name
 
     @staticmethod
@@ -113,8 +111,7 @@ class PrefixCache:
             return 0
         # (named only where a block may hit: `Batching` names the rest when it compares them)
         family = self.family(turn)
-        self._asking(family)
-        for key in self._named(turn, want)[len(turn.blocks) : want] if self.pool.has_family(family) else ():
+        for key in self._named(turn, want)[len(turn.blocks) : want] if self._others_filed(family, turn) else ():
             block = self.pool.lookup(key, family)
             if block is None:
                 break
@@ -138,9 +135,8 @@ class PrefixCache:
         i = len(turn.blocks)
         self.settle()
         family = self.family(turn)
-        self._asking(family)
-        if not self.pool.has_family(family):
-            return 0  # (no block shares its first token, so none its rows)
+        if not self._others_filed(family, turn):
+            return 0  # (no other turn's block shares its first token, so none its rows)
         source, rows = self.pool.best_rows(self.parent(turn, i), turn.tokens(start, min(start + size, last)), family)
         if source is None:
             return 0
@@ -184,16 +180,28 @@ class PrefixCache:
         if full > turn.committed:
             family = turn.prompt[0]  # (self.family, inlined)
             alone = self._unfiled.get(family)
-            if alone is None or alone[0] is not turn:  # (else it is alone already: nothing to do till it files)
+            if alone is None or alone.turn is not turn:  # (else it is alone already: nothing to do till it files)
                 if alone is not None:
                     self._file_alone(family)  # (another turn's, committed first: filed first)
                 if self.pool.may_defer(family, turn):
-                    self._unfiled[family] = (turn, turn.committed, 0)
+                    self._unfiled[family] = _Alone(turn, turn.committed)
                 else:
                     self._register(turn, full)
             turn.committed = full
         if full < held and landed > full * size:
             self._unsettled[turn.id] = turn
+
+    def _others_filed(self, family: int, turn: Turn) -> bool:
+        """Whether a turn other than this one has filed blocks in its family: else
+        no block can continue its K/V (its own blocks are at positions it has
+        computed, never the ones it asks for), and the pool is not asked. (A
+        prompt alone in its family, catching up between its chunks, would name
+        its own blocks at every chunk for nothing.)"""
+        alone = self._unfiled.get(family)
+        if alone is not None and alone.turn is turn:
+            return False  # (alone and filing late: nobody else has filed there since)
+        self._asking(family)
+        return self.pool.has_family(family) and not self.pool.may_defer(family, turn)
 
     def _asking(self, family: int) -> None:
         """The family is about to be asked about or changed: a turn alone in it
@@ -208,14 +216,15 @@ class PrefixCache:
         by step. Nobody else has filed in the family since (whoever would have
         files after it, `_asking`), so it still may; and the order its own
         blocks are filed in decides nothing (no two share a predecessor)."""
-        turn, filed, last = self._unfiled.pop(family)
+        alone = self._unfiled.pop(family)
+        turn, filed, noted, size = alone.turn, alone.filed, alone.noted, self.block_size
         committed = turn.committed
         if committed > filed:
             # (each block's entry is its index, `_name`)
             deferred = self.pool.defer_alone(family, turn, zip(turn.blocks[filed:committed], range(filed, committed), strict=True))
             assert deferred, "a turn alone in its family may defer naming its blocks"
-        if last and -last // self.block_size >= committed:  # (a block noted partly computed, and not full since)
-            deferred = self.pool.defer_one(family, turn, turn.blocks[-last // self.block_size], last)
+        if noted and -noted // size >= committed:  # (a block noted partly computed, and not full since)
+            deferred = self.pool.defer_one(family, turn, turn.blocks[-noted // size], noted)
             assert deferred, "a turn alone in its family may defer naming its blocks"
 
     def _register(self, turn: Turn, full: int) -> None:
@@ -249,8 +258,17 @@ class PrefixCache:
             if self._unsettled.pop(turn.id, None) is not None:
                 self._note_last(turn)
             return
+        size, unfiled = self.block_size, self._unfiled
         for unsettled in self._unsettled.values():
-            self._note_last(unsettled)
+            alone = unfiled.get(unsettled.prompt[0])
+            if alone is not None and alone.turn is unsettled:
+                # Alone in its family: its note waits till it files (`_note_last`,
+                # inlined for every running turn at nearly every settle).
+                landed = unsettled.computed
+                if landed % size and landed // size < len(unsettled.blocks):
+                    alone.noted = -landed
+            else:
+                self._note_last(unsettled)
         self._unsettled.clear()
 
     def unsettle(self, turn: Turn) -> None:
@@ -263,7 +281,7 @@ class PrefixCache:
         """Before the turn lets its blocks go: file what it committed, if it is
         alone in its family and has not yet."""
         alone = self._unfiled.get(turn.prompt[0]) if turn.prompt else None
-        if alone is not None and alone[0] is turn:
+        if alone is not None and alone.turn is turn:
             self._file_alone(turn.prompt[0])
 
     def _note_last(self, turn: Turn) -> None:
@@ -274,8 +292,8 @@ class PrefixCache:
             family = self.family(turn)
             alone = self._unfiled.get(family)
             if alone is not None:
-                if alone[0] is turn:  # (alone in its family: noted as it files)
-                    self._unfiled[family] = (turn, alone[1], -landed)
+                if alone.turn is turn:  # (alone in its family: noted as it files)
+                    alone.noted = -landed
                     return
                 self._file_alone(family)  # (another turn's blocks, committed before: filed first)
             if not self.pool.defer_one(family, turn, turn.blocks[full], -landed):  # (`_name`)
@@ -316,3 +334,17 @@ class PrefixCache:
         for block in blocks:
             self.pool.acquire(block)
         return blocks
+
+
+class _Alone:
+    """A turn alone in its family, filing late (PrefixCache.commit): how many of
+    its leading blocks it has filed, and how `settle` last noted its partly
+    computed last block (minus its positions computed; 0 if it has not since
+    the turn last filed)."""
+
+    __slots__ = ("turn", "filed", "noted")
+
+    def __init__(self, turn: Turn, filed: int) -> None:
+        self.turn = turn
+        self.filed = filed
+        self.noted = 0
