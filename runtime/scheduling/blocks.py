@@ -61,8 +61,9 @@ class BlockPool:
         # leave it from the front. A block taken back out of the middle (a cache
         # hit, `acquire`) leaves a stale entry, counted in `_stale` and skipped
         # when reached: a block's stale entries are all before its live one.
+        # (Whether a block nobody holds is in it is `_is_cached`: no flag per block
+        # to keep as every block comes and goes.)
         self._lru: deque[int] = deque()
-        self._in_lru = [False] * num_blocks
         self._stale = [0] * num_blocks
         self._cached = 0  # blocks in the LRU (its live entries)
         self._refs = [0] * num_blocks
@@ -155,61 +156,71 @@ class BlockPool:
         """Append the `n` least recently used cached blocks to `taken`, unnamed
         (`_forget`, inlined for the common case: a block its family deferred,
         named by neither a key nor a note, every other block in the LRU)."""
-        hash_of, rows_of, family_of, families = self._hash_of, self._rows_of, self._family_of, self._families
-        popleft, in_lru, stale = self._lru.popleft, self._in_lru, self._stale
+        hash_of, rows_of, family_of = self._hash_of, self._rows_of, self._family_of
+        popleft, stale = self._lru.popleft, self._stale
         self._cached -= n
         # (a turn's blocks reach the LRU together, so they mostly leave it together:
-        # the family of the block before is looked up once)
-        last, kin = None, None
+        # a run of one family's blocks is counted off its family at once)
+        last, run = None, 0
         for _ in range(n):
             block = popleft()
             while stale[block]:
                 stale[block] -= 1
                 block = popleft()
-            in_lru[block] = False
-            if block in hash_of or block in rows_of:
-                self._forget(block)
-                last = None  # (which may have dropped its family)
-            else:
-                family = family_of[block]
-                if family is not None:
-                    family_of[block] = None
-                    if family != last:
-                        last, kin = family, families[family]
-                    kin.count -= 1  # (its entry in kin.deferred, if any, is stale now: _Family)
-                    if not kin.count:
-                        del families[family]
-                        last = None
             taken.append(block)
+            if block in hash_of or block in rows_of:
+                if run:
+                    self._unfile_run(last, run)
+                last, run = None, 0
+                self._forget(block)
+                continue
+            # Unnamed, so filed under a family (else it would be free, not cached),
+            # which may have deferred it: its entry there is stale now (_Family).
+            family = family_of[block]
+            family_of[block] = None
+            if family != last:
+                if run:
+                    self._unfile_run(last, run)
+                last, run = family, 0
+            run += 1
+        if run:
+            self._unfile_run(last, run)
+
+    def _unfile_run(self, family: Hashable, n: int) -> None:
+        """`n` blocks filed under the family have been evicted: the family
+        forgets it held them, and the pool the family once it has none."""
+        kin = self._families[family]
+        kin.count -= n
+        if not kin.count:
+            del self._families[family]
 
     def release(self, table: list[int]) -> None:
         """Drop a table's references. A block nobody holds any more goes back to the
         free list, or, if hashed, to the cache. The table is released from its end,
         so a turn's last blocks (the least likely to be shared) are evicted first."""
-        refs, family_of, in_lru, to_lru = self._refs, self._family_of, self._in_lru, self._lru.append
-        last, cached = None, self._cached
+        refs, family_of, lru = self._refs, self._family_of, self._lru
+        to_lru, queued = lru.append, len(lru)  # (the blocks cached are counted once, by what the LRU gained)
+        last = None
         for block in reversed(table):
-            held = refs[block]
-            if held < 1:
-                self._cached = cached
-                raise ValueError(f"block {block} released more often than it was taken")
-            refs[block] = held - 1
-            if held == 1:
-                family = family_of[block]
-                if family is not None:
-                    if family != last:  # (a table's blocks are mostly one family's)
-                        self._families[family].held = False  # (no longer all held by the turn that filed them)
-                        last = family
-                    to_lru(block)
-                    in_lru[block] = True
-                    cached += 1
-                elif block in self._hash_of or block in self._rows_of:
-                    to_lru(block)
-                    in_lru[block] = True
-                    cached += 1
-                else:
-                    self._free.append(block)
-        self._cached = cached
+            held = refs[block] - 1
+            if held:  # (still held by another turn; or never taken)
+                if held < 0:
+                    self._cached += len(lru) - queued
+                    raise ValueError(f"block {block} released more often than it was taken")
+                refs[block] = held
+                continue
+            refs[block] = 0
+            family = family_of[block]
+            if family is not None:
+                if family != last:  # (a table's blocks are mostly one family's)
+                    self._families[family].held = False  # (no longer all held by the turn that filed them)
+                    last = family
+                to_lru(block)
+            elif block in self._hash_of or block in self._rows_of:
+                to_lru(block)
+            else:
+                self._free.append(block)
+        self._cached += len(lru) - queued
         table.clear()
 
     # ---------------------------------------------------------------- sharing
@@ -223,14 +234,19 @@ class BlockPool:
     def acquire(self, block: int) -> None:
         """Take one more reference on a cached or owned block."""
         if self._refs[block] == 0:
-            if not self._in_lru[block]:
+            if not self._is_cached(block):
                 raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
-            self._in_lru[block] = False
             self._stale[block] += 1
             self._cached -= 1
             if len(self._lru) > 2 * self.num_blocks:
                 self._drop_stale()
         self._refs[block] += 1
+
+    def _is_cached(self, block: int) -> bool:
+        """Whether a block nobody holds is in the LRU, not free: a block goes there,
+        and stays till it is evicted, exactly when it is filed under a family or
+        named (`release`; `_evict` unfiles and unnames it as it leaves)."""
+        return self._family_of[block] is not None or block in self._hash_of or block in self._rows_of
 
     def _drop_stale(self) -> None:
         """Rebuild the LRU without its stale entries (once they outnumber the
@@ -295,14 +311,16 @@ class BlockPool:
         elif not (kin.owner == owner and kin.held and self.defer_naming):
             return False
         refs, family_of, deferred = self._refs, self._family_of, kin.deferred
+        filed = 0  # (counted once, not block by block: nearly every block is new to the family)
         for block, entry in entries:
             if refs[block] < 1:
+                kin.count += filed
                 raise ValueError(f"block {block} is not owned: only computed K/V can be cached")
             if family_of[block] is None:
                 family_of[block] = family
-                kin.count += 1
-                deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
-            deferred[block] = entry
+                filed += 1
+            deferred[block] = entry  # (no stale entry to drop: one held is never evicted, _Family)
+        kin.count += filed
         return True
 
     def defer_one(self, family: Hashable, owner: object, block: int, entry: object) -> bool:
@@ -318,7 +336,6 @@ class BlockPool:
         if self._family_of[block] is None:
             self._family_of[block] = family
             kin.count += 1
-            kin.deferred.pop(block, None)  # (a stale entry: filed anew, it is deferred last)
         kin.deferred[block] = entry
         return True
 
@@ -450,7 +467,11 @@ class _Family:
     still holds them all, and the blocks it has yet to name, in the order deferred.
     A deferred block evicted keeps its entry, stale (the eviction, from the LRU's
     cold end, leaves the family's dict alone): naming skips a block no longer
-    filed under the family, and one filed anew drops its stale entry first."""
+    filed under the family. A stale entry is never in the way of a block
+    deferred anew: only a block nobody holds is evicted, so a family with one
+    has stopped being held, and defers no more; filed again otherwise
+    (`register`, `note`), a block is filed after its family's deferred blocks
+    are named, and the stale entries with them dropped."""
 
     __slots__ = ("count", "owner", "held", "deferred")
 
