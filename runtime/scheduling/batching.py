@@ -220,15 +220,13 @@ class Batching:
                 return True
         return False
 
-    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead | None = None, speculate: bool = False) -> int:
+    def _take(self, turn: Turn, n: int, now: float, plan: Plan, ahead: Ahead, speculate: bool = False) -> int:
         """Add `n` tokens of a running turn's work to the plan, growing its KV;
         the tokens added (0: none, it could not run this step). `ahead`: its
-        share of the steps in flight, if the caller has it. A decode that may
-        `speculate` adds the drafts that pay (runtime.scheduling.drafts)."""
+        share of the steps in flight. A decode that may `speculate` adds the
+        drafts that pay (runtime.scheduling.drafts)."""
         if turn.status is not Status.RUNNING:
             return 0  # preempted for memory while this batch was built
-        if ahead is None:
-            ahead = self.in_flight.of(turn)
         prompt, output, blocks = turn.prompt, turn.output, turn.blocks
         known = len(prompt) + len(output)  # its tokens so far (Turn.length, inlined: once a step per turn)
         if ahead.tokens:
@@ -245,22 +243,27 @@ class Batching:
             return 0  # it was paused to free memory
         # (all it has to feed before its next sample: a decode, or its prompt's last chunk)
         sample = end == known + ahead.tokens
-        if speculate and sample and turn.constraint is None:
-            drafts = self._guess(turn, start, n, plan, ahead)
-        else:
-            drafts = NO_DRAFTS
-        if end <= known:
-            if n == 1:  # (Turn.token_at, inlined: a decode's one token)
-                tokens = [prompt[start] if start < len(prompt) else output[start - len(prompt)]]
-            else:
-                tokens = turn.tokens(start, end)
-            follows = False
-        else:  # its input is the token a step in flight samples: whoever runs the steps puts it there
+        if end > known:  # its input is the token a step in flight samples: whoever runs the steps puts it there
             tokens, follows = [*turn.tokens(start, end - 1), NOT_SAMPLED] if n > 1 else [NOT_SAMPLED], True
-        if drafts:
-            tokens += drafts
+        elif n == 1:  # (Turn.token_at, inlined: a decode's one token, nearly every work)
+            tokens, follows = [prompt[start] if start < len(prompt) else output[start - len(prompt)]], False
+        else:
+            tokens, follows = turn.tokens(start, end), False
+        if speculate and sample and turn.constraint is None:
+            return self._take_with_drafts(turn, n, plan, ahead, start, known, tokens, follows)
         # (a copy of the block table: the turn's own changes while a step runs, see Scheduler.advance)
-        work = Work(turn.id, tokens, start, blocks[:], sample, turn.sampling, turn.constraint, follows, len(drafts))
+        plan.works.append(Work(turn.id, tokens, start, blocks[:], sample, turn.sampling, turn.constraint, follows))
+        plan.turns.append(turn)
+        turn.last_stepped = self._step
+        return n
+
+    def _take_with_drafts(
+        self, turn: Turn, n: int, plan: Plan, ahead: Ahead, start: int, known: int, tokens: list[int], follows: bool
+    ) -> int:
+        """The rest of `_take` for a work that samples and may speculate: its
+        `tokens`, then the drafts that pay (none, unless it is settled)."""
+        drafts = self._guess(turn, start, n, plan, ahead)
+        work = Work(turn.id, tokens + drafts, start, turn.blocks[:], True, turn.sampling, turn.constraint, follows, len(drafts))
         if drafts and self.draft_cost is not None:  # (drafts the draft model writes: what it was not told yet)
             work.context, work.context_start = turn.tokens(turn.draft_told, known), turn.draft_told
         plan.works.append(work)
