@@ -31,6 +31,7 @@ is the lowest effective priority, latest admitted.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -117,7 +118,14 @@ class Scheduler:
         self._slots: dict[int, Turn] = {}
         self._queue: dict[int, Turn] = {}
         self._top: tuple[int, int | None] = (-1, None)  # (changes, top_unaged): asked every step
-        self._ranked: tuple[int, list[Turn]] = (-1, [])  # (changes, ranked): asked every step
+        # The running turns in `ranked` order, kept as they take and leave a slot
+        # (every round of the simulator has a turn come or go: no sort of them
+        # all for it): by (-effective priority, admission order), each turn's key
+        # by id; and the turns alone, made when asked. What is lent changes
+        # every key: then they are ranked anew (`set_inherited`).
+        self._ranks: list[tuple[int, int, Turn]] = []
+        self._rank_of: dict[int, tuple[int, int, Turn]] = {}
+        self._ranked: list[Turn] | None = []
         self._aging: tuple[int, float | None] = (-1, None)  # (changes, next_aging): asked every step by the simulator
         self._next_progress = 0.0  # when the running turns' progress is next told
 
@@ -190,6 +198,7 @@ class Scheduler:
         effect at the next `schedule`."""
         self.priorities.lend(lift, priority)
         self._changes += 1
+        self._rerank(now)
 
     # ----------------------------------------------------- a step's accounts
 
@@ -314,12 +323,31 @@ class Scheduler:
         admitted (the same list until who runs or what is lent changes: a running
         turn keeps the aging levels it was admitted with, so time does not
         reorder them; do not change it)."""
-        changes, ranked = self._ranked
-        if changes != self._changes:
-            effective = self.priorities.effective
-            ranked = sorted(self.running.values(), key=lambda turn: (-effective(turn, now), turn.last_admit))
-            self._ranked = (self._changes, ranked)
+        ranked = self._ranked
+        if ranked is None:
+            ranked = self._ranked = [turn for _, _, turn in self._ranks]
         return ranked
+
+    def _rank(self, turn: Turn, now: float) -> None:
+        """A turn takes a slot: its place among the running ones (last_admit is
+        every running turn's own, so no two keys tie)."""
+        key = (-self.priorities.effective(turn, now), turn.last_admit, turn)
+        bisect.insort(self._ranks, key)
+        self._rank_of[turn.id] = key
+        self._ranked = None
+
+    def _unrank(self, turn: Turn) -> None:
+        """A turn leaves its slot."""
+        key = self._rank_of.pop(turn.id)
+        del self._ranks[bisect.bisect_left(self._ranks, key)]
+        self._ranked = None
+
+    def _rerank(self, now: float) -> None:
+        """What is lent has changed: every running turn's key anew."""
+        effective = self.priorities.effective
+        self._rank_of = {turn.id: (-effective(turn, now), turn.last_admit, turn) for turn in self.running.values()}
+        self._ranks = sorted(self._rank_of.values())
+        self._ranked = None
 
     def _victim(self, now: float) -> Turn | None:
         """The running turn a preemption pauses (Priorities.victim): the lowest
@@ -450,6 +478,7 @@ class Scheduler:
         del self._queue[turn.id]
         self._slots[slot] = turn
         turn.last_admit = next(self._admissions)
+        self._rank(turn, now)
         self._changes += 1
         if turn.admitted_at is None:
             turn.admitted_at = now
@@ -478,6 +507,7 @@ class Scheduler:
         """Back to the queue, its K/V still on the device (evicting it is the
         policy's next step)."""
         del self._slots[turn.slot]  # type: ignore[index]
+        self._unrank(turn)
         self._queue[turn.id] = turn
         turn.status, turn.slot = Status.PAUSED, None
         self._changes += 1
@@ -520,6 +550,7 @@ class Scheduler:
             self.memory.release_host(turn)
         if turn.slot is not None:
             del self._slots[turn.slot]
+            self._unrank(turn)
         else:
             del self._queue[turn.id]
         turn.status, turn.slot = Status.ENDED, None
