@@ -229,8 +229,7 @@ def simulate(
     tally = Tally(result)
 
     def count(event: Event) -> None:
-        if events is not None:
-            events(event)
+        events(event)  # type: ignore[misc]
         tally.count(event)
 
     if not 0 <= workload.prefix_share <= 1:
@@ -259,7 +258,8 @@ def simulate(
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
-    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=count, cost=engine.cost)
+    emit = tally.count if events is None else count  # (a few events a round: no call more than needed)
+    sched = Scheduler(config, BlockPool(workload.num_blocks, workload.block_size), emit=emit, cost=engine.cost)
     last_token: dict[int, float] = {}  # foreground turn -> when its latest token came
 
     def before_arrival(span_s: Callable[[int], float], overhead_s: float, steps: int, now: float, arrival: float) -> int:
@@ -316,7 +316,7 @@ def simulate(
             now = max(now, horizon) if horizon is not None else now + step_s
             continue
         # (priced once: the plan does not change until it is accounted)
-        overhead_s, first_s, next_s, items = engine.overhead_s(plan), engine.first_step_s(plan), engine.next_step_s(plan), len(plan.works)
+        overhead_s, (first_s, next_s), items = engine.overhead_s(plan), engine.first_and_next_s(plan), len(plan.works)
 
         span_s = functools.partial(engine.steps_s, first_s, next_s, items)  # the plan's n steps last span_s(n)
 

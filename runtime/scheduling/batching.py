@@ -119,8 +119,10 @@ class Batching:
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         preemptions = plan.preemptions
-        for turn, ahead, _ in self._batch_order(protected):
-            if chunk > 0 and self._catch_up(turn, plan, ahead):
+        for turn, ahead, pending in self._batch_order(protected):
+            if pending == 1:  # a decode: nothing to catch up on (_catch_up's first test)
+                n = self._take(turn, 1, now, plan, ahead, self.speculates) if chunk > 0 else 0
+            elif chunk > 0 and self._catch_up(turn, plan, ahead):
                 n = self._take(turn, min(ahead.pending(turn), chunk), now, plan, ahead, self.speculates)
             else:
                 n = 0

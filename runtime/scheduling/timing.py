@@ -110,7 +110,19 @@ class TimingEngine:
         """Seconds for `steps` steps of the plan, KV moves and flushes excluded: its
         first step as given, the rest (the simulator's fast-forward, Scheduler.repeatable)
         as one-token decodes whose attention reads one more position per item each step."""
-        return self.steps_s(self.first_step_s(plan), self.next_step_s(plan), len(plan.works), steps)
+        return self.steps_s(*self.first_and_next_s(plan), len(plan.works), steps)
+
+    def first_and_next_s(self, plan: Plan) -> tuple[float, float]:
+        """`first_step_s` and `next_step_s` of the plan, its works read once (the
+        simulator prices every round's plan)."""
+        tokens = kv = ends = 0
+        for work in plan.works:  # (step_features and next_step_s's sum, in one pass)
+            n, start = len(work.tokens), work.start
+            tokens += n
+            kv += n * start + n * (n + 1) // 2
+            ends += start + n
+        items = len(plan.works)
+        return self._law.predict(tokens, kv), self._law.predict(items, ends + items)
 
     def steps_s(self, first_s: float, next_s: float, items: int, steps: int) -> float:
         """`step_s` from a plan's `first_step_s`, `next_step_s` and number of items,
