@@ -46,13 +46,15 @@ NO_DRAFTS: list[int] = []  # (never changed)
 
 class Running(Protocol):
     """What the batch asks of the scheduler: the turns in a slot (by slot, and
-    in priority order), the highest unaged priority among the live turns, and
-    the step being planned."""
+    in priority order, with their keys), the highest unaged priority among the
+    live turns, and the step being planned."""
 
     @property
     def running(self) -> dict[int, Turn]: ...
 
     def ranked(self, now: float) -> list[Turn]: ...
+
+    def ranks(self, now: float) -> list[tuple[int, int, Turn]]: ...
 
     def top_unaged(self) -> int | None: ...
 
@@ -111,11 +113,15 @@ class Batching:
         """runtime.scheduling.shaping: the protected turns' work, then the background work that
         fits the cost budget. False (nothing added) if no protected work can run."""
         # (one pass over the running turns sorts them into protected and background,
-        # each turn's unaged priority asked once)
+        # each turn's unaged priority asked once; with each background turn's
+        # ranking key: minus its effective priority, and when it was admitted)
         unaged = self.priorities.unaged
         protected, background = [], []
-        for turn in self.seats.ranked(now):
-            (protected if unaged(turn) >= at else background).append(turn)
+        for key in self.seats.ranks(now):
+            if unaged(key[2]) >= at:
+                protected.append(key[2])
+            else:
+                background.append(key)
         budget = StepBudget(self.cost, self.config.slack)
         chunk = max(self.config.prefill_chunk, self.config.step_tokens)
         preemptions = plan.preemptions
@@ -133,18 +139,18 @@ class Batching:
             return False  # e.g. waiting for memory that only background progress frees
         budget.close_base()
         if plan.preemptions != preemptions:  # (a turn paused for the protected work's memory has none)
-            background = [turn for turn in background if turn.status is Status.RUNNING]
+            background = [key for key in background if key[2].status is Status.RUNNING]
         # Background work in what the slack leaves: decodes first (they keep running
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
-        of, effective = self.in_flight.of if self.in_flight else None, self.priorities.effective
+        of = self.in_flight.of if self.in_flight else None
         others = []
-        for turn in background:
+        for neg_effective, last_admit, turn in background:
             ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
             # (Ahead.pending, inlined: decodes first)
             feed = len(turn.prompt) + len(turn.output) + ahead.tokens - turn.computed - ahead.positions
-            others.append((feed > 1, -effective(turn, now), turn.last_stepped, turn.last_admit, turn, ahead, feed))
+            others.append((feed > 1, neg_effective, turn.last_stepped, last_admit, turn, ahead, feed))
         others.sort()  # (by the four keys: last_admit is every running turn's own)
         room = self.config.step_tokens
         take, largest, add = self._take, budget.largest, budget.add

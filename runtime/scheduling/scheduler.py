@@ -328,6 +328,11 @@ class Scheduler:
             ranked = self._ranked = [turn for _, _, turn in self._ranks]
         return ranked
 
+    def ranks(self, now: float) -> list[tuple[int, int, Turn]]:
+        """`ranked`, each turn with its key: (minus its effective priority, its
+        admission order, the turn). Do not change it."""
+        return self._ranks
+
     def _rank(self, turn: Turn, now: float) -> None:
         """A turn takes a slot: its place among the running ones (last_admit is
         every running turn's own, so no two keys tie)."""
