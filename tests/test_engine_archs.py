@@ -140,6 +140,7 @@ def test_a_prompt_s_tile_width_changes_no_bit(tmp_path: Path, setting: str, monk
     32-column tiles, and through the other nibble kinds 8 at a time, unless SLOTSWARM_GEMM
     says 1 (every kind 32) or 0 (none); the logits are the same bits every way."""
     monkeypatch.setenv("SLOTSWARM_INT8", "1")
+    monkeypatch.delenv("SLOTSWARM_GEMM", raising=False)
     path = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weight_type=Q.Q4_K, v_type=Q.Q6_K, embed_type=Q.Q8_0, **SHAPE)
     model = load_model(path)
     prompt = np.random.default_rng(2).integers(0, model.config.vocab_size, 40).tolist()
