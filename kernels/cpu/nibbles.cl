@@ -462,13 +462,10 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
 /* A column's inputs to Q4_K and Q6_K on 8-bit inputs: a record a super-block, a column's
    records one after another, so a tile's inputs (and a column's staged ones) are one run of
    bytes, 384 a super-block where the 16-bit groups take 648. The steps and sums are in the
-   lanes of the kind's sums (pair_dot_q4_k_bytes, pair_dot_q6_k_bytes), so a column's loop
-   loads them as they are. */
+   lanes of the row pair's sums (pair_lanes), so a column's loop loads them as they are. */
 typedef struct {
-    uint16 quants[4];  /* Q4_K: vector i holds inputs 8i..8i + 7 of each block, block b's at byte 8b;
-                          Q6_K: blocks 0..3's first halves, their second, then 4..7's (16 bytes a block half) */
-    float16 steps;     /* each block's step: Q4_K's block 2m + p in lanes 4m + p and 4m + 2 + p;
-                          Q6_K's blocks 0, 4, 1, 5, 2, 6, 3, 7, twice */
+    uint16 quants[4];  /* vector i holds inputs 8i..8i + 7 of each block, block b's at byte 8b */
+    float16 steps;     /* each block's step, block 2m + p's in lanes 4m + p and 4m + 2 + p */
     float16 sums;      /* Q4_K: each block's float input sum, in the lanes of its step */
 } SuperRecord;
 
@@ -517,32 +514,21 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
         const float8 to_int = amax > 0.0f ? (127.0f * BLOCK_STEPS) / (amax * steps) : 0.0f;
         __local SuperRecord *record = (__local SuperRecord *)xl + (size_t)c * nsuper + j;
         const float unit = amax / (127.0f * BLOCK_STEPS);
-        if (wtype == WT_Q4_K) {
-            __local char8 *o = (__local char8 *)record->quants;
-            float sums[8];
+        __local char8 *o = (__local char8 *)record->quants;
+        float sums[8];
 #pragma unroll
-            for (int b = 0; b < 8; b++) {
-                const char16 first = convert_char16(ROUND(v[2 * b] * to_int[b])), second = convert_char16(ROUND(v[2 * b + 1] * to_int[b]));
-                o[b] = first.lo;
-                o[8 + b] = first.hi;
-                o[16 + b] = second.lo;
-                o[24 + b] = second.hi;
-                sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
-            }
-            record->steps = (steps * unit).s0101232345456767;
-            record->sums = ((float8)(sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7])).s0101232345456767;
-            continue;
+        for (int b = 0; b < 8; b++) {
+            const char16 first = convert_char16(ROUND(v[2 * b] * to_int[b]) + offset);
+            const char16 second = convert_char16(ROUND(v[2 * b + 1] * to_int[b]) + offset);
+            o[b] = first.lo;
+            o[8 + b] = first.hi;
+            o[16 + b] = second.lo;
+            o[24 + b] = second.hi;
+            sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
         }
-        __local char16 *o = (__local char16 *)record->quants;
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int block = 4 * (r / 2) + b;
-                o[4 * r + b] = convert_char16(ROUND(v[2 * block + r % 2] * to_int[block]) + offset);
-            }
-        const float8 block_steps = steps.s04152637 * unit;
-        record->steps = (float16)(block_steps, block_steps);
+        record->steps = (steps * unit).s0101232345456767;
+        if (wtype == WT_Q4_K)
+            record->sums = ((float8)(sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7])).s0101232345456767;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -598,28 +584,47 @@ inline short32 pack_halves(int16 a, int16 b)
  * pmaddwd, and a row's sums over each block become one float, times d and the block's input
  * step. Q4_K's mins meet the blocks' float input sums.
  *
- * Q4_K: a row's super-block as four registers of 64 bytes, `q`, vector i holding weights
- * 8i..8i + 7 of each block, block b's at byte 8b, as the inputs' records hold theirs. A vpdpbusd
- * lane then stays within a block, so each row's four add up in one register, lanes 2b and 2b + 1
- * block b's, and one pack_halves of the two rows and one pmaddwd by the scales leave a lane a
- * block and row: every 128 bits blocks 2m and 2m + 1 of row 0, then of row 1 (pair_dot_super_bytes).
- * Q4_K's quants (0..15) are the unsigned operand, against signed inputs; a lane sums at most 16
- * products of 15 * 127, within 16 bits.
+ * A row's super-block as four registers of 64 bytes, `q`, vector i holding weights 8i..8i + 7
+ * of each block, block b's at byte 8b, as the inputs' records hold theirs (the device layout
+ * holds a block's halves 16 bytes apart: eight-byte runs trade places, once a row for all the
+ * tile's columns). A vpdpbusd lane then stays within a block, lanes 2b and 2b + 1 block b's, and
+ * a pack_halves of the row pair's lanes and a pmaddwd by their scales leave a lane one block of
+ * one row: every 128 bits blocks 2m and 2m + 1 of row 0, then of row 1 (pair_lanes).
  *
- * Q6_K: its quants with their two high bits, centred (q - 32, signed): the low nibbles of its
- * first 64 bytes (blocks 0..3's first halves: weight j of block b at byte 16 b + j), their high
- * nibbles (the second halves), then the same for blocks 4..7. They are the signed operand,
+ * Q4_K's quants (0..15) are the unsigned operand, against signed inputs, and a row's four
+ * vpdpbusd add up in one register before the pack: a lane sums at most 16 products of
+ * 15 * 127. Q6_K's, with their two high bits and centred (q - 32, signed), are the signed one,
  * against x + 128, and `bias` takes away what the 128 adds: 128 times each lane's quant sum,
  * scaled as the lanes are. A vpdpbusd's lanes may reach four products of 255 * 32, so each is
- * packed on its own; `scales` are laid out as pack_halves lays out the sums: each 128 bits
- * block m's, then block m + 4's, one half of each a time. The 32-bit sums stay below 2^26.
+ * packed on its own, by the scales of its blocks' first halves (vectors 0, 1) or second
+ * (2, 3). The 32-bit sums stay below 2^27.
  */
+typedef struct {
+    uint16 q0[4], q1[4];  /* the two rows' quants */
+    short32 scales[2];    /* the sub-block scales in pack_halves' lanes (Q4_K: one a block) */
+    int16 bias;           /* Q6_K: what the inputs' 128 adds, negated, in pair_lanes */
+    float16 d, mins;      /* each lane's row's d, and Q4_K's its block's min times its dmin */
+} RowPair;
+
+/* lane u of a row's vpdpbusd to lane u / 2's block of the row pair (pair_lanes) */
+#define ROWS_LANES(a, b) pack_halves((a).s0011223344556677, (b).s0011223344556677)
+
+__attribute__((always_inline)) inline void block_runs(uint16 *q)
+{
+    const ulong8 evens = (ulong8)(0, 2, 4, 6, 8, 10, 12, 14), odds = evens + 1;
+    const ulong8 a = as_ulong8(q[0]), b = as_ulong8(q[1]), c = as_ulong8(q[2]), d = as_ulong8(q[3]);
+    q[0] = as_uint16(shuffle2(a, c, evens));
+    q[1] = as_uint16(shuffle2(a, c, odds));
+    q[2] = as_uint16(shuffle2(b, d, evens));
+    q[3] = as_uint16(shuffle2(b, d, odds));
+}
+
+/* Q4_K's quants in block runs, its scales and mins (q4_k_fields) and its d and dmin */
 __attribute__((always_inline)) inline void read_q4_k_bytes(__global const uchar *qs, size_t grp, uint16 *q, int16 *fields,
                                                          float2 *dd)
 {
     __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
-    /* the device layout's nibbles hold a block's halves 16 bytes apart (blocks 0..3 in the first
-       64 bytes, 4..7 in the next): eight-byte runs trade places, once a row for every column */
+    /* (the runs trade places before the nibbles part: two shuffles a row, not four) */
     const ulong8 first = as_ulong8((uint16)(p[0], p[1], p[2], p[3])), second = as_ulong8((uint16)(p[4], p[5], p[6], p[7]));
     const uint16 even = as_uint16(shuffle2(first, second, (ulong8)(0, 2, 4, 6, 8, 10, 12, 14)));
     const uint16 odd = as_uint16(shuffle2(first, second, (ulong8)(1, 3, 5, 7, 9, 11, 13, 15)));
@@ -632,11 +637,11 @@ __attribute__((always_inline)) inline void read_q4_k_bytes(__global const uchar 
     *dd = halves_to_float8(as_ushort8(head)).s01;
 }
 
+/* Q6_K's quants in block runs, its sub-block scales and its d */
 __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar *qs, __global const float *dm, size_t grp,
-                                                         uint16 *q, short32 *scales, int16 *bias, float *d)
+                                                         uint16 *q, int16 *scales, float *d)
 {
     __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
-    const uint16 c128 = 0x80808080u;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const uint16 n = (uint16)(p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]);
@@ -648,33 +653,60 @@ __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar 
         q[2 * i] = __builtin_astype(__builtin_astype((n & 0x0f0f0f0fu) | __builtin_astype(low, uint16), uchar64) - (uchar)32, uint16);
         q[2 * i + 1] = __builtin_astype(__builtin_astype(((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16), uchar64) - (uchar)32, uint16);
     }
-    const int16 sc = convert_int16(as_char16(p[12]));
-    scales[0] = pack_halves(sc.s0000222244446666, sc.s8888aaaacccceeee);
-    scales[1] = pack_halves(sc.s1111333355557777, sc.s9999bbbbddddffff);
-    *bias = -madd_add(madd(pack_halves(dot_bytes((int16)0, c128, q[0]), dot_bytes((int16)0, c128, q[2])), scales[0]),
-                      pack_halves(dot_bytes((int16)0, c128, q[1]), dot_bytes((int16)0, c128, q[3])), scales[1]);
+    /* (as decoded: blocks 0..3's first halves, their second, then 4..7's) */
+    block_runs(q);
+    *scales = convert_int16(as_char16(p[12]));
     *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
 }
 
-/* lanes 2b, 2b + 1: block b's products over a row's super-block (read_q4_k_bytes) */
-__attribute__((always_inline)) inline int16 q4_k_bytes_dot(const uint16 *q, __local const uint16 *x)
+/* pair_lanes of the row pair's products with a column's inputs `x`: every 128 bits blocks
+   2m and 2m + 1 of row 0, then of row 1, each scaled by its sub-block scales */
+__attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const RowPair *rows, __local const uint16 *x)
 {
-    return dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, q[0], x[0]), q[1], x[1]), q[2], x[2]), q[3], x[3]);
+    if (wtype == WT_Q4_K) {
+        const int16 row0 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q0[0], x[0]), rows->q0[1], x[1]), rows->q0[2], x[2]), rows->q0[3], x[3]);
+        const int16 row1 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q1[0], x[0]), rows->q1[1], x[1]), rows->q1[2], x[2]), rows->q1[3], x[3]);
+        return madd(pack_halves(row0, row1), rows->scales[0]);
+    }
+    int16 sums = rows->bias;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        sums = madd_add(sums, pack_halves(dot_bytes((int16)0, x[i], rows->q0[i]), dot_bytes((int16)0, x[i], rows->q1[i])), rows->scales[i / 2]);
+    return sums;
 }
 
-/* lanes 4m, 4m + 1: block m's scaled sums over a row's super-block; 4m + 2, 4m + 3: block
-   m + 4's (both halves' of each block) */
-__attribute__((always_inline)) inline int16 q6_k_bytes_dot(const uint16 *q, const short32 *scales, int16 bias, __local const uint16 *x)
+__attribute__((always_inline)) inline void read_row_pair(const int wtype, __global const uchar *qs, __global const float *dm,
+                                                       size_t grp0, size_t grp1, RowPair *rows)
 {
-    const int16 first = madd_add(bias, pack_halves(dot_bytes((int16)0, x[0], q[0]), dot_bytes((int16)0, x[2], q[2])), scales[0]);
-    return madd_add(first, pack_halves(dot_bytes((int16)0, x[1], q[1]), dot_bytes((int16)0, x[3], q[3])), scales[1]);
+    if (wtype == WT_Q4_K) {
+        int16 f0, f1;
+        float2 dd0, dd1;
+        read_q4_k_bytes(qs, grp0, rows->q0, &f0, &dd0);
+        read_q4_k_bytes(qs, grp1, rows->q1, &f1, &dd1);
+        rows->scales[0] = ROWS_LANES(f0, f1);
+        rows->d = ((float4)(dd0.x, dd0.x, dd1.x, dd1.x)).s0123012301230123;
+        rows->mins = shuffle2(convert_float8(f0.hi) * -dd0.y, convert_float8(f1.hi) * -dd1.y,
+                              (uint16)(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+        return;
+    }
+    int16 s0, s1;
+    float d0, d1;
+    read_q6_k_bytes(qs, dm, grp0, rows->q0, &s0, &d0);
+    read_q6_k_bytes(qs, dm, grp1, rows->q1, &s1, &d1);
+    rows->scales[0] = ROWS_LANES(s0.even, s1.even);  /* the blocks' first halves */
+    rows->scales[1] = ROWS_LANES(s0.odd, s1.odd);
+    rows->d = ((float4)(d0, d0, d1, d1)).s0123012301230123;
+    rows->bias = 0;
+    const uint16 c128 = 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        rows->bias -= madd(pack_halves(dot_bytes((int16)0, c128, rows->q0[i]), dot_bytes((int16)0, c128, rows->q1[i])), rows->scales[i / 2]);
 }
 
-/* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row for all the tile's
+/* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row pair for all the tile's
  * columns, each column's sums the same at any width. A column's records are where they are
- * at any `layout` width. A lane of Q4_K's accumulators is a row's block (q4_k_bytes_dot); its
- * rows' results add their blocks in the order of Q6_K's lanes, so each is the same bits as
- * with Q6_K's layout of the sums (pair_dot_super_cols'). */
+ * at any `layout` width. A lane of the accumulators is a row's block (pair_lanes); each row's
+ * result adds its blocks in the order of pair_dot_super_cols' lanes (0, 4, 1, 5, 2, 6, 3, 7). */
 __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
         float16 *acc, float *out0, float *out1)
@@ -684,42 +716,19 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
     for (int c = 0; c < tile; c++)
         acc[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
+        RowPair rows;
         prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
-        if (wtype == WT_Q4_K) {
-            uint16 q0[4], q1[4];
-            int16 f0, f1;
-            float2 dd0, dd1;
-            read_q4_k_bytes(qs, (size_t)r0 * nsuper + j, q0, &f0, &dd0);
-            read_q4_k_bytes(qs, (size_t)r1 * nsuper + j, q1, &f1, &dd1);
-            /* in the lanes of the sums: every 128 bits blocks 2m and 2m + 1 of row 0, then of row 1 */
-            const short32 scales = pack_halves(f0.s0011223344556677, f1.s0011223344556677);
-            const float16 d = ((float4)(dd0.x, dd0.x, dd1.x, dd1.x)).s0123012301230123;
-            const float16 mins = shuffle2(convert_float8(f0.hi) * -dd0.y, convert_float8(f1.hi) * -dd1.y,
-                                          (uint16)(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
-            for (int c = 0; c < tile; c++) {
-                __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
-                const short32 both = pack_halves(q4_k_bytes_dot(q0, inputs->quants), q4_k_bytes_dot(q1, inputs->quants));
-                const float16 sums = convert_float16(madd(both, scales));
-                acc[c] = acc[c] + (sums * (d * inputs->steps) + mins * inputs->sums);
-            }
-            continue;
-        }
-        uint16 q0[4], q1[4];
-        short32 s0[2], s1[2];
-        int16 b0, b1;
-        float d0, d1;
-        read_q6_k_bytes(qs, dm, (size_t)r0 * nsuper + j, q0, s0, &b0, &d0);
-        read_q6_k_bytes(qs, dm, (size_t)r1 * nsuper + j, q1, s1, &b1, &d1);
-        const float16 d = (float16)((float8)(d0), (float8)(d1));
+        read_row_pair(wtype, qs, dm, (size_t)r0 * nsuper + j, (size_t)r1 * nsuper + j, &rows);
         for (int c = 0; c < tile; c++) {
             __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
-            const int16 i0 = q6_k_bytes_dot(q0, s0, b0, inputs->quants), i1 = q6_k_bytes_dot(q1, s1, b1, inputs->quants);
-            acc[c] = add_super_sums(WT_Q6_K, 1, acc[c], i0, i1, d, (float16)0.0f, inputs->steps, (float16)0.0f);  /* (sums below 2^27) */
+            const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs->quants));
+            acc[c] = wtype == WT_Q4_K ? acc[c] + (sums * (rows.d * inputs->steps) + rows.mins * inputs->sums)
+                                      : acc[c] + sums * (rows.d * inputs->steps);
         }
     }
     for (int c = 0; c < tile; c++) {
-        out0[c] = hsum8(wtype == WT_Q4_K ? acc[c].s08194c5d : acc[c].lo);
-        out1[c] = hsum8(wtype == WT_Q4_K ? acc[c].s2a3b6e7f : acc[c].hi);
+        out0[c] = hsum8(acc[c].s08194c5d);
+        out1[c] = hsum8(acc[c].s2a3b6e7f);
     }
 }
 
