@@ -292,7 +292,7 @@ def simulate(
     # delivered): kept to the end, every turn of a long run would lengthen each
     # pass of the garbage collector as it goes on.
     foreground: dict[int, Turn] = {}
-    now, next_fg, slots = 0.0, 0, workload.slots
+    now, next_fg, slots, bg_tokens = 0.0, 0, workload.slots, 0
     while next_fg < len(arrivals) or foreground:
         while next_fg < len(arrivals) and arrivals[next_fg] <= now:
             turn = sched.submit(
@@ -308,7 +308,10 @@ def simulate(
         # A decode step of every slot bounds the steps to come from above, so
         # skipping ahead by it never runs past the horizon by more than a step.
         running = sched.running.values()
-        step_s = engine.cost.predict(slots, sum([len(t.prompt) + len(t.output) for t in running]) + len(running) + slots)
+        context = len(running) + slots
+        for t in running:  # (a loop, not a comprehension: no call more than needed, at every round)
+            context += len(t.prompt) + len(t.output)
+        step_s = engine.cost.predict(slots, context)
         steps = max(1, math.ceil((horizon - now) / step_s)) if horizon is not None else 1 << 30
         plan = sched.schedule(now)
         steps = sched.repeatable(plan, steps) if fast_forward else 1
@@ -330,10 +333,12 @@ def simulate(
                     result.abandoned_steps += 1
                     now = start + stop
                     continue
-        if foreground and any(turn.admitted_at == now for turn in foreground.values()):  # (a wait ends: rarely, so asked of the few first)
-            for turn in plan.turns:
-                if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
-                    result.fg_waits.append(now - turn.arrived + overhead_s)
+        for waited in foreground.values():
+            if waited.admitted_at == now:  # (a wait ends: rarely, so asked of the few first)
+                for turn in plan.turns:
+                    if turn.agent == "fg" and turn.computed == turn.cached_tokens and turn.admitted_at == now and not turn.output:
+                        result.fg_waits.append(now - turn.arrived + overhead_s)
+                break
         if plan.moves:
             moved = sum(n for _, _, n in plan.swap_out) + sum(len(b) * workload.block_size for _, b in plan.swap_in)
             result.swapped_bytes += moved * workload.timing.kv_bytes_per_token
@@ -341,7 +346,7 @@ def simulate(
         first = now + overhead_s + first_s
         now += overhead_s + span_s(steps)
         rest = (now - first) / (steps - 1) if steps > 1 else 0.0
-        warm = now > workload.warmup_s
+        counted = steps if now > workload.warmup_s else 0  # (each background token after the warm-up)
         for turn, _ in sched.postprocess(plan, tokens, now, repeats=steps):
             if turn.agent == "fg":
                 if turn.id in last_token:
@@ -354,10 +359,10 @@ def simulate(
                     result.fg_turn.append(now - turn.arrived)
                     del last_token[turn.id], foreground[turn.id]
                 continue
-            if warm:
-                result.bg_tokens += steps
+            bg_tokens += counted
             if turn.ended is not None:  # (Turn.done, inlined: asked of every token delivered)
                 submit_bg(turn.agent, now)
+    result.bg_tokens = bg_tokens
     result.span_s = now - workload.warmup_s
     result.steps = sched.step
     return result
