@@ -115,11 +115,12 @@ class Batching:
         # (one pass over the running turns sorts them into protected and background,
         # each turn's unaged priority asked once; with each background turn's
         # ranking key: minus its effective priority, and when it was admitted)
-        unaged = self.priorities.unaged
+        unaged = self.priorities.unaged if self.priorities.lent else None  # (nothing lent: a turn's own priority, not asked)
         protected, background = [], []
         for key in self.seats.ranks(now):
-            if unaged(key[2]) >= at:
-                protected.append(key[2])
+            turn = key[2]
+            if (unaged(turn) if unaged else turn.priority) >= at:
+                protected.append(turn)
             else:
                 background.append(key)
         budget = StepBudget(self.cost, self.config.slack)
@@ -144,7 +145,7 @@ class Batching:
         # turns moving), then prefill chunks cut to fit; longest-unserved first.
         # (each turn's share of the steps in flight is looked up once: taking
         # another turn's work, or catching up on the cache, does not change it)
-        of = self.in_flight.of if self.in_flight else None
+        of = self.in_flight.of if self.in_flight.launched else None
         others = []
         for neg_effective, last_admit, turn in background:
             ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
@@ -171,7 +172,7 @@ class Batching:
         their work is taken, each with its share of the steps in flight and what
         it has to feed before its next sample (InFlight.pending): decodes first,
         then the rest, each in the order given."""
-        of = self.in_flight.of if self.in_flight else None  # (this runs for every turn at every step)
+        of = self.in_flight.of if self.in_flight.launched else None  # (this runs for every turn at every step)
         decodes, rest = [], []
         for turn in ranked:
             ahead = of(turn) if of else SETTLED  # (nothing in flight: the simulator's every step)
@@ -209,7 +210,7 @@ class Batching:
         key = None
         # (the steps in flight too: what they compute is only shared once they land)
         works, turns = plan.works, plan.turns
-        if self.in_flight:
+        if self.in_flight.launched:
             for launched in self.in_flight.plans:
                 works, turns = works + launched.works, turns + launched.turns
         first, last = i * size, (i + 1) * size  # the block's positions
