@@ -64,15 +64,17 @@ class _Launched:
 
 class InFlight:
     def __init__(self) -> None:
-        self._launched: list[_Launched] = []  # oldest first
+        # Oldest first. Whoever asks whether any step is in flight reads its truth
+        # (a list's costs no call, asked for every step): do not change it.
+        self.launched: list[_Launched] = []
 
     def __len__(self) -> int:
-        return len(self._launched)
+        return len(self.launched)
 
     @property
     def plans(self) -> list[Plan]:
         """The steps in flight, oldest first."""
-        return [launched.plan for launched in self._launched]
+        return [launched.plan for launched in self.launched]
 
     # -------------------------------------------------------- the ledger
 
@@ -82,30 +84,30 @@ class InFlight:
             turn: DECODE if len(w.tokens) == 1 and w.sample and not w.drafts else Ahead(len(w.tokens), w.sample + w.drafts, w.drafts > 0)
             for turn, w in zip(plan.turns, plan.works, strict=True)
         }  # (DECODE: nearly every work's share, one object for all of them)
-        self._launched.append(_Launched(plan, shares))
+        self.launched.append(_Launched(plan, shares))
 
     def land(self, plan: Plan) -> set[Turn] | frozenset[Turn]:
         """The step has run: it leaves the ledger (its turns are accounted by the
         caller). Returns the turns whose positions it wrote count for nothing,
         their K/V dropped since; none for a plan that was never launched. Steps
         land in the order they were launched."""
-        if not self._launched or self._launched[0].plan is not plan:
-            assert all(launched.plan is not plan for launched in self._launched), "steps land in the order launched"
+        if not self.launched or self.launched[0].plan is not plan:
+            assert all(launched.plan is not plan for launched in self.launched), "steps land in the order launched"
             return NOTHING
-        return self._launched.pop(0).void
+        return self.launched.pop(0).void
 
     def discard(self, plan: Plan) -> None:
         """The step counts for nothing (abandoned): forget it, as if never launched."""
-        for i, launched in enumerate(self._launched):
+        for i, launched in enumerate(self.launched):
             if launched.plan is plan:
-                del self._launched[i]
+                del self.launched[i]
                 return
         raise ValueError("discard: that step is not in flight")
 
     def forget_kv(self, turn: Turn) -> None:
         """The turn's K/V is dropped (its `computed` is 0): what steps in flight
         write for it is lost with it."""
-        for launched in self._launched:
+        for launched in self.launched:
             share = launched.shares.get(turn)
             if share is not None:
                 launched.shares[turn] = Ahead(0, share.tokens, share.verifying)
@@ -117,7 +119,7 @@ class InFlight:
         """The turn's share of the steps in flight (SETTLED if none): a sum over
         them, nearly always one step (two only between a launch and the landing
         of the step before it)."""
-        flying = self._launched
+        flying = self.launched
         if len(flying) == 1:  # (nearly always, on an owner)
             return flying[0].shares.get(turn, SETTLED)
         if not flying:  # (always, in the simulator: it plans every step once the last has landed)

@@ -221,7 +221,7 @@ class Scheduler:
     @property
     def step(self) -> int:
         """Steps run or running: those landed and those in flight."""
-        return self._steps_landed + len(self.in_flight)
+        return self._steps_landed + len(self.in_flight.launched)
 
     def advance(self, plan: Plan) -> None:
         """A step was launched and its tokens are not known yet: it enters the
