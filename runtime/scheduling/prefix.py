@@ -102,7 +102,7 @@ class PrefixCache:
         batch-mate with the same prefix has just computed. The positions gained."""
         size = self.block_size
         start = turn.computed
-        if not self.enabled or start != len(turn.blocks) * size or self.in_flight.writing(turn):
+        if not self.enabled or start != len(turn.blocks) * size or (self.in_flight.launched and self.in_flight.writing(turn)):
             # (a step in flight still writes its last blocks, which are committed
             # when it lands; it catches up after that)
             return 0
@@ -129,7 +129,8 @@ class PrefixCache:
         block itself where that loses nothing, so only the rest is computed. The
         positions gained."""
         size = self.block_size
-        start, last = self.in_flight.computed(turn), self.in_flight.length(turn) - 1
+        ahead = self.in_flight.of(turn)  # (InFlight.computed and .length, from the one share)
+        start, last = turn.computed + ahead.positions, len(turn.prompt) + len(turn.output) + ahead.tokens - 1
         if not self.enabled or start != len(turn.blocks) * size or start >= last:
             return 0
         i = len(turn.blocks)
