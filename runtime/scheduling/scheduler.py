@@ -282,7 +282,7 @@ class Scheduler:
         simulator prices them at once: swarm.sim.)"""
         if steps <= 1 or not plan.works or plan.preemptions or plan.moves or plan.held:
             return 1  # (a KV move or flush makes the first step longer than the rest; a held prompt runs next step)
-        if len(plan.works) < len(self.running):
+        if len(plan.works) < len(self._slots):
             return 1  # (a turn left out of this step, by the token budget or the shaping, may have work in the next)
         for work, turn in zip(plan.works, plan.turns, strict=False):
             if not work.sample or work.drafts or not turn.ignore_eos:
@@ -430,7 +430,7 @@ class Scheduler:
         till then, since with every slot busy it is the question of every step."""
         if self._stuck is not None and self._stuck[0] == self._changes and now < self._stuck[1]:
             return True
-        running = self.running
+        running = self._slots  # (the property `running`, read without its call: asked every step)
         if len(running) < self.config.slots:
             return False
         waiting = self._not_running()
@@ -502,7 +502,7 @@ class Scheduler:
     # ------------------------------------------------------------- helpers
 
     def _free_slot(self) -> int | None:
-        running = self.running
+        running = self._slots
         for slot in range(self.config.slots):
             if slot not in running:
                 return slot
