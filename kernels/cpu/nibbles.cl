@@ -394,8 +394,8 @@ __attribute__((always_inline)) inline int16 scaled_super_dot(const short32 *q, _
 
 /* acc plus a column's super-block for a row pair: each row's integer sums (scales applied)
    added in pairs of lanes, in the integers where `integer_pairs` says they cannot overflow,
-   else as floats; times d and the column's input step `xd` (each pair's own, with 8-bit
-   inputs), and for Q4_K its mins times the blocks' input sums `xs` */
+   else as floats; times d and the column's input step `xd`, and for Q4_K its mins times the
+   blocks' input sums `xs` */
 __attribute__((always_inline)) inline float16 add_super_sums(const int wtype, const int integer_pairs, float16 acc,
         int16 i0, int16 i1, float16 d, float16 mins, float16 xd, float16 xs)
 {
