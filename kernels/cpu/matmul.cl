@@ -90,13 +90,15 @@ inline void column_scales(__global const float *x, __global const int *xrows,
  * The distance spans a few row pairs of the widest rows a model has, not only
  * the rest of the row being read: the host sets it by the model
  * (gpu/families.py's prefetch_ahead). (The distances compared, and what each
- * bought, are in the commits that set them.) */
+ * bought, are in the commits that set them.) The bytes are asked into L2, not L1
+ * (prefetcht1): a core has more misses in flight to L2 than to L1, and a decode
+ * step's rate is what it has in flight. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
 #endif
 #ifndef PREFETCH  /* (a build may define it empty, to compare) */
 #if defined(__has_builtin) && __has_builtin(__builtin_prefetch)
-#define PREFETCH(p) __builtin_prefetch(p)
+#define PREFETCH(p) __builtin_prefetch(p, 0, 2)  /* (read, locality 2: prefetcht1) */
 #else
 #define PREFETCH(p)
 #endif
