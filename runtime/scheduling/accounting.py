@@ -61,29 +61,42 @@ class Accounting:
             if status is ended:
                 continue
             output = turn.output
+            sampled = work.sample and token is not None
             n = len(work.tokens)
-            if status is running and token is not None and work.sample and not work.drafts and turn.lookup is None:
-                # A running turn's one sampled token, after the repeated steps'
-                # (nearly every work): what `_account` does with it, in fewer steps.
-                if turn.first_token_at is None:
-                    turn.first_token_at = now
-                if repeated:
-                    output += [token] * (repeated + 1)  # type: ignore[list-item]
-                    turn.computed += repeated
-                else:
-                    output.append(token)  # type: ignore[arg-type]
+            if repeated and status is running:
+                turn.computed += repeated
+                if sampled:
+                    if not output:
+                        turn.first_token_at = now
+                    output.extend([token] * repeated)  # type: ignore[list-item]
+            if work.drafts:
+                if work.context is not None:  # (its draft model was told these)
+                    turn.draft_told = work.context_start + len(work.context)
+                kept = self._keep_verified(work, turn, token, now, delivered, drafted)  # type: ignore[arg-type]
+                # The positions that fed the tokens it keeps; the rest are
+                # written again by later steps before anything reads them.
+                n = len(kept)
+                token = kept[-1] if kept else None
+            elif sampled:
+                if turn.lookup is not None:
+                    self._check_lookup(turn, token)  # type: ignore[arg-type]
+                output.append(token)  # type: ignore[arg-type]
                 turn.token_times.append(now)
                 delivered.append((turn, token))  # type: ignore[arg-type]
-                if not lost or turn not in lost:
-                    turn.computed += n
-                if n > 1 or work.start < len(turn.prompt):
-                    turn.prefilled += n  # (its prompt's last chunk, or a recompute's)
-                turn.sampling_steps += 1
-                commit(turn)
             else:
-                token = self._account(work, turn, token, status, n, now, lost, drafted, repeated, delivered)
-                if token is None:
-                    continue
+                token = None
+            if not lost or turn not in lost:
+                turn.computed += n
+            if (n > 1 and not work.drafts) or work.start < len(turn.prompt):
+                turn.prefilled += n  # (not a decode: its prompt, or a recompute)
+            if token is not None:
+                turn.sampling_steps += 1
+                if turn.first_token_at is None:
+                    turn.first_token_at = now
+            if status is running or status.resident:
+                commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
+            if token is None:
+                continue
             if token in eos and not turn.ignore_eos:
                 finish(turn, "eos", now)
             elif len(output) >= turn.max_tokens:
@@ -91,59 +104,6 @@ class Accounting:
             elif max_context and len(turn.prompt) + len(output) >= max_context:  # (Turn.length, inlined)
                 finish(turn, "context", now)
         return delivered
-
-    def _account(
-        self,
-        work: Work,
-        turn: Turn,
-        token: int | list[int] | None,
-        status: Status,
-        n: int,
-        now: float,
-        lost: Collection[Turn],
-        drafted: Mapping[int, list[int]] | None,
-        repeated: int,
-        delivered: list[tuple[Turn, int]],
-    ) -> int | None:
-        """`postprocess` of one work of `n` tokens, but for a running turn's one
-        sampled token: a verify step's drafts, a prompt's chunk that samples
-        nothing, a turn paused since the step was launched. The last token it
-        keeps, if any (the caller ends the turn on it)."""
-        output = turn.output
-        sampled = work.sample and token is not None
-        if repeated and status is Status.RUNNING:
-            turn.computed += repeated
-            if sampled:
-                if not output:
-                    turn.first_token_at = now
-                output.extend([token] * repeated)  # type: ignore[list-item]
-        if work.drafts:
-            if work.context is not None:  # (its draft model was told these)
-                turn.draft_told = work.context_start + len(work.context)
-            kept = self._keep_verified(work, turn, token, now, delivered, drafted)  # type: ignore[arg-type]
-            # The positions that fed the tokens it keeps; the rest are
-            # written again by later steps before anything reads them.
-            n = len(kept)
-            token = kept[-1] if kept else None
-        elif sampled:
-            if turn.lookup is not None:
-                self._check_lookup(turn, token)  # type: ignore[arg-type]
-            output.append(token)  # type: ignore[arg-type]
-            turn.token_times.append(now)
-            delivered.append((turn, token))  # type: ignore[arg-type]
-        else:
-            token = None
-        if not lost or turn not in lost:
-            turn.computed += n
-        if (n > 1 and not work.drafts) or work.start < len(turn.prompt):
-            turn.prefilled += n  # (not a decode: its prompt, or a recompute)
-        if token is not None:
-            turn.sampling_steps += 1
-            if turn.first_token_at is None:
-                turn.first_token_at = now
-        if status is Status.RUNNING or status.resident:
-            self.prefix.commit(turn)  # (after the output: the simulator's fast-forwarded steps fed it)
-        return token  # type: ignore[return-value]
 
     def _keep_verified(
         self,
