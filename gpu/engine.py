@@ -377,7 +377,10 @@ class OpenCLEngine:
         self.inputs.write(
             q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables
         )  # finished below
-        launches = [(step.embed, t)] + [(launch, t) for launch in step.layers]
+        # The last layer's launches past its K/V feed only the head: a step (a prompt's
+        # chunk) that samples no row stops at the K/V.
+        layers = step.layers if n else step.layers[: step.kv_only]
+        launches = [(step.embed, t)] + [(launch, t) for launch in layers]
         if n:
             launches += [(launch, n) for launch in step.head]
         if masked is not None:

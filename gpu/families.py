@@ -79,6 +79,7 @@ class StepLaunches:
 
     embed: Launch
     layers: list[Launch]
+    kv_only: int  # layers[:kv_only] end at the last layer's K/V store: all a step sampling no row needs
     head: list[Launch]
     argmax: Argmax
     sample: SampleHot
@@ -199,6 +200,7 @@ class CPUFamily:
             # (heads, tokens) grid in one work-group, on one core.
             layers += qkv(L, layer)
             layers += qk_norm(program, e, L, layer)
+            kv_only = len(layers)
             layers.append(CPUAttention(program, cfg.n_heads, cfg.n_kv_heads, self.attention_items, b.qkv, b.pos, b.seq,
                                        b.tables, width, e.kv.k, e.kv.v, b.att, i32(layer), i32(cfg.window(layer))))  # fmt: skip
             layers += residual("out", L.out, b.att, L.post_attn_norm)
@@ -218,6 +220,7 @@ class CPUFamily:
                 i32(cfg.d_model),
             ),  # fmt: skip
             layers=layers,
+            kv_only=kv_only,
             head=staged(matmul("head", "matmul", W.output, W.output_norm, b.x, b.sample_rows, b.logits, i32(1), i32(0))),
             argmax=Argmax(program, 1, b.logits, cfg.vocab_size, b.ids, kernel="argmax_lanes"),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
@@ -321,6 +324,7 @@ class GPUFamily:
             window = cfg.window(layer)
             layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
             layers += qk_norm(program, e, L, layer)
+            kv_only = len(layers)
             layers.append(
                 GPUAttention(
                     program,
@@ -365,6 +369,7 @@ class GPUFamily:
                 "embed", program, f"embed_{W.embed.kind}", cfg.d_model // 32, None, W.embed.qs, W.embed.dm, b.tokens, b.x, i32(cfg.d_model)
             ),  # fmt: skip
             layers=layers,
+            kv_only=kv_only,
             head=[matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:])],
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),

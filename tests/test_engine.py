@@ -156,6 +156,19 @@ def test_step_longer_than_the_buffers_runs_in_pieces(tiny_model: Model, referenc
     assert rel_error(got[1], reference.forward(b, 0, reference.new_cache())[-1]) < TOL
 
 
+def test_a_step_that_samples_no_row_stops_at_the_last_layer_s_kv(tiny_model: Model, reference: ReferenceModel, kernels: str) -> None:
+    profiled = OpenCLEngine(tiny_model, num_blocks=16, kernels=kernels, profile=True)
+    layers = profiled.config.n_layers
+    a = prompt(13, 20, profiled.config.vocab_size)
+    profiled.step([Work(turn=0, tokens=a[:12], start=0, block_table=[3, 4], sample=False)])
+    names = [name for name, _, _ in profiled.last_profile]
+    assert names.count("attention") == layers - 1
+    assert names[-1] in ("qkv", "qk_norm")  # (the last layer's K/V store)
+    got = profiled.step_logits([Work(turn=0, tokens=a[12:], start=12, block_table=[3, 4], sample=True)])
+    assert [name for name, _, _ in profiled.last_profile].count("attention") == layers
+    assert rel_error(got[0], reference.forward(a, 0, reference.new_cache())[-1]) < TOL
+
+
 def test_greedy_step_returns_reference_tokens_and_none_without_sample(engine: OpenCLEngine, reference: ReferenceModel) -> None:
     tokens = prompt(3, 10, engine.config.vocab_size)
     want = reference.generate(tokens, 12)
