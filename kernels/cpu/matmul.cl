@@ -191,10 +191,23 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
 
 /* y[(c8 + j) * rows + {0, 1}] = act(gate) * up for the row pair and columns c8 + j, j < n
    (n <= 8): the activations as one 16-lane vector whatever the tile's width, so a column's
-   bits do not depend on it (and its exp is one vector's work, not sixteen scalars'). */
-inline void store_swiglu8(const float *g0, const float *g1, const float *u0, const float *u1, int c8, int n,
-                          __local const float *inv, __global float *y, int rows)
+   bits do not depend on it (and its exp is one vector's work, not sixteen scalars'). Eight
+   columns, the usual case, take whole vectors: lane by lane, PoCL's compiler moves each
+   value through the stack. */
+__attribute__((always_inline)) inline void store_swiglu8(const float *g0, const float *g1, const float *u0, const float *u1,
+                                                       int c8, int n, __local const float *inv, __global float *y, int rows)
 {
+    if (n == 8) {
+        const uint16 pairs = (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        const float16 s = vload8(0, inv + c8).s0011223344556677;
+        const float16 gate = shuffle2(vload8(0, g0 + c8), vload8(0, g1 + c8), pairs) * s;
+        const float16 up = shuffle2(vload8(0, u0 + c8), vload8(0, u1 + c8), pairs) * s;
+        const float16 h = activate16(gate) * up;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            vstore2((float2)(h[2 * j], h[2 * j + 1]), 0, y + (size_t)(c8 + j) * rows);
+        return;
+    }
     float16 gate = 0.0f, up = 0.0f;
     for (int j = 0; j < n; j++) {
         const float s = inv[c8 + j];
