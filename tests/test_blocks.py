@@ -305,3 +305,36 @@ def test_defer_one_does_what_defer_alone_does_with_one_block():
         return pool.defer_one(family, owner, block, entry)
 
     assert drive(one) == drive(alone)
+
+
+def test_a_turn_that_takes_back_all_its_blocks_defers_naming_again():
+    """A family's owner that lets its blocks go (a preempted turn, dropped) and
+    takes them all back (recomputed) may defer again: unless one of them was
+    evicted meanwhile, or taken by anyone else."""
+
+    def family_after(*steps: str) -> bool:
+        pool = BlockPool(6, 4)
+        pool.namer = lambda owner, entry: (None, b"root", (entry,))
+        mine: list[int] = []
+        pool.grow(mine, 12)
+        assert pool.defer_alone("f", "a", [(block, i) for i, block in enumerate(mine)])
+        kept = mine[:]
+        pool.release(mine)
+        assert not pool.may_defer("f", "a")
+        for step in steps:
+            if step == "evict":  # the pool runs short: the oldest cached block goes
+                pool.grow([], 4 * (pool.num_free - pool.num_cached + 1))
+                kept.remove(next(b for b in kept if not pool.noted_rows(b)))
+            if step == "other":  # another turn takes one by reference
+                pool.acquire(kept.pop(), "b")
+            if step == "pin":  # a copy's source, held while its target is found
+                pool.acquire(kept[0])
+                pool.release([kept[0]])
+        for block in kept:
+            pool.acquire(block, "a")
+        return pool.may_defer("f", "a")
+
+    assert family_after()
+    assert not family_after("evict")
+    assert not family_after("other")
+    assert not family_after("pin")

@@ -27,7 +27,8 @@ most blocks are evicted before any turn asks for them: a block can only serve a
 turn whose tokens start the way its own turn's did. So the cache files each
 block under a *family* (its turn's first token: every turn that could share the
 block starts with it too) and, while a family holds only one turn's blocks, all
-held by that turn, may `defer` naming them. A deferred block is cached in every
+held by that turn (or held again: a turn recomputed after a preemption takes
+its blocks back), may `defer` naming them. A deferred block is cached in every
 respect (released to the LRU, evicted in its order); it is named, with the rest
 of its family and in the order they were deferred, by the `namer` the cache
 gives, before anything about the family's names is asked or changed (`lookup`
@@ -191,6 +192,8 @@ class BlockPool:
         forgets it held them, and the pool the family once it has none."""
         kin = self._families[family]
         kin.count -= n
+        kin.loose -= n
+        kin.whole = False
         if not kin.count:
             del self._families[family]
 
@@ -200,28 +203,41 @@ class BlockPool:
         so a turn's last blocks (the least likely to be shared) are evicted first."""
         refs, family_of, lru = self._refs, self._family_of, self._lru
         to_lru, queued = lru.append, len(lru)  # (the blocks cached are counted once, by what the LRU gained)
-        last = None
+        # (a table's blocks are mostly one family's: each run of them is counted
+        # loose in its family at once)
+        last, run = None, 0
         for block in reversed(table):
             held = refs[block] - 1
             if held:  # (still held by another turn; or never taken)
                 if held < 0:
                     self._cached += len(lru) - queued
+                    self._loosen(last, run)
                     raise ValueError(f"block {block} released more often than it was taken")
                 refs[block] = held
                 continue
             refs[block] = 0
             family = family_of[block]
             if family is not None:
-                if family != last:  # (a table's blocks are mostly one family's)
-                    self._families[family].held = False  # (no longer all held by the turn that filed them)
-                    last = family
+                if family != last:
+                    self._loosen(last, run)
+                    last, run = family, 0
+                run += 1
                 to_lru(block)
             elif block in self._hash_of or block in self._rows_of:
                 to_lru(block)
             else:
                 self._free.append(block)
         self._cached += len(lru) - queued
+        self._loosen(last, run)
         table.clear()
+
+    def _loosen(self, family: Hashable | None, n: int) -> None:
+        """`n` blocks filed under the family went to the LRU: nobody holds them
+        now, so the turn that filed them no longer holds them all."""
+        if n:
+            kin = self._families[family]
+            kin.loose += n
+            kin.held = False
 
     # ---------------------------------------------------------------- sharing
 
@@ -231,8 +247,9 @@ class BlockPool:
         self._name_deferred(family)
         return self._block_of.get(key)
 
-    def acquire(self, block: int) -> None:
-        """Take one more reference on a cached or owned block."""
+    def acquire(self, block: int, owner: object = None) -> None:
+        """Take one more reference on a cached or owned block (for `owner`, the
+        turn taking it, if known)."""
         if self._refs[block] == 0:
             if not self._is_cached(block):
                 raise ValueError(f"block {block} is free: only a cached or owned block can be shared")
@@ -240,7 +257,21 @@ class BlockPool:
             self._cached -= 1
             if len(self._lru) > 2 * self.num_blocks:
                 self._drop_stale()
+            family = self._family_of[block]
+            if family is not None:
+                self._hold(family, owner)
         self._refs[block] += 1
+
+    def _hold(self, family: Hashable, owner: object) -> None:
+        """A block of the family nobody held is taken: taken by the turn that filed
+        them all (recomputed after a preemption), the family may be all held by
+        it again."""
+        kin = self._families[family]
+        kin.loose -= 1
+        if owner is None or owner != kin.owner:
+            kin.whole = False  # (another turn's, or a pin's: no longer its owner's alone)
+        elif not kin.loose and kin.whole:
+            kin.held = True
 
     def _is_cached(self, block: int) -> bool:
         """Whether a block nobody holds is in the LRU, not free: a block goes there,
@@ -445,6 +476,8 @@ class BlockPool:
             kin = self._families[family]
             kin.deferred.pop(block, None)
             kin.count -= 1
+            kin.loose -= 1
+            kin.whole = False
             if not kin.count:
                 del self._families[family]
 
@@ -462,21 +495,28 @@ _SHARED = object()  # a family's owner once two turns have filed blocks under it
 
 
 class _Family:
-    """What the pool knows of one family: how many blocks are filed under it, the
-    turn that filed them all (`_SHARED` once there are two), whether that turn
-    still holds them all, and the blocks it has yet to name, in the order deferred.
+    """What the pool knows of one family: how many blocks are filed under it and
+    how many of those nobody holds (`loose`, in the LRU), the turn that filed them
+    all (`_SHARED` once there are two), whether that turn still holds them all
+    (`held`), and the blocks it has yet to name, in the order deferred. A turn
+    that lets its blocks go stops holding them; one that takes them all back
+    (recomputed after a preemption) holds them again, while the family is
+    `whole`: none of its blocks evicted, and none nobody held taken by anyone
+    else.
     A deferred block evicted keeps its entry, stale (the eviction, from the LRU's
     cold end, leaves the family's dict alone): naming skips a block no longer
     filed under the family. A stale entry is never in the way of a block
     deferred anew: only a block nobody holds is evicted, so a family with one
-    has stopped being held, and defers no more; filed again otherwise
-    (`register`, `note`), a block is filed after its family's deferred blocks
-    are named, and the stale entries with them dropped."""
+    has stopped being held, and, no longer whole, defers no more; filed again
+    otherwise (`register`, `note`), a block is filed after its family's deferred
+    blocks are named, and the stale entries with them dropped."""
 
-    __slots__ = ("count", "owner", "held", "deferred")
+    __slots__ = ("count", "loose", "owner", "held", "whole", "deferred")
 
     def __init__(self, owner: object) -> None:
         self.count = 0
+        self.loose = 0
         self.owner = owner
         self.held = True
+        self.whole = True
         self.deferred: dict[int, object] = {}

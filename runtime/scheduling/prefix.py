@@ -115,7 +115,7 @@ class PrefixCache:
             block = self.pool.lookup(key, family)
             if block is None:
                 break
-            self.pool.acquire(block)
+            self.pool.acquire(block, turn)
             turn.blocks.append(block)
         turn.committed = len(turn.blocks)
         turn.computed = len(turn.blocks) * size
@@ -146,7 +146,7 @@ class PrefixCache:
             # Nobody holds it and every row it holds is one of the turn's own (a
             # finished turn's last block, for a repeated prompt): take the block
             # itself; what the turn writes past the rows loses nothing cached.
-            self.pool.acquire(source)
+            self.pool.acquire(source, turn)
             turn.blocks.append(source)
         else:
             if not self._copy(turn, source, moves):
