@@ -199,6 +199,16 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     return percentiles(samples or [0.0])  # the table always has a row
 
 
+def may_hit(workload: Workload, policy: Policy) -> bool:
+    """Whether the prefix cache can serve any turn of the run. Without a shared
+    prompt (`prefix_share` 0) no two turns start alike, so a turn's blocks can
+    serve only the turn itself, once it has lost them: under recompute, and
+    under no other policy here (a swap's host room is unbounded, and no KV move
+    fails). A cache that cannot hit decides nothing, and is left out: the same
+    decisions, without the work of filing every block (tests/test_sim.py)."""
+    return workload.prefix_share > 0 or policy is Policy.RECOMPUTE
+
+
 def simulate(
     workload: Workload,
     policy: str,
@@ -254,7 +264,7 @@ def simulate(
         aging_s=workload.aging_s,
         shaping=workload.shaping,
         slack=workload.slack,
-        prefix_cache=workload.prefix_cache,
+        prefix_cache=workload.prefix_cache and may_hit(workload, Policy.parse(policy)),
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)

@@ -9,7 +9,10 @@ import json
 import pytest
 
 from runtime.errors import ConfigError
+from runtime.scheduling.turns import Policy
+from swarm import sim
 from swarm.cli import main
+from swarm.commands.sim import split
 from swarm.sim import POLICIES, Result, Tally, load_workload, simulate
 
 
@@ -72,6 +75,22 @@ def test_json_output_has_the_documented_shape(capsys):
         policy = out["policies"][name]
         assert set(policy["fg_wait_s"]) == {"p50", "p90", "p99", "max"}
         assert policy["bg_tok_per_s"] > 0 and isinstance(policy["preemptions"], int)
+
+
+def test_processes_share_the_policies_out_evenly_and_report_what_one_would(capsys):
+    seed = load_workload(None)
+    # The cache-filing recompute and one more preempting policy; the rest together.
+    assert split(seed, POLICIES, 2) == [["fcfs", "priority", "swap"], ["recompute", "resident"]]
+    assert split(seed, POLICIES, 9) == [[p] for p in POLICIES]
+    for jobs in (1, 2, 3):
+        shares = split(load_workload(None, prefix_share=0.5), POLICIES, jobs)
+        assert len(shares) <= jobs and sorted(p for share in shares for p in share) == sorted(POLICIES)
+    args = ["sim", "--arrivals", "20", "--policies", "fcfs,recompute,resident", "--json", "--slots", "4"]
+    outputs = []
+    for jobs in ("1", "2"):
+        assert main([*args, "--jobs", jobs]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1]
 
 
 def test_a_workload_file_sets_fields_and_names_bad_ones(tmp_path):
@@ -162,6 +181,24 @@ def test_every_sample_of_a_small_run_is_pinned(share):
     for policy, digest in DIGESTS[share].items():
         result = json.dumps(dataclasses.asdict(simulate(workload, policy)))  # (repr of a float round-trips exactly)
         assert hashlib.sha256(result.encode()).hexdigest()[:16] == digest, policy
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_cache_that_cannot_hit_is_left_out_and_decides_nothing(policy, monkeypatch):
+    # Without shared prompts only a recomputed turn can find K/V in the cache (its
+    # own): every other policy runs without one, to the same events and samples.
+    workload = load_workload(None, arrivals=60, background_prompt=100, **{"background.mean": 120.0})
+    assert sim.may_hit(workload, Policy(policy)) == (policy == "recompute")
+    assert sim.may_hit(load_workload(None, prefix_share=0.1), Policy(policy))
+
+    def run() -> tuple[list, str]:
+        events: list = []
+        result = json.dumps(dataclasses.asdict(simulate(workload, policy, events=events.append)))
+        return events, result
+
+    left_out = run()
+    monkeypatch.setattr(sim, "may_hit", lambda workload, policy: True)
+    assert run() == left_out
 
 
 @pytest.mark.parametrize("policy", POLICIES)

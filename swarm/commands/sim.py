@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import Manager
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from runtime.scheduling.turns import Policy
 from runtime.scheduling.units import format_duration
-from swarm.sim import POLICIES, Workload, load_workload, simulate
+from swarm.sim import POLICIES, Workload, load_workload, may_hit, simulate
 
 _LENGTHS = {
     "dist": "turn-length distribution of {who} turns: lognormal or pareto",
@@ -112,33 +114,61 @@ def _simulate_all(workload: Workload, policies: list[str], jobs: int, quiet: boo
             return [simulate(workload, p, lambda n, t=tasks[p]: bar.advance(t, n)) for p in policies]
         with Manager() as manager, ProcessPoolExecutor(max_workers=jobs) as pool:
             ticks = manager.Queue()
-            # The preempting policies take longest: started first, the processes
-            # finish nearer together than with one left running the last alone.
-            longest_first = sorted(range(len(policies)), key=lambda i: not Policy.parse(policies[i]).preempts)
-            started = {i: pool.submit(_simulate_reporting, workload, policies[i], ticks) for i in longest_first}
-            futures = [started[i] for i in range(len(policies))]
+            futures = [pool.submit(_simulate_reporting, workload, share, ticks) for share in split(workload, policies, jobs)]
             while not all(f.done() for f in futures):
                 try:
                     policy, n = ticks.get(timeout=0.1)
                     bar.advance(tasks[policy], n)
                 except Exception:  # queue.Empty, as the manager raises it
                     pass
-            return [f.result() for f in futures]
+            results = {r.policy: r for f in futures for r in f.result()}
+            return [results[p] for p in policies]
 
 
-def _simulate_reporting(workload: Workload, policy: str, ticks):
-    count = 0
+# A policy's rough cost, for `split`: preempting runs the background's
+# resumes too, and a prefix cache that can hit files every block.
+PREEMPTING_COST, CACHE_COST = 1.45, 1.4
 
-    def progress(n: int) -> None:
-        nonlocal count
-        count += n
-        if count >= 200:
-            ticks.put((policy, count))
-            count = 0
 
-    result = simulate(workload, policy, progress)
-    ticks.put((policy, count))
-    return result
+def split(workload: Workload, policies: list[str], jobs: int) -> list[list[str]]:
+    """The policies in at most `jobs` shares, each simulated in turn by one
+    process: of every way to share them out, the one whose dearest share costs
+    least, then the most even (a process taking the next policy as it frees up
+    can be left running the last one alone)."""
+
+    def cost(policy: str) -> float:
+        parsed = Policy.parse(policy)
+        cache = workload.prefix_cache and may_hit(workload, parsed)
+        return (PREEMPTING_COST if parsed.preempts else 1.0) * (CACHE_COST if cache else 1.0)
+
+    costs = [cost(p) for p in policies]
+    jobs = min(jobs, len(policies))
+    best, least = (), (math.inf, math.inf)
+    for owners in itertools.product(range(jobs), repeat=len(policies)):
+        sums = [sum(c for c, o in zip(costs, owners, strict=True) if o == share) for share in range(jobs)]
+        key = (max(sums), sum(x * x for x in sums))
+        if key < least:
+            best, least = owners, key
+    shares = [[p for p, o in zip(policies, best, strict=True) if o == share] for share in range(jobs)]
+    return [share for share in shares if share]
+
+
+def _simulate_reporting(workload: Workload, policies: list[str], ticks) -> list:
+    def reporting(policy: str):
+        count = 0
+
+        def progress(n: int) -> None:
+            nonlocal count
+            count += n
+            if count >= 200:
+                ticks.put((policy, count))
+                count = 0
+
+        result = simulate(workload, policy, progress)
+        ticks.put((policy, count))
+        return result
+
+    return [reporting(policy) for policy in policies]
 
 
 def _print_table(workload: Workload, results) -> None:
