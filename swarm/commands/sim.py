@@ -114,7 +114,8 @@ def _simulate_all(workload: Workload, policies: list[str], jobs: int, quiet: boo
             return [simulate(workload, p, lambda n, t=tasks[p]: bar.advance(t, n)) for p in policies]
         with Manager() as manager, ProcessPoolExecutor(max_workers=jobs) as pool:
             ticks = manager.Queue()
-            futures = [pool.submit(_simulate_reporting, workload, share, ticks) for share in split(workload, policies, jobs)]
+            shares = split(workload, list(dict.fromkeys(policies)), jobs)  # (a policy named twice runs once)
+            futures = [pool.submit(_simulate_reporting, workload, share, ticks) for share in shares]
             while not all(f.done() for f in futures):
                 try:
                     policy, n = ticks.get(timeout=0.1)
