@@ -257,14 +257,15 @@ def simulate(
         first, fresh = fresh, fresh + n - shared
         return [*repeated(agent, shared), *range(first, fresh)]
 
+    parsed = Policy.parse(policy)
     config = SchedulerConfig(
         slots=workload.slots,
-        policy=Policy.parse(policy),
+        policy=parsed,
         step_tokens=workload.step_tokens,
         aging_s=workload.aging_s,
         shaping=workload.shaping,
         slack=workload.slack,
-        prefix_cache=workload.prefix_cache and may_hit(workload, Policy.parse(policy)),
+        prefix_cache=workload.prefix_cache and may_hit(workload, parsed),
         abandon_steps=workload.abandon_steps,
     )
     engine = TimingEngine(workload.timing, block_size=workload.block_size)
