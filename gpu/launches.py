@@ -99,7 +99,7 @@ def local_bytes(w: DeviceMatrix, tile: int) -> int:
     if w.kind in LOWBIT_KINDS:
         return tile * (2 * w.cols + (64 + 4) * (w.cols // 256))
     if w.kind in NIBBLE_VARIANTS:
-        return max(64, tile * (w.cols // 128) * (64 + 256 + 4))
+        return max(64, tile * ceil_div(w.cols, 128) * (64 + 256 + 4))
     return 0
 
 
@@ -112,7 +112,7 @@ def staged_bytes(k: int, cols: int) -> int:
     """The bytes of a nibble kind's inputs of length `k` staged for `cols` columns: a float
     a column (its RMS scale) up to a whole 64 bytes, then its local buffer's layout
     (local_bytes) as wide as the batch."""
-    return ceil_div(4 * cols, 64) * 64 + cols * (k // 128) * (64 + 256 + 4)
+    return ceil_div(4 * cols, 64) * 64 + cols * ceil_div(k, 128) * (64 + 256 + 4)
 
 
 class Stage:

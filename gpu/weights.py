@@ -55,8 +55,16 @@ class DeviceMatrix:
     parts: list[DeviceMatrix] = field(default_factory=list)  # a split stack's (kind "split"): runs of one type
 
 
-def _buffer(context: cl.Context, array: np.ndarray) -> cl.Buffer:
+# Zero bytes after a matrix whose rows end in a short group of blocks (cpu/nibbles.cl's
+# nib_groups): its last row reads up to three blocks past its end (q8_0's 32 bytes each;
+# their d 16), against zero inputs.
+READ_PAST = 128
+
+
+def _buffer(context: cl.Context, array: np.ndarray, pad: int = 0) -> cl.Buffer:
     array = np.ascontiguousarray(array)
+    if pad:
+        array = np.concatenate([array.reshape(-1).view(np.uint8), np.zeros(pad, np.uint8)])
     if array.nbytes == 0:
         array = np.zeros(4, np.uint8)
     return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=array)
@@ -257,7 +265,8 @@ def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact:
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
     file_bytes = sum(t.raw.nbytes for t in tensors)
-    return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs), _buffer(context, dm), nbytes, file_bytes)
+    pad = READ_PAST if tensors[0].cols % 128 else 0
+    return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs, pad), _buffer(context, dm, pad), nbytes, file_bytes)
 
 
 def upload_stack(context: cl.Context, tensors: Sequence[WeightTensor], split: bool, compact: Compact = False) -> DeviceMatrix:

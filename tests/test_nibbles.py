@@ -3,7 +3,7 @@ against NumPy: gguf's dequantized weights times the RMS-normalized inputs, with 
 width the device can build (and vpdpwssd where the CPU has AVX-512 VNNI), at one, two and
 five columns (the 8-column tile) and twenty (the 32-column GEMM tile: two full sub-tiles, a
 partial one and one skipped), for rows of whole groups of four blocks, rows with blocks past
-the last group (decoded as floats), and rows shorter than a group; and a column's results
+the last whole group (a short group of their own), and rows shorter than a group; and a column's results
 are the same bits at every tile width, and with vpdpwssd or without. With SUPER_INT8 (the
 host's SLOTSWARM_INT8), compact Q4_K and Q6_K on 8-bit inputs match the reference's rounding
 of them (reference.Int8Matrix) to float error, with the same invariances."""
@@ -20,7 +20,7 @@ from test_quants import random_blocks
 from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant
 from gpu.model.load import WeightTensor
-from gpu.weights import upload_matrix
+from gpu.weights import READ_PAST, upload_matrix
 
 Q = gguf.GGMLQuantizationType
 ROWS = 67  # odd: the last work-item's pair is one row
@@ -76,12 +76,12 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
     weights = gguf.quants.dequantize(raw, qtype)
     want = inputs @ weights.T
     # 16-bit inputs: each rounded by at most 1/65534 of its group's largest |x| (groups of 128
-    # inputs; compact Q4_K's and Q6_K's of 256, a super-block's); blocks past the last group
-    # are read as floats
+    # inputs, the last maybe short; compact Q4_K's and Q6_K's of 256, a super-block's)
     group = 256 if compact and qtype in K_QUANTS else 128
-    grouped = np.abs(inputs[:, : cols // group * group]).reshape(ncols, -1, group).max(axis=2, keepdims=True)
-    step = np.broadcast_to(grouped / 65534, (ncols, cols // group, group)).reshape(ncols, -1)
-    bound = step @ np.abs(weights[:, : step.shape[1]]).T
+    padded = np.pad(np.abs(inputs), ((0, 0), (0, -cols % group)))
+    grouped = padded.reshape(ncols, -1, group).max(axis=2, keepdims=True)
+    step = np.broadcast_to(grouped / 65534, padded.reshape(ncols, -1, group).shape).reshape(ncols, -1)[:, :cols]
+    bound = step @ np.abs(weights).T
     assert np.all(np.abs(got - want) <= np.maximum(1.01 * bound, 2e-4 * np.abs(want).max()))
 
 
@@ -190,6 +190,21 @@ def test_compact_super_block_sums_do_not_overflow(device, qtype, int8: int) -> N
         x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits, 127 in 8
         got = run(device, program, raw, qtype, x, np.ones(cols, np.float32), 0, compact=True)
         np.testing.assert_allclose(got, np.full((ncols, ROWS), want_row), rtol=1e-6)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.Q8_0], ids=lambda q: q.name)
+def test_rows_ending_in_a_short_group_have_zeros_after_the_last(device, qtype) -> None:  # noqa: F811
+    """Rows of 576 inputs end in a short group of two blocks, which the kernels read as a
+    whole one of four: after the last row they read READ_PAST zero bytes, not whatever
+    follows the buffer. Rows of whole groups take none."""
+    for cols, pad in ((576, READ_PAST), (512, 0)):
+        raw = random_blocks(qtype, 3 * cols // 32, seed=2)
+        w = upload_matrix(device.context, [WeightTensor("w", qtype, 3, cols, raw)])
+        for buffer in (w.qs, w.dm):
+            got = np.empty(buffer.size, np.uint8)
+            cl.enqueue_copy(device.queue, got, buffer)
+            assert not got[len(got) - pad :].any()
+        assert w.qs.size + w.dm.size == w.nbytes + 2 * pad
 
 
 LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K)

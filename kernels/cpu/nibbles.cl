@@ -20,7 +20,8 @@
  * takes nibble f of every lane, so the inputs are stored to match: step 0's lanes
  * 8b.. are the even inputs of the block's first half, step 1's the even of its second
  * half, step 2's and 3's the odd ones. A 32-bit lane of the sums (lanes 2u, 2u + 1)
- * stays within block u / 4. A row's last nb % 4 blocks are decoded as floats.
+ * stays within block u / 4. A row of blocks past its last whole group reads them as
+ * one more group, whose missing inputs are zeros (nib_groups).
  * q5 and q6 store the same nibbles, and their high bits (one a weight, two) in words
  * of the block's record: a constant multiply per lane moves a lane's bits to one place
  * (step_quants), so every step stays a few instructions, as in lowbit.cl. Q6_K's two
@@ -33,6 +34,17 @@
 
 #define NIB_GROUP 128  /* inputs (four blocks) per 16-bit quantization scale */
 #define GEMM_TILE 32   /* the widest tile (gpu/launches.py) */
+
+/* A column's groups of inputs. Where k is not a multiple of 128 (SmolLM2's 576: four
+   groups and two blocks) the last is short: its inputs past k are quantized as zeros,
+   and a row reads it as a whole group, the blocks past the row's end (the next row's;
+   after the last row, the zero bytes of gpu/weights.py's READ_PAST) meeting those zeros,
+   their finite scales times nothing. So a whole row stays in integer arithmetic: two
+   blocks decoded as floats cost far more than their share of it. */
+inline int nib_groups(int k)
+{
+    return (k + NIB_GROUP - 1) / NIB_GROUP;
+}
 
 /* The local buffer, per column and group: a float16 of the blocks' input sums (a
    quarter of block b's in lanes 4b..4b + 3; for a super-block, in its first group's,
@@ -50,7 +62,7 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
                                  int normalize, int k, int c0, int ncols, const int tile, const int span,
                                  __local uchar *xl)
 {
-    const int ng = k / NIB_GROUP, units = ng / span;
+    const int ng = nib_groups(k), units = ng / span;
     __local float16 *xs = NIB_SUMS(xl, tile, ng);
     __local short32 *xq = NIB_INPUTS(xl, tile, ng);
     __local float *xd = NIB_SCALES(xl, tile, ng);
@@ -64,7 +76,9 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
         int16 m = 0;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            if (i < 8 * span) {
+            if (i < 8 * span && NIB_GROUP * s0 + 16 * i >= k) {
+                v[i] = 0.0f;  /* past a short last group's inputs */
+            } else if (i < 8 * span) {
                 v[i] = normalize ? F16(i, xc) * F16(8 * s0 + i, g) : F16(i, xc);
                 m = max(m, as_int16(v[i]) & 0x7fffffff);
             }
@@ -232,14 +246,13 @@ __attribute__((always_inline)) inline int16 nibble_half_dot(const int wtype, con
 }
 
 /* out0[c] = W[r0] . (g * x[c0+c]), out1[c] = W[r1] . (...), c < tile: the groups from
-   the local buffer (laid out for `layout` columns), the last nb % 4 blocks as
-   pair_dot_tile does, into the accumulators a0 and a1 (`tile` of each) */
+   the local buffer (laid out for `layout` columns), a short last one too (nib_groups),
+   into the accumulators a0 and a1 (`tile` of each) */
 __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype, const int tile, const int layout,
-        __global const uchar *qs, __global const float *dm, __global const float *g,
-        __global const float *x, __global const int *xrows, int normalize, int r0, int r1, int k, int c0,
-        int ncols, __local uchar *xl, float16 *a0, float16 *a1, float *out0, float *out1)
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
+        float16 *a0, float16 *a1, float *out0, float *out1)
 {
-    const int nb = k / 32, ng = k / NIB_GROUP;
+    const int nb = k / 32, ng = nib_groups(k);
     __local const float16 *xs = NIB_SUMS(xl, layout, ng);
     __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
     __local const float *xd = NIB_SCALES(xl, layout, ng);
@@ -278,18 +291,6 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
                 a0[c] += convert_float16(i0) * (d0 * dx) + m0 * sums;
                 a1[c] += convert_float16(i1) * (d1 * dx) + m1 * sums;
             }
-        }
-    }
-    for (int b = 4 * ng; b < nb; b++) {
-        float16 lo0, hi0, lo1, hi1;
-        load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
-        load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
-        const float16 glo = normalize ? F16(2 * b, g) : 1.0f, ghi = normalize ? F16(2 * b + 1, g) : 1.0f;
-        for (int c = 0; c < tile; c++) {
-            __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k;
-            const float16 xlo = F16(2 * b, xc) * glo, xhi = F16(2 * b + 1, xc) * ghi;
-            a0[c] += lo0 * xlo + hi0 * xhi;
-            a1[c] += lo1 * xlo + hi1 * xhi;
         }
     }
     for (int c = 0; c < tile; c++) {
@@ -414,7 +415,7 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
         float16 *acc, float *out0, float *out1)
 {
-    const int ng = k / NIB_GROUP, nsuper = k / 256;
+    const int ng = nib_groups(k), nsuper = k / 256;
     __local const float16 *xs = NIB_SUMS(xl, layout, ng);
     __local const short32 *xq = NIB_INPUTS(xl, layout, ng);
     __local const float *xd = NIB_SCALES(xl, layout, ng);
@@ -778,8 +779,7 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
  * reads far more input bytes than weight bytes, and an 8-column tile's inputs stay in L1
  * for the whole work-group where 32 columns' do not. */
 __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, const int tile,
-        __global const uchar *qs, __global const float *dm, __global const float *g, __global const float *x,
-        __global const int *xrows, int normalize, int r0, int r1, int k, int c0, int ncols,
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int k, int c0, int ncols,
         __local uchar *xl, float *out0, float *out1)
 {
     if (tile <= MAX_TILE) {
@@ -787,7 +787,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         if (SUPER_KIND(wtype))
             PAIR_DOT_SUPER(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
         else
-            pair_dot_nibble_cols(wtype, tile, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+            pair_dot_nibble_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
         return;
     }
     float16 a0[GEMM_TILE], a1[GEMM_TILE];
@@ -795,7 +795,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     if (SUPER_KIND(wtype))
         PAIR_DOT_SUPER(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
     else
-        pair_dot_nibble_cols(wtype, live, tile, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, xl, a0, a1, out0, out1);
+        pair_dot_nibble_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
 }
 
 /* A tile's inputs quantized into the local buffer, as each kind takes them: a scale a group
@@ -841,7 +841,7 @@ inline void store_staged(__local const uchar *xl, const int tile, __global uchar
             STAGED_RECORDS(staged, cols)[c0 * per_column + u] = ((__local const uint16 *)xl)[u];
         return;
     }
-    const int ng = k / NIB_GROUP;
+    const int ng = nib_groups(k);
     for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
         const int at = u, to = c0 * ng + u;  /* (a column's groups follow each other in both) */
         STAGED_SUMS(staged, cols, ng)[to] = NIB_SUMS(xl, tile, ng)[at];
@@ -855,7 +855,7 @@ inline void store_staged(__local const uchar *xl, const int tile, __global uchar
 inline void load_staged(__global const uchar *staged, int cols, int k, int c0, int n, const int tile, __local uchar *xl,
                         const int records)
 {
-    const int ng = k / NIB_GROUP;
+    const int ng = nib_groups(k);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (records) {
         const int per_column = k / 256 * RECORD_VECTORS;
@@ -926,7 +926,7 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
 #define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, SUPER_INT8, TILE, normalize)
 #define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, SUPER_INT8, TILE, normalize)
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
-    pair_dot_nibbles(WTYPE, TILE, qs, dm, g, x, xrows, normalize, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
+    pair_dot_nibbles(WTYPE, TILE, qs, dm, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
 /* each kind's stage kernel and fused kernels at every tile width; BEGIN quantizes or
    copies the tile's inputs, QUANTIZE (its QUANTIZE_*) says how, RECORDS in what layout */
