@@ -189,34 +189,48 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     const int r = 2 * get_global_id(0);                                         \
     if (r >= rows) return;
 
-/* y[(c8 + j) * rows + {0, 1}] = act(gate) * up for the row pair and columns c8 + j, j < n
-   (n <= 8): the activations as one 16-lane vector whatever the tile's width, so a column's
-   bits do not depend on it (and its exp is one vector's work, not sixteen scalars'). Eight
-   columns, the usual case, take whole vectors: lane by lane, PoCL's compiler moves each
-   value through the stack. */
-__attribute__((always_inline)) inline void store_swiglu8(const float *g0, const float *g1, const float *u0, const float *u1,
-                                                       int c8, int n, __local const float *inv, __global float *y, int rows)
+/* act(gate) of the row pair's columns c8 + j, j < n (n <= 8), times their RMS scales:
+   column j's rows in lanes 2j and 2j + 1 of one 16-lane vector whatever the tile's width,
+   so a column's bits do not depend on it (and its exp is one vector's work, not sixteen
+   scalars'). Eight columns, the usual case, take whole vectors: lane by lane, PoCL's
+   compiler moves each value through the stack. */
+__attribute__((always_inline)) inline float16 activate_gates8(const float *g0, const float *g1, int c8, int n,
+                                                            __local const float *inv)
 {
     if (n == 8) {
         const uint16 pairs = (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
         const float16 s = vload8(0, inv + c8).s0011223344556677;
-        const float16 gate = shuffle2(vload8(0, g0 + c8), vload8(0, g1 + c8), pairs) * s;
-        const float16 up = shuffle2(vload8(0, u0 + c8), vload8(0, u1 + c8), pairs) * s;
-        const float16 h = activate16(gate) * up;
+        return activate16(shuffle2(vload8(0, g0 + c8), vload8(0, g1 + c8), pairs) * s);
+    }
+    float16 gate = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float s = inv[c8 + j];
+        gate[2 * j] = g0[c8 + j] * s;
+        gate[2 * j + 1] = g1[c8 + j] * s;
+    }
+    return activate16(gate);
+}
+
+/* y[(c8 + j) * rows + {0, 1}] = act * up for the same columns, `act` activate_gates8's */
+__attribute__((always_inline)) inline void store_swiglu8(float16 act, const float *u0, const float *u1, int c8, int n,
+                                                       __local const float *inv, __global float *y, int rows)
+{
+    if (n == 8) {
+        const uint16 pairs = (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        const float16 s = vload8(0, inv + c8).s0011223344556677;
+        const float16 h = act * (shuffle2(vload8(0, u0 + c8), vload8(0, u1 + c8), pairs) * s);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             vstore2((float2)(h[2 * j], h[2 * j + 1]), 0, y + (size_t)(c8 + j) * rows);
         return;
     }
-    float16 gate = 0.0f, up = 0.0f;
+    float16 up = 0.0f;
     for (int j = 0; j < n; j++) {
         const float s = inv[c8 + j];
-        gate[2 * j] = g0[c8 + j] * s;
-        gate[2 * j + 1] = g1[c8 + j] * s;
         up[2 * j] = u0[c8 + j] * s;
         up[2 * j + 1] = u1[c8 + j] * s;
     }
-    const float16 h = activate16(gate) * up;
+    const float16 h = act * up;
     for (int j = 0; j < n; j++)
         *(__global float2 *)(y + (size_t)(c8 + j) * rows) = (float2)(h[2 * j], h[2 * j + 1]);
 }
@@ -254,10 +268,15 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS EXTRA)                                 
     for (int c0 = 0; c0 < ncols; c0 += TILE) {                                  \
         TILE_BEGIN(TILE, 1)                                                     \
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
+        float16 act[(TILE + 7) / 8];                                            \
         DOT(WTYPE, TILE, 1, r, r + 1, g0, g1);                                  \
+        /* the activations before the up rows' products, which need not wait   \
+           for their chain of multiply-adds (a batch of one waited on it) */    \
+        for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
+            act[c8 / 8] = activate_gates8(g0, g1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0); \
         DOT(WTYPE, TILE, 1, rows + r, rows + r + 1, u0, u1);                    \
         for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
-            store_swiglu8(g0, g1, u0, u1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0, y + (size_t)c0 * rows + r, rows); \
+            store_swiglu8(act[c8 / 8], u0, u1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0, y + (size_t)c0 * rows + r, rows); \
     }                                                                           \
 }                                                                               \
                                                                                 \
