@@ -270,8 +270,8 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS EXTRA)                                 
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
         float16 act[(TILE + 7) / 8];                                            \
         DOT(WTYPE, TILE, 1, r, r + 1, g0, g1);                                  \
-        /* the activations before the up rows' products, which need not wait   \
-           for their chain of multiply-adds (a batch of one waited on it) */    \
+        /* the activations first: the up rows' products run beside their        \
+           chain of multiply-adds, which a lone column would wait on */         \
         for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
             act[c8 / 8] = activate_gates8(g0, g1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0); \
         DOT(WTYPE, TILE, 1, rows + r, rows + r + 1, u0, u1);                    \
