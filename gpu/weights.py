@@ -8,8 +8,9 @@ The repacking is exact. Batch-1 decode reads every weight byte once a step, so
 the types of the coding models (Q4_K, Q6_K, Q5_0) can keep their file's bytes
 (`compact`; which ones, per kernel family: gpu/families.py's compact_layouts), only
 moved: a group of 8 blocks' quants, then its scales (the compact kinds q4_k, q6_k,
-q5_0; Q4_K's and Q6_K's reordered within their bytes for the CPU kernels; the
-kernels read f16 as bits). The others keep the quants
+q5_0; Q4_K's and Q6_K's reordered within their bytes for the CPU kernels, and their
+groups in row pairs, so a matmul's two rows are one run of bytes; the kernels read
+f16 as bits). The others keep the quants
 (`qs`, nibbles or int8) in one array and the scales (`dm`, widened to float32)
 in another, every Q5_1/Q5_K sub-block its own (scale, offset), except Q2_K and
 Q3_K, which stay whole super-blocks of 256 with their integer sub-block scales,
@@ -176,6 +177,20 @@ def _q5_0(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
 
 # Types the device keeps in their file's bytes, moved (kernels/quant.cl: the compact kinds)
 COMPACT = {Q.Q4_K: _q4_k, Q.Q6_K: _q6_k, Q.Q5_0: _q5_0}
+# The kinds whose groups go in row pairs (quant.cl's paired_group)
+PAIRED = ("q4_k", "q6_k")
+
+
+def _pair_rows(groups: np.ndarray, rows: int) -> np.ndarray:
+    """A matrix's groups, `rows` rows' worth in row order, with each row pair's side by
+    side: row 2i's group j, then row 2i + 1's. A last odd row's partner is zeros, never
+    read: the kernels pair that row with itself."""
+    if groups.size == 0:
+        return groups
+    g = groups.reshape(rows, -1, groups.shape[-1])
+    if rows % 2:
+        g = np.concatenate([g, np.zeros_like(g[:1])])
+    return g.reshape(-1, 2, *g.shape[1:]).transpose(0, 2, 1, 3).reshape(-1, groups.shape[-1])
 
 
 def _lanes(values: np.ndarray, bits: int) -> np.ndarray:
@@ -265,6 +280,8 @@ def upload_matrix(context: cl.Context, tensors: Sequence[WeightTensor], compact:
     rows = sum(t.rows for t in tensors)
     nbytes = qs.nbytes + (dm.nbytes if kind != "f32" else 0)
     file_bytes = sum(t.raw.nbytes for t in tensors)
+    if kind in PAIRED:
+        qs, dm = _pair_rows(qs, rows), _pair_rows(dm, rows)
     pad = READ_PAST if tensors[0].cols % 128 else 0
     return DeviceMatrix(kind, rows, tensors[0].cols, _buffer(context, qs, pad), _buffer(context, dm, pad), nbytes, file_bytes)
 

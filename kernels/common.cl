@@ -46,7 +46,7 @@ __kernel void embed_##NAME(__global const uchar *qs, __global const float *dm,  
     const int b = get_global_id(0), t = get_global_id(1);                       \
     const int nb = d / 32;                                                      \
     float16 lo, hi;                                                             \
-    load_block(WTYPE, qs, dm, (size_t)tokens[t] * nb + b, &lo, &hi);           \
+    load_block(WTYPE, qs, dm, tokens[t], nb, b, &lo, &hi);                     \
     __global float16 *xt = (__global float16 *)(x + (size_t)t * d);             \
     xt[2 * b] = lo * EMBED_SCALE;                                               \
     xt[2 * b + 1] = hi * EMBED_SCALE;                                           \

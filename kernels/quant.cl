@@ -35,8 +35,12 @@
  *         16 weights); dm = the group's d as f16   w = d sc (q - 32)
  *   Q5_0  qs = 176 B a group of 8 blocks of a Q5_0 matrix (flat, across rows): nibbles,
  *         8 words of fifth bits (as Q5's qh), 8 f16 d; dm unused   w = d (q - 16)
+ * Q4_K's and Q6_K's groups (and Q6_K's d) go in row pairs: row 2i's group j, then row
+ * 2i + 1's (paired_group). A matmul reads two rows at once, and so reads one run of
+ * bytes, which the core's prefetcher follows better than two runs a row apart.
  * qh words are bit patterns carried in float slots (as_uint reads them back).
- * `load_block` returns the 32 weights of block `blk` as lo (0..15), hi (16..31).
+ * `load_block` returns the 32 weights of block `b` of row `row` (`nb` blocks a row) as
+ * lo (0..15), hi (16..31).
  * (q2 and q3 too, here; the CPU matmuls read them a super-block at a time, in
  * cpu/lowbit.cl.) The scales are widened from f16 to f32 on upload (4 more bytes
  * per Q4_1 block, 20%): without cl_khr_fp16 each half took ~20 scalar
@@ -119,6 +123,13 @@ inline void q4_k_scales(uint4 head, float8 *scale, float8 *offset)
     *offset = -(dd.s1 * fields.hi);
 }
 
+/* Where row `row`'s group j of a Q4_K or Q6_K matrix (`ngroups` a row) is: a last odd row's
+   partner is zeros (gpu/weights.py) */
+inline size_t paired_group(size_t row, int ngroups, int j)
+{
+    return (row & ~(size_t)1) * ngroups + 2 * j + (row & 1);
+}
+
 /* A Q6_K group's 16 scales (one per 16 weights) times its d */
 inline float16 q6_k_scales(__global const uchar *group, __global const float *dm, size_t g)
 {
@@ -127,9 +138,10 @@ inline float16 q6_k_scales(__global const uchar *group, __global const float *dm
 }
 
 __attribute__((always_inline)) inline void load_block(const int wtype, __global const uchar *qs,
-                       __global const float *dm, size_t blk,
+                       __global const float *dm, size_t row, int nb, int b,
                        float16 *lo, float16 *hi)
 {
+    const size_t blk = row * nb + b;
     if (wtype == WT_Q4_1) {
         const uchar16 q = ((__global const uchar16 *)qs)[blk];
         const float2 s = ((__global const float2 *)dm)[blk];
@@ -148,40 +160,41 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h0 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.x;
         *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h1 >> (2u * LANES)) & 3u) << 4)) - 32.0f) * s.y;
     } else if (wtype == WT_Q2 || wtype == WT_Q3) {
-        /* block b of its super-block is sub-blocks 2b, 2b + 1: lanes 4b..4b + 3, 8 bytes */
+        /* block u of its super-block is sub-blocks 2u, 2u + 1: lanes 4u..4u + 3, 8 bytes */
         const size_t sb = blk / 8;
-        const uint b = blk % 8;
+        const uint u = blk % 8;
         const uint2 w = ((__global const uint2 *)qs)[blk];
         const uint16 odd = LANES & 1u, f = LANES >> 1;
         uint16 q0 = ((uint16)(w.x) >> (16u * odd + 2u * f)) & 3u, q1 = ((uint16)(w.y) >> (16u * odd + 2u * f)) & 3u;
         if (wtype == WT_Q2) {
             __global const float *rec = dm + 6 * sb;
-            const uint s0 = ((__global const uchar *)rec)[2 * b], s1 = ((__global const uchar *)rec)[2 * b + 1];
+            const uint s0 = ((__global const uchar *)rec)[2 * u], s1 = ((__global const uchar *)rec)[2 * u + 1];
             *lo = convert_float16(q0) * (rec[4] * (float)(s0 & 15u)) - rec[5] * (float)(s0 >> 4);
             *hi = convert_float16(q1) * (rec[4] * (float)(s1 & 15u)) - rec[5] * (float)(s1 >> 4);
         } else {
             __global const float *rec = dm + 16 * sb;
-            const uint h = ((__global const uint *)rec)[b];
+            const uint h = ((__global const uint *)rec)[u];
             __global const char *sc = (__global const char *)rec + 32;
             q0 |= (((uint16)(h) >> (8u * odd + f)) & 1u) << 2;
             q1 |= (((uint16)(h) >> (16u + 8u * odd + f)) & 1u) << 2;
-            *lo = (convert_float16(q0) - 4.0f) * (rec[12] * sc[2 * b]);
-            *hi = (convert_float16(q1) - 4.0f) * (rec[12] * sc[2 * b + 1]);
+            *lo = (convert_float16(q0) - 4.0f) * (rec[12] * sc[2 * u]);
+            *hi = (convert_float16(q1) - 4.0f) * (rec[12] * sc[2 * u + 1]);
         }
     } else if (wtype == WT_Q4_K) {
-        __global const uchar *group = qs + (size_t)Q4_K_GROUP * (blk / 8);
-        const uchar16 q = ((__global const uchar16 *)group)[blk % 8];
+        __global const uchar *group = qs + (size_t)Q4_K_GROUP * paired_group(row, nb / 8, b / 8);
+        const uchar16 q = ((__global const uchar16 *)group)[b % 8];
         float8 scale, offset;
         q4_k_scales(((__global const uint4 *)(group + 128))[0], &scale, &offset);
-        const float d = scale[blk % 8], m = offset[blk % 8];
+        const float d = scale[b % 8], m = offset[b % 8];
         *lo = convert_float16(q & (uchar)15) * d + m;
         *hi = convert_float16(q >> (uchar)4) * d + m;
     } else if (wtype == WT_Q6_K) {
-        __global const uchar *group = qs + (size_t)Q6_K_GROUP * (blk / 8);
-        const uint j = blk % 8;
+        const size_t g = paired_group(row, nb / 8, b / 8);
+        __global const uchar *group = qs + (size_t)Q6_K_GROUP * g;
+        const uint j = b % 8;
         const uchar16 q = ((__global const uchar16 *)group)[j];
         const uint16 h = convert_uint16(((__global const uchar8 *)(group + 128))[j].s0011223344556677);
-        const float16 s = q6_k_scales(group, dm, blk / 8);
+        const float16 s = q6_k_scales(group, dm, g);
         const uint16 shift = 4u * (LANES & 1u);  /* weight 2l's bits at 0, 2l + 1's at 4; + 2 for l + 16 */
         *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h >> shift) & 3u) << 4)) - 32.0f) * s[2 * j];
         *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h >> (shift + 2u)) & 3u) << 4)) - 32.0f) * s[2 * j + 1];

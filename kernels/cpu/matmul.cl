@@ -104,11 +104,11 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 #endif
 #endif
 
-/* A block's bytes in qs and in dm, on average (the compact kinds keep their scales
-   in qs, a group's at its end) */
+/* A block's bytes in qs and in dm, on average (compact Q5_0 keeps its scales in qs, a
+   group's at its end; Q4_K and Q6_K, in row pairs, take prefetch_run) */
 #define QS_BYTES(wtype) ((wtype) == WT_F32 ? 128 : (wtype) == WT_Q8_0 || (wtype) == WT_Q8X2 ? 32 \
-    : (wtype) == WT_Q4_K ? Q4_K_GROUP / 8 : (wtype) == WT_Q6_K ? Q6_K_GROUP / 8 : (wtype) == WT_Q5_0 ? Q5_0_GROUP / 8 : 16)
-#define DM_BYTES(wtype) ((wtype) == WT_F32 || (wtype) == WT_Q4_K || (wtype) == WT_Q6_K || (wtype) == WT_Q5_0 ? 0 \
+    : (wtype) == WT_Q5_0 ? Q5_0_GROUP / 8 : 16)
+#define DM_BYTES(wtype) ((wtype) == WT_F32 || (wtype) == WT_Q5_0 ? 0 \
     : (wtype) == WT_Q8_0 ? 4 : (wtype) == WT_Q4_1 ? 8 : 16)
 
 /* Rows r0's and r1's next `n` blocks from block `blk` of their rows (nb a row): `qbytes`
@@ -126,6 +126,14 @@ __attribute__((always_inline)) inline void prefetch_pair(__global const uchar *q
         PREFETCH(d + b0 * dbytes);
         PREFETCH(d + b1 * dbytes);
     }
+}
+
+/* `n` bytes from `at`, PREFETCH_AHEAD on: a row pair's groups of the super-block kinds,
+   which lie side by side (quant.cl's paired_group) */
+__attribute__((always_inline)) inline void prefetch_run(__global const uchar *at, const int n)
+{
+    for (int i = 0; i < n; i += 64)
+        PREFETCH(at + PREFETCH_AHEAD + i);
 }
 
 /* ======================================================================== */
@@ -152,8 +160,8 @@ __attribute__((always_inline)) inline void pair_dot_tile(const int wtype, const 
     for (int b = 0; b < nb; b++) {
         float16 lo0, hi0, lo1, hi1;
         prefetch_pair(qs, dm, r0, r1, nb, b, 1, QS_BYTES(wtype), DM_BYTES(wtype));
-        load_block(wtype, qs, dm, (size_t)r0 * nb + b, &lo0, &hi0);
-        load_block(wtype, qs, dm, (size_t)r1 * nb + b, &lo1, &hi1);
+        load_block(wtype, qs, dm, r0, nb, b, &lo0, &hi0);
+        load_block(wtype, qs, dm, r1, nb, b, &lo1, &hi1);
         const float16 glo = scaled ? F16(2 * b, g) : 1.0f, ghi = scaled ? F16(2 * b + 1, g) : 1.0f;
         if (scaled && tile > 2) {
             lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;

@@ -138,6 +138,7 @@ typedef ushort ushort32 __attribute__((ext_vector_type(32)));
 /* Q4_K and Q6_K (compact kinds in whole super-blocks) are read by pair_dot_super_cols;
    compact Q5_0, whose rows may start half-way into a group of 8 blocks, by halves here */
 #define SUPER_KIND(wtype) ((wtype) == WT_Q4_K || (wtype) == WT_Q6_K)
+#define SUPER_BYTES(wtype) ((wtype) == WT_Q4_K ? Q4_K_GROUP : Q6_K_GROUP)  /* a group's qs */
 
 /* q6's high-bit words (qh0, qh1 of four blocks) as the lanes of steps 0, 2 (h0) and 1, 3 (h1) */
 __attribute__((always_inline)) inline void q6_high_lanes(uint8 words, ushort32 *h0, ushort32 *h1)
@@ -427,9 +428,9 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
         int16 sa0[2], sb0[2], sa1[2], sb1[2];
         float8 m0 = 0.0f, m1 = 0.0f;
         float d0, d1;
-        prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
-        read_super_group(wtype, qs, dm, (size_t)r0 * nsuper + j, w0, h0, sa0, sb0, &m0, &d0);
-        read_super_group(wtype, qs, dm, (size_t)r1 * nsuper + j, w1, h1, sa1, sb1, &m1, &d1);
+        prefetch_run(qs + paired_group(r0, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
+        read_super_group(wtype, qs, dm, paired_group(r0, nsuper, j), w0, h0, sa0, sb0, &m0, &d0);
+        read_super_group(wtype, qs, dm, paired_group(r1, nsuper, j), w1, h1, sa1, sb1, &m1, &d1);
         const float16 d = (float16)((float8)(d0), (float8)(d1)), mins = (float16)(m0, m1);
         short32 q0[8], q1[8];
         if (tile > 1) {
@@ -739,8 +740,8 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         acc[c] = (float16)0.0f;
     for (int j = 0; j < nsuper; j++) {
         RowPair rows;
-        prefetch_pair(qs, dm, r0, r1, k / 32, 8 * j, 8, QS_BYTES(wtype), 0);
-        read_row_pair(wtype, qs, dm, (size_t)r0 * nsuper + j, (size_t)r1 * nsuper + j, &rows);
+        prefetch_run(qs + paired_group(r0, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
+        read_row_pair(wtype, qs, dm, paired_group(r0, nsuper, j), paired_group(r1, nsuper, j), &rows);
         for (int c = 0; c < tile; c++) {
             __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
             const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs->quants));

@@ -172,7 +172,7 @@ void attention_##NAME(__global const float *qkv, __global const int *pos,       
         float16 a = (float16)0.0f;                                              \
         for (int b = 0; b < GH / 32; b++) {                                     \
             float16 lo, hi;                                                     \
-            load_block(WTYPE, wo_qs, wo_dm, (size_t)r * nbw + b0 + b, &lo, &hi); \
+            load_block(WTYPE, wo_qs, wo_dm, r, nbw, b0 + b, &lo, &hi);          \
             a += lo * o16[2 * b] + hi * o16[2 * b + 1];                         \
         }                                                                       \
         out[r] = hsum16(a);                                                     \

@@ -185,8 +185,8 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
             a[i] = 0.0f;                                                        \
         for (int b = lane; b < nb; b += lpu) {                                  \
             float16 lo0, hi0, lo1, hi1;                                         \
-            load_block(WTYPE, qs, dm, (size_t)rr.x * nb + b, &lo0, &hi0);       \
-            load_block(WTYPE, qs, dm, (size_t)rr.y * nb + b, &lo1, &hi1);       \
+            load_block(WTYPE, qs, dm, rr.x, nb, b, &lo0, &hi0);                 \
+            load_block(WTYPE, qs, dm, rr.y, nb, b, &lo1, &hi1);                 \
             const float16 glo = F16(2 * b, g), ghi = F16(2 * b + 1, g);         \
             lo0 *= glo; hi0 *= ghi; lo1 *= glo; hi1 *= ghi;                     \
             for (int c = 0; c < MV_TILE; c++) {                                 \
@@ -253,7 +253,7 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
             float16 lo = (float16)0.0f, hi = (float16)0.0f;                     \
             if (q0 + sb < nb) {                                                 \
                 const int b = lane_block(q0 + sb, nb, lpu);                     \
-                load_block(WTYPE, qs, dm, (size_t)(lr % 2 ? rr.y : rr.x) * nb + b, &lo, &hi); \
+                load_block(WTYPE, qs, dm, lr % 2 ? rr.y : rr.x, nb, b, &lo, &hi); \
                 lo *= F16(2 * b, g);                                            \
                 hi *= F16(2 * b + 1, g);                                        \
             }                                                                   \
