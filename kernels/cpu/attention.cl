@@ -15,8 +15,9 @@
  *     out = sum_p softmax_p(q . k_p / sqrt(HEAD_DIM)) v_p
  * computed in one pass, 16 positions at a time, with a running max m and
  * normaliser l (online softmax): each group of 16 rescales the sums once.
- * One work-item per (query head, token); attention_group below, one per (KV head,
- * token), gives the same bits. */
+ * `attend` is one (query head, token): the `attention` kernel takes a work-item for
+ * each, and cpu/layer.cl's decode_layer claims them; attention_group below, one work-item
+ * per (KV head, token), gives the same bits. */
 inline float hmax16(float16 v)
 {
     float8 a = fmax(v.lo, v.hi);
@@ -25,13 +26,12 @@ inline float hmax16(float16 v)
     return fmax(c.x, c.y);
 }
 
-__kernel void attention(__global const float *qkv, __global const int *pos,
-                        __global const int *seq, __global const int *tables,
-                        int max_blocks, __global const half *kcache,
-                        __global const half *vcache, __global float *out,
-                        int layer, int window)
+inline void attend(int h, int t, __global const float *qkv, __global const int *pos,
+                   __global const int *seq, __global const int *tables,
+                   int max_blocks, __global const half *kcache,
+                   __global const half *vcache, __global float *out,
+                   int layer, int window)
 {
-    const int h = get_global_id(0), t = get_global_id(1);
     const int kv_head = h / GROUP;
     __global const int *table = tables + seq[t] * max_blocks;
     const float scale = rsqrt((float)HEAD_DIM);
@@ -72,6 +72,15 @@ __kernel void attention(__global const float *qkv, __global const int *pos,
     }
     for (int j = 0; j < HV; j++)
         ((__global float16 *)(out + (size_t)t * Q_DIM + h * HEAD_DIM))[j] = acc[j] / l;
+}
+
+__kernel void attention(__global const float *qkv, __global const int *pos,
+                        __global const int *seq, __global const int *tables,
+                        int max_blocks, __global const half *kcache,
+                        __global const half *vcache, __global float *out,
+                        int layer, int window)
+{
+    attend(get_global_id(0), get_global_id(1), qkv, pos, seq, tables, max_blocks, kcache, vcache, out, layer, window);
 }
 
 /* `attention` for a KV head's GROUP query heads at once, one work-item per (KV head,

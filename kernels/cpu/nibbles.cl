@@ -55,10 +55,10 @@ inline int nib_groups(int k)
 #define NIB_SCALES(xl, tile, ng) ((__local float *)(NIB_INPUTS(xl, tile, ng) + 4 * (tile) * (ng)))
 
 /* Columns c0.. c0 + tile - 1 of g * x (x when `normalize` is 0) into the local buffer,
-   shared out over the work-group by (column, group); barriers as quantize_tile's. With
+   shared out over the work-group by (column, group). With
    `span` 2 (a literal), each pair of groups (256 inputs: a super-block of Q4_K or Q6_K)
    shares one scale, so a row's integer sums over the pair add up before one float. */
-__attribute__((always_inline)) inline void quantize_nibble_tile(__global const float *x, __global const int *xrows, __global const float *g,
+__attribute__((always_inline)) inline void quantize_nibble_columns(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int span,
                                  __local uchar *xl)
 {
@@ -68,7 +68,6 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
     __local float *xd = NIB_SCALES(xl, tile, ng);
     /* a wide tile's columns past the batch, rounded up to 8, are skipped (pair_dot_nibbles) */
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
-    barrier(CLK_LOCAL_MEM_FENCE);
     for (int u = get_local_id(0); u < live * units; u += get_local_size(0)) {
         const int c = u / units, s0 = u % units * span;
         __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + NIB_GROUP * s0;
@@ -116,6 +115,15 @@ __attribute__((always_inline)) inline void quantize_nibble_tile(__global const f
         if (span == 2)
             xs[c * ng + s0] = (float16)(blocks, blocks);
     }
+}
+
+/* quantize_nibble_columns between barriers, as quantize_tile's (cpu/lowbit.cl) */
+__attribute__((always_inline)) inline void quantize_nibble_tile(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, const int span,
+                                 __local uchar *xl)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    quantize_nibble_columns(x, xrows, g, normalize, k, c0, ncols, tile, span, xl);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
@@ -482,14 +490,13 @@ typedef struct {
    finer step. Column c's super-block j goes to record c * nsuper + j, its bytes where they meet
    the quants of a row's super-block (read_q4_k_bytes, read_q6_k_bytes). `wtype` Q6_K stores
    them unsigned, x + 128 (its quants are the signed operand). */
-__attribute__((always_inline)) inline void quantize_super_bytes(__global const float *x, __global const int *xrows, __global const float *g,
+__attribute__((always_inline)) inline void quantize_super_columns(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int wtype,
                                  __local uchar *xl)
 {
     const int nsuper = k / 256;
     const int offset = wtype == WT_Q6_K ? 128 : 0;
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
-    barrier(CLK_LOCAL_MEM_FENCE);
     for (int u = get_local_id(0); u < live * nsuper; u += get_local_size(0)) {
         const int c = u / nsuper, j = u % nsuper;
         __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + 256 * j;
@@ -532,6 +539,15 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
         if (wtype == WT_Q4_K)
             record->sums = ((float8)(sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7])).s0101232345456767;
     }
+}
+
+/* quantize_super_columns between the work-group's barriers */
+__attribute__((always_inline)) inline void quantize_super_bytes(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, const int wtype,
+                                 __local uchar *xl)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    quantize_super_columns(x, xrows, g, normalize, k, c0, ncols, tile, wtype, xl);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
