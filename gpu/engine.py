@@ -378,8 +378,12 @@ class OpenCLEngine:
             q, tokens=tokens, pos=pos, seq=seq, sample_rows=sample_rows, hot_rows=hot, hot_params=params, mask_rows=rows, tables=tables
         )  # finished below
         # The last layer's launches past its K/V feed only the head: a step (a prompt's
-        # chunk) that samples no row stops at the K/V.
-        layers = step.layers if n else step.layers[: step.kv_only]
+        # chunk) that samples no row stops at the K/V. A one-token step that samples takes
+        # the layers a launch each where the family has them (the same bits).
+        if t == 1 and n and step.one_token:
+            layers = step.one_token
+        else:
+            layers = step.layers if n else step.layers[: step.kv_only]
         launches = [(step.embed, t)] + [(launch, t) for launch in layers]
         if n:
             launches += [(launch, n) for launch in step.head]

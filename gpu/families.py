@@ -14,6 +14,7 @@ family's argmax scans a row in one work-item, kernels/cpu/argmax.cl).
   residual add for post-norm models, and the Q/K norm for QK-norm ones; and
   for a batch of more than 8 tokens, before each integer matmul, one that
   quantizes its inputs once for all its work-groups: gpu/launches.py's CPUStage).
+  A one-token step takes one launch a layer where the model allows (CPULayer).
 - gpu: work-groups cooperate on rows with reductions, prefill tiles through
   local memory, attention parallel over positions with the output projection
   fused in. Four launches per layer (plus the same extras). Work-group sizes
@@ -36,6 +37,7 @@ from gpu import subgroups
 from gpu.device import Device
 from gpu.devicesampling import SampleHot
 from gpu.launches import (
+    LAYER_WTYPES,
     LOWBIT_KINDS,
     NIBBLE_VARIANTS,
     OP_MATMUL,
@@ -45,12 +47,15 @@ from gpu.launches import (
     ApplyMask,
     Argmax,
     CPUAttention,
+    CPULayer,
     CPUMatmul,
     GPUAttention,
     GPUMatmul,
     Grid,
     Stage,
+    ZeroCounters,
     cpu_variant,
+    local_bytes,
 )
 from gpu.weights import COMPACT, Q
 from kernels import source
@@ -84,6 +89,7 @@ class StepLaunches:
     argmax: Argmax
     sample: SampleHot
     mask: ApplyMask  # before argmax and sample, where a row is constrained (gpu.masks)
+    one_token: list[Launch] | None = None  # a one-token step's layers a launch each (CPULayer), where the family has them
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def make_family(kernels: str | None, device: Device, tuning: GPUTuning | None = 
 
 class CPUFamily:
     name = "cpu"
-    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/nibbles", "cpu/argmax")
+    SOURCES = ("quant", "common", "cpu/attention", "cpu/matmul", "cpu/lowbit", "cpu/nibbles", "cpu/layer", "cpu/argmax")
     # Matmul work-groups of 64 work-items, each owning two rows. PoCL runs a work-group on
     # one core, and each quantizes (or reads) its inputs once and meets a barrier or two,
     # which smaller groups pay more often than the balance between cores is worth, even
@@ -149,6 +155,10 @@ class CPUFamily:
         # (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, for logits a little
         # coarser than 16-bit inputs give; SLOTSWARM_INT8=0 keeps the 16 bits
         self.int8 = os.environ.get("SLOTSWARM_INT8", "1") != "0"
+        # a one-token step's layers a launch each (kernels/cpu/layer.cl) where the model allows;
+        # SLOTSWARM_LAYER_LAUNCH=0 keeps their five, the same bits, to compare
+        self.layer_launch = os.environ.get("SLOTSWARM_LAYER_LAUNCH", "1") != "0"
+        self.cores = int(device.device.max_compute_units)  # decode_layer's work-groups
 
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
@@ -207,6 +217,7 @@ class CPUFamily:
             layers += staged(matmul("swiglu", "swiglu", L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h))
             layers += residual("down", L.down, b.h, L.post_ffw_norm)
         return StepLaunches(
+            one_token=self.one_token_layers(e, program),
             embed=Grid(
                 "embed",
                 program,
@@ -226,6 +237,42 @@ class CPUFamily:
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
+
+    def one_token_layers(self, e: OpenCLEngine, program: cl.Program) -> list[Launch] | None:
+        """A one-token step's layers as one CPULayer each, after the launch that zeroes their
+        counters; None where a layer needs launches decode_layer does not make (a matrix of
+        another kind than the nibble ones, post-norms, a Q/K norm), where it is turned off,
+        and on a profiled engine, whose profile times each matmul."""
+        cfg, W, b = e.config, e.weights, e.buffers
+
+        def matrices(L) -> list:
+            return [*(L.qkv.parts or [L.qkv]), L.out, L.gate_up, L.down]
+
+        fits = all(
+            all(m.kind in LAYER_WTYPES for m in matrices(L)) and len(L.qkv.parts) <= 3
+            and L.post_attn_norm is None and L.post_ffw_norm is None and L.q_norm is None
+            for L in W.layers
+        )  # fmt: skip
+        if not (fits and self.layer_launch) or e.profile:
+            return None
+        counters = ZeroCounters(e.device.context, len(W.layers))
+        launches: list[Launch] = [counters]
+        for layer, L in enumerate(W.layers):
+            parts = L.qkv.parts or [L.qkv]
+            # each part's inputs in the local buffer after the one before's, 64 bytes aligned
+            starts = np.cumsum([0] + [ceil_div(local_bytes(p, 1), 64) * 64 for p in parts])
+            local = max(int(starts[-1]), *(local_bytes(m, 1) for m in (L.out, L.gate_up, L.down)))
+            stack = []
+            for i in range(3):
+                p = parts[min(i, len(parts) - 1)]
+                stack += [p.qs, p.dm, i32(LAYER_WTYPES[p.kind]), i32(p.rows if i < len(parts) else 0)]
+            launches.append(CPULayer(program, self.cores, matrices(L), *stack,
+                                     *(arg for m in (L.out, L.gate_up, L.down) for arg in (m.qs, m.dm, i32(LAYER_WTYPES[m.kind]))),
+                                     L.attn_norm, L.ffn_norm, np.float32(cfg.norm_eps), i32(cfg.d_model), i32(cfg.d_ff),
+                                     b.x, b.all_rows, b.qkv, b.att, b.h, b.pos, b.seq, b.tables, i32(e.max_blocks),
+                                     L.rope, e.kv.k, e.kv.v, i32(layer), i32(cfg.window(layer)),
+                                     counters.buffer, cl.LocalMemory(local), i32(starts[1]), i32(starts[min(2, len(parts))])))  # fmt: skip
+        return launches
 
 
 class GPUFamily:

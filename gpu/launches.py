@@ -10,10 +10,13 @@ the weight bytes it reads per call (for GB/s in a profile).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyopencl as cl
 
 from gpu.weights import DeviceMatrix
+from kernels import source
 from runtime.scheduling.units import ceil_div
 
 i32 = np.int32
@@ -200,6 +203,43 @@ class CPUMatmul:
             kernel.set_arg(self.staged_arg, i32(staged))
             self.staged[tile] = staged
         return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,), global_work_offset=self.offset)
+
+
+# kernels/quant.cl's WT_ codes by kind (WT_Q4_K is q4_k's), for the nibble kinds, which
+# kernels/cpu/layer.cl reads
+WTYPES = {m[1].lower(): int(m[2]) for m in re.finditer(r"#define WT_(\w+) (\d+)", source("quant"))}
+LAYER_WTYPES = {kind: WTYPES[kind] for kind in NIBBLE_VARIANTS}
+LAYER_COUNTERS = 16  # ints a layer's phases count in (cpu/layer.cl's sync: a cache line)
+
+
+class ZeroCounters:
+    """Zeroes every layer's counters before a step's CPULayer launches."""
+
+    name, weight_bytes = "counters", 0
+
+    def __init__(self, context: cl.Context, layers: int):
+        self.nbytes = 4 * LAYER_COUNTERS * layers
+        self.buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE, self.nbytes)
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        return cl.enqueue_fill_buffer(queue, self.buffer, i32(0), 0, self.nbytes)
+
+
+class CPULayer:
+    """A one-token step's layer in one launch (kernels/cpu/layer.cl's decode_layer): a
+    work-group of one work-item for each of the device's `cores`, sharing each phase's
+    row pairs by claiming runs of them. `matrices` are the layer's, for its weight bytes."""
+
+    name = "layer"
+
+    def __init__(self, program: cl.Program, cores: int, matrices: list[DeviceMatrix], *args):
+        self.weight_bytes = sum(w.nbytes for w in matrices)
+        self.kernel = cl.Kernel(program, "decode_layer")
+        self.kernel.set_args(*args)
+        self.cores = cores
+
+    def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.cores,), (1,))
 
 
 OP_MATMUL, OP_SWIGLU, OP_QKV = 0, 1, 2

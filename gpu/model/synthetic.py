@@ -135,6 +135,7 @@ def write_tiny_gguf(
     sliding_window: int = 8,
     llama3_rope: bool = False,
     v_type: gguf.GGMLQuantizationType | None = None,
+    k_type: gguf.GGMLQuantizationType | None = None,
     without: str = "",
 ) -> Path:
     """Write a randomly initialised GGUF of architecture `arch` and return its path.
@@ -147,7 +148,7 @@ def write_tiny_gguf(
     multiples of the type's block (32, or 256 for the K-quants). An architecture the project
     does not describe gets llama's tensors. `llama3_rope` adds Llama 3's rope_freqs.weight;
     `sliding_window` applies to architectures with local layers (Gemma 3: 5 of every 6);
-    `v_type` gives attn_v its own type (default: weight_type). `without` names
+    `v_type` gives attn_v its own type (default: weight_type), `k_type` attn_k. `without` names
     characters (ASCII) no token of the vocabulary holds (a constraint that needs one is a dead end).
 
     To test the loader's errors: `drop_tensor` leaves out the named tensor, `drop_key` the named
@@ -230,7 +231,8 @@ def write_tiny_gguf(
         blk = f"blk.{i}."
         add(blk + "attn_norm.weight", norm(), Q.F32)
         add(blk + "attn_q.weight", weights(q_dim, d_model), weight_type)
-        add(blk + "attn_k.weight", weights(kv_dim, d_model), weight_type)
+        k = k_type or weight_type
+        add(blk + "attn_k.weight", matrix(kv_dim, d_model, d_model**-0.5, k), k)
         v = v_type or weight_type
         add(blk + "attn_v.weight", matrix(kv_dim, d_model, d_model**-0.5, v), v)
         add(blk + "attn_output.weight", weights(d_model, q_dim), weight_type)
