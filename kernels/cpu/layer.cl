@@ -51,11 +51,20 @@ inline void spin_wait(void)
 #endif
 }
 
-/* until `count` of a phase's units are finished */
+/* `n` of a phase's units finished: their stores before the count (OpenCL 1.2's atomics
+   promise no order themselves; x86's locked adds would give it anyway) */
+inline void finish(volatile __global int *sync, int phase, int n)
+{
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    atomic_add(sync + phase + FINISHED, n);
+}
+
+/* until `count` of a phase's units are finished, and their stores seen */
 inline void await_phase(volatile __global int *sync, int phase, int count)
 {
     while (atomic_add(sync + phase + FINISHED, 0) < count)
         spin_wait();
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
 }
 
 /* the first of the next `run` units of a phase of `count`, or -1 when all are claimed */
@@ -136,7 +145,7 @@ inline void add_product(int wtype, __global const uchar *qs, __global const floa
             if (r1 != r)
                 x[r1] += o1[0];
         }
-        atomic_add(sync + phase + FINISHED, end - first);
+        finish(sync, phase, end - first);
     }
     await_phase(sync, phase, pairs);
 }
@@ -183,14 +192,14 @@ void decode_layer(__global const uchar *qs0, __global const float *dm0, int kind
                     dot_pair(kind2, qs2, dm2, 2 * (q - end1), 2 * (q - end1) + 1, d_model, xl + xl2, o0, o1);
                 rope_store(2 * q, (float2)(o0[0], o1[0]) * inv[0], 0, p, block, rope, qkv, kcache, vcache, layer);
             }
-            atomic_add(sync + PHASE_QKV + FINISHED, end - first);
+            finish(sync, PHASE_QKV, end - first);
         }
         await_phase(sync, PHASE_QKV, pairs);
     }
 
     for (int head; (head = claim(sync, PHASE_ATTENTION, N_HEADS, 1)) >= 0;) {
         attend(head, 0, qkv, pos, seq, tables, max_blocks, kcache, vcache, att, layer, window);
-        atomic_add(sync + PHASE_ATTENTION + FINISHED, 1);
+        finish(sync, PHASE_ATTENTION, 1);
     }
     await_phase(sync, PHASE_ATTENTION, N_HEADS);
 
@@ -211,7 +220,7 @@ void decode_layer(__global const uchar *qs0, __global const float *dm0, int kind
                 dot_pair(kind_gate, qs_gate, dm_gate, d_ff + r, d_ff + r + 1, d_model, xl, u0, u1);
                 store_swiglu8(act, u0, u1, 0, 1, inv, h + r, d_ff);
             }
-            atomic_add(sync + PHASE_SWIGLU + FINISHED, end - first);
+            finish(sync, PHASE_SWIGLU, end - first);
         }
         await_phase(sync, PHASE_SWIGLU, pairs);
     }
