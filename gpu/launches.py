@@ -209,7 +209,8 @@ class CPUMatmul:
 # kernels/cpu/layer.cl reads
 WTYPES = {m[1].lower(): int(m[2]) for m in re.finditer(r"#define WT_(\w+) (\d+)", source("quant"))}
 LAYER_WTYPES = {kind: WTYPES[kind] for kind in NIBBLE_VARIANTS}
-LAYER_COUNTERS = 16  # ints a layer's phases count in (cpu/layer.cl's sync: a cache line)
+# ints a layer's phases count in (a cache line: kernels/cpu/layer.cl's LAYER_COUNTERS)
+LAYER_COUNTERS = int(re.search(r"#define LAYER_COUNTERS (\d+)", source("cpu/layer"))[1])
 
 
 class ZeroCounters:

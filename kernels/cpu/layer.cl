@@ -25,8 +25,8 @@
  * layer finishes whether PoCL runs the work-groups side by side or one after another.
  * A work-item quantizes a phase's inputs before it claims; if it claims nothing (the
  * phase was done before it came), what it read is never used, even where a later phase
- * had begun to rewrite it. A layer's counters are its 16 ints of `sync` (a cache line);
- * the host zeroes them all before each step. */
+ * had begun to rewrite it. A layer's counters are its LAYER_COUNTERS ints of
+ * `counters`; the host zeroes them all before each step. */
 
 /* Row pairs a claim takes: RUN_PAIRS, one run of bytes (Q4_K's and Q6_K's pairs lie side by
    side, gpu/weights.py), but at least RUNS_PER_CORE claims a core a phase, so neither core
@@ -35,6 +35,7 @@
 #define RUN_PAIRS 64
 #define RUNS_PER_CORE 4
 
+#define LAYER_COUNTERS 16  /* ints a layer (a cache line), five phases' two */
 #define CLAIMED 0   /* a phase's counters: row pairs (or heads) claimed, */
 #define FINISHED 1  /* and finished */
 #define PHASE(i) (2 * (i))
@@ -166,7 +167,7 @@ void decode_layer(__global const uchar *qs0, __global const float *dm0, int kind
                   __global const float *rope, __global half *kcache, __global half *vcache, int layer, int window,
                   volatile __global int *counters, __local uchar *xl, int xl1, int xl2)
 {
-    volatile __global int *sync = counters + 16 * layer;
+    volatile __global int *sync = counters + LAYER_COUNTERS * layer;
     __local float inv[1];
 
     /* QKV: one claim counter over the parts' row pairs, each part read with its own inputs */
