@@ -425,13 +425,12 @@ class GPUFamily:
 
 
 def prefetch_ahead(widest_row: int) -> int:
-    """How many bytes ahead the CPU matmuls prefetch their weights (cpu/matmul.cl):
-    a few row pairs of the model's widest rows (its down projection's, `d_ff`
-    inputs). A pair of rows of 8,960 inputs (Qwen2.5-Coder-1.5B's, about a byte a
-    weight) takes 10 KB, which 8 KB nearly reaches past; further, a one-token
-    step's run of row pairs (cpu/layer.cl) prefetches more of the next run, which
-    the other core may be the one to read. A smaller model's rows fit several
-    times in 4 KB, and reaching further only evicts what is read next."""
+    """How many bytes ahead the CPU matmuls prefetch their weights (cpu/matmul.cl),
+    by the model's widest rows (its down projection's, `d_ff` inputs). A smaller
+    model's rows fit several times in 4 KB, and reaching further only evicts what is
+    read next. Past rows of 8 KB (Qwen2.5-Coder-1.5B's 8,960 inputs, about a byte a
+    weight: 10 KB a row pair), 8 KB: further reaches into a one-token step's next
+    run of row pairs (cpu/layer.cl), which the other core may be the one to read."""
     return 8192 if widest_row > 8192 else 4096
 
 
