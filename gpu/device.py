@@ -97,17 +97,24 @@ class Device:
         return 2 * nbytes / best
 
 
-# NVIDIA drivers since 550 print this for every kernel, whatever its source says
-# (openwall/john#5456, silx-kit/pyFAI#2368); it is not about our code. Any other
-# build message is passed on as the CompilerWarning it is.
-_NVIDIA_NOISE = ("is a kernel, so overriding noinline attribute", "The function may be inlined when called")
+# Build messages that are not about our code, passed over; any other is passed on as
+# the CompilerWarning it is. NVIDIA drivers since 550 print the first two for every
+# kernel, whatever its source says (openwall/john#5456, silx-kit/pyFAI#2368). PoCL on
+# a CPU without AVX-512 prints clang's -Wpsabi notice for every 16-wide vector passed
+# to a function, its own builtins' too: such calls stay inside one compiled program,
+# so no caller can disagree about the ABI (and PoCL refuses -Wno-psabi).
+_NOISE = (
+    "is a kernel, so overriding noinline attribute",
+    "The function may be inlined when called",
+    "enabled changes the ABI",
+)
 
 
 def _only_bogus(message: str) -> bool:
-    """Whether a build log holds nothing but NVIDIA's noinline notice."""
+    """Whether a build log holds nothing but notices that are not about our code."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     log = [line for line in lines if not line.endswith(":") and set(line) != {"="}]
-    return bool(log) and all(any(n in line for n in _NVIDIA_NOISE) for line in log)
+    return bool(log) and all(any(n in line for n in _NOISE) for line in log)
 
 
 # A record of each program this machine has built, one empty file per program and

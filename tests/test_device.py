@@ -72,6 +72,25 @@ def test_an_engine_says_nothing_of_compiling_when_its_kernels_are_cached(tiny_mo
     assert again == []
 
 
+def test_a_real_build_warning_is_passed_on() -> None:
+    device = select_device()
+    source = f"__kernel void nonce_{uuid.uuid4().hex}(__global int *x) {{ x[0] = 1.5f; }}"  # 1.5 becomes 1
+    with pytest.warns(cl.CompilerWarning, match="1.5"):
+        device.build(source)
+
+
+def test_wide_vectors_passed_to_functions_build_without_a_word() -> None:
+    """PoCL on a CPU without AVX-512 notes that 16-wide vector arguments change the
+    ABI (every kernel family passes them); that notice is not a warning about our code."""
+    device = select_device()
+    source = f"""
+    float16 scaled(float16 a, uint16 b) {{ return a * convert_float16(b); }}
+    __kernel void nonce_{uuid.uuid4().hex}(__global float16 *x, __global uint16 *y) {{
+        x[get_global_id(0)] = scaled(x[get_global_id(0)], y[get_global_id(0)]) + as_float16(y[0]);
+    }}"""
+    device.build(source)  # (the suite turns any warning into an error)
+
+
 def test_build_succeeds_and_the_program_runs() -> None:
     device = select_device()
     program = device.build("__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }")
