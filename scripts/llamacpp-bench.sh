@@ -21,6 +21,12 @@ SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
 SOURCE="$CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp"
 BUILD="$CACHE/build"
 
+for arg in "$@"; do  # the options, before a build that takes a while
+    if [[ $arg == -h || $arg == --help ]]; then
+        PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" "$ROOT/scripts/llamacpp_bench.py" --help
+    fi
+done
+
 mkdir -p "$CACHE/sdist"
 if [[ ! -f $SDIST ]]; then
     echo "fetching llama-cpp-python $VERSION's sdist into $CACHE/sdist" >&2

@@ -66,3 +66,18 @@ def test_the_table_has_one_row_per_model_and_measure_with_medians_and_ranges() -
     median = 2 * ours["batch1_ms"]
     assert f"{median:,.1f} ({ours['batch1_ms']:,.1f}-{3 * ours['batch1_ms']:,.1f})" in step
     assert step.endswith(bench.ratio(bench.MEASURES[0], median, theirs["batch1_ms"]) + " |")
+
+
+def test_the_wrapper_says_its_options_without_fetching_or_building(tmp_path: Path) -> None:
+    import subprocess
+
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "llamacpp-bench.sh"), "--rounds", "2", "--help"],
+        env={"PATH": "/usr/bin:/bin", "LLAMACPP_CACHE": str(cache), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "--rounds" in done.stdout, done.stderr
+    assert not cache.exists()
