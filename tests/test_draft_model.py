@@ -313,6 +313,9 @@ async def test_greedy_smollm2_drafting_for_itself_says_the_same(smollm2_model):
     from gpu.engine import OpenCLEngine
 
     target = OpenCLEngine(smollm2_model, num_blocks=128)
+    # (the law told, not timed: on a CPU where a second row costs as much as the first,
+    # the timed law rightly says no draft pays, and the foreground drafted nothing)
+    target.cost, target.calibrated = StepCost(fixed_s=1e-3, learns=False), True
     code = "def total(prices, tax):\n    s = 0\n    for p in prices:\n        s += p\n    return s * (1 + tax)\n"
     ask = f"Return this function with `s` renamed to `subtotal`, nothing else:\n```python\n{code}```"
     results = {}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The GPU kernel family on a GPU, in one short run (a lent machine's lease is minutes):
+#
+#     scripts/gpu-check.sh [--out DIR] MODEL.gguf[.gz] ...
+#
+# 1. the OpenCL devices found, with their versions and extensions;
+# 2. `swarm bench engine` on the first model, then its --profile (per-kernel GB/s);
+# 3. the kernel tests on the GPU family against the NumPy reference (the tests that need
+#    a downloaded model are left out: such a machine usually has no network);
+# 4. `swarm bench engine` on each other model, twice, alternating the default layout
+#    with SLOTSWARM_COMPACT=1 (the compact K-quant layouts, never measured on a GPU).
+#
+# The models are usually hollow twins made beforehand (`swarm models --hollow NAME FILE`,
+# gzip them to carry: a step's time does not depend on the weights). Every step is
+# bounded and goes on after a failure, so one run says as much as it can; DIR (default
+# ./gpu-check) gets log.txt, pytest.txt and bench.jsonl (a JSON report a line).
+# The device is the first GPU, or SWARM_DEVICE / PYOPENCL_CTX. An NVIDIA driver
+# without an ICD file: OCL_ICD_FILENAMES=/path/to/libnvidia-opencl.so.1.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+OUT=gpu-check
+if [[ ${1:-} == --out ]]; then
+    OUT=$2
+    shift 2
+fi
+usage() { sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+if [[ $# -eq 0 ]]; then
+    usage >&2
+    exit 2
+elif [[ $1 == -h || $1 == --help ]]; then
+    usage
+    exit 0
+fi
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+exec > >(tee "$OUT/log.txt") 2>&1
+cd "$ROOT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+START=$(date +%s)
+say() { echo "== [$(($(date +%s) - START)) s] $*"; }
+
+models=()
+for model in "$@"; do
+    if [[ $model == *.gz ]]; then
+        plain=$(mktemp -d)/$(basename "${model%.gz}")
+        gunzip -c "$model" >"$plain" || { echo "cannot unpack $model"; exit 1; }
+        model=$plain
+    fi
+    models+=("$model")
+done
+
+say devices
+"$PYTHON" - <<'EOF'
+import pyopencl as cl
+
+for p in cl.get_platforms():
+    for d in p.get_devices():
+        print(f"{p.name} ({p.version}): {d.name}, {d.version}, {d.opencl_c_version}, driver {d.driver_version}, "
+              f"{d.max_compute_units} units, work-groups up to {d.max_work_group_size}, {d.global_mem_size >> 20} MiB")
+        print("   ", d.extensions)
+EOF
+
+bench() {  # LABEL SECONDS [NAME=VALUE ...] -- ARGS: one `swarm bench engine` report
+    local label=$1 limit=$2 envs=() json
+    shift 2
+    while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+    shift
+    say "bench $label"
+    json=$(env ${envs[@]+"${envs[@]}"} timeout "$limit" "$PYTHON" -c 'import sys; from swarm.cli import main; sys.exit(main())' \
+        bench engine --json "$@") || { echo "    failed (exit $?)"; return; }
+    echo "{\"label\": \"$label\", \"report\": $json}" >>"$OUT/bench.jsonl"
+    "$PYTHON" -c 'import json, sys; from swarm.bench.engine import format_report; print(format_report(json.loads(sys.argv[1])))' "$json"
+}
+
+first=${models[0]}
+bench "$(basename "$first")" 90 -- --model "$first" --steps 32
+bench "$(basename "$first") --profile" 90 -- --model "$first" --profile
+
+say "kernel tests (GPU family)"
+timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -n "$(($(nproc) < 12 ? $(nproc) : 12))" --dist loadfile \
+    -m "not model and not fetched_model and not cluster" -k "not cpu" \
+    tests/test_device.py tests/test_device_quants.py tests/test_device_sampling.py tests/test_engine.py \
+    tests/test_engine_archs.py tests/test_engine_input.py tests/test_engine_invariance.py tests/test_halves.py \
+    tests/test_speculation.py tests/test_draft_model.py >"$OUT/pytest.txt" 2>&1
+echo "    pytest exit $?"
+tail -30 "$OUT/pytest.txt"
+
+for model in "${models[@]:1}"; do
+    for round in 1 2; do
+        bench "$(basename "$model") round $round" 90 -- --model "$model"
+        bench "$(basename "$model") compact, round $round" 90 SLOTSWARM_COMPACT=1 -- --model "$model"
+    done
+done
+bench "$(basename "$first") again" 90 -- --model "$first" --steps 32
+say done
