@@ -36,20 +36,23 @@ fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/log.txt") 2>&1
-cd "$ROOT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 say() { echo "== [$(($(date +%s) - START)) s] $*"; }
 
+UNPACKED=$(mktemp -d)
+trap 'rm -rf "$UNPACKED"' EXIT
 models=()
 for model in "$@"; do
     if [[ $model == *.gz ]]; then
-        plain=$(mktemp -d)/$(basename "${model%.gz}")
+        plain=$UNPACKED/$(basename "${model%.gz}")
         gunzip -c "$model" >"$plain" || { echo "cannot unpack $model"; exit 1; }
         model=$plain
     fi
-    models+=("$model")
+    [[ -f $model ]] || { echo "no such model file: $model"; exit 1; }
+    models+=("$(realpath "$model")")
 done
+cd "$ROOT"
 
 say devices
 "$PYTHON" - <<'EOF'
