@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 OUT=gpu-check
 if [[ ${1:-} == --out ]]; then
-    OUT=$2
+    OUT=${2:?--out needs a folder}
     shift 2
 fi
 usage() { sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
