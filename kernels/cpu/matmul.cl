@@ -97,7 +97,10 @@ inline void column_scales(__global const float *x, __global const int *xrows,
 #define PREFETCH_AHEAD 4096
 #endif
 #ifndef PREFETCH  /* (a build may define it empty, to compare) */
-#if defined(__has_builtin) && __has_builtin(__builtin_prefetch)
+/* CPU targets only: there every address space is one, while a GPU's compiler (NVIDIA's)
+   refuses a __global pointer for the builtin's generic one */
+#if defined(__has_builtin) && __has_builtin(__builtin_prefetch) \
+    && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || defined(__riscv))
 #define PREFETCH(p) __builtin_prefetch(p, 0, 2)  /* (read, locality 2: prefetcht1) */
 #else
 #define PREFETCH(p)
