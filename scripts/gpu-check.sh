@@ -15,7 +15,9 @@
 # bounded and goes on after a failure, so one run says as much as it can; DIR (default
 # ./gpu-check) gets log.txt, pytest.txt and bench.jsonl (a JSON report a line).
 # The device is the first GPU, or SWARM_DEVICE / PYOPENCL_CTX. An NVIDIA driver
-# without an ICD file: OCL_ICD_FILENAMES=/path/to/libnvidia-opencl.so.1.
+# mounted into a container often comes without its ICD file: the script then finds
+# libnvidia-opencl.so.1 and points OCL_ICD_VENDORS at a folder naming it (pyopencl's
+# wheel bundles a loader that ignores OCL_ICD_FILENAMES).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,6 +44,17 @@ say() { echo "== [$(($(date +%s) - START)) s] $*"; }
 
 UNPACKED=$(mktemp -d)
 trap 'rm -rf "$UNPACKED"' EXIT
+if [[ -z ${OCL_ICD_VENDORS:-} ]] && ! grep -qs nvidia /etc/OpenCL/vendors/*.icd; then
+    nvidia=$(ls /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
+        /usr/lib/libnvidia-opencl.so.1 /usr/local/nvidia/lib64/libnvidia-opencl.so.1 2>/dev/null | head -1)
+    if [[ -n $nvidia ]]; then
+        mkdir "$UNPACKED/vendors"
+        cp /etc/OpenCL/vendors/*.icd "$UNPACKED/vendors/" 2>/dev/null
+        echo "$nvidia" >"$UNPACKED/vendors/nvidia.icd"
+        export OCL_ICD_VENDORS=$UNPACKED/vendors
+        echo "NVIDIA's OpenCL driver without an ICD file: $nvidia"
+    fi
+fi
 models=()
 for model in "$@"; do
     if [[ $model == *.gz ]]; then
