@@ -205,8 +205,7 @@ class OpenCLEngine:
         self.buffers = SimpleNamespace(
             x=f(t * cfg.d_model),
             qkv=f(t * qkv_dim),
-            att=f(t * cfg.n_heads * cfg.head_dim),  # attention output (cpu family)
-            parts=f(cfg.n_kv_heads * t * cfg.d_model),  # per-KV-head output projections (gpu family)
+            att=f(t * cfg.n_heads * cfg.head_dim),  # attention output
             # attention splits' partial results, and a done-counter per (token, KV head) (gpu family)
             split_scratch=f(t * cfg.n_kv_heads * GPU_MAX_SPLITS * (cfg.n_heads // cfg.n_kv_heads) * (cfg.head_dim + 2)),
             split_counters=cl.Buffer(ctx, RW | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(t * cfg.n_kv_heads, i32)),

@@ -16,9 +16,8 @@ family's argmax scans a row in one work-item, kernels/cpu/argmax.cl).
   quantizes its inputs once for all its work-groups: gpu/launches.py's CPUStage).
   A one-token step takes one launch a layer where the model allows (CPULayer).
 - gpu: work-groups cooperate on rows with reductions, prefill tiles through
-  local memory, attention parallel over positions with the output projection
-  fused in. Four launches per layer (plus the same extras). Work-group sizes
-  come from the device.
+  local memory, attention parallel over positions. Five launches per layer
+  (plus the same extras). Work-group sizes come from the device.
 
 `--kernels cpu|gpu` forces either on any device: PoCL runs the GPU family
 correctly, only slower, so both are tested everywhere.
@@ -108,8 +107,8 @@ def compact_layouts(default: frozenset) -> frozenset:
     family's default. The CPU family's is Q4_K and Q6_K: their compact kernels keep the
     sub-block scales as integers, one float a super-block, and a Qwen2.5-Coder-1.5B step
     reads a quarter fewer bytes, at every batch and prompt faster than the widened kinds.
-    Compact Q5_0 is slower per weight at any batch. The GPU family's default is none: its
-    compact kinds were never measured on a GPU."""
+    Compact Q5_0 is slower per weight at any batch. The GPU family's default is none: on
+    an H200 its compact kinds were slower (README, "On a GPU")."""
     setting = os.environ.get("SLOTSWARM_COMPACT", "")
     if setting == "":
         return default
@@ -302,7 +301,7 @@ class GPUFamily:
         return "\n".join(source(name) for name in self.SOURCES)
 
     def options(self, engine: OpenCLEngine) -> list[str]:
-        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}", f"-DD_MODEL={engine.config.d_model}",
+        return [f"-DWG={self.wg}", f"-DARGMAX_WG={self.argmax_wg}",
                 f"-DMAX_SPLITS={self.MAX_SPLITS}", f"-DSPLIT_SPAN={self.span}",
                 *subgroups.build_options(self.subgroups, self.c_version)]  # fmt: skip
 
@@ -352,64 +351,40 @@ class GPUFamily:
     def bind(self, e: OpenCLEngine, program: cl.Program) -> StepLaunches:
         cfg, W, b = e.config, e.weights, e.buffers
         width, eps = i32(e.max_blocks), np.float32(cfg.norm_eps)
-        stride = i32(e.max_batch_tokens * cfg.d_model)
         none = (i32(0), i32(0), b.pos, b.seq, b.tables, width, W.layers[0].rope, e.kv.k, e.kv.v, i32(0))
+        normalized = (i32(1),) + none[1:]
+        residual = (i32(0), i32(1)) + none[2:]
 
-        def matmul(name, op, w, g, x, xrows, y, nparts, tail):
-            head = (w.qs, w.dm, g, x, xrows, b.parts, i32(nparts), stride, eps, y)
-            return GPUMatmul(name, program, op, self.wg, self.lanes, w, head + tail)
+        def matmul(name, op, w, g, x, xrows, y, tail):
+            return GPUMatmul(name, program, op, self.wg, self.lanes, w, (w.qs, w.dm, g, x, xrows, eps, y) + tail)
 
-        def post_norm(y, nparts, w):
-            """x += rmsnorm(sum of y's nparts slices) * w: the residual add of post-norm models."""
-            return Grid("post_norm", program, "add_rmsnorm_parts", self.wg, (self.wg, 1), b.x, y, i32(nparts),
-                        stride, w, i32(cfg.d_model))  # fmt: skip
+        def post_norm(y, w):
+            """x += rmsnorm(y) * w: the residual add of post-norm models."""
+            return Grid("post_norm", program, "add_rmsnorm_wide", self.wg, (self.wg, 1), b.x, y, w, i32(cfg.d_model))
 
         layers: list[Launch] = []
         for layer, L in enumerate(W.layers):
             kv = (i32(1), i32(0), b.pos, b.seq, b.tables, width, L.rope, e.kv.k, e.kv.v, i32(layer))
-            residual = (i32(0), i32(1)) + none[2:]
             window = cfg.window(layer)
-            layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, 0, kv))
+            layers.append(matmul("qkv", OP_QKV, L.qkv, L.attn_norm, b.x, b.all_rows, b.qkv, kv))
             layers += qk_norm(program, e, L, layer)
             kv_only = len(layers)
-            layers.append(
-                GPUAttention(
-                    program,
-                    f"attention_{L.out.kind}",
-                    self.wg,
-                    cfg.n_kv_heads,
-                    (
-                        b.qkv,
-                        b.pos,
-                        b.seq,
-                        b.tables,
-                        width,
-                        e.kv.k,
-                        e.kv.v,
-                        i32(layer),
-                        i32(window),
-                        L.out.qs,
-                        L.out.dm,
-                        b.parts,
-                        stride,
-                        b.split_scratch,
-                        b.split_counters,
-                    ),
-                    L.out.nbytes,
-                    self.split_count(e, window),
-                )  # fmt: skip
-            )
-            if L.post_attn_norm is None:  # the parts go into x through the next two matmuls
+            attention = (b.qkv, b.pos, b.seq, b.tables, width, e.kv.k, e.kv.v, i32(layer), i32(window), b.att,
+                         b.split_scratch, b.split_counters)  # fmt: skip
+            layers.append(GPUAttention(program, self.wg, cfg.n_kv_heads, attention, self.split_count(e, window)))
+            if L.post_attn_norm is None:  # each sublayer's last matmul adds into x
                 layers += [
-                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, cfg.n_kv_heads, (i32(1),) + none[1:]),
-                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, cfg.n_kv_heads, residual),
+                    matmul("out", OP_MATMUL, L.out, b.ones, b.att, b.all_rows, b.x, residual),
+                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, normalized),
+                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.x, residual),
                 ]
-            else:  # a norm needs the whole sum first: one launch adds it, and one the MLP's
+            else:  # a norm needs the sublayer's whole output first
                 layers += [
-                    post_norm(b.parts, cfg.n_kv_heads, L.post_attn_norm),
-                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, 0, (i32(1),) + none[1:]),
-                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.tmp, 0, none),
-                    post_norm(b.tmp, 1, L.post_ffw_norm),
+                    matmul("out", OP_MATMUL, L.out, b.ones, b.att, b.all_rows, b.tmp, none),
+                    post_norm(b.tmp, L.post_attn_norm),
+                    matmul("swiglu", OP_SWIGLU, L.gate_up, L.ffn_norm, b.x, b.all_rows, b.h, normalized),
+                    matmul("down", OP_MATMUL, L.down, b.ones, b.h, b.all_rows, b.tmp, none),
+                    post_norm(b.tmp, L.post_ffw_norm),
                 ]
         return StepLaunches(
             embed=Grid(
@@ -417,7 +392,7 @@ class GPUFamily:
             ),  # fmt: skip
             layers=layers,
             kv_only=kv_only,
-            head=[matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, 0, (i32(1),) + none[1:])],
+            head=[matmul("head", OP_MATMUL, W.output, W.output_norm, b.x, b.sample_rows, b.logits, normalized)],
             argmax=Argmax(program, self.argmax_wg, b.logits, cfg.vocab_size, b.ids),
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),

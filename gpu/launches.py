@@ -253,7 +253,7 @@ class GPUMatmul:
     `mm` (tiled through local memory) for many; both add in the same order, so
     which one a step takes never changes a row's result."""
 
-    NCOLS = 12  # index of the ncols argument
+    NCOLS = 9  # index of the ncols argument
 
     def __init__(self, name: str, program: cl.Program, op: int, wg: int, lanes: int, w: DeviceMatrix, args: tuple):
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
@@ -269,7 +269,7 @@ class GPUMatmul:
         self.kernels = {}
         for shape in ("mv", "mm"):
             k = cl.Kernel(program, f"{shape}_{w.kind}")
-            k.set_args(*args[:10], i32(rows), i32(w.cols), i32(1), i32(op), *args[10:], i32(self.lpu))
+            k.set_args(*args[:7], i32(rows), i32(w.cols), i32(1), i32(op), *args[7:], i32(self.lpu))
             self.kernels[shape] = k
         self.widths = dict.fromkeys(self.kernels, 1)  # each shape's ncols argument as last set
 
@@ -289,12 +289,12 @@ class GPUAttention:
     """The GPU family's attention (kernels/gpu/attention.cl) over a (KV heads,
     tokens, splits) grid; `split_count()` gives the splits the step's longest token needs."""
 
-    name = "attention"
+    name, weight_bytes = "attention", 0
 
-    def __init__(self, program: cl.Program, kernel: str, wg: int, kv_heads: int, args: tuple, weight_bytes: int, split_count):
-        self.kernel = cl.Kernel(program, kernel)
+    def __init__(self, program: cl.Program, wg: int, kv_heads: int, args: tuple, split_count):
+        self.kernel = cl.Kernel(program, "attention")
         self.kernel.set_args(*args)
-        self.wg, self.kv_heads, self.weight_bytes, self.split_count = wg, kv_heads, weight_bytes, split_count
+        self.wg, self.kv_heads, self.split_count = wg, kv_heads, split_count
 
     def enqueue(self, queue: cl.CommandQueue, t: int) -> cl.Event:
         size = (self.kv_heads * self.wg, t, self.split_count())

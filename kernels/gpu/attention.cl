@@ -1,6 +1,5 @@
-/* GPU family: paged attention with the output projection fused in. Built after
- * quant.cl, common.cl and gpu/reduce.cl; the host passes WG, D_MODEL,
- * MAX_SPLITS and SPLIT_SPAN.
+/* GPU family: paged attention. Built after quant.cl, common.cl and
+ * gpu/reduce.cl; the host passes WG, MAX_SPLITS and SPLIT_SPAN.
  *
  * Work-group (KV head, token, split). The query heads of the KV head's group
  * (grouped-query attention) share every K and V load. The positions token t
@@ -24,158 +23,140 @@
  * per head to `partial` and counts itself done on the (token, KV head) counter;
  * the last to finish combines them,
  *     o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,   M = max_s m_s,
- * resets the counter and goes on alone (the "last block" reduction pattern).
- * Then the group's outputs (GROUP * HEAD_DIM values, in local memory) times the
- * matching column slice of Wo gives this KV head's share of the attention
- * block's output, parts[kv head][t][:]. The next launch (the SwiGLU matmul)
- * reads x + sum(parts) and the down projection adds them into x, so the
- * per-head results are combined without a launch of their own. Post-norm
- * models (Gemma 3) need the whole sum before they can normalise it, so there
- * a reduce.cl launch adds rmsnorm(sum(parts)) into x instead.
+ * resets the counter and writes the group's outputs (the "last block" reduction
+ * pattern). The output projection is the next launch, an ordinary matmul over
+ * every row of Wo: fused in here it would run on only as many work-groups as the
+ * model has KV heads.
  */
 
 #define GH (GROUP * HEAD_DIM)      /* outputs of one KV head's query group */
 #define ACC ((GH + WG - 1) / WG)   /* outputs per work-item */
 #define SPLIT_FLOATS (GROUP * (2 + HEAD_DIM))  /* m, l, output of each head of a group */
 
-#define DEFINE_ATTENTION(NAME, WTYPE)                                           \
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
-void attention_##NAME(__global const float *qkv, __global const int *pos,       \
-                      __global const int *seq, __global const int *tables,      \
-                      int max_blocks, __global const half *kcache,              \
-                      __global const half *vcache, int layer, int window,       \
-                      __global const uchar *wo_qs, __global const float *wo_dm, \
-                      __global float *parts, int part_stride,                   \
-                      __global float *partial, __global int *counters)          \
-{                                                                               \
-    __local float q[GH];                                                        \
-    __local float16 o16[GH / 16];                                               \
-    __local float p[GROUP][WG];                                                 \
-    __local float scratch[GROUP * WG];                                          \
-    __local float chunk[GROUP];                                                 \
-    __local float *o = (__local float *)o16;                                    \
-    __local int last[1];  /* an array: clang took a scalar for a private one */ \
-    const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1); \
-    const int split = get_group_id(2);                                          \
-    __global const int *table = tables + seq[t] * max_blocks;                   \
-    const int n = pos[t] + 1, first = window > 0 ? max(0, n - window) : 0;     \
-    /* a fixed span per split, so the splits depend on this token alone */      \
-    const int seen = n - first, spans = (seen + SPLIT_SPAN - 1) / SPLIT_SPAN;   \
-    const int span = SPLIT_SPAN * ((spans + MAX_SPLITS - 1) / MAX_SPLITS);      \
-    const int splits = (seen + span - 1) / span;                                \
-    const int begin = first + split * span, end = min(n, begin + span);         \
-    const float scale = rsqrt((float)HEAD_DIM);                                 \
-    for (int j = lid; j < GH; j += WG)                                          \
-        q[j] = qkv[(size_t)t * QKV_DIM + kvh * GH + j] * scale;                 \
-    float acc[ACC], m[GROUP], l[GROUP], corr[GROUP], s[GROUP];                  \
-    for (int i = 0; i < ACC; i++)                                               \
-        acc[i] = 0.0f;                                                          \
-    for (int h = 0; h < GROUP; h++) {                                           \
-        m[h] = -INFINITY;                                                       \
-        l[h] = 0.0f;                                                            \
-    }                                                                           \
-    barrier(CLK_LOCAL_MEM_FENCE);                                               \
-    if (split >= splits)                                                        \
-        return;  /* a longer token needs more splits than this one */           \
-    /* after a barrier: before the first, PoCL 3.1's results varied run to run */ \
-    for (int p0 = begin; p0 < end; p0 += WG) {                                  \
-        const int at = p0 + lid;                                                \
-        for (int h = 0; h < GROUP; h++)                                         \
-            s[h] = at < end ? 0.0f : -INFINITY;                                 \
-        if (at < end) {                                                         \
-            __global const half *kp = kcache + kv_tile(table[at / BLOCK_SIZE], layer, kvh) \
-                                      + at % BLOCK_SIZE;                        \
-            for (int d = 0; d < HEAD_DIM; d++) {                                \
-                const float kd = vload_half(d * BLOCK_SIZE, kp);                \
-                for (int h = 0; h < GROUP; h++)                                 \
-                    s[h] += q[h * HEAD_DIM + d] * kd;                           \
-            }                                                                   \
-        }                                                                       \
-        wg_max(s, GROUP, scratch, chunk);                                       \
-        for (int h = 0; h < GROUP; h++) {                                       \
-            const float m_new = fmax(m[h], chunk[h]);                           \
-            corr[h] = exp(m[h] - m_new);                                        \
-            m[h] = m_new;                                                       \
-            s[h] = exp(s[h] - m_new);                                           \
-            p[h][lid] = s[h];                                                   \
-        }                                                                       \
-        wg_sum(s, GROUP, scratch, chunk);  /* its barriers publish p too */     \
-        for (int h = 0; h < GROUP; h++)                                         \
-            l[h] = l[h] * corr[h] + chunk[h];                                   \
-        const int len = min(WG, end - p0);                                      \
-        for (int i = 0; i < ACC; i++) {                                         \
-            const int j = lid + i * WG, h = j / HEAD_DIM, d = j % HEAD_DIM;     \
-            if (j >= GH)                                                        \
-                break;                                                          \
-            float a = acc[i] * corr[h];                                         \
-            for (int e = 0; e < len; e++) {                                     \
-                const int ps = p0 + e;                                          \
-                __global const half *vp = vcache + kv_tile(table[ps / BLOCK_SIZE], layer, kvh) \
-                                          + (ps % BLOCK_SIZE) * HEAD_DIM;       \
-                a += p[h][e] * vload_half(d, vp);                               \
-            }                                                                   \
-            acc[i] = a;                                                         \
-        }                                                                       \
-        barrier(CLK_LOCAL_MEM_FENCE);  /* before the next chunk rewrites p */   \
-    }                                                                           \
-    if (splits == 1) {                                                          \
-        for (int i = 0; i < ACC; i++) {                                         \
-            const int j = lid + i * WG;                                         \
-            if (j < GH)                                                         \
-                o[j] = acc[i] / l[j / HEAD_DIM];                                \
-        }                                                                       \
-    } else {                                                                    \
-        const size_t pair = (size_t)t * N_KV_HEADS + kvh;                       \
-        __global float *mine = partial + (pair * MAX_SPLITS + split) * SPLIT_FLOATS; \
-        for (int i = 0; i < ACC; i++) {                                         \
-            const int j = lid + i * WG;                                         \
-            if (j < GH)                                                         \
-                mine[2 * GROUP + j] = acc[i];                                   \
-        }                                                                       \
-        for (int h = 0; h < GROUP; h++)                                         \
-            if (lid == h) {                                                     \
-                mine[h] = m[h];                                                 \
-                mine[GROUP + h] = l[h];                                         \
-            }                                                                   \
-        mem_fence(CLK_GLOBAL_MEM_FENCE);                                        \
-        barrier(CLK_GLOBAL_MEM_FENCE);                                          \
-        if (lid == 0)                                                           \
-            last[0] = atomic_inc(counters + pair) == splits - 1;                \
-        barrier(CLK_LOCAL_MEM_FENCE);                                           \
-        if (!last[0])                                                           \
-            return;  /* the whole work-group: `last` is shared */               \
-        if (lid == 0)                                                           \
-            counters[pair] = 0;  /* ready for the next launch */                \
-        /* volatile: read what the other work-groups wrote, not a stale cache */ \
-        volatile __global const float *all = partial + pair * MAX_SPLITS * SPLIT_FLOATS; \
-        for (int i = 0; i < ACC; i++) {                                         \
-            const int j = lid + i * WG, h = j / HEAD_DIM;                       \
-            if (j >= GH)                                                        \
-                break;                                                          \
-            float top = -INFINITY, sum = 0.0f, out = 0.0f;                      \
-            for (int q = 0; q < splits; q++)                                    \
-                top = fmax(top, all[q * SPLIT_FLOATS + h]);                     \
-            for (int q = 0; q < splits; q++) {                                  \
-                volatile __global const float *its = all + q * SPLIT_FLOATS;   \
-                const float w = exp(its[h] - top);                              \
-                sum += w * its[GROUP + h];                                      \
-                out += w * its[2 * GROUP + j];                                  \
-            }                                                                   \
-            o[j] = out / sum;                                                   \
-        }                                                                       \
-    }                                                                           \
-    barrier(CLK_LOCAL_MEM_FENCE);                                               \
-    /* this group's columns of Wo: blocks b0 .. b0 + GH/32 of every row */      \
-    const int nbw = Q_DIM / 32, b0 = kvh * (GH / 32);                           \
-    __global float *out = parts + (size_t)kvh * part_stride + (size_t)t * D_MODEL; \
-    for (int r = lid; r < D_MODEL; r += WG) {                                   \
-        float16 a = (float16)0.0f;                                              \
-        for (int b = 0; b < GH / 32; b++) {                                     \
-            float16 lo, hi;                                                     \
-            load_block(WTYPE, wo_qs, wo_dm, r, nbw, b0 + b, &lo, &hi);          \
-            a += lo * o16[2 * b] + hi * o16[2 * b + 1];                         \
-        }                                                                       \
-        out[r] = hsum16(a);                                                     \
-    }                                                                           \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention(__global const float *qkv, __global const int *pos, __global const int *seq,
+               __global const int *tables, int max_blocks, __global const half *kcache,
+               __global const half *vcache, int layer, int window, __global float *att,
+               __global float *partial, __global int *counters)
+{
+    __local float q[GH];
+    __local float p[GROUP][WG];
+    __local float scratch[GROUP * WG];
+    __local float chunk[GROUP];
+    __local float o[GH];  /* the group's outputs */
+    __local int last[1];  /* an array: clang took a scalar for a private one */
+    const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1);
+    const int split = get_group_id(2);
+    __global const int *table = tables + seq[t] * max_blocks;
+    const int n = pos[t] + 1, first = window > 0 ? max(0, n - window) : 0;
+    /* a fixed span per split, so the splits depend on this token alone */
+    const int seen = n - first, spans = (seen + SPLIT_SPAN - 1) / SPLIT_SPAN;
+    const int span = SPLIT_SPAN * ((spans + MAX_SPLITS - 1) / MAX_SPLITS);
+    const int splits = (seen + span - 1) / span;
+    const int begin = first + split * span, end = min(n, begin + span);
+    const float scale = rsqrt((float)HEAD_DIM);
+    for (int j = lid; j < GH; j += WG)
+        q[j] = qkv[(size_t)t * QKV_DIM + kvh * GH + j] * scale;
+    float acc[ACC], m[GROUP], l[GROUP], corr[GROUP], s[GROUP];
+    for (int i = 0; i < ACC; i++)
+        acc[i] = 0.0f;
+    for (int h = 0; h < GROUP; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (split >= splits)
+        return;  /* a longer token needs more splits than this one */
+    /* after a barrier: before the first, PoCL 3.1's results varied run to run */
+    for (int p0 = begin; p0 < end; p0 += WG) {
+        const int at = p0 + lid;
+        for (int h = 0; h < GROUP; h++)
+            s[h] = at < end ? 0.0f : -INFINITY;
+        if (at < end) {
+            __global const half *kp = kcache + kv_tile(table[at / BLOCK_SIZE], layer, kvh)
+                                      + at % BLOCK_SIZE;
+            for (int d = 0; d < HEAD_DIM; d++) {
+                const float kd = vload_half(d * BLOCK_SIZE, kp);
+                for (int h = 0; h < GROUP; h++)
+                    s[h] += q[h * HEAD_DIM + d] * kd;
+            }
+        }
+        wg_max(s, GROUP, scratch, chunk);
+        for (int h = 0; h < GROUP; h++) {
+            const float m_new = fmax(m[h], chunk[h]);
+            corr[h] = exp(m[h] - m_new);
+            m[h] = m_new;
+            s[h] = exp(s[h] - m_new);
+            p[h][lid] = s[h];
+        }
+        wg_sum(s, GROUP, scratch, chunk);  /* its barriers publish p too */
+        for (int h = 0; h < GROUP; h++)
+            l[h] = l[h] * corr[h] + chunk[h];
+        const int len = min(WG, end - p0);
+        for (int i = 0; i < ACC; i++) {
+            const int j = lid + i * WG, h = j / HEAD_DIM, d = j % HEAD_DIM;
+            if (j >= GH)
+                break;
+            float a = acc[i] * corr[h];
+            for (int e = 0; e < len; e++) {
+                const int ps = p0 + e;
+                __global const half *vp = vcache + kv_tile(table[ps / BLOCK_SIZE], layer, kvh)
+                                          + (ps % BLOCK_SIZE) * HEAD_DIM;
+                a += p[h][e] * vload_half(d, vp);
+            }
+            acc[i] = a;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);  /* before the next chunk rewrites p */
+    }
+    if (splits == 1) {
+        for (int i = 0; i < ACC; i++) {
+            const int j = lid + i * WG;
+            if (j < GH)
+                o[j] = acc[i] / l[j / HEAD_DIM];
+        }
+    } else {
+        const size_t pair = (size_t)t * N_KV_HEADS + kvh;
+        __global float *mine = partial + (pair * MAX_SPLITS + split) * SPLIT_FLOATS;
+        for (int i = 0; i < ACC; i++) {
+            const int j = lid + i * WG;
+            if (j < GH)
+                mine[2 * GROUP + j] = acc[i];
+        }
+        for (int h = 0; h < GROUP; h++)
+            if (lid == h) {
+                mine[h] = m[h];
+                mine[GROUP + h] = l[h];
+            }
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        barrier(CLK_GLOBAL_MEM_FENCE);
+        if (lid == 0)
+            last[0] = atomic_inc(counters + pair) == splits - 1;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!last[0])
+            return;  /* the whole work-group: `last` is shared */
+        if (lid == 0)
+            counters[pair] = 0;  /* ready for the next launch */
+        /* volatile: read what the other work-groups wrote, not a stale cache */
+        volatile __global const float *all = partial + pair * MAX_SPLITS * SPLIT_FLOATS;
+        for (int i = 0; i < ACC; i++) {
+            const int j = lid + i * WG, h = j / HEAD_DIM;
+            if (j >= GH)
+                break;
+            float top = -INFINITY, sum = 0.0f, out = 0.0f;
+            for (int q = 0; q < splits; q++)
+                top = fmax(top, all[q * SPLIT_FLOATS + h]);
+            for (int q = 0; q < splits; q++) {
+                volatile __global const float *its = all + q * SPLIT_FLOATS;
+                const float w = exp(its[h] - top);
+                sum += w * its[GROUP + h];
+                out += w * its[2 * GROUP + j];
+            }
+            o[j] = out / sum;
+        }
+    }
+    /* out through local memory: written to att straight from the combine, the
+       results on PoCL 3.1 varied run to run */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = lid; j < GH; j += WG)
+        att[(size_t)t * Q_DIM + kvh * GH + j] = o[j];
 }
-FOR_EACH_WTYPE(DEFINE_ATTENTION)

@@ -1,6 +1,6 @@
 /* GPU family: quantized matrix times a batch of vectors, layer glue fused in.
  * Built after quant.cl, common.cl and gpu/reduce.cl. The host passes WG, the work-group size it
- * read from the device (a power of two, 16..256), and D_MODEL.
+ * read from the device (a power of two, 16..256).
  *
  * Decode reads every weight once per step, so a decode matmul must stream the
  * weights at full memory bandwidth: many work-groups, neighbouring work-items
@@ -22,13 +22,10 @@
  *
  * Both compute, for unit u and column c, the pair of dot products an epilogue
  * needs together, and both run every op (a uniform branch, `op`):
- *   OP_MATMUL  rows (2u, 2u+1): y[c] = W . n(x[c]) (+ y[c] + parts[c], residual)
+ *   OP_MATMUL  rows (2u, 2u+1): y[c] = W . n(x[c]) (+ y[c], the residual add)
  *   OP_QKV     rows (2u, 2u+1): RoPE the pair, store q, or K/V into the cache
  *   OP_SWIGLU  rows (u, rows+u): h[c][u] = act(gate) * up  (silu or GELU, common.cl)
  * n(x) is the optional RMSNorm (W . (g*x)) / rms(x), as in cpu/matmul.cl.
- * `parts` are the attention's per-KV-head output projections (attention.cl):
- * the SwiGLU input is x + sum(parts), and the down projection's residual adds
- * them into x, so no launch of its own is needed to combine them.
  */
 
 #define OP_MATMUL 0
@@ -42,8 +39,7 @@
 
 #define GPU_MATMUL_ARGS                                                          \
     __global const uchar *qs, __global const float *dm, __global const float *g, \
-    __global const float *x, __global const int *xrows,                          \
-    __global const float *parts, int nparts, int part_stride, float eps,         \
+    __global const float *x, __global const int *xrows, float eps,               \
     __global float *y, int rows, int k, int ncols, int op, int normalize,        \
     int accumulate, __global const int *pos, __global const int *seq,           \
     __global const int *tables, int max_blocks, __global const float *rope, \
@@ -77,20 +73,9 @@ inline int unit_count(int op, int rows)
     return op == OP_SWIGLU ? rows : (rows + 1) / 2;
 }
 
-/* Element j of column c's input: x plus the attention parts where the op reads them. */
-inline float input_at(__global const float *x, __global const float *parts, int nparts,
-                      int part_stride, int k, int xrow, int j)
-{
-    float v = x[(size_t)xrow * k + j];
-    for (int p = 0; p < nparts; p++)
-        v += parts[(size_t)p * part_stride + (size_t)xrow * k + j];
-    return v;
-}
-
 /* Write unit u of column c from its two dot products (already scaled by 1/rms). */
 inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows,
-                     int accumulate, __global const float *parts, int nparts, int part_stride,
-                     __global const int *pos, __global const int *seq,
+                     int accumulate, __global const int *pos, __global const int *seq,
                      __global const int *tables, int max_blocks,
                      __global const float *rope, __global half *kcache,
                      __global half *vcache, int layer)
@@ -109,11 +94,8 @@ inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows
     __global float *yc = y + (size_t)c * rows;
     for (int i = 0; i < 2 && r + i < rows; i++) {
         float out = i ? v.y : v.x;
-        if (accumulate) {
+        if (accumulate)
             out += yc[r + i];
-            for (int p = 0; p < nparts; p++)
-                out += parts[(size_t)p * part_stride + (size_t)c * rows + r + i];
-        }
         yc[r + i] = out;
     }
 }
@@ -124,17 +106,14 @@ inline void epilogue(int op, int u, int c, float2 v, __global float *y, int rows
  * mv and mm both call it, so a column's scale never depends on which kernel
  * its step took, nor on WG; and it costs two barriers, not a tree's worth. */
 #define NORM_STRANDS 32
-inline void column_norms(__global const float *x, __global const float *parts, int nparts,
-                         int part_stride, int k, __global const int *xrows, int c0, int n,
+inline void column_norms(__global const float *x, int k, __global const int *xrows, int c0, int n,
                          float eps, __local float *scratch, __local float *inv)
 {
     for (int i = get_local_id(0); i < n * NORM_STRANDS; i += WG) {
-        const int xr = xrows[c0 + i / NORM_STRANDS];
+        __global const float *xc = x + (size_t)xrows[c0 + i / NORM_STRANDS] * k;
         float a = 0.0f;
-        for (int j = i % NORM_STRANDS; j < k; j += NORM_STRANDS) {
-            const float v = input_at(x, parts, nparts, part_stride, k, xr, j);
-            a += v * v;
-        }
+        for (int j = i % NORM_STRANDS; j < k; j += NORM_STRANDS)
+            a += xc[j] * xc[j];
         scratch[i] = a;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -174,12 +153,11 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
     const int lid = get_local_id(0), lane = lid % lpu;                          \
     const int u = get_group_id(0) * (WG / lpu) + lid / lpu;                     \
     const int units = unit_count(op, rows), nb = k / 32;                        \
-    const int in_parts = op == OP_SWIGLU ? nparts : 0;                          \
     const int2 rr = unit_rows(op, min(u, units - 1), rows);                     \
     for (int c0 = 0; c0 < ncols; c0 += MV_TILE) {                               \
         const int tile = min(MV_TILE, ncols - c0);                              \
         if (normalize)                                                          \
-            column_norms(x, parts, in_parts, part_stride, k, xrows, c0, tile, eps, scratch, inv); \
+            column_norms(x, k, xrows, c0, tile, eps, scratch, inv);             \
         float a[2 * MV_TILE];                                                   \
         for (int i = 0; i < 2 * MV_TILE; i++)                                   \
             a[i] = 0.0f;                                                        \
@@ -192,14 +170,8 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
             for (int c = 0; c < MV_TILE; c++) {                                 \
                 if (c >= tile)                                                  \
                     break;                                                      \
-                const int xr = xrows[c0 + c];                                   \
-                float16 xlo = F16(2 * b, x + (size_t)xr * k);                   \
-                float16 xhi = F16(2 * b + 1, x + (size_t)xr * k);               \
-                for (int p = 0; p < in_parts; p++) {                            \
-                    __global const float *pp = parts + (size_t)p * part_stride + (size_t)xr * k; \
-                    xlo += F16(2 * b, pp);                                      \
-                    xhi += F16(2 * b + 1, pp);                                  \
-                }                                                               \
+                __global const float *xc = x + (size_t)xrows[c0 + c] * k;       \
+                const float16 xlo = F16(2 * b, xc), xhi = F16(2 * b + 1, xc);   \
                 a[2 * c] += block_dot(lo0, hi0, xlo, xhi);                      \
                 a[2 * c + 1] += block_dot(lo1, hi1, xlo, xhi);                  \
             }                                                                   \
@@ -211,8 +183,8 @@ void mv_##NAME(GPU_MATMUL_ARGS)                                                 
                 if (normalize)                                                  \
                     v *= inv[c];                                                \
                 if (u < units)                                                  \
-                    epilogue(op, u, c0 + c, v, y, rows, accumulate, parts, nparts, part_stride, \
-                             pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
+                    epilogue(op, u, c0 + c, v, y, rows, accumulate, pos, seq, tables, \
+                             max_blocks, rope, kcache, vcache, layer);          \
             }                                                                   \
         barrier(CLK_LOCAL_MEM_FENCE);                                           \
     }                                                                           \
@@ -238,10 +210,8 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
     const int lid = get_local_id(0), iu = lid % 16, ic = lid / 16;              \
     const int units = unit_count(op, rows), nb = k / 32;                        \
     const int u0 = get_group_id(0) * 16, c0 = get_group_id(1) * MM_COLS;       \
-    const int in_parts = op == OP_SWIGLU ? nparts : 0;                          \
     if (normalize)                                                              \
-        column_norms(x, parts, in_parts, part_stride, k, xrows, c0,             \
-                     min(MM_COLS, ncols - c0), eps, scratch, ss);               \
+        column_norms(x, k, xrows, c0, min(MM_COLS, ncols - c0), eps, scratch, ss); \
     float acc[2 * MM_CPL], tree[2 * MM_CPL][TREE_LEVELS];                       \
     for (int i = 0; i < 2 * MM_CPL; i++)                                        \
         acc[i] = 0.0f;                                                          \
@@ -265,11 +235,7 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
             float4 v = (float4)0.0f;                                            \
             if (q0 + f / 8 < nb) {                                              \
                 const int j = 32 * lane_block(q0 + f / 8, nb, lpu) + 4 * (f % 8); \
-                __global const int *r = xrows + c;                              \
-                v = (float4)(input_at(x, parts, in_parts, part_stride, k, *r, j),  \
-                             input_at(x, parts, in_parts, part_stride, k, *r, j + 1), \
-                             input_at(x, parts, in_parts, part_stride, k, *r, j + 2), \
-                             input_at(x, parts, in_parts, part_stride, k, *r, j + 3)); \
+                v = vload4(0, x + (size_t)xrows[c] * k + j);                    \
             }                                                                   \
             xs[lc][f] = v;                                                      \
         }                                                                       \
@@ -302,8 +268,8 @@ void mm_##NAME(GPU_MATMUL_ARGS)                                                 
         if (normalize)                                                          \
             v *= ss[lc];                                                        \
         if (u < units && c < ncols)                                             \
-            epilogue(op, u, c, v, y, rows, accumulate, parts, nparts, part_stride, \
-                     pos, seq, tables, max_blocks, rope, kcache, vcache, layer); \
+            epilogue(op, u, c, v, y, rows, accumulate, pos, seq, tables,        \
+                     max_blocks, rope, kcache, vcache, layer);                  \
     }                                                                           \
 }
 FOR_EACH_WTYPE(DEFINE_MM)

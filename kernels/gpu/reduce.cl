@@ -127,31 +127,21 @@ inline float tree_lanes(float v, int lpu, __local float *tmp)
 }
 #endif
 
-/* The post-norm residual add of post_norms models (Gemma 3):
- *     x[t] += y / rms(y) * w,   y = sum of nparts slices of parts, part_stride apart
- * y is the attention's per-KV-head output projections (attention.cl), or one
- * matmul's output (nparts 1). One work-group per token. */
+/* The post-norm residual add of post_norms models (Gemma 3), common.cl's
+ * add_rmsnorm on a work-group per token:
+ *     x[t] += y[t] / rms(y[t]) * w */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void add_rmsnorm_parts(__global float *x, __global const float *parts, int nparts,
-                       int part_stride, __global const float *w, int d)
+void add_rmsnorm_wide(__global float *x, __global const float *y, __global const float *w, int d)
 {
     __local float scratch[WG];
     __local float total;
     const int lid = get_local_id(0), t = get_group_id(1);
-    __global const float *yt = parts + (size_t)t * d;
+    __global const float *yt = y + (size_t)t * d;
     float ss[1] = {0.0f};
-    for (int i = lid; i < d; i += WG) {
-        float y = 0.0f;
-        for (int p = 0; p < nparts; p++)
-            y += yt[(size_t)p * part_stride + i];
-        ss[0] += y * y;
-    }
+    for (int i = lid; i < d; i += WG)
+        ss[0] += yt[i] * yt[i];
     wg_sum(ss, 1, scratch, &total);
     const float inv = rsqrt(total / d + NORM_EPS);
-    for (int i = lid; i < d; i += WG) {
-        float y = 0.0f;
-        for (int p = 0; p < nparts; p++)
-            y += yt[(size_t)p * part_stride + i];
-        x[(size_t)t * d + i] += y * inv * w[i];
-    }
+    for (int i = lid; i < d; i += WG)
+        x[(size_t)t * d + i] += yt[i] * inv * w[i];
 }
