@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU kernel family on a GPU, in one short run (a lent machine's lease is minutes):
 #
-#     scripts/gpu-check.sh [--out DIR] MODEL.gguf[.gz] ...
+#     scripts/gpu-check.sh [--out DIR] [--against TREE] MODEL.gguf[.gz] ...
 #
 # 1. the OpenCL devices found, with their versions and extensions;
 # 2. `swarm bench engine` on the first model, then its --profile (per-kernel GB/s);
 # 3. the kernel tests on the GPU family against the NumPy reference (the tests that need
 #    a downloaded model are left out: such a machine usually has no network);
 # 4. `swarm bench engine` on each other model, twice, alternating the default layout
-#    with SLOTSWARM_COMPACT=1 (the compact K-quant layouts, never measured on a GPU).
+#    with SLOTSWARM_COMPACT=1 (the compact K-quant layouts; slower on an H200 so far);
+#    with --against, on every model, this checkout alternating with TREE, another
+#    checkout of slotswarm (`git archive REV | tar -x -C TREE`, carried along): a
+#    change's A/B in the one lease.
 #
 # The models are usually hollow twins made beforehand (`swarm models --hollow NAME FILE`,
 # gzip them to carry: a step's time does not depend on the weights). Every step is
@@ -23,10 +26,17 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 OUT=gpu-check
-if [[ ${1:-} == --out ]]; then
-    OUT=${2:?--out needs a folder}
+AGAINST=
+while [[ ${1:-} == --out || ${1:-} == --against ]]; do
+    if [[ $1 == --out ]]; then
+        OUT=${2:?--out needs a folder}
+    else
+        tree=${2:?--against needs a folder}
+        AGAINST=$(cd "$tree" 2>/dev/null && pwd)
+        [[ -f $AGAINST/swarm/cli.py ]] || { echo "--against: not a slotswarm checkout: $tree" >&2; exit 2; }
+    fi
     shift 2
-fi
+done
 usage() { sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 if [[ $# -eq 0 ]]; then
     usage >&2
@@ -78,21 +88,22 @@ for p in cl.get_platforms():
         print("   ", d.extensions)
 EOF
 
-bench() {  # LABEL SECONDS [NAME=VALUE ...] -- ARGS: one `swarm bench engine` report
-    local label=$1 limit=$2 envs=() json
-    shift 2
+bench() {  # LABEL SECONDS TREE [NAME=VALUE ...] -- ARGS: one `swarm bench engine` report, TREE's code
+    local label=$1 limit=$2 tree=$3 envs=() json
+    shift 3
     while [[ $1 != -- ]]; do envs+=("$1"); shift; done
     shift
     say "bench $label"
-    json=$(env ${envs[@]+"${envs[@]}"} timeout "$limit" "$PYTHON" -c 'import sys; from swarm.cli import main; sys.exit(main())' \
-        bench engine --json "$@") || { echo "    failed (exit $?)"; return; }
+    json=$(cd "$tree" && env PYTHONPATH="$tree${PYTHONPATH#"$ROOT"}" ${envs[@]+"${envs[@]}"} timeout "$limit" "$PYTHON" \
+        -c 'import sys; from swarm.cli import main; sys.exit(main())' bench engine --json "$@") \
+        || { echo "    failed (exit $?)"; return; }
     echo "{\"label\": \"$label\", \"report\": $json}" >>"$OUT/bench.jsonl"
     "$PYTHON" -c 'import json, sys; from swarm.bench.engine import format_report; print(format_report(json.loads(sys.argv[1])))' "$json"
 }
 
 first=${models[0]}
-bench "$(basename "$first")" 90 -- --model "$first" --steps 32
-bench "$(basename "$first") --profile" 90 -- --model "$first" --profile
+bench "$(basename "$first")" 90 "$ROOT" -- --model "$first" --steps 32
+bench "$(basename "$first") --profile" 90 "$ROOT" -- --model "$first" --profile
 
 say "kernel tests (GPU family)"
 timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -n "$(($(nproc) < 12 ? $(nproc) : 12))" --dist loadfile \
@@ -103,11 +114,20 @@ timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -n "$(($(nproc) < 12 ? $(
 echo "    pytest exit $?"
 tail -30 "$OUT/pytest.txt"
 
-for model in "${models[@]:1}"; do
-    for round in 1 2; do
-        bench "$(basename "$model") round $round" 90 -- --model "$model"
-        bench "$(basename "$model") compact, round $round" 90 SLOTSWARM_COMPACT=1 -- --model "$model"
+if [[ -n $AGAINST ]]; then
+    for model in "${models[@]}"; do
+        for round in 1 2; do
+            bench "$(basename "$model") round $round" 90 "$ROOT" -- --model "$model"
+            bench "$(basename "$model") against $AGAINST, round $round" 90 "$AGAINST" -- --model "$model"
+        done
     done
-done
-bench "$(basename "$first") again" 90 -- --model "$first" --steps 32
+else
+    for model in "${models[@]:1}"; do
+        for round in 1 2; do
+            bench "$(basename "$model") round $round" 90 "$ROOT" -- --model "$model"
+            bench "$(basename "$model") compact, round $round" 90 "$ROOT" SLOTSWARM_COMPACT=1 -- --model "$model"
+        done
+    done
+    bench "$(basename "$first") again" 90 "$ROOT" -- --model "$first" --steps 32
+fi
 say done
