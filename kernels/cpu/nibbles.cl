@@ -582,6 +582,33 @@ inline int16 dot_bytes(int16 acc, uint16 u8, uint16 s8)
 #endif
 }
 
+#if MADD_WIDTH == 256
+/* AVX2 has pmaddubsw but no vpdpbusd, and a dot_bytes costs it twice the multiplies of a
+   pmaddubsw alone: where a sum of byte products stays within 16 bits, the pairs are added as
+   they are (bytes_pairs) and each row's lanes folded by a pairwise add of 16-bit lanes
+   (halves_pairs), into the lanes pack_halves leaves. The integer sums are the same. */
+
+/* lane l: u8's bytes 2l, 2l + 1 times s8's, added (pmaddubsw) */
+inline short32 bytes_pairs(uint16 u8, uint16 s8)
+{
+    typedef char v32c __attribute__((__vector_size__(32)));
+    typedef short v16s __attribute__((__vector_size__(32)));
+    const v16s lo = __builtin_ia32_pmaddubsw256((v32c)__builtin_astype(u8.lo, v16s), (v32c)__builtin_astype(s8.lo, v16s));
+    const v16s hi = __builtin_ia32_pmaddubsw256((v32c)__builtin_astype(u8.hi, v16s), (v32c)__builtin_astype(s8.hi, v16s));
+    return (short32)(__builtin_astype(lo, short16), __builtin_astype(hi, short16));
+}
+
+/* in each 128 bits, a's four sums of neighbouring lanes, then b's four (vphaddw), as
+   pack_halves lays out the 32-bit lanes those sums would have made */
+inline short32 halves_pairs(short32 a, short32 b)
+{
+    typedef short v16s __attribute__((__vector_size__(32)));
+    const v16s lo = __builtin_ia32_phaddw256(__builtin_astype(a.lo, v16s), __builtin_astype(b.lo, v16s));
+    const v16s hi = __builtin_ia32_phaddw256(__builtin_astype(a.hi, v16s), __builtin_astype(b.hi, v16s));
+    return (short32)(__builtin_astype(lo, short16), __builtin_astype(hi, short16));
+}
+#endif
+
 /* a's and b's lanes, each within 16 bits, as vpackssdw interleaves them: in each 128 bits,
    four of a's, then four of b's */
 inline short32 pack_halves(int16 a, int16 b)
@@ -681,6 +708,23 @@ __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar 
    2m and 2m + 1 of row 0, then of row 1, each scaled by its sub-block scales */
 __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const RowPair *rows, __local const uint16 *x)
 {
+#if MADD_WIDTH == 256
+    /* Q4_K's 16 products a row and lane reach 16 * 15 * 127, Q6_K's four 4 * 255 * 32 */
+    if (wtype == WT_Q4_K) {
+        short32 row0 = 0, row1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            row0 += bytes_pairs(rows->q0[i], x[i]);
+            row1 += bytes_pairs(rows->q1[i], x[i]);
+        }
+        return madd(halves_pairs(row0, row1), rows->scales[0]);
+    }
+    int16 sums = rows->bias;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        sums += madd(halves_pairs(bytes_pairs(x[i], rows->q0[i]), bytes_pairs(x[i], rows->q1[i])), rows->scales[i / 2]);
+    return sums;
+#else
     if (wtype == WT_Q4_K) {
         const int16 row0 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q0[0], x[0]), rows->q0[1], x[1]), rows->q0[2], x[2]), rows->q0[3], x[3]);
         const int16 row1 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q1[0], x[0]), rows->q1[1], x[1]), rows->q1[2], x[2]), rows->q1[3], x[3]);
@@ -691,6 +735,7 @@ __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const Ro
     for (int i = 0; i < 4; i++)
         sums = madd_add(sums, pack_halves(dot_bytes((int16)0, x[i], rows->q0[i]), dot_bytes((int16)0, x[i], rows->q1[i])), rows->scales[i / 2]);
     return sums;
+#endif
 }
 
 __attribute__((always_inline)) inline void read_row_pair(const int wtype, __global const uchar *qs, __global const float *dm,
