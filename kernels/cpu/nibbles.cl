@@ -476,7 +476,10 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
 typedef struct {
     uint16 quants[4];  /* vector i holds inputs 8i..8i + 7 of each block, block b's at byte 8b */
     float16 steps;     /* each block's step, block 2m + p's in lanes 4m + p and 4m + 2 + p */
-    float16 sums;      /* Q4_K: each block's float input sum, in the lanes of its step */
+    union {
+        float16 floats;  /* Q4_K: each block's float input sum, in the lanes of its step */
+        short32 halves;  /* Q6_K: each block's sums of its halves' quants, a 32-bit lane as its step's */
+    } sums;
 } SuperRecord;
 
 #if SUPER_INT8
@@ -488,14 +491,12 @@ typedef struct {
    the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
    the least its own largest |x| allows, so a block far below its super-block's largest keeps a
    finer step. Column c's super-block j goes to record c * nsuper + j, its bytes where they meet
-   the quants of a row's super-block (read_q4_k_bytes, read_q6_k_bytes). `wtype` Q6_K stores
-   them unsigned, x + 128 (its quants are the signed operand). */
+   the quants of a row's super-block (read_q4_k_bytes, read_q6_k_bytes), and `wtype`'s sums. */
 __attribute__((always_inline)) inline void quantize_super_columns(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int wtype,
                                  __local uchar *xl)
 {
     const int nsuper = k / 256;
-    const int offset = wtype == WT_Q6_K ? 128 : 0;
     const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
     for (int u = get_local_id(0); u < live * nsuper; u += get_local_size(0)) {
         const int c = u / nsuper, j = u % nsuper;
@@ -525,19 +526,26 @@ __attribute__((always_inline)) inline void quantize_super_columns(__global const
         const float unit = amax / (127.0f * BLOCK_STEPS);
         __local char8 *o = (__local char8 *)record->quants;
         float sums[8];
+        short16 halves;  /* block b's halves' quant sums in lanes 2b, 2b + 1 */
 #pragma unroll
         for (int b = 0; b < 8; b++) {
-            const char16 first = convert_char16(ROUND(v[2 * b] * to_int[b]) + offset);
-            const char16 second = convert_char16(ROUND(v[2 * b + 1] * to_int[b]) + offset);
-            o[b] = first.lo;
-            o[8 + b] = first.hi;
-            o[16 + b] = second.lo;
-            o[24 + b] = second.hi;
-            sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
+            const int16 first = ROUND(v[2 * b] * to_int[b]), second = ROUND(v[2 * b + 1] * to_int[b]);
+            o[b] = convert_char8(first.lo);
+            o[8 + b] = convert_char8(first.hi);
+            o[16 + b] = convert_char8(second.lo);
+            o[24 + b] = convert_char8(second.hi);
+            if (wtype == WT_Q4_K) {
+                sums[b] = hsum16(v[2 * b] + v[2 * b + 1]);
+            } else {  /* (exact: at most 16 * 127) */
+                halves[2 * b] = (short)hsum16(convert_float16(first));
+                halves[2 * b + 1] = (short)hsum16(convert_float16(second));
+            }
         }
         record->steps = (steps * unit).s0101232345456767;
         if (wtype == WT_Q4_K)
-            record->sums = ((float8)(sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7])).s0101232345456767;
+            record->sums.floats = ((float8)(sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7])).s0101232345456767;
+        else
+            record->sums.halves = as_short32(as_int8(halves).s0101232345456767);
     }
 }
 
@@ -551,12 +559,10 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-typedef uchar uchar64 __attribute__((ext_vector_type(64)));
-
 /* lane u: acc + the sum of u's four products of unsigned bytes (`u8`) and signed ones (`s8`):
    one vpdpbusd where the host says the CPU has AVX-512 VNNI (madd_add says how), else
-   pmaddubsw's pairs (no pair here comes near its 16-bit saturation: at most 2 * 255 * 32 or
-   2 * 15 * 127) added by pmaddwd. The integer sums are the same bits either way. */
+   pmaddubsw's pairs (no pair here comes near its 16-bit saturation: at most 2 * 63 * 127)
+   added by pmaddwd. The integer sums are the same bits either way. */
 inline int16 dot_bytes(int16 acc, uint16 u8, uint16 s8)
 {
 #if DOT_VNNI && MADD_WIDTH == 512
@@ -638,16 +644,16 @@ inline short32 pack_halves(int16 a, int16 b)
  *
  * Q4_K's quants (0..15) are the unsigned operand, against signed inputs, and a row's four
  * vpdpbusd add up in one register before the pack: a lane sums at most 16 products of
- * 15 * 127. Q6_K's, with their two high bits and centred (q - 32, signed), are the signed one,
- * against x + 128, and `bias` takes away what the 128 adds: 128 times each lane's quant sum,
- * scaled as the lanes are. A vpdpbusd's lanes may reach four products of 255 * 32, so each is
- * packed on its own, by the scales of its blocks' first halves (vectors 0, 1) or second
- * (2, 3). The 32-bit sums stay below 2^27.
+ * 15 * 127. Q6_K's, with their two high bits, are unsigned too (0..63, as stored), and
+ * `offsets` takes away the 32 they stand above: -32 times each half-block's scale against the
+ * inputs' sums of its quants (the records' sums.halves), one pmaddwd a column. A vpdpbusd's
+ * lanes may reach four products of 63 * 127, so each is packed on its own, by the scales of
+ * its blocks' first halves (vectors 0, 1) or second (2, 3). The 32-bit sums stay below 2^27.
  */
 typedef struct {
     uint16 q0[4], q1[4];  /* the two rows' quants */
     short32 scales[2];    /* the sub-block scales in pack_halves' lanes (Q4_K: one a block) */
-    int16 bias;           /* Q6_K: what the inputs' 128 adds, negated, in pair_lanes */
+    short32 offsets;      /* Q6_K: -32 times the scales of a block's two halves, a 32-bit lane a block, as pair_lanes' */
     float16 d, mins;      /* each lane's row's d, and Q4_K's its block's min times its dmin */
 } RowPair;
 
@@ -695,8 +701,8 @@ __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar 
         const ushort32 h = __builtin_convertvector(__builtin_astype((uint8)(p[8 + 2 * i], p[9 + 2 * i]), uchar32), ushort32);
         const ushort32 low = ((h << (ushort)4) & (ushort)0x30) | ((h << (ushort)8) & (ushort)0x3000);
         const ushort32 high = ((h << (ushort)2) & (ushort)0x30) | ((h << (ushort)6) & (ushort)0x3000);
-        q[2 * i] = __builtin_astype(__builtin_astype((n & 0x0f0f0f0fu) | __builtin_astype(low, uint16), uchar64) - (uchar)32, uint16);
-        q[2 * i + 1] = __builtin_astype(__builtin_astype(((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16), uchar64) - (uchar)32, uint16);
+        q[2 * i] = (n & 0x0f0f0f0fu) | __builtin_astype(low, uint16);
+        q[2 * i + 1] = ((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16);
     }
     /* (as decoded: blocks 0..3's first halves, their second, then 4..7's) */
     block_runs(q);
@@ -704,12 +710,13 @@ __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar 
     *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
 }
 
-/* pair_lanes of the row pair's products with a column's inputs `x`: every 128 bits blocks
+/* pair_lanes of the row pair's products with a column's inputs: every 128 bits blocks
    2m and 2m + 1 of row 0, then of row 1, each scaled by its sub-block scales */
-__attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const RowPair *rows, __local const uint16 *x)
+__attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const RowPair *rows, __local const SuperRecord *inputs)
 {
+    __local const uint16 *x = inputs->quants;
 #if MADD_WIDTH == 256
-    /* Q4_K's 16 products a row and lane reach 16 * 15 * 127, Q6_K's four 4 * 255 * 32 */
+    /* Q4_K's 16 products a row and lane reach 16 * 15 * 127, Q6_K's four 4 * 63 * 127 */
     if (wtype == WT_Q4_K) {
         short32 row0 = 0, row1 = 0;
 #pragma unroll
@@ -719,10 +726,10 @@ __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const Ro
         }
         return madd(halves_pairs(row0, row1), rows->scales[0]);
     }
-    int16 sums = rows->bias;
+    int16 sums = madd(rows->offsets, inputs->sums.halves);
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        sums += madd(halves_pairs(bytes_pairs(x[i], rows->q0[i]), bytes_pairs(x[i], rows->q1[i])), rows->scales[i / 2]);
+        sums += madd(halves_pairs(bytes_pairs(rows->q0[i], x[i]), bytes_pairs(rows->q1[i], x[i])), rows->scales[i / 2]);
     return sums;
 #else
     if (wtype == WT_Q4_K) {
@@ -730,10 +737,10 @@ __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const Ro
         const int16 row1 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q1[0], x[0]), rows->q1[1], x[1]), rows->q1[2], x[2]), rows->q1[3], x[3]);
         return madd(pack_halves(row0, row1), rows->scales[0]);
     }
-    int16 sums = rows->bias;
+    int16 sums = madd(rows->offsets, inputs->sums.halves);
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        sums = madd_add(sums, pack_halves(dot_bytes((int16)0, x[i], rows->q0[i]), dot_bytes((int16)0, x[i], rows->q1[i])), rows->scales[i / 2]);
+        sums = madd_add(sums, pack_halves(dot_bytes((int16)0, rows->q0[i], x[i]), dot_bytes((int16)0, rows->q1[i], x[i])), rows->scales[i / 2]);
     return sums;
 #endif
 }
@@ -759,11 +766,8 @@ __attribute__((always_inline)) inline void read_row_pair(const int wtype, __glob
     rows->scales[0] = ROWS_LANES(s0.even, s1.even);  /* the blocks' first halves */
     rows->scales[1] = ROWS_LANES(s0.odd, s1.odd);
     rows->d = ((float4)(d0, d0, d1, d1)).s0123012301230123;
-    rows->bias = 0;
-    const uint16 c128 = 0x80808080u;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        rows->bias -= madd(pack_halves(dot_bytes((int16)0, c128, rows->q0[i]), dot_bytes((int16)0, c128, rows->q1[i])), rows->scales[i / 2]);
+    rows->offsets = as_short32(shuffle2(as_int8(convert_short16(s0) * (short)-32), as_int8(convert_short16(s1) * (short)-32),
+                                        (uint16)(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)));
 }
 
 /* The row sums of eight columns' accumulators: column j's row 0 in lane 2j, its row 1 in
@@ -805,8 +809,8 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         read_row_pair(wtype, qs, dm, paired_group(r0, nsuper, j), paired_group(r1, nsuper, j), &rows);
         for (int c = 0; c < tile; c++) {
             __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
-            const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs->quants));
-            acc[c] = wtype == WT_Q4_K ? acc[c] + (sums * (rows.d * inputs->steps) + rows.mins * inputs->sums)
+            const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs));
+            acc[c] = wtype == WT_Q4_K ? acc[c] + (sums * (rows.d * inputs->steps) + rows.mins * inputs->sums.floats)
                                       : acc[c] + sums * (rows.d * inputs->steps);
         }
     }
