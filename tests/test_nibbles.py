@@ -163,28 +163,30 @@ def test_staged_inputs_give_the_bits_of_each_work_group_s_own(device, qtype, com
         assert staged.tobytes() == own.tobytes()
 
 
-def extreme_super_blocks(qtype, n: int) -> np.ndarray:
+def extreme_super_blocks(qtype, n: int, quant: int) -> np.ndarray:
     """n Q4_K or Q6_K super-blocks whose integer sums are the largest the kernels can meet:
-    Q4_K every quant 15 and every scale and min 63; Q6_K every quant 0 (q - 32 = -32) and
-    every scale -128; d 1 (and dmin 1)."""
+    Q4_K every quant 15 and every scale and min 63; Q6_K every quant `quant` (0: q - 32 = -32,
+    the largest in 16 bits; 63: the largest byte its 8-bit kernels multiply) and every scale
+    -128; d 1 (and dmin 1)."""
     one = np.array([0x3C00], np.uint16).view(np.uint8)
     if qtype == Q.Q4_K:  # d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
         block = np.concatenate([one, one, np.full(12, 0xFF, np.uint8), np.full(128, 0xFF, np.uint8)])
     else:  # 128 low nibbles, 64 high bits, 16 int8 scales, d
-        block = np.concatenate([np.zeros(192, np.uint8), np.full(16, 0x80, np.uint8), one])
+        block = np.concatenate([np.full(192, 0xFF if quant else 0, np.uint8), np.full(16, 0x80, np.uint8), one])
     return np.tile(block, (n, 1))
 
 
+@pytest.mark.parametrize("width", [512, 256])
 @pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-def test_compact_super_block_sums_do_not_overflow(device, qtype, int8: int) -> None:  # noqa: F811
+@pytest.mark.parametrize(("qtype", "quant"), [(Q.Q4_K, 15), (Q.Q6_K, 0), (Q.Q6_K, 63)], ids=lambda c: getattr(c, "name", str(c)))
+def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int8: int, width: int) -> None:  # noqa: F811
     """The compact Q4_K and Q6_K kernels add a super-block's scaled integer dot products in
-    32 bits, and with SUPER_INT8 pack a block half's in 16 (cpu/nibbles.cl's bounds): at the
-    largest quants, scales and inputs they still match NumPy, at one column and at a tile of
-    eight."""
-    program = build(device, 512, host_has_vnni(), bool(int8))
+    32 bits, and with SUPER_INT8 pack a block half's in 16, or on AVX2 add its byte products
+    in 16 (cpu/nibbles.cl's bounds): at the largest quants, scales and inputs they still match
+    NumPy, at one column and at a tile of eight."""
+    program = build(device, width, width == 512 and host_has_vnni(), bool(int8))
     cols = 512
-    raw = extreme_super_blocks(qtype, ROWS * cols // 256).reshape(ROWS, -1)
+    raw = extreme_super_blocks(qtype, ROWS * cols // 256, quant).reshape(ROWS, -1)
     want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
     for ncols in (1, 8):
         x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits, 127 in 8
