@@ -151,9 +151,11 @@ class CPUFamily:
         self.gemm = os.environ.get("SLOTSWARM_GEMM")
         self.compact = compact_layouts(default=self.COMPACT)
         # compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end takes them
-        # (cpu/nibbles.cl's SUPER_INT8): faster prompts and batches, for logits a little
-        # coarser than 16-bit inputs give; SLOTSWARM_INT8=0 keeps the 16 bits
-        self.int8 = os.environ.get("SLOTSWARM_INT8", "1") != "0"
+        # (cpu/nibbles.cl's INT8_INPUTS): faster steps, prompts and batches, for logits a little
+        # coarser than 16-bit inputs give; SLOTSWARM_INT8=0 keeps the 16 bits, and =all takes
+        # Q4_0 and Q4_1 on 8 bits too (INT8_NIBBLES), which moves SmolLM2-135M's answers
+        setting = os.environ.get("SLOTSWARM_INT8", "1")
+        self.int8, self.int8_nibbles = setting != "0", setting == "all"
         # a one-token step's layers a launch each (kernels/cpu/layer.cl) where the model allows;
         # SLOTSWARM_LAYER_LAUNCH=0 keeps their five, the same bits, to compare
         self.layer_launch = os.environ.get("SLOTSWARM_LAYER_LAUNCH", "1") != "0"
@@ -166,7 +168,8 @@ class CPUFamily:
         # only the matmuls of the kinds this model reads (cpu/matmul.cl's MATMUL_KINDS)
         kinds = {cpu_variant(part.kind) for m in engine.weights.matrices() for part in m.parts or [m]}
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
-                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}", f"-DSUPER_INT8={int(self.int8)}",
+                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}",
+                f"-DINT8_INPUTS={int(self.int8)}", f"-DINT8_NIBBLES={int(self.int8_nibbles)}",
                 f"-DPREFETCH_AHEAD={prefetch_ahead(engine.config.d_ff)}",
                 "-DMATMUL_KINDS", *(f"-DMATMUL_{kind}" for kind in sorted(kinds))]  # fmt: skip
 
@@ -277,7 +280,7 @@ class CPUFamily:
 class GPUFamily:
     name = "gpu"
     splits_stacks = False  # its kernels read a stack as one matrix of one kind
-    int8 = False  # its matmuls take float inputs (SLOTSWARM_INT8 is the CPU family's)
+    int8 = int8_nibbles = False  # its matmuls take float inputs (SLOTSWARM_INT8 is the CPU family's)
     SOURCES = ("quant", "common", "gpu/reduce", "gpu/matmul", "gpu/attention")
     MAX_WG = 256
     MAX_SPLITS = 16

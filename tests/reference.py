@@ -4,8 +4,8 @@ gpu/model/arch.py describes; the description's flags switch the optional parts o
 It is the yardstick the OpenCL engine is tested against, not a fast path: every weight is
 dequantized to float32 once, and the KV cache is one contiguous array per layer. Unless
 SLOTSWARM_INT8=0, the CPU family rounds the inputs of its compact Q4_K and Q6_K matmuls to 8
-bits (kernels/cpu/nibbles.cl); `int8_types` names the types whose matmuls round them so
-here too (`for_engine` picks them for an engine).
+bits, and with =all those of its Q4_0 and Q4_1 ones (kernels/cpu/nibbles.cl); `int8_types`
+names the types whose matmuls round them so here too (`for_engine` picks them for an engine).
 
     ref = ReferenceModel(load_model(path))
     ids = ref.generate(prompt_ids, max_tokens=20, sampling=GREEDY)
@@ -58,30 +58,49 @@ class ReferenceCache:
 
 
 class Int8Matrix:
-    """A Q4_K or Q6_K matrix as the CPU family multiplies it: each input super-block of 256
-    rounded to 8 bits in steps of u m_b, u 1/8 of its largest |x| / 127 (llama.cpp's Q8_K
-    step) and m_b (1..8) the least block b's largest |x| allows, against the scaled quants;
-    Q4_K's offsets against the float inputs' sums of each block of 32."""
+    """A Q4_K, Q6_K, Q4_0 or Q4_1 matrix as the CPU family multiplies it. Q4_K and Q6_K: each
+    input super-block of 256 rounded to 8 bits in steps of u m_b, u 1/8 of its largest |x| / 127
+    (llama.cpp's Q8_K step) and m_b (1..8) the least block b's largest |x| allows, against the
+    scaled quants. Q4_0 and Q4_1: each input block of 32 in steps of its largest |x| / 127
+    (llama.cpp's Q8_1), against d times the nibbles. Q4_K's, Q4_0's (-8d) and Q4_1's offsets
+    against the float inputs' sums of each block of 32."""
 
     BLOCK_STEPS = 8
 
     def __init__(self, t: WeightTensor) -> None:
         blocks = np.asarray(t.raw, np.uint8).reshape(-1, t.block_bytes)
+        self.per_block = t.qtype in (Q.Q4_0, Q.Q4_1)
+        if self.per_block:
+            d = quants._f16(blocks, 0)
+            q = quants._nibbles(blocks[:, 2:18] if t.qtype == Q.Q4_0 else blocks[:, 4:20])
+            self.scaled = (q * d).reshape(t.rows, t.cols).astype(np.float32)
+            self.offset = (-8 * d if t.qtype == Q.Q4_0 else quants._f16(blocks, 2)).reshape(t.rows, t.cols // 32)
+            return
         q, scale, offset = quants.SUBBLOCKS[t.qtype](blocks)
         sub = q.shape[1] // scale.shape[1]
         self.scaled = (q.reshape(len(q), -1, sub) * scale[:, :, None]).reshape(t.rows, t.cols).astype(np.float32)
         self.offset = np.repeat(offset, sub // 32, axis=1).reshape(t.rows, t.cols // 32) if offset.any() else None
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        y = self.rounded(x) @ self.scaled.T
+        y = (self.rounded_blocks(x) if self.per_block else self.rounded(x)) @ self.scaled.T
         if self.offset is not None:
             y += x.reshape(len(x), -1, 32).sum(axis=2) @ self.offset.T
         return y
 
+    @staticmethod
+    def rounded_blocks(x: np.ndarray) -> np.ndarray:
+        """x as Q4_0's and Q4_1's 8-bit inputs stand for it, float32 operation for operation as
+        the kernel's (cpu/nibbles.cl's quantize_group_columns)."""
+        f32 = np.float32
+        blocks = x.astype(f32).reshape(len(x), -1, 32)
+        amax = np.abs(blocks).max(axis=2, keepdims=True)
+        to_int = np.where(amax > 0, f32(127) / np.where(amax > 0, amax, f32(1)), f32(0))
+        return (np.round(blocks * to_int) * (amax / f32(127))).reshape(x.shape)
+
     @classmethod
     def rounded(cls, x: np.ndarray) -> np.ndarray:
-        """x as its 8-bit quants stand for it: steps and quants float32 operation for operation
-        as the kernel's (cpu/nibbles.cl's quantize_super_bytes)."""
+        """x as Q4_K's and Q6_K's 8-bit inputs stand for it: steps and quants float32 operation
+        for operation as the kernel's (cpu/nibbles.cl's quantize_super_bytes)."""
         n, f32 = np.float32(cls.BLOCK_STEPS), np.float32
         blocks = x.astype(f32).reshape(len(x), -1, 8, 32)
         amax = np.abs(blocks).max(axis=(2, 3), keepdims=True)
@@ -186,9 +205,11 @@ class ReferenceModel:
 
 def for_engine(model: Model, engine) -> ReferenceModel:
     """The reference for an OpenCLEngine's logits: unless SLOTSWARM_INT8=0, the CPU family
-    rounds the inputs of its compact Q4_K and Q6_K matmuls to 8 bits."""
+    rounds the inputs of its compact Q4_K and Q6_K matmuls to 8 bits, and with =all its Q4_0
+    and Q4_1 ones too."""
     family = engine.family
-    return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} if family.int8 else ())
+    nibbles = {Q.Q4_0, Q.Q4_1} if family.int8_nibbles else set()
+    return ReferenceModel(model, family.compact & {Q.Q4_K, Q.Q6_K} | nibbles if family.int8 else ())
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -4,9 +4,10 @@ width the device can build (and vpdpwssd where the CPU has AVX-512 VNNI), at one
 five columns (the 8-column tile) and twenty (the 32-column GEMM tile: two full sub-tiles, a
 partial one and one skipped), for rows of whole groups of four blocks, rows with blocks past
 the last whole group (a short group of their own), and rows shorter than a group; and a column's results
-are the same bits at every tile width, and with vpdpwssd or without. With SUPER_INT8 (the
-host's SLOTSWARM_INT8), compact Q4_K and Q6_K on 8-bit inputs match the reference's rounding
-of them (reference.Int8Matrix) to float error, with the same invariances."""
+are the same bits at every tile width, and with vpdpwssd or without. With INT8_INPUTS (the
+host's SLOTSWARM_INT8), compact Q4_K and Q6_K on 8-bit inputs, and with INT8_NIBBLES (its
+=all) Q4_0 and Q4_1, match the reference's rounding of them (reference.Int8Matrix) to float
+error, with the same invariances."""
 
 import gguf
 import numpy as np
@@ -35,6 +36,7 @@ CASES = [(Q.Q4_1, 576, 1, 0), (Q.Q4_1, 576, 0, 0), (Q.Q4_0, 256, 1, 0), (Q.Q4_0,
          (Q.Q6_K, 512, 1, 1), (Q.Q6_K, 256, 0, 1), (Q.Q8_0, 576, 1, 0), (Q.Q8_0, 256, 0, 0)]  # fmt: skip
 COMPACT_TYPES = [(Q.Q4_K, 1), (Q.Q5_0, 1), (Q.Q6_K, 1)]
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+INT8_32 = (Q.Q4_0, Q.Q4_1)  # the 32-weight types INT8_NIBBLES takes on 8-bit inputs
 
 
 def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
@@ -87,15 +89,18 @@ def test_nibble_matmul_matches_numpy(device, qtype, width: int, cols: int, ncols
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
 @pytest.mark.parametrize("width", sorted(WIDTHS))
-@pytest.mark.parametrize(("qtype", "cols", "normalize"), [(Q.Q4_K, 512, 1), (Q.Q4_K, 256, 0), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0)],
+@pytest.mark.parametrize(("qtype", "cols", "normalize"), [(Q.Q4_K, 512, 1), (Q.Q4_K, 256, 0), (Q.Q6_K, 512, 1), (Q.Q6_K, 256, 0),
+                                                          (Q.Q4_1, 576, 1), (Q.Q4_1, 256, 0), (Q.Q4_0, 576, 0)],
                          ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
 @pytest.mark.parametrize("ncols", [1, 5, 20])
 def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, cols: int, normalize: int, ncols: int, vnni: bool) -> None:  # noqa: F811
-    """SUPER_INT8: each block of 32 inputs rounded to 8 bits, at most half a step off, a
-    step at most 1/127 of its super-block's largest |x| and at most 1/127 of the block's own
-    plus 1/1016 of the super-block's, and exactly as reference.Int8Matrix rounds them."""
+    """INT8_INPUTS: each block of 32 inputs rounded to 8 bits, at most half a step off, and
+    exactly as reference.Int8Matrix rounds them. Q4_K's and Q6_K's step is at most 1/127 of
+    its super-block's largest |x| and at most 1/127 of the block's own plus 1/1016 of the
+    super-block's; Q4_0's and Q4_1's 1/127 of the block's own (a row of 576, a short last group)."""
     program = build(device, width, vnni, int8=True)
-    raw = random_blocks(qtype, ROWS * cols // 256, seed=width + ncols + cols).reshape(ROWS, -1)
+    per_block = 256 if qtype in K_QUANTS else 32
+    raw = random_blocks(qtype, ROWS * cols // per_block, seed=width + ncols + cols).reshape(ROWS, -1)
     rng = np.random.default_rng(ncols + cols)
     x = (rng.standard_normal((ncols, cols)) * rng.uniform(0.1, 10, (ncols, 1))).astype(np.float32)
     x[:, :32] *= 30  # one block far larger than the rest of its super-block
@@ -104,20 +109,24 @@ def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, c
     inputs = x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) if normalize else x
     weights = gguf.quants.dequantize(raw, qtype)
     want = inputs @ weights.T
-    block_max = np.abs(inputs).reshape(ncols, -1, 8, 32).max(axis=3, keepdims=True)
-    amax = block_max.max(axis=2, keepdims=True)
-    half_step = (np.minimum(amax / 127, block_max / 127 + amax / 1016) / 2 * np.ones((1, 1, 1, 32))).reshape(ncols, cols)
+    if qtype in K_QUANTS:
+        block_max = np.abs(inputs).reshape(ncols, -1, 8, 32).max(axis=3, keepdims=True)
+        amax = block_max.max(axis=2, keepdims=True)
+        half_step = (np.minimum(amax / 127, block_max / 127 + amax / 1016) / 2 * np.ones((1, 1, 1, 32))).reshape(ncols, cols)
+    else:
+        half_step = (np.abs(inputs).reshape(ncols, -1, 32).max(axis=2, keepdims=True) / 254 * np.ones((1, 1, 32))).reshape(ncols, cols)
     assert np.all(np.abs(got - want) <= 1.01 * half_step @ np.abs(weights).T + 2e-4 * np.abs(want).max())
     rounded = Int8Matrix(WeightTensor("w", qtype, ROWS, cols, raw.reshape(-1))).times(inputs)
     assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max()
 
 
 def batch_case(dev, qtype, int8: int, seed: int) -> tuple:
-    """The build the device's own family takes (SUPER_INT8 as asked), a ROWS-row matrix of
+    """The build the device's own family takes (INT8_INPUTS and INT8_NIBBLES as asked), a ROWS-row matrix of
     `qtype` and MAX_COLS input columns with their norm weights: (program, raw, x, g). Rows of
     32-weight blocks have blocks past the last group, or (compact Q5_0) a last half-group."""
     family = CPUFamily(dev)
-    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DSUPER_INT8={int8}"]
+    options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}",
+               f"-DINT8_INPUTS={int8}", f"-DINT8_NIBBLES={int8}"]  # fmt: skip
     program = dev.build(family.source(), SHAPE + options)
     cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=seed).reshape(ROWS, -1)
@@ -133,8 +142,8 @@ def batch_case(dev, qtype, int8: int, seed: int) -> tuple:
 def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, compact: int, int8: int) -> None:  # noqa: F811
     """What a batch-mate changes is only which tile a column is read in: a paused and
     resumed turn's logits must not move."""
-    if int8 and not (compact and qtype in K_QUANTS):
-        pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
+    if int8 and not (compact and qtype in K_QUANTS or qtype in INT8_32):
+        pytest.skip("INT8_INPUTS changes only compact Q4_K and Q6_K, INT8_NIBBLES Q4_0 and Q4_1")
     program, raw, x, g = batch_case(device, qtype, int8, seed=3)
     alone = run(device, program, raw, qtype, x[:1], g, 1, compact=bool(compact))
     for ncols in (2, 3, 8, 20, MAX_COLS):  # tiles of 2, 4, 8 and 32 (one, and two: its column 33 the second's first)
@@ -153,8 +162,8 @@ def test_staged_inputs_give_the_bits_of_each_work_group_s_own(device, qtype, com
     work-group of the matmul, are the bytes each work-group would make itself, and so
     are their RMS scales (ROWS is odd, so the last group's pair is one row; 9 columns,
     the fewest staged, leave a tile with one column live)."""
-    if int8 and not (compact and qtype in K_QUANTS):
-        pytest.skip("SUPER_INT8 changes only compact Q4_K and Q6_K")
+    if int8 and not (compact and qtype in K_QUANTS or qtype in INT8_32):
+        pytest.skip("INT8_INPUTS changes only compact Q4_K and Q6_K, INT8_NIBBLES Q4_0 and Q4_1")
     program, raw, x, g = batch_case(device, qtype, int8, seed=7)
     assert STAGED_MIN == 9
     for ncols, normalize in ((STAGED_MIN, 1), (20, 0), (MAX_COLS, 1)):
@@ -181,7 +190,7 @@ def extreme_super_blocks(qtype, n: int, quant: int) -> np.ndarray:
 @pytest.mark.parametrize(("qtype", "quant"), [(Q.Q4_K, 15), (Q.Q6_K, 0), (Q.Q6_K, 63)], ids=lambda c: getattr(c, "name", str(c)))
 def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int8: int, width: int) -> None:  # noqa: F811
     """The compact Q4_K and Q6_K kernels add a super-block's scaled integer dot products in
-    32 bits, and with SUPER_INT8 pack a block half's in 16, or on AVX2 add its byte products
+    32 bits, and with INT8_INPUTS pack a block half's in 16, or on AVX2 add its byte products
     in 16 (cpu/nibbles.cl's bounds): at the largest quants, scales and inputs they still match
     NumPy, at one column and at a tile of eight."""
     program = build(device, width, width == 512 and host_has_vnni(), bool(int8))
@@ -216,7 +225,7 @@ LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q
                          + [(Q.Q4_K, 1, 1), (Q.Q6_K, 1, 1)], ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
 def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int, int8: int) -> None:  # noqa: F811
     """The VNNI build is one instruction where the other takes two, in the same integers
-    (and with SUPER_INT8, vpdpbusd where the other takes pmaddubsw and pmaddwd): a host with
+    (and with INT8_INPUTS, vpdpbusd where the other takes pmaddubsw and pmaddwd): a host with
     and one without AVX-512 VNNI sample the same tokens."""
     madd, vnni = build(device, 512, int8=bool(int8)), build(device, 512, vnni=True, int8=bool(int8))
     cols = 512 if qtype in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 640 if compact else 576

@@ -86,9 +86,13 @@ inline int run_pairs(int pairs)
 inline void quantize_for(int wtype, __global const float *x, __global const int *xrows, __global const float *g,
                          int normalize, int k, __local uchar *xl)
 {
-#if SUPER_INT8
+#if INT8_INPUTS
     if (wtype == WT_Q4_K || wtype == WT_Q6_K) {
         quantize_super_columns(x, xrows, g, normalize, k, 0, 1, 1, wtype, xl);
+        return;
+    }
+    if (INT8_NIBBLES && wtype == WT_Q4_1) {
+        quantize_group_columns(x, xrows, g, normalize, k, 0, 1, 1, xl);
         return;
     }
 #endif

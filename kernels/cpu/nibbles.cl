@@ -460,13 +460,18 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
     }
 }
 
-/* SUPER_INT8=1 (the host's default; SLOTSWARM_INT8=0 in gpu/families.py turns it off): Q4_K
- * and Q6_K on 8-bit inputs, much as llama.cpp takes them. A row and super-block takes four
- * vpdpbusd where 16-bit inputs take eight vpdpwssd, and prompts and batches are bound by
- * those; the price is an input rounded by up to half a step of about 1/127 of its block's
- * largest |x| (quantize_super_bytes), not 1/65534 of its group's. */
-#ifndef SUPER_INT8
-#define SUPER_INT8 0
+/* INT8_INPUTS=1 (the host's default; SLOTSWARM_INT8=0 in gpu/families.py turns it off): Q4_K
+ * and Q6_K on 8-bit inputs, much as llama.cpp takes them, and with INT8_NIBBLES=1 too
+ * (SLOTSWARM_INT8=all) Q4_0 and Q4_1 (kind q4_1). A row and super-block takes four vpdpbusd
+ * where 16-bit inputs take eight vpdpwssd, and prompts and batches are bound by those (on
+ * AVX2, batch 1 too); the price is an input rounded by up to half a step of about 1/127 of its
+ * block's largest |x| (quantize_super_bytes, quantize_group_columns), not 1/65534 of its
+ * group's. SmolLM2-135M's answers move with it on Q4_1, so Q4_0 and Q4_1 only ask. */
+#ifndef INT8_INPUTS
+#define INT8_INPUTS 0
+#endif
+#ifndef INT8_NIBBLES
+#define INT8_NIBBLES 0
 #endif
 
 /* A column's inputs to Q4_K and Q6_K on 8-bit inputs: a record a super-block, a column's
@@ -482,11 +487,24 @@ typedef struct {
     } sums;
 } SuperRecord;
 
-#if SUPER_INT8
+/* A column's inputs to Q4_0 and Q4_1 on 8-bit inputs: a record a group of four blocks, a
+   column's records one after another, 256 bytes a group where 16 bits take 324. */
+typedef struct {
+    uint16 quants[2];  /* block b's inputs 0..15 at bytes 16b.. of the first, 16..31 of the second */
+    float16 steps;     /* block b's step in lanes 4b..4b + 3 */
+    float16 sums;      /* half block b's float input sum in lanes 4b..4b + 3 */
+} GroupRecord;
+
+/* How a kind's inputs are laid out, locally and staged */
+#define NO_RECORDS 0     /* groups of 128 in 16 bits (NIB_SUMS, NIB_INPUTS, NIB_SCALES) */
+#define SUPER_RECORDS 1  /* SuperRecords (Q4_K and Q6_K with INT8_INPUTS) */
+#define GROUP_RECORDS 2  /* GroupRecords (Q4_0 and Q4_1 with INT8_INPUTS and INT8_NIBBLES) */
+
+#if INT8_INPUTS
 
 #define BLOCK_STEPS 8  /* the finest step a block may take: 1/8 of its super-block's */
 
-/* quantize_nibble_tile for Q4_K and Q6_K with SUPER_INT8 (pair_dot_super_bytes): a super-block
+/* quantize_nibble_tile for Q4_K and Q6_K with INT8_INPUTS (pair_dot_super_bytes): a super-block
    of 256 inputs to 8-bit integers, block b's in steps of u m_b: u is 1/BLOCK_STEPS of the step
    the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
    the least its own largest |x| allows, so a block far below its super-block's largest keeps a
@@ -831,6 +849,116 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
     }
 }
 
+/* quantize_nibble_columns for Q4_0 and Q4_1 with INT8_INPUTS (pair_dot_group_bytes): each block
+   of 32 inputs to 8-bit integers in steps of its largest |x| / 127 (llama.cpp's Q8_1), column
+   c's group s to record c * ng + s. A short last group's inputs past k are zeros, and so are
+   their steps. */
+__attribute__((always_inline)) inline void quantize_group_columns(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, __local uchar *xl)
+{
+    const int ng = nib_groups(k);
+    const int live = tile > MAX_TILE ? min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE) : tile;
+    for (int u = get_local_id(0); u < live * ng; u += get_local_size(0)) {
+        const int c = u / ng, s = u % ng;
+        __global const float *xc = x + (size_t)xrows[min(c0 + c, ncols - 1)] * k + NIB_GROUP * s;
+        __local GroupRecord *record = (__local GroupRecord *)xl + u;
+        __local char16 *first = (__local char16 *)&record->quants[0], *second = (__local char16 *)&record->quants[1];
+        float steps[4], sums[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            float16 lo = 0.0f, hi = 0.0f;
+            if (NIB_GROUP * s + 32 * b < k) {
+                lo = normalize ? F16(2 * b, xc) * F16(8 * s + 2 * b, g) : F16(2 * b, xc);
+                hi = normalize ? F16(2 * b + 1, xc) * F16(8 * s + 2 * b + 1, g) : F16(2 * b + 1, xc);
+            }
+            const float amax = as_float(hmax_int16(max(as_int16(lo) & 0x7fffffff, as_int16(hi) & 0x7fffffff)));
+            const float to_int = amax > 0.0f ? 127.0f / amax : 0.0f;
+            first[b] = convert_char16(ROUND(lo * to_int));
+            second[b] = convert_char16(ROUND(hi * to_int));
+            steps[b] = amax / 127.0f;
+            sums[b] = hsum16(lo + hi) * 0.5f;
+        }
+        record->steps = ((float4)(steps[0], steps[1], steps[2], steps[3])).s0000111122223333;
+        record->sums = ((float4)(sums[0], sums[1], sums[2], sums[3])).s0000111122223333;
+    }
+}
+
+/* quantize_group_columns between the work-group's barriers */
+__attribute__((always_inline)) inline void quantize_group_bytes(__global const float *x, __global const int *xrows, __global const float *g,
+                                 int normalize, int k, int c0, int ncols, const int tile, __local uchar *xl)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    quantize_group_columns(x, xrows, g, normalize, k, c0, ncols, tile, xl);
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* A row pair's four blocks of Q4_0 or Q4_1 (read_group_pair): their nibbles as bytes (`lo`:
+   weights 0..15 of block b at bytes 16b.., `hi`: 16..31), and d and m in the lanes of
+   group_lanes' sums */
+typedef struct {
+    uint16 lo0, hi0, lo1, hi1;
+    float16 d, m;
+} GroupPair;
+
+/* the row pair's byte products with a column's inputs `x` (lo against x[0], hi against x[1]):
+   every 128 bits one block, two lanes of row 0's sums (its bytes 0..7, 8..15), then two of
+   row 1's */
+__attribute__((always_inline)) inline int16 group_lanes(const GroupPair *rows, __local const uint16 *x)
+{
+#if MADD_WIDTH == 256  /* a 16-bit lane adds four products of 15 * 127, then eight */
+    return madd(halves_pairs(bytes_pairs(rows->lo0, x[0]) + bytes_pairs(rows->hi0, x[1]),
+                             bytes_pairs(rows->lo1, x[0]) + bytes_pairs(rows->hi1, x[1])), (short32)1);
+#else
+    return madd(pack_halves(dot_bytes(dot_bytes((int16)0, rows->lo0, x[0]), rows->hi0, x[1]),
+                            dot_bytes(dot_bytes((int16)0, rows->lo1, x[0]), rows->hi1, x[1])), (short32)1);
+#endif
+}
+
+/* rows r0's and r1's four blocks from block `blk` of their rows (nb a row) */
+__attribute__((always_inline)) inline void read_group_pair(__global const uchar *qs, __global const float *dm, int r0, int r1,
+                                                         int nb, int blk, GroupPair *rows)
+{
+    __global const uint4 *q0 = (__global const uint4 *)qs + (size_t)r0 * nb + blk;
+    __global const uint4 *q1 = (__global const uint4 *)qs + (size_t)r1 * nb + blk;
+    const uint16 w0 = (uint16)(q0[0], q0[1], q0[2], q0[3]), w1 = (uint16)(q1[0], q1[1], q1[2], q1[3]);
+    rows->lo0 = w0 & 0x0f0f0f0fu;
+    rows->hi0 = (w0 >> 4) & 0x0f0f0f0fu;
+    rows->lo1 = w1 & 0x0f0f0f0fu;
+    rows->hi1 = (w1 >> 4) & 0x0f0f0f0fu;
+    __global const float2 *s0 = (__global const float2 *)dm + (size_t)r0 * nb + blk;
+    __global const float2 *s1 = (__global const float2 *)dm + (size_t)r1 * nb + blk;
+    const float8 dm0 = (float8)(s0[0], s0[1], s0[2], s0[3]), dm1 = (float8)(s1[0], s1[1], s1[2], s1[3]);
+    rows->d = shuffle2(dm0, dm1, (uint16)(0, 0, 8, 8, 2, 2, 10, 10, 4, 4, 12, 12, 6, 6, 14, 14));
+    rows->m = shuffle2(dm0, dm1, (uint16)(1, 1, 9, 9, 3, 3, 11, 11, 5, 5, 13, 13, 7, 7, 15, 15));
+}
+
+/* pair_dot_nibble_cols for Q4_0 and Q4_1 on 8-bit inputs (quantize_group_bytes): a row pair's
+ * integer sums a block at a time (group_lanes), times d and the block's input step, and m
+ * against the block's float input sum (half in each of a row's two lanes). Each column's sums
+ * are the same at any width, and its records where they are at any `layout` width. */
+__attribute__((always_inline)) inline void pair_dot_group_bytes(const int tile, const int layout,
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
+        float16 *acc, float *out0, float *out1)
+{
+    const int nb = k / 32, ng = nib_groups(k);
+    __local const GroupRecord *records = (__local const GroupRecord *)xl;
+    for (int c = 0; c < tile; c++)
+        acc[c] = (float16)0.0f;
+    for (int s = 0; s < ng; s++) {
+        GroupPair rows;
+        prefetch_pair(qs, dm, r0, r1, nb, 4 * s, 4, QS_BYTES(WT_Q4_1), DM_BYTES(WT_Q4_1));
+        read_group_pair(qs, dm, r0, r1, nb, 4 * s, &rows);
+        for (int c = 0; c < tile; c++) {
+            __local const GroupRecord *inputs = records + (size_t)c * ng + s;
+            acc[c] += convert_float16(group_lanes(&rows, inputs->quants)) * (rows.d * inputs->steps) + rows.m * inputs->sums;
+        }
+    }
+    for (int c = 0; c < tile; c++) {
+        out0[c] = hsum8(acc[c].s014589cd);
+        out1[c] = hsum8(acc[c].s2367abef);
+    }
+}
+
 #define PAIR_DOT_SUPER pair_dot_super_bytes
 #else
 #define PAIR_DOT_SUPER pair_dot_super_cols
@@ -852,6 +980,10 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         float16 a0[MAX_TILE], a1[MAX_TILE];
         if (SUPER_KIND(wtype))
             PAIR_DOT_SUPER(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+#if INT8_INPUTS && INT8_NIBBLES
+        else if (wtype == WT_Q4_1)
+            pair_dot_group_bytes(tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+#endif
         else
             pair_dot_nibble_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
         return;
@@ -860,24 +992,39 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
     const int live = min(tile, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
     if (SUPER_KIND(wtype))
         PAIR_DOT_SUPER(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+#if INT8_INPUTS && INT8_NIBBLES
+    else if (wtype == WT_Q4_1)
+        pair_dot_group_bytes(live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+#endif
     else
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
 }
 
 /* A tile's inputs quantized into the local buffer, as each kind takes them: a scale a group
-   of 128 (nibble kinds), or for Q4_K and Q6_K a super-block of 256, in 16 bits or with
-   SUPER_INT8 in 8 */
+   of 128 (nibble kinds), or for Q4_K and Q6_K a super-block of 256, in 16 bits; with
+   INT8_INPUTS, Q4_K's and Q6_K's a block in 8 in SuperRecords, and with INT8_NIBBLES Q4_0's
+   and Q4_1's in GroupRecords (their RECORDS) */
 #define QUANTIZE_NIBBLES(TILE, normalize)                                       \
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 1, (__local uchar *)xl)
-#if SUPER_INT8
+#if INT8_INPUTS
 #define QUANTIZE_Q4_K(TILE, normalize)                                          \
     quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q4_K, (__local uchar *)xl)
 #define QUANTIZE_Q6_K(TILE, normalize)                                          \
     quantize_super_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, WT_Q6_K, (__local uchar *)xl)
+#define K_RECORDS SUPER_RECORDS
 #else
 #define QUANTIZE_Q4_K(TILE, normalize)                                          \
     quantize_nibble_tile(x, xrows, g, normalize, k, c0, ncols, TILE, 2, (__local uchar *)xl)
 #define QUANTIZE_Q6_K QUANTIZE_Q4_K
+#define K_RECORDS NO_RECORDS
+#endif
+#if INT8_INPUTS && INT8_NIBBLES
+#define QUANTIZE_Q4_1(TILE, normalize)                                          \
+    quantize_group_bytes(x, xrows, g, normalize, k, c0, ncols, TILE, (__local uchar *)xl)
+#define Q4_RECORDS GROUP_RECORDS
+#else
+#define QUANTIZE_Q4_1 QUANTIZE_NIBBLES
+#define Q4_RECORDS NO_RECORDS
 #endif
 
 /* Staging. Every work-group of a matmul quantizes the same columns (its rows differ, its
@@ -887,22 +1034,24 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
  * buffer that holds the columns' RMS scales (column_scales'), then their inputs laid out
  * as the local buffer lays them out at a width of `cols` columns, and each work-group of
  * the matmul copies its tiles' columns from there. The bytes are the ones it would have
- * made, so a column's results are the same bits staged or not. `records`: the inputs are
- * SuperRecords (Q4_K and Q6_K with SUPER_INT8), else groups of 128. */
+ * made, so a column's results are the same bits staged or not. `records`: how the inputs
+ * are laid out (NO_RECORDS, SUPER_RECORDS or GROUP_RECORDS). */
 #define STAGED_RMS(p) ((__global float *)(p))
 #define STAGED_AFTER_RMS(p, cols) ((__global uchar *)(p) + (((cols) * 4 + 63) & ~63))
 #define STAGED_SUMS(p, cols, ng) ((__global float16 *)STAGED_AFTER_RMS(p, cols))
 #define STAGED_INPUTS(p, cols, ng) ((__global short32 *)(STAGED_SUMS(p, cols, ng) + (cols) * (ng)))
 #define STAGED_SCALES(p, cols, ng) ((__global float *)(STAGED_INPUTS(p, cols, ng) + 4 * (cols) * (ng)))
 #define STAGED_RECORDS(p, cols) ((__global uint16 *)STAGED_AFTER_RMS(p, cols))
-#define RECORD_VECTORS (sizeof(SuperRecord) / sizeof(uint16))
+/* a column's records, in 64-byte vectors */
+#define RECORD_VECTORS(records, k) ((records) == SUPER_RECORDS ? (k) / 256 * (int)(sizeof(SuperRecord) / sizeof(uint16)) \
+                                    : nib_groups(k) * (int)(sizeof(GroupRecord) / sizeof(uint16)))
 
 /* columns 0.. n - 1 of a `tile`-column local buffer to columns c0.. of the staged one */
 inline void store_staged(__local const uchar *xl, const int tile, __global uchar *staged, int cols, int k, int c0, int n,
                          const int records)
 {
     if (records) {  /* a column's records follow each other in both */
-        const int per_column = k / 256 * RECORD_VECTORS;
+        const int per_column = RECORD_VECTORS(records, k);
         for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
             STAGED_RECORDS(staged, cols)[c0 * per_column + u] = ((__local const uint16 *)xl)[u];
         return;
@@ -924,7 +1073,7 @@ inline void load_staged(__global const uchar *staged, int cols, int k, int c0, i
     const int ng = nib_groups(k);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (records) {
-        const int per_column = k / 256 * RECORD_VECTORS;
+        const int per_column = RECORD_VECTORS(records, k);
         for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
             ((__local uint16 *)xl)[u] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -988,9 +1137,10 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
         QUANTIZE(TILE, normalize);                                              \
     if (!active)                                                                \
         continue;
-#define NIBBLES_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_NIBBLES, 0, TILE, normalize)
-#define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, SUPER_INT8, TILE, normalize)
-#define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, SUPER_INT8, TILE, normalize)
+#define NIBBLES_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_NIBBLES, NO_RECORDS, TILE, normalize)
+#define Q4_1_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_1, Q4_RECORDS, TILE, normalize)
+#define Q4_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q4_K, K_RECORDS, TILE, normalize)
+#define Q6_K_BEGIN(TILE, normalize) NIBBLE_TILE_BEGIN(QUANTIZE_Q6_K, K_RECORDS, TILE, normalize)
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
     pair_dot_nibbles(WTYPE, TILE, qs, dm, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
@@ -1005,23 +1155,23 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
     DEFINE_FUSED(NAME, WTYPE, 32, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT)
 
 #ifdef MATMUL_nib
-DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
+DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, Q4_1_BEGIN, QUANTIZE_Q4_1, Q4_RECORDS)
 #endif
 #ifdef MATMUL_nib5
-DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
+DEFINE_NIBBLE_MATMULS(nib5, WT_Q5, NIBBLES_BEGIN, QUANTIZE_NIBBLES, NO_RECORDS)
 #endif
 #ifdef MATMUL_nib6
-DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
+DEFINE_NIBBLE_MATMULS(nib6, WT_Q6, NIBBLES_BEGIN, QUANTIZE_NIBBLES, NO_RECORDS)
 #endif
 #ifdef MATMUL_nib8
-DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
+DEFINE_NIBBLE_MATMULS(nib8, WT_Q8_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, NO_RECORDS)
 #endif
 #ifdef MATMUL_nibq4k
-DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_BEGIN, QUANTIZE_Q4_K, SUPER_INT8)
+DEFINE_NIBBLE_MATMULS(nibq4k, WT_Q4_K, Q4_K_BEGIN, QUANTIZE_Q4_K, K_RECORDS)
 #endif
 #ifdef MATMUL_nibq6k
-DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K, SUPER_INT8)
+DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K, K_RECORDS)
 #endif
 #ifdef MATMUL_nibq50
-DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, 0)
+DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, NO_RECORDS)
 #endif

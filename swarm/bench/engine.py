@@ -133,6 +133,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "device": engine.device_name,
         "kernels": engine.kernels,
         "int8": engine.family.int8,  # SLOTSWARM_INT8: 8-bit Q4_K/Q6_K inputs
+        "int8_nibbles": engine.family.int8_nibbles,  # SLOTSWARM_INT8=all: and Q4_0/Q4_1's
         "steps": results,
         "long": long,
         "prefill_tok_per_s": PREFILL / prefill_s,
@@ -210,7 +211,7 @@ def _refit(cost) -> dict:
 
 
 def format_report(r: dict) -> str:
-    int8 = ", Q4_K/Q6_K on 8-bit inputs" if r.get("int8") else ""
+    int8 = f", Q4_K/Q6_K{'/Q4_0/Q4_1' if r.get('int8_nibbles') else ''} on 8-bit inputs" if r.get("int8") else ""
     lines = [f"device: {r['device']} ({r['kernels']} kernels{int8})"]
     for s in r["steps"]:
         lines.append(f"  decode step, {s['batch']} turn(s): {s['step_ms']:7.2f} ms  ({s['batch'] / s['step_ms'] * 1e3:6.1f} tok/s)")
