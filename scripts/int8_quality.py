@@ -1,8 +1,9 @@
-"""What SLOTSWARM_INT8 costs a model's predictions: its 8-bit Q4_K/Q6_K inputs against 16-bit.
+"""What SLOTSWARM_INT8 costs a model's predictions: its 8-bit inputs against 16-bit.
 
-    python scripts/int8_quality.py --model qwen2.5-coder-1.5b [--runs 8] [--tokens 256]
+    python scripts/int8_quality.py --model qwen2.5-coder-1.5b [--runs 8] [--tokens 256] [--setting all]
 
-Two CPU engines in one process, one with 8-bit inputs and one without, read the same code:
+Two CPU engines in one process, one with 8-bit inputs (SLOTSWARM_INT8=`--setting`: 1, compact
+Q4_K and Q6_K, the default; all, Q4_0 and Q4_1 too) and one without, read the same code:
 `--runs` runs of `--tokens` tokens, each from the middle of a Python standard-library module
 (code, not its docstring), teacher-forced: every position's logits in one step, as a turn
 verifying drafts gets them. One table row a model and path: perplexity, the mean and largest
@@ -57,10 +58,10 @@ def every_position(engine: OpenCLEngine, ids: list[int]) -> np.ndarray:
         engine.forget(1)
 
 
-def measure(model_name: str, runs: int, tokens: int) -> list[str]:
+def measure(model_name: str, runs: int, tokens: int, setting: str = "1") -> list[str]:
     model = load_model(resolve_model(model_name))
     engines = {}
-    for inputs, flag in (("16-bit", "0"), ("8-bit", "1")):
+    for inputs, flag in (("16-bit", "0"), ("8-bit", setting)):
         os.environ["SLOTSWARM_INT8"] = flag  # (read when an engine builds its kernels)
         engines[inputs] = OpenCLEngine(model, num_blocks=ceil_div(tokens, BLOCK), block_size=BLOCK, kernels="cpu")
     nll = {inputs: [] for inputs in engines}
@@ -78,7 +79,7 @@ def measure(model_name: str, runs: int, tokens: int) -> list[str]:
     moved = f"{np.mean(kl):.4f} | {np.max(kl):.3f} | {100 * np.mean(same):.1f}%"
     return [
         f"| {model_name} | 16-bit | {base:.3f} | - | - | - |",
-        f"| {model_name} | 8-bit | {eight:.3f} ({100 * (eight / base - 1):+.2f}%) | {moved} |",
+        f"| {model_name} | 8-bit ({setting}) | {eight:.3f} ({100 * (eight / base - 1):+.2f}%) | {moved} |",
     ]
 
 
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True, help="a catalogue name or GGUF path (repeatable)")
     parser.add_argument("--runs", type=int, default=8, help="runs of code read")
     parser.add_argument("--tokens", type=int, default=256, help="tokens a run")
+    parser.add_argument("--setting", choices=["1", "all"], default="1", help="the 8-bit engine's SLOTSWARM_INT8")
     args = parser.parse_args()
     if args.runs < 1 or args.tokens < 2:
         parser.error("--runs must be at least 1 and --tokens at least 2")
@@ -94,7 +96,7 @@ def main() -> None:
     print("| model | inputs | perplexity | mean KL | largest KL | same argmax |")
     print("|---|---|---|---|---|---|")
     for name in args.model:
-        for line in measure(name, args.runs, args.tokens):
+        for line in measure(name, args.runs, args.tokens, args.setting):
             print(line, flush=True)
 
 
