@@ -466,7 +466,8 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
  * where 16-bit inputs take eight vpdpwssd, and prompts and batches are bound by those (on
  * AVX2, batch 1 too); the price is an input rounded by up to half a step of about 1/127 of its
  * block's largest |x| (quantize_super_bytes, quantize_group_columns), not 1/65534 of its
- * group's. SmolLM2-135M's answers move with it on Q4_1, so Q4_0 and Q4_1 only ask. */
+ * group's. On Q4_1 SmolLM2-135M's answers move with it (README), so Q4_0 and Q4_1 take 8-bit
+ * inputs only when asked. */
 #ifndef INT8_INPUTS
 #define INT8_INPUTS 0
 #endif
