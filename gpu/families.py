@@ -155,6 +155,8 @@ class CPUFamily:
         # coarser than 16-bit inputs give; SLOTSWARM_INT8=0 keeps the 16 bits, and =all takes
         # Q4_0 and Q4_1 on 8 bits too (INT8_NIBBLES), which moves SmolLM2-135M's answers
         setting = os.environ.get("SLOTSWARM_INT8", "1")
+        if setting not in ("0", "1", "all"):
+            raise ConfigError(f"SLOTSWARM_INT8 must be 0, 1 or all, got {setting!r}")
         self.int8, self.int8_nibbles = setting != "0", setting == "all"
         # a one-token step's layers a launch each (kernels/cpu/layer.cl) where the model allows;
         # SLOTSWARM_LAYER_LAUNCH=0 keeps their five, the same bits, to compare

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from reference import ReferenceModel, for_engine
 
+from gpu.device import select_device
 from gpu.engine import OpenCLEngine
-from gpu.families import GPUTuning
+from gpu.families import CPUFamily, GPUTuning
 from gpu.launches import CPUMatmul
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
+from runtime.errors import ConfigError
 from runtime.scheduling.work import Work
 
 Q = gguf.GGMLQuantizationType
@@ -180,3 +182,9 @@ def test_q4_on_8_bit_inputs_matches_a_reference_that_rounds_them(tmp_path: Path,
     want = reference.forward([7], 0, reference.new_cache())[-1]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.1
     assert got.tobytes() != sixteen.tobytes()
+
+
+def test_an_unknown_int8_setting_is_a_config_error(monkeypatch) -> None:
+    monkeypatch.setenv("SLOTSWARM_INT8", "ALL")
+    with pytest.raises(ConfigError, match="SLOTSWARM_INT8 must be 0, 1 or all, got 'ALL'"):
+        CPUFamily(select_device())

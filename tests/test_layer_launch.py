@@ -43,8 +43,9 @@ STACKS = {
 }
 
 
-# the stacks' kinds on 8-bit inputs (SLOTSWARM_INT8), and Q4_K's and Q6_K's on 16-bit ones too
-CASES = [("Q4_1", "1"), ("Q5_0-Q8_0", "1"), ("Q4_K-Q6_K", "0"), ("Q4_K-Q6_K", "1"), ("Q4_K-Q5_0-Q8_0", "1")]
+# the stacks' kinds on 8-bit inputs (SLOTSWARM_INT8), Q4_K's and Q6_K's on 16-bit ones too, and
+# Q4_1's on 8-bit ones (=all)
+CASES = [("Q4_1", "1"), ("Q4_1", "all"), ("Q5_0-Q8_0", "1"), ("Q4_K-Q6_K", "0"), ("Q4_K-Q6_K", "1"), ("Q4_K-Q5_0-Q8_0", "1")]
 
 
 @pytest.mark.parametrize("stack, int8", CASES, ids=[f"{stack}-int8:{int8}" for stack, int8 in CASES])
