@@ -850,7 +850,7 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
     }
 }
 
-/* quantize_nibble_columns for Q4_0 and Q4_1 with INT8_INPUTS (pair_dot_group_bytes): each block
+/* quantize_nibble_columns for Q4_0 and Q4_1 with INT8_NIBBLES (pair_dot_group_bytes): each block
    of 32 inputs to 8-bit integers in steps of its largest |x| / 127 (llama.cpp's Q8_1), column
    c's group s to record c * ng + s. A short last group's inputs past k are zeros, and so are
    their steps. */
