@@ -203,6 +203,19 @@ def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int
         np.testing.assert_allclose(got, np.full((ncols, ROWS), want_row), rtol=1e-6)
 
 
+@pytest.mark.parametrize("width", sorted(WIDTHS))
+def test_q4_group_sums_do_not_overflow(device, width: int) -> None:  # noqa: F811
+    """Q4_1 on 8-bit inputs (INT8_NIBBLES) adds a row's byte products in 16 bits on AVX2, eight
+    a lane (cpu/nibbles.cl's group_lanes): with every quant 15 and every input its block's
+    largest (127) they still match NumPy, at one column and at a tile of eight."""
+    program = build(device, width, int8=True)
+    one = np.array([0x3C00], np.uint16).view(np.uint8)
+    raw = np.tile(np.concatenate([one, np.zeros(2, np.uint8), np.full(16, 0xFF, np.uint8)]), (ROWS * 576 // 32, 1))
+    for ncols in (1, 8):
+        got = run(device, program, raw, Q.Q4_1, np.ones((ncols, 576), np.float32), np.ones(576, np.float32), 0)
+        np.testing.assert_allclose(got, np.full((ncols, ROWS), 15.0 * 576), rtol=1e-6)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.Q8_0], ids=lambda q: q.name)
 def test_rows_ending_in_a_short_group_have_zeros_after_the_last(device, qtype) -> None:  # noqa: F811
     """Rows of 576 inputs end in a short group of two blocks, which the kernels read as a
