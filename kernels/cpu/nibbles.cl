@@ -936,8 +936,8 @@ __attribute__((always_inline)) inline void read_group_pair(__global const uchar 
 /* pair_dot_nibble_cols for Q4_0 and Q4_1 on 8-bit inputs (quantize_group_bytes): a row pair's
  * integer sums a block at a time (group_lanes), times d and the block's input step, and m
  * against the block's float input sum (half in each of a row's two lanes). Each column's sums
- * are the same at any width, and its records where they are at any `layout` width. */
-__attribute__((always_inline)) inline void pair_dot_group_bytes(const int tile, const int layout,
+ * are the same at any width, and its records are where they are at any tile's width. */
+__attribute__((always_inline)) inline void pair_dot_group_bytes(const int tile,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
         float16 *acc, float *out0, float *out1)
 {
@@ -983,7 +983,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
             PAIR_DOT_SUPER(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
 #if INT8_INPUTS && INT8_NIBBLES
         else if (wtype == WT_Q4_1)
-            pair_dot_group_bytes(tile, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+            pair_dot_group_bytes(tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
 #endif
         else
             pair_dot_nibble_cols(wtype, tile, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
@@ -995,7 +995,7 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
         PAIR_DOT_SUPER(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
 #if INT8_INPUTS && INT8_NIBBLES
     else if (wtype == WT_Q4_1)
-        pair_dot_group_bytes(live, tile, qs, dm, r0, r1, k, xl, a0, out0, out1);
+        pair_dot_group_bytes(live, qs, dm, r0, r1, k, xl, a0, out0, out1);
 #endif
     else
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
