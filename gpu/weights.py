@@ -137,13 +137,19 @@ def repack(t: WeightTensor, compact: Compact = False) -> tuple[str, np.ndarray, 
     return _low_bit(t, b)
 
 
+# Where Q4_K's and Q6_K's blocks lie in their group: blocks 1 and 2 (and 5 and 6) trade
+# places, so a 256-bit unpack of qwords (cpu/nibbles.cl's block runs) meets them in order
+GROUP_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
+
+
 def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order), then its head: d
+    """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order, blocks in
+    GROUP_ORDER), then its head: d
     and dmin, then the 6-bit scales and mins in the same 12 bytes, reordered so the kernels
     unpack them with whole-vector shifts (quant.cl's q4_k_fields): byte j the low nibbles
     of scale j and min j, then a word of their top two bits (scale j's at 2j, min j's at
     16 + 2j)."""
-    nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 128)
+    nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 8, 16)[:, GROUP_ORDER].reshape(len(b), 128)
     s = b[:, 4:16].astype(np.uint32)
     scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
     mins = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
@@ -154,7 +160,8 @@ def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high bits (8 a block of 32:
+    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high bits (8 a block of 32,
+    both in GROUP_ORDER:
     byte l the top two bits of the weights whose nibbles bytes 2l, 2l + 1 hold: 2l, 2l + 16,
     2l + 1, 2l + 17, so each 16-bit lane of nibbles meets its high bits in a byte), the 16
     int8 scales, and its f16 d in dm."""
@@ -162,7 +169,8 @@ def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
     high = q6 >> 4
     lanes = np.stack([high[:, 0:16:2], high[:, 16:32:2], high[:, 1:16:2], high[:, 17:32:2]], axis=2)
     high_bytes = (lanes << np.array([0, 2, 4, 6], np.uint8)).sum(axis=2, dtype=np.uint8)
-    group = [_nibbles(q6 & 15).reshape(len(b), 128), high_bytes.reshape(len(b), 64), b[:, 192:208]]
+    nibbles = _nibbles(q6 & 15).reshape(len(b), 8, 16)[:, GROUP_ORDER].reshape(len(b), 128)
+    group = [nibbles, high_bytes.reshape(len(b), 8, 8)[:, GROUP_ORDER].reshape(len(b), 64), b[:, 192:208]]
     return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
 
 

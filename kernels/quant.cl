@@ -25,11 +25,13 @@
  *   F32   qs = the float row itself, dm unused (from F32, F16, BF16)
  * The compact kinds keep the file's bytes (no more), moved so loads stay aligned, in
  * groups of 8 blocks (256 weights: a K-quant super-block); their nibbles are stored as
- * above, 16 B a block, the group's first 128 bytes, and f16 scales are read as bits:
+ * above, 16 B a block, the group's first 128 bytes, and f16 scales are read as bits.
+ * Q4_K's and Q6_K's blocks lie in GROUP_SLOT's order, 1 and 2 (5 and 6) trading places:
+ * cpu/nibbles.cl's 256-bit unpacks of their qwords then meet the blocks in order.
  *   Q4_K  qs = 144 B a group: nibbles, then a 16-byte head: d, dmin as f16, and the 6-bit
  *         sub-block scales and mins in the file's 12 bytes, reordered (q4_k_fields)
  *         w = d sc_j q - dmin m_j; dm unused
- *   Q6_K  qs = 208 B a group: nibbles, 64 B of high bits (block j's 8 bytes at 8j: byte l
+ *   Q6_K  qs = 208 B a group: nibbles, 64 B of high bits (block j's 8 bytes at 8 GROUP_SLOT(j): byte l
  *         holds the top two bits of weights 2l, 2l + 16, 2l + 1, 2l + 17 at bits 0, 2, 4,
  *         6, the weights of byte 2l, 2l + 1's nibbles in order), 16 int8 scales (one per
  *         16 weights); dm = the group's d as f16   w = d sc (q - 32)
@@ -123,6 +125,9 @@ inline void q4_k_scales(uint4 head, float8 *scale, float8 *offset)
     *offset = -(dd.s1 * fields.hi);
 }
 
+/* The slot of block j (0..7) of a Q4_K or Q6_K group (gpu/weights.py's GROUP_ORDER) */
+#define GROUP_SLOT(j) (((j) & 4) | (((j) & 1) << 1) | (((j) >> 1) & 1))
+
 /* Where row `row`'s group j of a Q4_K or Q6_K matrix (`ngroups` a row) is: a last odd row's
    partner is zeros (gpu/weights.py) */
 inline size_t paired_group(size_t row, int ngroups, int j)
@@ -182,7 +187,7 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         }
     } else if (wtype == WT_Q4_K) {
         __global const uchar *group = qs + (size_t)Q4_K_GROUP * paired_group(row, nb / 8, b / 8);
-        const uchar16 q = ((__global const uchar16 *)group)[b % 8];
+        const uchar16 q = ((__global const uchar16 *)group)[GROUP_SLOT(b % 8)];
         float8 scale, offset;
         q4_k_scales(((__global const uint4 *)(group + 128))[0], &scale, &offset);
         const float d = scale[b % 8], m = offset[b % 8];
@@ -192,8 +197,8 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
         const size_t g = paired_group(row, nb / 8, b / 8);
         __global const uchar *group = qs + (size_t)Q6_K_GROUP * g;
         const uint j = b % 8;
-        const uchar16 q = ((__global const uchar16 *)group)[j];
-        const uint16 h = convert_uint16(((__global const uchar8 *)(group + 128))[j].s0011223344556677);
+        const uchar16 q = ((__global const uchar16 *)group)[GROUP_SLOT(j)];
+        const uint16 h = convert_uint16(((__global const uchar8 *)(group + 128))[GROUP_SLOT(j)].s0011223344556677);
         const float16 s = q6_k_scales(group, dm, g);
         const uint16 shift = 4u * (LANES & 1u);  /* weight 2l's bits at 0, 2l + 1's at 4; + 2 for l + 16 */
         *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h >> shift) & 3u) << 4)) - 32.0f) * s[2 * j];

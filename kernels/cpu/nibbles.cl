@@ -324,8 +324,8 @@ __attribute__((always_inline)) inline void read_super_group(const int wtype, __g
 {
     if (wtype == WT_Q4_K) {
         __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
-        w[0] = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
-        w[1] = __builtin_astype((uint16)(q[4], q[5], q[6], q[7]), short32);
+        w[0] = __builtin_astype((uint16)(q[0], q[2], q[1], q[3]), short32);  /* (GROUP_SLOT) */
+        w[1] = __builtin_astype((uint16)(q[4], q[6], q[5], q[7]), short32);
         const uint4 head = q[8];
         const int16 fields = q4_k_fields(head);
         const float2 dd = halves_to_float8(as_ushort8(head)).s01;
@@ -336,10 +336,11 @@ __attribute__((always_inline)) inline void read_super_group(const int wtype, __g
         return;
     }
     __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
-    w[0] = __builtin_astype((uint16)(q[0], q[1], q[2], q[3]), short32);
-    w[1] = __builtin_astype((uint16)(q[4], q[5], q[6], q[7]), short32);
-    h[0] = __builtin_convertvector(__builtin_astype((uint8)(q[8], q[9]), uchar32), ushort32);
-    h[1] = __builtin_convertvector(__builtin_astype((uint8)(q[10], q[11]), uchar32), ushort32);
+    __global const ulong2 *hq = (__global const ulong2 *)(q + 8);
+    w[0] = __builtin_astype((uint16)(q[0], q[2], q[1], q[3]), short32);  /* (GROUP_SLOT) */
+    w[1] = __builtin_astype((uint16)(q[4], q[6], q[5], q[7]), short32);
+    h[0] = __builtin_convertvector(__builtin_astype(((ulong4)(hq[0], hq[1])).s0213, uchar32), ushort32);
+    h[1] = __builtin_convertvector(__builtin_astype(((ulong4)(hq[2], hq[3])).s0213, uchar32), ushort32);
     const int16 sc = convert_int16(as_char16(q[12]));
     sa[0] = sc.s0000222244446666;
     sb[0] = sc.s1111333355557777;
@@ -679,14 +680,19 @@ typedef struct {
 /* lane u of a row's vpdpbusd to lane u / 2's block of the row pair (pair_lanes) */
 #define ROWS_LANES(a, b) pack_halves((a).s0011223344556677, (b).s0011223344556677)
 
+/* A row's group's blocks in runs of 8 bytes, from vectors whose qwords are each block's
+   two halves' runs one after the other, the blocks in GROUP_SLOT's order: the first run of
+   every block, in order, is what AVX2's vpunpcklqdq makes of each 256 bits' qwords (0, 4,
+   2, 6: slots 0, 2, 1, 3 hold blocks 0, 1, 2, 3), the second what vpunpckhqdq makes */
+#define BLOCK_RUNS_EVEN (ulong8)(0, 4, 2, 6, 8, 12, 10, 14)
+
 __attribute__((always_inline)) inline void block_runs(uint16 *q)
 {
-    const ulong8 evens = (ulong8)(0, 2, 4, 6, 8, 10, 12, 14), odds = evens + 1;
     const ulong8 a = as_ulong8(q[0]), b = as_ulong8(q[1]), c = as_ulong8(q[2]), d = as_ulong8(q[3]);
-    q[0] = as_uint16(shuffle2(a, c, evens));
-    q[1] = as_uint16(shuffle2(a, c, odds));
-    q[2] = as_uint16(shuffle2(b, d, evens));
-    q[3] = as_uint16(shuffle2(b, d, odds));
+    q[0] = as_uint16(shuffle2(a, c, BLOCK_RUNS_EVEN));
+    q[1] = as_uint16(shuffle2(a, c, BLOCK_RUNS_EVEN + 1));
+    q[2] = as_uint16(shuffle2(b, d, BLOCK_RUNS_EVEN));
+    q[3] = as_uint16(shuffle2(b, d, BLOCK_RUNS_EVEN + 1));
 }
 
 /* Q4_K's quants in block runs, its scales and mins (q4_k_fields) and its d and dmin */
@@ -696,8 +702,8 @@ __attribute__((always_inline)) inline void read_q4_k_bytes(__global const uchar 
     __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
     /* (the runs trade places before the nibbles part: two shuffles a row, not four) */
     const ulong8 first = as_ulong8((uint16)(p[0], p[1], p[2], p[3])), second = as_ulong8((uint16)(p[4], p[5], p[6], p[7]));
-    const uint16 even = as_uint16(shuffle2(first, second, (ulong8)(0, 2, 4, 6, 8, 10, 12, 14)));
-    const uint16 odd = as_uint16(shuffle2(first, second, (ulong8)(1, 3, 5, 7, 9, 11, 13, 15)));
+    const uint16 even = as_uint16(shuffle2(first, second, BLOCK_RUNS_EVEN));
+    const uint16 odd = as_uint16(shuffle2(first, second, BLOCK_RUNS_EVEN + 1));
     q[0] = even & 0x0f0f0f0fu;
     q[1] = odd & 0x0f0f0f0fu;
     q[2] = (even >> 4) & 0x0f0f0f0fu;
