@@ -511,7 +511,7 @@ typedef struct {
    the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
    the least its own largest |x| allows, so a block far below its super-block's largest keeps a
    finer step. Column c's super-block j goes to record c * nsuper + j, its bytes where they meet
-   the quants of a row's super-block (read_q4_k_bytes, read_q6_k_bytes), and `wtype`'s sums. */
+   the quants of a row's super-block (read_q4_k_quants, read_q6_k_quants), and `wtype`'s sums. */
 __attribute__((always_inline)) inline void quantize_super_columns(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int wtype,
                                  __local uchar *xl)
@@ -677,9 +677,6 @@ typedef struct {
     float16 d, mins;      /* each lane's row's d, and Q4_K's its block's min times its dmin */
 } RowPair;
 
-/* lane u of a row's vpdpbusd to lane u / 2's block of the row pair (pair_lanes) */
-#define ROWS_LANES(a, b) pack_halves((a).s0011223344556677, (b).s0011223344556677)
-
 /* A row's group's blocks in runs of 8 bytes, from vectors whose qwords are each block's
    two halves' runs one after the other, the blocks in GROUP_SLOT's order: the first run of
    every block, in order, is what AVX2's vpunpcklqdq makes of each 256 bits' qwords (0, 4,
@@ -695,9 +692,8 @@ __attribute__((always_inline)) inline void block_runs(uint16 *q)
     q[3] = as_uint16(shuffle2(b, d, BLOCK_RUNS_EVEN + 1));
 }
 
-/* Q4_K's quants in block runs, its scales and mins (q4_k_fields) and its d and dmin */
-__attribute__((always_inline)) inline void read_q4_k_bytes(__global const uchar *qs, size_t grp, uint16 *q, int16 *fields,
-                                                         float2 *dd)
+/* Q4_K's quants in block runs */
+__attribute__((always_inline)) inline void read_q4_k_quants(__global const uchar *qs, size_t grp, uint16 *q)
 {
     __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp);
     /* (the runs trade places before the nibbles part: two shuffles a row, not four) */
@@ -708,14 +704,30 @@ __attribute__((always_inline)) inline void read_q4_k_bytes(__global const uchar 
     q[1] = odd & 0x0f0f0f0fu;
     q[2] = (even >> 4) & 0x0f0f0f0fu;
     q[3] = (odd >> 4) & 0x0f0f0f0fu;
-    const uint4 head = p[8];
-    *fields = q4_k_fields(head);
-    *dd = halves_to_float8(as_ushort8(head)).s01;
 }
 
-/* Q6_K's quants in block runs, its sub-block scales and its d */
-__attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar *qs, __global const float *dm, size_t grp,
-                                                         uint16 *q, int16 *scales, float *d)
+/* A Q4_K row pair's scales, mins and d (q4_k_fields' fields) from both rows' heads at
+   once, straight into pair_lanes' lanes: 32-bit lane 4m + 2r + p row r's block 2m + p
+   (its scale in both 16-bit halves) */
+__attribute__((always_inline)) inline void read_q4_k_heads(__global const uchar *qs, size_t grp0, size_t grp1, RowPair *rows)
+{
+    const uint4 h0 = ((__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp0))[8];
+    const uint4 h1 = ((__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp1))[8];
+    const uint8 heads = (uint8)(h0, h1);
+    const uint16 words = shuffle(heads, (uint16)(1, 1, 5, 5, 1, 1, 5, 5, 2, 2, 6, 6, 2, 2, 6, 6))
+                         >> (uint16)(0, 8, 0, 8, 16, 24, 16, 24, 0, 8, 0, 8, 16, 24, 16, 24);
+    const uint16 tops = shuffle(heads, (uint16)(3, 3, 7, 7, 3, 3, 7, 7, 3, 3, 7, 7, 3, 3, 7, 7))
+                        >> (uint16)(0, 2, 0, 2, 4, 6, 4, 6, 8, 10, 8, 10, 12, 14, 12, 14);
+    const uint16 scales = (words & 15u) | ((tops & 3u) << 4);
+    const uint16 mins = ((words >> 4) & 15u) | (((tops >> 16) & 3u) << 4);
+    rows->scales[0] = as_short32(scales | (scales << 16));
+    const float2 dd0 = halves_to_float8(as_ushort8(h0)).s01, dd1 = halves_to_float8(as_ushort8(h1)).s01;
+    rows->d = ((float4)(dd0.x, dd0.x, dd1.x, dd1.x)).s0123012301230123;
+    rows->mins = convert_float16(mins) * ((float4)(-dd0.y, -dd0.y, -dd1.y, -dd1.y)).s0123012301230123;
+}
+
+/* Q6_K's quants in block runs */
+__attribute__((always_inline)) inline void read_q6_k_quants(__global const uchar *qs, size_t grp, uint16 *q)
 {
     __global const uint4 *p = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
 #pragma unroll
@@ -731,8 +743,26 @@ __attribute__((always_inline)) inline void read_q6_k_bytes(__global const uchar 
     }
     /* (as decoded: blocks 0..3's first halves, their second, then 4..7's) */
     block_runs(q);
-    *scales = convert_int16(as_char16(p[12]));
-    *d = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp])).s0;
+}
+
+/* A Q6_K row pair's sub-block scales, offsets and d from both rows' scale bytes at once,
+   straight into pair_lanes' lanes (16-bit lanes 2L, 2L + 1 of lane L = 4m + 2r + p: row r's
+   block 2m + p, its first half's scale twice, its second's, or its two halves' offsets) */
+__attribute__((always_inline)) inline void read_q6_k_heads(__global const uchar *qs, __global const float *dm,
+                                                         size_t grp0, size_t grp1, RowPair *rows)
+{
+    const char16 s0 = as_char16(((__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp0))[12]);
+    const char16 s1 = as_char16(((__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp1))[12]);
+    rows->scales[0] = __builtin_convertvector(__builtin_shufflevector(s0, s1, 0, 0, 2, 2, 16, 16, 18, 18, 4, 4, 6, 6, 20, 20, 22, 22,
+                                                                      8, 8, 10, 10, 24, 24, 26, 26, 12, 12, 14, 14, 28, 28, 30, 30), short32);
+    rows->scales[1] = __builtin_convertvector(__builtin_shufflevector(s0, s1, 1, 1, 3, 3, 17, 17, 19, 19, 5, 5, 7, 7, 21, 21, 23, 23,
+                                                                      9, 9, 11, 11, 25, 25, 27, 27, 13, 13, 15, 15, 29, 29, 31, 31), short32);
+    rows->offsets = __builtin_convertvector(__builtin_shufflevector(s0, s1, 0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
+                                                                    8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), short32)
+                    * (short)-32;
+    const float d0 = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp0])).s0;
+    const float d1 = halves_to_float8((ushort8)(((__global const ushort *)dm)[grp1])).s0;
+    rows->d = ((float4)(d0, d0, d1, d1)).s0123012301230123;
 }
 
 /* pair_lanes of the row pair's products with a column's inputs: every 128 bits blocks
@@ -774,25 +804,14 @@ __attribute__((always_inline)) inline void read_row_pair(const int wtype, __glob
                                                        size_t grp0, size_t grp1, RowPair *rows)
 {
     if (wtype == WT_Q4_K) {
-        int16 f0, f1;
-        float2 dd0, dd1;
-        read_q4_k_bytes(qs, grp0, rows->q0, &f0, &dd0);
-        read_q4_k_bytes(qs, grp1, rows->q1, &f1, &dd1);
-        rows->scales[0] = ROWS_LANES(f0, f1);
-        rows->d = ((float4)(dd0.x, dd0.x, dd1.x, dd1.x)).s0123012301230123;
-        rows->mins = shuffle2(convert_float8(f0.hi) * -dd0.y, convert_float8(f1.hi) * -dd1.y,
-                              (uint16)(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+        read_q4_k_quants(qs, grp0, rows->q0);
+        read_q4_k_quants(qs, grp1, rows->q1);
+        read_q4_k_heads(qs, grp0, grp1, rows);
         return;
     }
-    int16 s0, s1;
-    float d0, d1;
-    read_q6_k_bytes(qs, dm, grp0, rows->q0, &s0, &d0);
-    read_q6_k_bytes(qs, dm, grp1, rows->q1, &s1, &d1);
-    rows->scales[0] = ROWS_LANES(s0.even, s1.even);  /* the blocks' first halves */
-    rows->scales[1] = ROWS_LANES(s0.odd, s1.odd);
-    rows->d = ((float4)(d0, d0, d1, d1)).s0123012301230123;
-    rows->offsets = as_short32(shuffle2(as_int8(convert_short16(s0) * (short)-32), as_int8(convert_short16(s1) * (short)-32),
-                                        (uint16)(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)));
+    read_q6_k_quants(qs, grp0, rows->q0);
+    read_q6_k_quants(qs, grp1, rows->q1);
+    read_q6_k_heads(qs, dm, grp0, grp1, rows);
 }
 
 /* The row sums of eight columns' accumulators: column j's row 0 in lane 2j, its row 1 in
