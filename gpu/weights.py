@@ -160,18 +160,17 @@ def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A Q6_K super-block's 210 bytes as 128 of nibbles, 64 of high bits (8 a block of 32,
-    both in GROUP_ORDER:
-    byte l the top two bits of the weights whose nibbles bytes 2l, 2l + 1 hold: 2l, 2l + 16,
-    2l + 1, 2l + 17, so each 16-bit lane of nibbles meets its high bits in a byte), the 16
-    int8 scales, and its f16 d in dm."""
+    """A Q6_K super-block's 210 bytes as 128 of nibbles (blocks in GROUP_ORDER), 64 of high
+    bits, the 16 int8 scales, and its f16 d in dm. Each nibble byte's two weights have four
+    high bits (the low nibble's two, then the high nibble's): each half group's 64 nibble
+    bytes have 32 bytes of them, byte j those of nibble bytes j (low four bits) and j + 32
+    (high four), so a byte's bits meet their nibbles with whole-byte masks and shifts."""
     q6 = (quants.SUBBLOCKS[Q.Q6_K](b)[0].reshape(-1, 32) + 32).astype(np.uint8)
     high = q6 >> 4
-    lanes = np.stack([high[:, 0:16:2], high[:, 16:32:2], high[:, 1:16:2], high[:, 17:32:2]], axis=2)
-    high_bytes = (lanes << np.array([0, 2, 4, 6], np.uint8)).sum(axis=2, dtype=np.uint8)
+    fours = (high[:, :16] | (high[:, 16:] << 2)).reshape(len(b), 8, 16)[:, GROUP_ORDER].reshape(len(b), 2, 64)
+    high_bytes = (fours[:, :, :32] | (fours[:, :, 32:] << 4)).reshape(len(b), 64)
     nibbles = _nibbles(q6 & 15).reshape(len(b), 8, 16)[:, GROUP_ORDER].reshape(len(b), 128)
-    group = [nibbles, high_bytes.reshape(len(b), 8, 8)[:, GROUP_ORDER].reshape(len(b), 64), b[:, 192:208]]
-    return "q6_k", np.concatenate(group, axis=1), np.ascontiguousarray(b[:, 208:210])
+    return "q6_k", np.concatenate([nibbles, high_bytes, b[:, 192:208]], axis=1), np.ascontiguousarray(b[:, 208:210])
 
 
 def _q5_0(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:

@@ -31,10 +31,11 @@
  *   Q4_K  qs = 144 B a group: nibbles, then a 16-byte head: d, dmin as f16, and the 6-bit
  *         sub-block scales and mins in the file's 12 bytes, reordered (q4_k_fields)
  *         w = d sc_j q - dmin m_j; dm unused
- *   Q6_K  qs = 208 B a group: nibbles, 64 B of high bits (block j's 8 bytes at 8 GROUP_SLOT(j): byte l
- *         holds the top two bits of weights 2l, 2l + 16, 2l + 1, 2l + 17 at bits 0, 2, 4,
- *         6, the weights of byte 2l, 2l + 1's nibbles in order), 16 int8 scales (one per
- *         16 weights); dm = the group's d as f16   w = d sc (q - 32)
+ *   Q6_K  qs = 208 B a group: nibbles, 64 B of high bits (four a nibble byte: its low
+ *         nibble's top two bits, then its high nibble's; each half group's 64 nibble bytes
+ *         have 32 bytes, byte j those of nibble bytes j and j + 32, in its low and high
+ *         four bits), 16 int8 scales (one per 16 weights); dm = the group's d as f16
+ *         w = d sc (q - 32)
  *   Q5_0  qs = 176 B a group of 8 blocks of a Q5_0 matrix (flat, across rows): nibbles,
  *         8 words of fifth bits (as Q5's qh), 8 f16 d; dm unused   w = d (q - 16)
  * Q4_K's and Q6_K's groups (and Q6_K's d) go in row pairs: row 2i's group j, then row
@@ -196,13 +197,13 @@ __attribute__((always_inline)) inline void load_block(const int wtype, __global 
     } else if (wtype == WT_Q6_K) {
         const size_t g = paired_group(row, nb / 8, b / 8);
         __global const uchar *group = qs + (size_t)Q6_K_GROUP * g;
-        const uint j = b % 8;
-        const uchar16 q = ((__global const uchar16 *)group)[GROUP_SLOT(j)];
-        const uint16 h = convert_uint16(((__global const uchar8 *)(group + 128))[GROUP_SLOT(j)].s0011223344556677);
+        const uint j = b % 8, slot = GROUP_SLOT(j);
+        const uchar16 q = ((__global const uchar16 *)group)[slot];
+        /* its nibble bytes' high bits: the low or high four bits of 16 bytes of its half group's */
+        const uchar16 h = (((__global const uchar16 *)(group + 128))[2 * (slot / 4) + slot % 2] >> (uchar)(4 * (slot / 2 % 2))) & (uchar)15;
         const float16 s = q6_k_scales(group, dm, g);
-        const uint16 shift = 4u * (LANES & 1u);  /* weight 2l's bits at 0, 2l + 1's at 4; + 2 for l + 16 */
-        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (((h >> shift) & 3u) << 4)) - 32.0f) * s[2 * j];
-        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (((h >> (shift + 2u)) & 3u) << 4)) - 32.0f) * s[2 * j + 1];
+        *lo = (convert_float16(convert_uint16(q & (uchar)15) | (convert_uint16(h & (uchar)3) << 4)) - 32.0f) * s[2 * j];
+        *hi = (convert_float16(convert_uint16(q >> (uchar)4) | (convert_uint16(h >> (uchar)2) << 4)) - 32.0f) * s[2 * j + 1];
     } else if (wtype == WT_Q5_0) {
         __global const uchar *group = qs + (size_t)Q5_0_GROUP * (blk / 8);
         const uint j = blk % 8;

@@ -317,7 +317,7 @@ __attribute__((always_inline)) inline void pair_dot_nibble_cols(const int wtype,
  * (< 2^29), Q6_K's 4 * 4 * 32 * 32767 * 128 (< 2^31: |q - 32| <= 32, |scale| <= 128).
  *
  * A row's group: its two halves' nibble lanes `w`, q6_k's high bits `h` (a lane's byte in
- * each 16-bit lane, h[half]: gpu/weights.py lays them out so), the integer scales of each half's lanes `sa` (q6_k:
+ * each 16-bit lane, h[half], gathered from the layout's four a nibble byte), the integer scales of each half's lanes `sa` (q6_k:
  * of their first 16 weights, `sb` of the second), q4_k's blocks' float mins (times -dmin), and d. */
 __attribute__((always_inline)) inline void read_super_group(const int wtype, __global const uchar *qs,
         __global const float *dm, size_t grp, short32 *w, ushort32 *h, int16 *sa, int16 *sb, float8 *mins, float *d)
@@ -336,11 +336,19 @@ __attribute__((always_inline)) inline void read_super_group(const int wtype, __g
         return;
     }
     __global const uint4 *q = (__global const uint4 *)(qs + (size_t)Q6_K_GROUP * grp);
-    __global const ulong2 *hq = (__global const ulong2 *)(q + 8);
     w[0] = __builtin_astype((uint16)(q[0], q[2], q[1], q[3]), short32);  /* (GROUP_SLOT) */
     w[1] = __builtin_astype((uint16)(q[4], q[6], q[5], q[7]), short32);
-    h[0] = __builtin_convertvector(__builtin_astype(((ulong4)(hq[0], hq[1])).s0213, uchar32), ushort32);
-    h[1] = __builtin_convertvector(__builtin_astype(((ulong4)(hq[2], hq[3])).s0213, uchar32), ushort32);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        /* lane l of a half group: the high bits of its nibble bytes 2l and 2l + 1 (quant.cl:
+           a byte's low four bits for the half's first 32, its high four for the rest), then
+           its blocks in order, as w's */
+        const ushort16 u = __builtin_astype((uint8)(q[8 + 2 * i], q[9 + 2 * i]), ushort16);
+        const ushort32 slots = (ushort32)((u & (ushort)0x0f) | ((u >> (ushort)4) & (ushort)0xf0),
+                                          ((u >> (ushort)4) & (ushort)0x0f) | ((u >> (ushort)8) & (ushort)0xf0));
+        h[i] = __builtin_astype(__builtin_shufflevector(__builtin_astype(slots, ulong8), __builtin_astype(slots, ulong8),
+                                                        0, 1, 4, 5, 2, 3, 6, 7), ushort32);
+    }
     const int16 sc = convert_int16(as_char16(q[12]));
     sa[0] = sc.s0000222244446666;
     sb[0] = sc.s1111333355557777;
@@ -733,13 +741,11 @@ __attribute__((always_inline)) inline void read_q6_k_quants(__global const uchar
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const uint16 n = (uint16)(p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]);
-        /* 16-bit lane 8b + l: nibble bytes 2l, 2l + 1 of block b, and its byte of high bits,
-           whose bits 0, 4 go to the low nibbles' weights (2l, 2l + 1), 2, 6 to the high's */
-        const ushort32 h = __builtin_convertvector(__builtin_astype((uint8)(p[8 + 2 * i], p[9 + 2 * i]), uchar32), ushort32);
-        const ushort32 low = ((h << (ushort)4) & (ushort)0x30) | ((h << (ushort)8) & (ushort)0x3000);
-        const ushort32 high = ((h << (ushort)2) & (ushort)0x30) | ((h << (ushort)6) & (ushort)0x3000);
-        q[2 * i] = (n & 0x0f0f0f0fu) | __builtin_astype(low, uint16);
-        q[2 * i + 1] = ((n >> 4) & 0x0f0f0f0fu) | __builtin_astype(high, uint16);
+        const uint8 packed = (uint8)(p[8 + 2 * i], p[9 + 2 * i]);
+        /* byte k: nibble byte k's four high bits (quant.cl), 0..1 its low nibble's, 2..3 its high's */
+        const uint16 h = (uint16)(packed & 0x0f0f0f0fu, (packed >> 4) & 0x0f0f0f0fu);
+        q[2 * i] = (n & 0x0f0f0f0fu) | ((h & 0x03030303u) << 4);
+        q[2 * i + 1] = ((n >> 4) & 0x0f0f0f0fu) | ((h & 0x0c0c0c0cu) << 2);
     }
     /* (as decoded: blocks 0..3's first halves, their second, then 4..7's) */
     block_runs(q);
