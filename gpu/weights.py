@@ -144,19 +144,16 @@ GROUP_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
 
 def _q4_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
     """A Q4_K super-block's 144 bytes as 128 of nibbles (quant.cl's order, blocks in
-    GROUP_ORDER), then its head: d
-    and dmin, then the 6-bit scales and mins in the same 12 bytes, reordered so the kernels
-    unpack them with whole-vector shifts (quant.cl's q4_k_fields): byte j the low nibbles
-    of scale j and min j, then a word of their top two bits (scale j's at 2j, min j's at
-    16 + 2j)."""
+    GROUP_ORDER), then its head: d and dmin, then the 6-bit scales and mins in the same 12
+    bytes, reordered so the kernels unpack them with byte masks (quant.cl's q4_k_fields):
+    byte j scale j and the top two bits of min j (at 6), then four bytes of the mins' low
+    four bits, byte i min i's (bits 0..3) and min i + 4's (4..7)."""
     nibbles = _nibbles(quants.SUBBLOCKS[Q.Q4_K](b)[0].reshape(-1, 32)).reshape(len(b), 8, 16)[:, GROUP_ORDER].reshape(len(b), 128)
-    s = b[:, 4:16].astype(np.uint32)
+    s = b[:, 4:16]
     scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
     mins = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
-    nibble_bytes = ((scale & 15) | ((mins & 15) << 4)).astype(np.uint8)
-    top = _bitword(np.concatenate([scale >> 4, mins >> 4], axis=1), 2)
-    head = np.concatenate([b[:, 0:4], nibble_bytes, np.ascontiguousarray(top[:, None]).view(np.uint8)], axis=1)
-    return "q4_k", np.concatenate([nibbles, head], axis=1), np.zeros(0, np.uint8)
+    head = np.concatenate([b[:, 0:4], scale | ((mins >> 4) << 6), (mins[:, :4] & 15) | ((mins[:, 4:] & 15) << 4)], axis=1)
+    return "q4_k", np.concatenate([nibbles, head], axis=1).astype(np.uint8), np.zeros(0, np.uint8)
 
 
 def _q6_k(b: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:

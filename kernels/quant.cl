@@ -106,15 +106,13 @@ inline float8 halves_to_float8(ushort8 h)
 }
 
 /* A Q4_K group's 6-bit sub-block scales (lanes 0..7) and mins (8..15) as integers, from
-   its 16-byte head as gpu/weights.py lays it out: d, dmin, then 8 bytes of low nibbles
-   (byte 4 + j: scale j's, min j's << 4), then a word of their top two bits (scale j's at
-   bit 2j, min j's at 16 + 2j): a few whole-vector shifts, where the file's order took
-   byte-wise ones per field */
+   its 16-byte head as gpu/weights.py lays it out: d, dmin, then byte 4 + j scale j and
+   min j's top two bits (at 6), then byte 12 + i min i's low four bits and min i + 4's */
 inline int16 q4_k_fields(uint4 head)
 {
-    const uint16 low = head.s1111222211112222 >> (uint16)(0, 8, 16, 24, 0, 8, 16, 24, 4, 12, 20, 28, 4, 12, 20, 28);
-    const uint16 top = (uint16)(head.s3) >> (uint16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    return as_int16((low & 15u) | ((top & 3u) << 4));
+    const uchar16 b = as_uchar16(head);
+    const uchar8 low = (uchar8)(b.scdef & (uchar)15, b.scdef >> (uchar)4);
+    return convert_int16((uchar16)(b.s456789ab & (uchar)63, low | ((b.s456789ab >> (uchar)6) << (uchar)4)));
 }
 
 /* A Q4_K group's 8 sub-block scales d sc_j and offsets -dmin m_j */

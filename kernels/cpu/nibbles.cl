@@ -721,13 +721,12 @@ __attribute__((always_inline)) inline void read_q4_k_heads(__global const uchar 
 {
     const uint4 h0 = ((__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp0))[8];
     const uint4 h1 = ((__global const uint4 *)(qs + (size_t)Q4_K_GROUP * grp1))[8];
-    const uint8 heads = (uint8)(h0, h1);
-    const uint16 words = shuffle(heads, (uint16)(1, 1, 5, 5, 1, 1, 5, 5, 2, 2, 6, 6, 2, 2, 6, 6))
-                         >> (uint16)(0, 8, 0, 8, 16, 24, 16, 24, 0, 8, 0, 8, 16, 24, 16, 24);
-    const uint16 tops = shuffle(heads, (uint16)(3, 3, 7, 7, 3, 3, 7, 7, 3, 3, 7, 7, 3, 3, 7, 7))
-                        >> (uint16)(0, 2, 0, 2, 4, 6, 4, 6, 8, 10, 8, 10, 12, 14, 12, 14);
-    const uint16 scales = (words & 15u) | ((tops & 3u) << 4);
-    const uint16 mins = ((words >> 4) & 15u) | (((tops >> 16) & 3u) << 4);
+    const uchar16 b0 = as_uchar16(h0), b1 = as_uchar16(h1);
+    /* lane L's byte of scale (and min top bits), then of min low bits (quant.cl's q4_k_fields) */
+    const uchar16 top = __builtin_shufflevector(b0, b1, 4, 5, 20, 21, 6, 7, 22, 23, 8, 9, 24, 25, 10, 11, 26, 27);
+    const uchar16 low = __builtin_shufflevector(b0, b1, 12, 13, 28, 29, 14, 15, 30, 31, 12, 13, 28, 29, 14, 15, 30, 31);
+    const uint16 scales = convert_uint16(top & (uchar)63);
+    const uint16 mins = convert_uint16((uchar16)(low.lo & (uchar)15, low.hi >> (uchar)4) | ((top >> (uchar)6) << (uchar)4));
     rows->scales[0] = as_short32(scales | (scales << 16));
     const float2 dd0 = halves_to_float8(as_ushort8(h0)).s01, dd1 = halves_to_float8(as_ushort8(h1)).s01;
     rows->d = ((float4)(dd0.x, dd0.x, dd1.x, dd1.x)).s0123012301230123;
