@@ -87,20 +87,25 @@ def cpu_variant(kind: str) -> str:
     return NIBBLE_VARIANTS.get(kind, kind)
 
 
-def lowbit_local(w: DeviceMatrix, tile: int) -> tuple:
+def lowbit_local(w: DeviceMatrix, tile: int, int8: bool = False) -> tuple:
     """The local buffer the integer kernels quantize a tile's inputs into. cpu/lowbit.cl:
     per column 2 bytes an input, an int16 of sums and a float scale per super-block of
     256; cpu/nibbles.cl: per column and group of 128 inputs, a float16 of sums, 256
-    bytes of inputs and a float scale (Q4_K's and Q6_K's SuperRecords on 8-bit inputs
-    take less)."""
-    nbytes = local_bytes(w, tile)
+    bytes of inputs and a float scale, or where the program takes Q4_K and Q6_K on 8-bit
+    inputs (`int8`, cpu/nibbles.cl's INT8_INPUTS) their SuperRecords, a super-block each."""
+    nbytes = local_bytes(w, tile, int8)
     return (cl.LocalMemory(nbytes),) if nbytes else ()
 
 
-def local_bytes(w: DeviceMatrix, tile: int) -> int:
+SUPER_RECORD_BYTES = 384  # cpu/nibbles.cl's SuperRecord: a column's 256 inputs in 8 bits, steps and sums
+
+
+def local_bytes(w: DeviceMatrix, tile: int, int8: bool = False) -> int:
     """The size of lowbit_local's buffer (0: the kind takes none)."""
     if w.kind in LOWBIT_KINDS:
         return tile * (2 * w.cols + (64 + 4) * (w.cols // 256))
+    if int8 and w.kind in SUPER_KINDS:
+        return tile * (w.cols // 256) * SUPER_RECORD_BYTES
     if w.kind in NIBBLE_VARIANTS:
         return max(64, tile * ceil_div(w.cols, 128) * (64 + 256 + 4))
     return 0
@@ -114,7 +119,7 @@ STAGED_MIN = 9  # columns from which a nibble matmul's inputs are staged (below,
 def staged_bytes(k: int, cols: int) -> int:
     """The bytes of a nibble kind's inputs of length `k` staged for `cols` columns: a float
     a column (its RMS scale) up to a whole 64 bytes, then its local buffer's layout
-    (local_bytes) as wide as the batch."""
+    (local_bytes) as wide as the batch, in 16 bits (SuperRecords take less)."""
     return ceil_div(4 * cols, 64) * 64 + cols * ceil_div(k, 128) * (64 + 256 + 4)
 
 
@@ -135,11 +140,12 @@ class CPUStage:
 
     NCOLS = 5  # index of the ncols argument
 
-    def __init__(self, program: cl.Program, wg: int, w: DeviceMatrix, g, x, xrows, eps, normalize: int, stage: Stage):
+    def __init__(self, program: cl.Program, wg: int, w: DeviceMatrix, g, x, xrows, eps, normalize: int, stage: Stage,
+                 int8: bool = False):  # fmt: skip
         self.name, self.weight_bytes, self.wg = "stage", 0, wg
         self.kernel = cl.Kernel(program, f"stage_{cpu_variant(w.kind)}")
         self.kernel.set_args(g, x, xrows, eps, i32(w.cols), i32(1), i32(normalize), stage.buffer, i32(stage.cols),
-                             *lowbit_local(w, MAX_TILE))  # fmt: skip
+                             *lowbit_local(w, MAX_TILE, int8))  # fmt: skip
         self.width = 1  # the ncols argument as last set
 
     def enqueue(self, queue: cl.CommandQueue, ncols: int) -> cl.Event | None:
@@ -157,12 +163,13 @@ class CPUMatmul:
     past 8 columns take the nibble kinds' 32-column tile where its local buffer fits
     the device (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a
     `stage` has `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN
-    columns on it reads what that staged."""
+    columns on it reads what that staged. `int8`: the program takes Q4_K and Q6_K on
+    8-bit inputs (lowbit_local)."""
 
     NCOLS = 9  # index of the ncols argument
 
     def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple,
-                 local_mem: int = 0, gemm: bool = False, stage: Stage | None = None):  # fmt: skip
+                 local_mem: int = 0, gemm: bool = False, stage: Stage | None = None, int8: bool = False):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
         pairs = ceil_div(rows, 2)
@@ -178,14 +185,14 @@ class CPUMatmul:
             # swiglu and qkv always normalize; matmul's first own argument says whether it does
             normalize = 1 if kernel != "matmul" else int(extra[0])
             if stage is not None:
-                self.stage_inputs = CPUStage(program, wg, w, *head[2:6], normalize, stage)
+                self.stage_inputs = CPUStage(program, wg, w, *head[2:6], normalize, stage, int8)
             staging = (stage.buffer if stage else head[0], i32(0))  # (the staged width: set by enqueue)
         self.staged_arg = 10 + len(extra) + 1  # index of the staged width, after the kernel's own arguments
         self.tiles = {}
-        wide = gemm and nibbles and local_bytes(w, GEMM_TILE) <= local_mem
+        wide = gemm and nibbles and local_bytes(w, GEMM_TILE, int8) <= local_mem
         for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
             k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
-            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *staging, *lowbit_local(w, tile))
+            k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *staging, *lowbit_local(w, tile, int8))
             self.tiles[tile] = k
         self.widths = dict.fromkeys(self.tiles, 1)  # each variant's ncols argument as last set
         self.staged_cols = stage.cols if stage is not None and nibbles else 0

@@ -19,7 +19,7 @@ from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (devi
 from test_quants import random_blocks
 
 from gpu.families import CPUFamily, host_has_vnni
-from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant
+from gpu.launches import GEMM_TILE, LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant, local_bytes
 from gpu.model.load import WeightTensor
 from gpu.weights import READ_PAST, upload_matrix
 
@@ -40,9 +40,10 @@ INT8_32 = (Q.Q4_0, Q.Q4_1)  # the 32-weight types INT8_NIBBLES takes on 8-bit in
 
 
 def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
-        compact: bool = False, staged: bool = True, gemm: bool = True) -> np.ndarray:  # fmt: skip
+        compact: bool = False, staged: bool = True, gemm: bool = True, int8: bool = False) -> np.ndarray:  # fmt: skip
     """The matmul kernel on x's columns: (columns, ROWS), with its inputs staged from
-    STAGED_MIN columns on, as the engine's are, or with `staged` False never."""
+    STAGED_MIN columns on, as the engine's are, or with `staged` False never; `int8`: the
+    program takes Q4_K and Q6_K on 8-bit inputs (its local buffer is sized for them)."""
     ncols, cols = x.shape
     ctx, flags = dev.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
@@ -52,7 +53,7 @@ def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, 
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     stage = Stage(ctx, cols, MAX_COLS) if staged else None
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
-                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=gemm, stage=stage)  # fmt: skip
+                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=gemm, stage=stage, int8=int8)  # fmt: skip
     assert launch.gemm_tile == (32 if gemm and w.kind not in LOWBIT_KINDS else 8)
     for step in [launch.stage_inputs, launch] if launch.stage_inputs else [launch]:
         step.enqueue(dev.queue, ncols)
@@ -105,7 +106,7 @@ def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, c
     x = (rng.standard_normal((ncols, cols)) * rng.uniform(0.1, 10, (ncols, 1))).astype(np.float32)
     x[:, :32] *= 30  # one block far larger than the rest of its super-block
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-    got = run(device, program, raw, qtype, x, g, normalize, compact=True)
+    got = run(device, program, raw, qtype, x, g, normalize, compact=True, int8=True)
     inputs = x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) if normalize else x
     weights = gguf.quants.dequantize(raw, qtype)
     want = inputs @ weights.T
@@ -120,14 +121,38 @@ def test_int8_matmul_matches_the_rounding_reference(device, qtype, width: int, c
     assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max()
 
 
-def batch_case(dev, qtype, int8: int, seed: int) -> tuple:
-    """The build the device's own family takes (INT8_INPUTS and INT8_NIBBLES as asked), a ROWS-row matrix of
-    `qtype` and MAX_COLS input columns with their norm weights: (program, raw, x, g). Rows of
-    32-weight blocks have blocks past the last group, or (compact Q5_0) a last half-group."""
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_a_long_row_s_prompt_takes_the_32_column_tile_on_8_bit_inputs(device, qtype) -> None:  # noqa: F811
+    """Rows of 8,960 (Qwen2.5-Coder-1.5B's down matrix): 32 columns' SuperRecords (384 bytes
+    a super-block) fit a CPU's local memory where its 16-bit groups (648) do not, so a prompt
+    reads them 32 columns at a time, and still as the rounding reference does."""
+    cols = 8960
+    raw = random_blocks(qtype, ROWS * cols // 256, seed=9).reshape(ROWS, -1)
+    w = WeightTensor("w", qtype, ROWS, cols, raw.reshape(-1))
+    room = int(device.device.local_mem_size) - 4 * MAX_COLS
+    if local_bytes(upload_matrix(device.context, [w], True), GEMM_TILE, int8=True) > room:
+        pytest.skip("this device's local memory holds no 32-column tile of rows of 8,960")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((20, cols)).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    got = run(device, family_build(device, 1), raw, qtype, x, g, 1, compact=True, int8=True)  # (asserts the 32-column tile)
+    rounded = Int8Matrix(w).times(x * g / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS))
+    assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max()
+
+
+def family_build(dev, int8: int) -> cl.Program:
+    """The build the device's own family takes, with INT8_INPUTS and INT8_NIBBLES as asked."""
     family = CPUFamily(dev)
     options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}",
                f"-DINT8_INPUTS={int8}", f"-DINT8_NIBBLES={int8}"]  # fmt: skip
-    program = dev.build(family.source(), SHAPE + options)
+    return dev.build(family.source(), SHAPE + options)
+
+
+def batch_case(dev, qtype, int8: int, seed: int) -> tuple:
+    """family_build's program, a ROWS-row matrix of `qtype` and MAX_COLS input columns with
+    their norm weights: (program, raw, x, g). Rows of 32-weight blocks have blocks past the
+    last group, or (compact Q5_0) a last half-group."""
+    program = family_build(dev, int8)
     cols = 512 if qtype in K_QUANTS else 640 if qtype == Q.Q5_0 else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if qtype in K_QUANTS else 32), seed=seed).reshape(ROWS, -1)
     rng = np.random.default_rng(seed)
@@ -145,12 +170,13 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, com
     if int8 and not (compact and qtype in K_QUANTS or qtype in INT8_32):
         pytest.skip("INT8_INPUTS changes only compact Q4_K and Q6_K, INT8_NIBBLES Q4_0 and Q4_1")
     program, raw, x, g = batch_case(device, qtype, int8, seed=3)
-    alone = run(device, program, raw, qtype, x[:1], g, 1, compact=bool(compact))
+    alone = run(device, program, raw, qtype, x[:1], g, 1, compact=bool(compact), int8=bool(int8))
     for ncols in (2, 3, 8, 20, MAX_COLS):  # tiles of 2, 4, 8 and 32 (one, and two: its column 33 the second's first)
-        batch = run(device, program, raw, qtype, x[:ncols], g, 1, compact=bool(compact))
+        batch = run(device, program, raw, qtype, x[:ncols], g, 1, compact=bool(compact), int8=bool(int8))
         assert batch[0].tobytes() == alone[0].tobytes()
         for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
-            assert batch[c].tobytes() == run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact))[0].tobytes()
+            single = run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact), int8=bool(int8))
+            assert batch[c].tobytes() == single[0].tobytes()
 
 
 @pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q5_1, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,
@@ -167,8 +193,8 @@ def test_staged_inputs_give_the_bits_of_each_work_group_s_own(device, qtype, com
     program, raw, x, g = batch_case(device, qtype, int8, seed=7)
     assert STAGED_MIN == 9
     for ncols, normalize in ((STAGED_MIN, 1), (20, 0), (MAX_COLS, 1)):
-        staged = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm)
-        own = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm, staged=False)
+        staged = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm, int8=bool(int8))
+        own = run(device, program, raw, qtype, x[:ncols], g, normalize, compact=bool(compact), gemm=gemm, staged=False, int8=bool(int8))
         assert staged.tobytes() == own.tobytes()
 
 
@@ -199,7 +225,7 @@ def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int
     want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
     for ncols in (1, 8):
         x = np.ones((ncols, cols), np.float32)  # every input its group's largest: 32767 in 16 bits, 127 in 8
-        got = run(device, program, raw, qtype, x, np.ones(cols, np.float32), 0, compact=True)
+        got = run(device, program, raw, qtype, x, np.ones(cols, np.float32), 0, compact=True, int8=bool(int8))
         np.testing.assert_allclose(got, np.full((ncols, ROWS), want_row), rtol=1e-6)
 
 
@@ -212,7 +238,7 @@ def test_q4_group_sums_do_not_overflow(device, width: int) -> None:  # noqa: F81
     one = np.array([0x3C00], np.uint16).view(np.uint8)
     raw = np.tile(np.concatenate([one, np.zeros(2, np.uint8), np.full(16, 0xFF, np.uint8)]), (ROWS * 576 // 32, 1))
     for ncols in (1, 8):
-        got = run(device, program, raw, Q.Q4_1, np.ones((ncols, 576), np.float32), np.ones(576, np.float32), 0)
+        got = run(device, program, raw, Q.Q4_1, np.ones((ncols, 576), np.float32), np.ones(576, np.float32), 0, int8=True)
         np.testing.assert_allclose(got, np.full((ncols, ROWS), 15.0 * 576), rtol=1e-6)
 
 
@@ -248,8 +274,8 @@ def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int, int8: i
     g = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
     for ncols in (1, 5, 20):
         wg = CPUFamily.LOWBIT_WG if qtype in (Q.Q2_K, Q.Q3_K) else CPUFamily.WG
-        assert (run(device, vnni, raw, qtype, x[:ncols], g, 1, wg, bool(compact)).tobytes()
-                == run(device, madd, raw, qtype, x[:ncols], g, 1, wg, bool(compact)).tobytes())  # fmt: skip
+        assert (run(device, vnni, raw, qtype, x[:ncols], g, 1, wg, bool(compact), int8=bool(int8)).tobytes()
+                == run(device, madd, raw, qtype, x[:ncols], g, 1, wg, bool(compact), int8=bool(int8)).tobytes())  # fmt: skip
 
 
 @pytest.mark.model

@@ -484,10 +484,11 @@ __attribute__((always_inline)) inline void pair_dot_super_cols(const int wtype, 
 #define INT8_NIBBLES 0
 #endif
 
-/* A column's inputs to Q4_K and Q6_K on 8-bit inputs: a record a super-block, a column's
-   records one after another, so a tile's inputs (and a column's staged ones) are one run of
-   bytes, 384 a super-block where the 16-bit groups take 648. The steps and sums are in the
-   lanes of the row pair's sums (pair_lanes), so a column's loop loads them as they are. */
+/* A column's inputs to Q4_K and Q6_K on 8-bit inputs: a record a super-block, 384 bytes
+   where the 16-bit groups take 648. A tile's records lie super-block by super-block, the
+   live columns' records of each together (SUPER_RECORD), so a row pair's pass over them is
+   one run of bytes; a column's staged records one after another. The steps and sums are in
+   the lanes of the row pair's sums (pair_lanes), so a column's loop loads them as they are. */
 typedef struct {
     uint16 quants[4];  /* vector i holds inputs 8i..8i + 7 of each block, block b's at byte 8b */
     float16 steps;     /* each block's step, block 2m + p's in lanes 4m + p and 4m + 2 + p */
@@ -496,6 +497,9 @@ typedef struct {
         short32 halves;  /* Q6_K: each block's sums of its halves' quants, a 32-bit lane as its step's */
     } sums;
 } SuperRecord;
+
+/* column c's record of super-block j in a tile of `live` columns */
+#define SUPER_RECORD(records, live, c, j) ((records) + (size_t)(j) * (live) + (c))
 
 /* A column's inputs to Q4_0 and Q4_1 on 8-bit inputs: a record a group of four blocks, a
    column's records one after another, 256 bytes a group where 16 bits take 324. */
@@ -518,7 +522,7 @@ typedef struct {
    of 256 inputs to 8-bit integers, block b's in steps of u m_b: u is 1/BLOCK_STEPS of the step
    the super-block's largest |x| would give all of it (llama.cpp's Q8_K) and m_b (1..BLOCK_STEPS)
    the least its own largest |x| allows, so a block far below its super-block's largest keeps a
-   finer step. Column c's super-block j goes to record c * nsuper + j, its bytes where they meet
+   finer step. Column c's super-block j goes to SUPER_RECORD, its bytes where they meet
    the quants of a row's super-block (read_q4_k_quants, read_q6_k_quants), and `wtype`'s sums. */
 __attribute__((always_inline)) inline void quantize_super_columns(__global const float *x, __global const int *xrows, __global const float *g,
                                  int normalize, int k, int c0, int ncols, const int tile, const int wtype,
@@ -550,7 +554,7 @@ __attribute__((always_inline)) inline void quantize_super_columns(__global const
         const float amax = as_float(hmax_int16((int16)(as_int8(block_max), as_int8(block_max))));
         const float8 steps = amax > 0.0f ? clamp(ceil((float)BLOCK_STEPS * block_max / amax), 1.0f, (float)BLOCK_STEPS) : 1.0f;
         const float8 to_int = amax > 0.0f ? (127.0f * BLOCK_STEPS) / (amax * steps) : 0.0f;
-        __local SuperRecord *record = (__local SuperRecord *)xl + (size_t)c * nsuper + j;
+        __local SuperRecord *record = SUPER_RECORD((__local SuperRecord *)xl, live, c, j);
         const float unit = amax / (127.0f * BLOCK_STEPS);
         __local char8 *o = (__local char8 *)record->quants;
         float sums[8];
@@ -841,8 +845,7 @@ __attribute__((always_inline)) inline float16 pair_sums8(const float16 *acc)
 }
 
 /* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row pair for all the tile's
- * columns, each column's sums the same at any width. A column's records are where they are
- * at any `layout` width. A lane of the accumulators is a row's block (pair_lanes); each row's
+ * (`tile`: the live) columns, each column's sums the same at any width. A lane of the accumulators is a row's block (pair_lanes); each row's
  * result adds its blocks in the order of pair_dot_super_cols' lanes (0, 4, 1, 5, 2, 6, 3, 7). */
 __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
@@ -857,7 +860,7 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         prefetch_run(qs + paired_group(r0, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
         read_row_pair(wtype, qs, dm, paired_group(r0, nsuper, j), paired_group(r1, nsuper, j), &rows);
         for (int c = 0; c < tile; c++) {
-            __local const SuperRecord *inputs = records + (size_t)c * nsuper + j;
+            __local const SuperRecord *inputs = SUPER_RECORD(records, tile, c, j);
             const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs));
             acc[c] = wtype == WT_Q4_K ? acc[c] + (sums * (rows.d * inputs->steps) + rows.mins * inputs->sums.floats)
                                       : acc[c] + sums * (rows.d * inputs->steps);
@@ -1077,14 +1080,25 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
 #define RECORD_VECTORS(records, k) ((records) == SUPER_RECORDS ? (k) / 256 * (int)(sizeof(SuperRecord) / sizeof(uint16)) \
                                     : nib_groups(k) * (int)(sizeof(GroupRecord) / sizeof(uint16)))
 
+/* the local vector of n columns' records that is vector u of them staged (a column's after
+   another): SuperRecords lie super-block by super-block locally (SUPER_RECORD), GroupRecords
+   as staged */
+inline int local_record_vector(const int records, int n, int per_column, int u)
+{
+    if (records != SUPER_RECORDS)
+        return u;
+    const int per_record = (int)(sizeof(SuperRecord) / sizeof(uint16)), c = u / per_column, v = u % per_column;
+    return ((v / per_record) * n + c) * per_record + v % per_record;  /* (SUPER_RECORD's order) */
+}
+
 /* columns 0.. n - 1 of a `tile`-column local buffer to columns c0.. of the staged one */
 inline void store_staged(__local const uchar *xl, const int tile, __global uchar *staged, int cols, int k, int c0, int n,
                          const int records)
 {
-    if (records) {  /* a column's records follow each other in both */
+    if (records) {
         const int per_column = RECORD_VECTORS(records, k);
         for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
-            STAGED_RECORDS(staged, cols)[c0 * per_column + u] = ((__local const uint16 *)xl)[u];
+            STAGED_RECORDS(staged, cols)[c0 * per_column + u] = ((__local const uint16 *)xl)[local_record_vector(records, n, per_column, u)];
         return;
     }
     const int ng = nib_groups(k);
@@ -1106,7 +1120,7 @@ inline void load_staged(__global const uchar *staged, int cols, int k, int c0, i
     if (records) {
         const int per_column = RECORD_VECTORS(records, k);
         for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
-            ((__local uint16 *)xl)[u] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
+            ((__local uint16 *)xl)[local_record_vector(records, n, per_column, u)] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
         barrier(CLK_LOCAL_MEM_FENCE);
         return;
     }
