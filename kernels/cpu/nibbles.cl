@@ -845,8 +845,9 @@ __attribute__((always_inline)) inline float16 pair_sums8(const float16 *acc)
 }
 
 /* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row pair for all the tile's
- * (`tile`: the live) columns, each column's sums the same at any width. A lane of the accumulators is a row's block (pair_lanes); each row's
- * result adds its blocks in the order of pair_dot_super_cols' lanes (0, 4, 1, 5, 2, 6, 3, 7). */
+ * live columns (`tile` of them), each column's sums the same at any width. A lane of the
+ * accumulators is a row's block (pair_lanes); each row's result adds its blocks in the order
+ * of pair_dot_super_cols' lanes (0, 4, 1, 5, 2, 6, 3, 7). */
 __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype, const int tile, const int layout,
         __global const uchar *qs, __global const float *dm, int r0, int r1, int k, __local uchar *xl,
         float16 *acc, float *out0, float *out1)
