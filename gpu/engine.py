@@ -150,7 +150,8 @@ class OpenCLEngine:
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
         self.weights = upload_weights(self.device.context, self.model, split_stacks=self.family.splits_stacks, compact=self.family.compact)
         self._allocate(max_batch_tokens)
-        self.launches = self.family.bind(self, self._build())
+        self.program = self._build()  # (also the bench's: swarm/bench/engine.py's multiply_ceiling)
+        self.launches = self.family.bind(self, self.program)
         self.cost = StepCost()  # a placeholder until `calibrate` measures this device
         self.calibrated = False
         self.mask_times = MaskTimes()  # what constrained rows' masks cost the host, and what the overlap hid

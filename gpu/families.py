@@ -166,6 +166,11 @@ class CPUFamily:
     def source(self) -> str:
         return "\n".join(source(name) for name in self.SOURCES)
 
+    def input_bits(self, kind: str) -> int:
+        """How many bits the matmuls of a device kind round their inputs to: 8 for compact
+        Q4_K and Q6_K with SLOTSWARM_INT8, and Q4_0 and Q4_1 with =all, else 16."""
+        return 8 if self.int8 and (kind in SUPER_KINDS or (self.int8_nibbles and kind == "q4_1")) else 16
+
     def options(self, engine: OpenCLEngine) -> list[str]:
         # only the matmuls of the kinds this model reads (cpu/matmul.cl's MATMUL_KINDS)
         kinds = {cpu_variant(part.kind) for m in engine.weights.matrices() for part in m.parts or [m]}

@@ -84,6 +84,8 @@ def test_bench_engine_json_reports_every_field(tiny_gguf: Path, capsys: pytest.C
     law = out["step_cost"]
     assert min(law["fixed_s"], law["token_s"], law["kv_s"]) >= 0 and law["fixed_s"] + law["token_s"] > 0
     assert law["calibration_steps"] > 0 and law["observed_steps"] == PREFILL_REPEATS + 4 * 3  # the prefills and every timed decode
+    if out["kernels"] == "cpu":  # the prompt against its multiply ceiling (the tiny model's Q4_1 on 16-bit inputs)
+        assert list(out["multiply_ceiling"]) == ["16"] and out["multiply_ceiling"]["16"] > 0 and out["prefill_ceiling_share"] > 0
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
@@ -106,6 +108,7 @@ def test_bench_engine_profile_breaks_a_step_down_by_kernel(
 ) -> None:
     out = run_json(capsys, ["bench", "engine", "--model", str(tiny_gguf), "--steps", "2", "--json", "--profile", "--kernels", kernels])
     assert out["kernels"] == kernels
+    assert ("multiply_ceiling" in out) == (kernels == "cpu")  # (cpu/nibbles.cl's)
     layers = load_model(tiny_gguf).config.n_layers
     for step in out["steps"] + [out["long"]]:
         p = step["profile"]

@@ -22,6 +22,7 @@ from gpu.families import CPUFamily, host_has_vnni
 from gpu.launches import GEMM_TILE, LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant, local_bytes
 from gpu.model.load import WeightTensor
 from gpu.weights import READ_PAST, upload_matrix
+from swarm.bench.engine import CEILING_SUMS, multiply_ceiling
 
 Q = gguf.GGMLQuantizationType
 ROWS = 67  # odd: the last work-item's pair is one row
@@ -311,3 +312,36 @@ def test_a_decode_gives_the_same_bits_alone_and_among_batch_mates(smollm2_model)
     mates = [Work(turn=t, tokens=[400 + t], start=0, block_table=[t], sample=True) for t in range(1, 5)]
     among = engine.step_logits(mates[:2] + [turn] + mates[2:])[2]
     assert among.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
+@pytest.mark.parametrize("width", sorted(WIDTHS))
+@pytest.mark.parametrize("bits", [8, 16])
+def test_the_multiply_ceiling_takes_every_product(device, width: int, vnni: bool, bits: int) -> None:  # noqa: F811
+    """cpu/nibbles.cl's multiply_ceiling, the rate `swarm bench engine` puts a prompt against:
+    each work-item's sum over a few rounds is that of every product it is to take (weights
+    (b + i) % 16 of accumulator i against inputs b % 32 + r, b a register's byte, r the round),
+    so what it times is the multiplies themselves."""
+    program = build(device, width, vnni, int8=True)
+    rounds, cores = 3, 2
+    rate, sums = multiply_ceiling(device, program, cores, bits, rounds=rounds)
+    b = np.arange(64)
+    weights = [(b + i) % 16 for i in range(CEILING_SUMS)]
+    inputs = [b % 32 + r for r in range(rounds)]
+    if bits == 16:  # each pair of bytes one 16-bit lane
+        weights = [w[0::2] + 256 * w[1::2] for w in weights]
+        inputs = [x[0::2] + 256 * x[1::2] for x in inputs]
+    want = sum(int(w @ x) for w in weights for x in inputs) % 2**32
+    assert sums.tolist() == [want] * len(sums) and len(sums) >= cores
+    assert rate > 0
+
+
+@pytest.mark.parametrize(("setting", "eight"), [("0", set()), ("1", {"q4_k", "q6_k"}), ("all", {"q4_k", "q6_k", "q4_1"})])
+def test_the_family_says_which_kinds_take_8_bit_inputs(device, monkeypatch, setting: str, eight: set) -> None:  # noqa: F811
+    """CPUFamily.input_bits, by which the bench prices a prompt's products, says what
+    INT8_INPUTS and INT8_NIBBLES take (quantize_for in cpu/layer.cl, the *_BEGIN macros)."""
+    monkeypatch.setenv("SLOTSWARM_INT8", setting)
+    family = CPUFamily(device)
+    kinds = [*NIBBLE_VARIANTS, *LOWBIT_KINDS]
+    assert {kind for kind in kinds if family.input_bits(kind) == 8} == eight
+    assert all(family.input_bits(kind) == 16 for kind in kinds if kind not in eight)

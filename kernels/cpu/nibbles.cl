@@ -1221,3 +1221,64 @@ DEFINE_NIBBLE_MATMULS(nibq6k, WT_Q6_K, Q6_K_BEGIN, QUANTIZE_Q6_K, K_RECORDS)
 #ifdef MATMUL_nibq50
 DEFINE_NIBBLE_MATMULS(nibq50, WT_Q5_0, NIBBLES_BEGIN, QUANTIZE_NIBBLES, NO_RECORDS)
 #endif
+
+/* lane sums, as a uint (modulo 2^32) */
+inline uint lanes_total(int16 v)
+{
+    const uint16 s = as_uint16(v);
+    const uint8 a = s.lo + s.hi;
+    const uint4 b = a.lo + a.hi;
+    const uint2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+/* The multiplies the integer matmuls are built on, alone: their rate is the most a prompt's
+ * matmuls could reach if nothing else took the core's time (swarm bench engine's multiply
+ * ceiling). A work-item runs `rounds` rounds of CEILING_SUMS independent multiply-adds of a
+ * register each: for `bits` 8, unsigned bytes times signed ones as the 8-bit matmuls take
+ * them (64 products: dot_bytes, or on AVX2 bytes_pairs into 16-bit sums, as pair_lanes adds
+ * them); for 16, pairs of 16-bit lanes (32: madd_add). Each round adds one to every input
+ * byte, so no product is the same from round to round; out[i] is work-item i's sum of them
+ * all, exact (modulo 2^32) while no lane wraps, as in the tests' few rounds. */
+#define CEILING_SUMS 4  /* enough to keep the multiplier busy, few enough to stay in registers */
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void multiply_ceiling(int rounds, int bits, __global uint *out)
+{
+    const uint16 bytes = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) * 0x04040404u + 0x03020100u;
+    uint16 weights[CEILING_SUMS];
+    for (int i = 0; i < CEILING_SUMS; i++)
+        weights[i] = (bytes + (uint)i * 0x01010101u) & 0x0f0f0f0fu;  /* 0..15, as nibbles */
+    uint16 x = bytes & 0x1f1f1f1fu;
+    uint total = 0;
+#if INT8_INPUTS && MADD_WIDTH == 256
+    if (bits == 8) {
+        short32 sums[CEILING_SUMS] = {0};
+        for (int r = 0; r < rounds; r++, x += 0x01010101u)
+#pragma unroll
+            for (int i = 0; i < CEILING_SUMS; i++)
+                sums[i] += bytes_pairs(weights[i], x);
+        for (int i = 0; i < CEILING_SUMS; i++)
+            total += lanes_total(madd(sums[i], (short32)1));
+    }
+#elif INT8_INPUTS
+    if (bits == 8) {
+        int16 sums[CEILING_SUMS] = {0};
+        for (int r = 0; r < rounds; r++, x += 0x01010101u)
+#pragma unroll
+            for (int i = 0; i < CEILING_SUMS; i++)
+                sums[i] = dot_bytes(sums[i], weights[i], x);
+        for (int i = 0; i < CEILING_SUMS; i++)
+            total += lanes_total(sums[i]);
+    }
+#endif
+    if (bits == 16) {
+        int16 sums[CEILING_SUMS] = {0};
+        for (int r = 0; r < rounds; r++, x += 0x01010101u)
+#pragma unroll
+            for (int i = 0; i < CEILING_SUMS; i++)
+                sums[i] = madd_add(sums[i], as_short32(weights[i]), as_short32(x));
+        for (int i = 0; i < CEILING_SUMS; i++)
+            total += lanes_total(sums[i]);
+    }
+    out[get_global_id(0)] = total;
+}

@@ -9,6 +9,11 @@ With `profile=True` (an engine opened with `profile=True`), each batch size also
 gets a breakdown from OpenCL profiling events: device time per kernel per step,
 its share of the step, GB/s of weights for the kernels that read them, launches
 per step, and the time the device sat idle between launches (host gaps).
+
+A prompt is bound by arithmetic, not memory: on the CPU family the report puts the
+prefill next to its multiply ceiling, the time its matmuls' integer products would take
+at the rate of the multiplies they are built on with nothing else in the loop
+(cpu/nibbles.cl's multiply_ceiling, on every core).
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import statistics
 import time
 
 import numpy as np
+import pyopencl as cl
 
+from gpu.device import Device
 from gpu.engine import OpenCLEngine
+from gpu.launches import LOWBIT_KINDS, NIBBLE_VARIANTS
 from runtime.scheduling.blocks import BlockPool
 from runtime.scheduling.cost import step_features
 from runtime.scheduling.scheduler import Scheduler
@@ -34,6 +42,10 @@ LONG = 1000  # positions each turn holds in the long-context decode step
 TTFT_REPEATS = 3
 PREFILL_REPEATS = 3  # timings of the prefill chunk (a prompt is compute-bound: the most a busy host slows)
 CACHED_REPEATS = 5  # timings of each repeated prompt
+CEILING_SUMS = 4  # cpu/nibbles.cl's: a multiply_ceiling round's multiply-adds
+CEILING_PRODUCTS = {8: 64, 16: 32}  # products of one multiply-add (a 512-bit register), by input width
+CEILING_SECONDS = 0.05  # the least a timed multiply_ceiling launch runs
+CEILING_ITEMS = 16  # multiply_ceiling's work-items a core
 
 
 def _span(steps: int, block_size: int) -> int:
@@ -82,6 +94,45 @@ def profile_steps(profiles: list[list[tuple[str, int, object]]], wall_s: list[fl
     }
 
 
+def multiply_ceiling(device: Device, program: cl.Program, cores: int, bits: int, rounds: int = 0) -> tuple[float, np.ndarray]:
+    """Integer products a second of the CPU family's multiplies alone, on inputs of `bits`
+    (8 or 16): `program`'s multiply_ceiling (cpu/nibbles.cl), CEILING_ITEMS work-items a core
+    (PoCL may run a launch of one a core on a single thread), `rounds` each (by default
+    enough to run CEILING_SECONDS; the best of three launches); and each work-item's sum of
+    its products."""
+    queue, items = device.queue, CEILING_ITEMS * cores
+    kernel = cl.Kernel(program, "multiply_ceiling")
+    out = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, 4 * items)
+    sums = np.empty(items, np.uint32)
+
+    def launch(n: int) -> float:
+        kernel.set_args(np.int32(n), np.int32(bits), out)
+        t0 = time.perf_counter()
+        cl.enqueue_nd_range_kernel(queue, kernel, (items,), (1,)).wait()
+        return time.perf_counter() - t0
+
+    if not rounds:
+        rounds = 1 << 8
+        while launch(rounds) < CEILING_SECONDS / 2:
+            rounds *= 2
+    best = min(launch(rounds) for _ in range(3))
+    cl.enqueue_copy(queue, sums, out).wait()
+    out.release()
+    return items * rounds * CEILING_SUMS * CEILING_PRODUCTS[bits] / best, sums
+
+
+def prompt_products(engine: OpenCLEngine) -> dict[int, int]:
+    """A prompt token's integer products in the layers' matmuls, by the width their inputs are
+    rounded to (the CPU family's input_bits)."""
+    products = {8: 0, 16: 0}
+    for L in engine.weights.layers:
+        for m in (L.qkv, L.out, L.gate_up, L.down):
+            for part in m.parts or [m]:
+                if part.kind in NIBBLE_VARIANTS or part.kind in LOWBIT_KINDS:
+                    products[engine.family.input_bits(part.kind)] += part.rows * part.cols
+    return products
+
+
 def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     """Time decode steps of 1, 2, 4 and 8 live turns, 8 at LONG positions, and one prefill chunk."""
     vocab = engine.config.vocab_size
@@ -97,8 +148,13 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     chunk = rng.integers(0, vocab, PREFILL).tolist()
     prefill = Work(turn=99, tokens=chunk, start=0, block_table=tables[-1], sample=True)
     engine.step([prefill])
-    prefill_times = []
+    products = prompt_products(engine) if engine.kernels == "cpu" else {}
+    widths = [bits for bits, n in products.items() if n]  # (a model of float matrices has none)
+    prefill_times, ceilings, floors = [], [], []
     for _ in range(PREFILL_REPEATS):
+        if widths:  # the multiply ceiling just before each chunk, so both see the same machine
+            ceilings.append({bits: multiply_ceiling(engine.device, engine.program, engine.family.cores, bits)[0] for bits in widths})
+            floors.append(sum(PREFILL * products[bits] / rate for bits, rate in ceilings[-1].items()))
         t0 = time.perf_counter()
         engine.step([prefill])
         prefill_times.append(time.perf_counter() - t0)
@@ -129,6 +185,12 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
     weight_bytes = engine.weights.bytes_per_step()
     copy = engine.device.copy_bandwidth()
     step1 = results[0]["step_ms"] / 1e3
+    ceiling = {}
+    if widths:
+        ceiling = {
+            "multiply_ceiling": {str(bits): statistics.median(c[bits] for c in ceilings) for bits in widths},
+            "prefill_ceiling_share": statistics.median(f / t for f, t in zip(floors, prefill_times, strict=True)),
+        }
     return {
         "device": engine.device_name,
         "kernels": engine.kernels,
@@ -146,6 +208,7 @@ def run_engine_bench(engine: OpenCLEngine, steps: int = 16) -> dict:
         "ttft_prompt_tokens": ttft_tokens,
         "ttft_uncached_ms": 1e3 * uncached,
         "ttft_cached_ms": 1e3 * cached,
+        **ceiling,
     }
 
 
@@ -223,6 +286,7 @@ def format_report(r: dict) -> str:
         lines += _format_profile(long["profile"])
     lines += [
         f"prefill: {r['prefill_tok_per_s']:.0f} tok/s ({PREFILL}-token chunk)",
+        *_format_ceiling(r),
         f"decode, {r['steps'][-1]['batch']} turns: {r['decode_tok_per_s']:.1f} tok/s aggregate",
         f"weights read per step: {r['weight_bytes_per_step'] / 1e6:.1f} MB",
         f"copy bandwidth: {r['copy_gb_s']:.1f} GB/s (bytes read + written by a 256 MiB buffer copy)",
@@ -238,6 +302,16 @@ def format_report(r: dict) -> str:
         f"  (fitted on {c['calibration_steps']} calibration + {c['observed_steps']} measured steps)"
     )
     return "\n".join(lines)
+
+
+def _format_ceiling(r: dict) -> list[str]:
+    if "multiply_ceiling" not in r:
+        return []
+    rates = ", ".join(f"{rate / 1e9:.1f} G on {bits}-bit inputs" for bits, rate in r["multiply_ceiling"].items())
+    return [
+        f"multiply ceiling: {rates} (integer products a second of the matmuls' multiplies alone, every core)",
+        f"prefill at {100 * r['prefill_ceiling_share']:.0f}% of it (its matmuls' products at those rates, against its time)",
+    ]
 
 
 def _format_profile(p: dict) -> list[str]:
