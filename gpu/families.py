@@ -412,12 +412,13 @@ class GPUFamily:
 
 def prefetch_ahead(widest_row: int) -> int:
     """How many bytes ahead the CPU matmuls prefetch their weights (cpu/matmul.cl),
-    by the model's widest rows (its down projection's, `d_ff` inputs). A smaller
-    model's rows fit several times in 4 KB, and reaching further only evicts what is
-    read next. Past rows of 8 KB (Qwen2.5-Coder-1.5B's 8,960 inputs, about a byte a
-    weight: 10 KB a row pair), 8 KB: further reaches into a one-token step's next
-    run of row pairs (cpu/layer.cl), which the other core may be the one to read."""
-    return 8192 if widest_row > 8192 else 4096
+    growing with the model's widest rows (its down projection's, `d_ff` inputs). A
+    small model's rows fit several times in 4 KB, and reaching further only evicts
+    what is read next: rows of at most 2,048 inputs (SmolLM2, Gemma 3 270M) take 2 KB.
+    Past rows of 8 KB (Qwen2.5-Coder-1.5B's 8,960 inputs, about a byte a weight: 10 KB
+    a row pair), 8 KB: further reaches into a one-token step's next run of row pairs
+    (cpu/layer.cl), which the other core may be the one to read."""
+    return 2048 if widest_row <= 2048 else 8192 if widest_row > 8192 else 4096
 
 
 def host_has_vnni() -> bool:
