@@ -15,8 +15,8 @@ turn by separate processes compare the minutes more than the kernels. It reports
 
 Only the kernel sources differ; the host code is this checkout's, so TREE's kernels must
 take the same arguments. A change to the host side needs two processes (scripts/gpu-check.sh
---against). The profiled chunk times each launch with OpenCL events, which the decode steps
-do not.
+--against). Both engines time every launch with OpenCL events (the chunk's kinds need them),
+so the steps carry that cost on both sides alike.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import gpu.families
 from gpu.engine import OpenCLEngine
 from gpu.model.fetch import resolve_model
 from gpu.model.load import Model, load_model
+from runtime.errors import SlotswarmError
 from runtime.scheduling.work import Work
 
 PROMPT = 32  # the decode steps' prompt, in tokens
@@ -148,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 0 or args.chunks < 0:
         print("--steps and --chunks must be at least 0", file=sys.stderr)
         return 2
-    report = compare(load_model(resolve_model(args.model)), args.against.resolve(), args.kernels, args.steps, args.chunks)
+    try:  # an unknown model, or TREE's kernels failing to build: one line
+        report = compare(load_model(resolve_model(args.model)), args.against.resolve(), args.kernels, args.steps, args.chunks)
+    except SlotswarmError as exc:
+        print(f"kernel_ab: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
 

@@ -44,3 +44,10 @@ def test_the_base_side_runs_the_other_tree_s_kernels(tmp_path: Path, tiny_model:
 def test_a_tree_without_kernels_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     assert kernel_ab.main(["--against", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"--against: no kernels/ in {tmp_path}"
+
+
+def test_an_unknown_model_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    tree = tree_with_kernels(tmp_path)
+    assert kernel_ab.main(["--against", str(tree), "--model", str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kernel_ab: ") and "missing.gguf" in err and len(err.splitlines()) == 1
