@@ -9,14 +9,16 @@ minute to the next: on a shared machine whose speed moves by half within minutes
 turn by separate processes compare the minutes more than the kernels. It reports
 
 - batch-1 decode steps: each side's median, and the median of the paired ratios (new /
-  base, each step against its partner), with whether both chose the same greedy tokens;
+  base, each step against its partner), with whether both chose the same greedy tokens and
+  whether the steps took the CPU family's one launch a layer (kernels/cpu/layer.cl);
 - one prompt chunk (the engine's largest, from position 0): each launch kind's time
   (launch name and weight bytes: Q4_K and Q6_K down are two kinds), as medians and ratios.
 
 Only the kernel sources differ; the host code is this checkout's, so TREE's kernels must
 take the same arguments. A change to the host side needs two processes (scripts/gpu-check.sh
---against). Both engines time every launch with OpenCL events (the chunk's kinds need them),
-so the steps carry that cost on both sides alike.
+--against). The chunks run on a second pair of engines that time every launch with OpenCL
+events (the kinds need them); a profiled engine keeps each matmul a launch of its own, so
+the steps run on engines that do not, as a user's steps do.
 """
 
 from __future__ import annotations
@@ -106,17 +108,28 @@ def prompt_chunks(engines: dict[str, OpenCLEngine], chunks: int) -> dict:
             "kinds": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]["base"]))}  # fmt: skip
 
 
-def compare(model: Model, tree: Path, kernels: str, steps: int, chunks: int) -> dict:
-    """The report: `tree`'s kernels (base) against this checkout's (new) on `model`."""
+def engines_for(model: Model, tree: Path, kernels: str, profile: bool) -> dict[str, OpenCLEngine]:
+    """The base engine from `tree`'s kernels, the new one from this checkout's."""
     engines = {}
     for side, source in (("base", tree), ("new", None)):
         with kernels_from(source):
-            engines[side] = OpenCLEngine(model, num_blocks=BLOCKS, kernels=kernels, profile=True)
-    report = {"model": model.path.name, "device": engines["new"].device.name, "kernels": engines["new"].kernels, "against": str(tree)}
+            engines[side] = OpenCLEngine(model, num_blocks=BLOCKS, kernels=kernels, profile=profile)
+    return engines
+
+
+def compare(model: Model, tree: Path, kernels: str, steps: int, chunks: int) -> dict:
+    """The report: `tree`'s kernels (base) against this checkout's (new) on `model`."""
+    report = {"model": model.path.name, "against": str(tree)}
     if steps:
+        # unprofiled: a profile keeps every matmul a launch of its own, so only these engines
+        # step as a user's do (the CPU family's one launch a layer, where the model allows)
+        engines = engines_for(model, tree, kernels, profile=False)
         report["decode"] = decode_steps(engines, steps)
+        report["decode"]["layer_launch"] = engines["new"].launches.one_token is not None
     if chunks:
+        engines = engines_for(model, tree, kernels, profile=True)
         report["prompt"] = prompt_chunks(engines, chunks)
+    report["device"], report["kernels"] = engines["new"].device.name, engines["new"].kernels
     return report
 
 
@@ -124,7 +137,8 @@ def table(r: dict) -> str:
     lines = [f"{r['model']} on {r['device']} ({r['kernels']} kernels): base {r['against']}, new this checkout"]
     if "decode" in r:
         d = r["decode"]
-        lines.append(f"batch-1 step: base {d['ms']['base']:.2f} ms, new {d['ms']['new']:.2f} ms, paired ratio {d['ms']['ratio']:.3f}"
+        how = " (a launch a layer)" if d["layer_launch"] else ""
+        lines.append(f"batch-1 step{how}: base {d['ms']['base']:.2f} ms, new {d['ms']['new']:.2f} ms, paired ratio {d['ms']['ratio']:.3f}"
                      f"; same tokens: {'yes' if d['same_tokens'] else 'no'}")  # fmt: skip
     if "prompt" in r:
         p, ms = r["prompt"], r["prompt"]["ms"]
@@ -146,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.against / "kernels" / "quant.cl").is_file():
         print(f"--against: no kernels/ in {args.against}", file=sys.stderr)
         return 2
-    if args.steps < 0 or args.chunks < 0:
-        print("--steps and --chunks must be at least 0", file=sys.stderr)
+    if args.steps < 0 or args.chunks < 0 or args.steps == args.chunks == 0:
+        print("--steps and --chunks must be at least 0, and not both 0", file=sys.stderr)
         return 2
     try:  # an unknown model, or TREE's kernels failing to build: one line
         report = compare(load_model(resolve_model(args.model)), args.against.resolve(), args.kernels, args.steps, args.chunks)

@@ -32,6 +32,7 @@ def tree_with_kernels(path: Path, embed_row: str = EMBED_ROW) -> Path:
 def test_the_base_side_runs_the_other_tree_s_kernels(tmp_path: Path, tiny_model: Model, kernels: str) -> None:
     same = kernel_ab.compare(tiny_model, tree_with_kernels(tmp_path / "same"), kernels, steps=4, chunks=1)
     assert same["decode"]["same_tokens"] and same["kernels"] == kernels
+    assert same["decode"]["layer_launch"] == (kernels == "cpu")  # the steps a user's engine takes
     assert {"swiglu", "down", "attention", "head"} <= {kind.split()[0] for kind in same["prompt"]["kinds"]}
     assert all(m["base"] > 0 and m["new"] > 0 for m in (same["decode"]["ms"], same["prompt"]["ms"]))
     text = kernel_ab.table(same)
@@ -44,6 +45,11 @@ def test_the_base_side_runs_the_other_tree_s_kernels(tmp_path: Path, tiny_model:
 def test_a_tree_without_kernels_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     assert kernel_ab.main(["--against", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"--against: no kernels/ in {tmp_path}"
+
+
+def test_nothing_to_compare_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    assert kernel_ab.main(["--against", str(tree_with_kernels(tmp_path)), "--steps", "0", "--chunks", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "--steps and --chunks must be at least 0, and not both 0"
 
 
 def test_an_unknown_model_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
