@@ -136,6 +136,21 @@ def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
     compare(path, steps=6, kernels="gpu", span=3)
 
 
+def test_gpu_family_attention_gives_the_same_bits_every_run(tmp_path: Path) -> None:
+    """The same prompt ten times, its attention in one split and in several: the same
+    logits each time. (PoCL 3.1 with two threads gave a few (token, KV head) groups
+    another group's outputs, or zeros, where a barrier followed a return.)"""
+    path = write_tiny_gguf(tmp_path / "m.gguf", arch="gemma3", weight_type=Q.Q8_0, embed_type=Q.Q8_0, tied=True, **SHAPE)
+    model = load_model(path)
+    prompt = np.random.default_rng(4).integers(0, model.config.vocab_size, 13).tolist()
+    for span in (256, 3):
+        engine = OpenCLEngine(model, num_blocks=8, block_size=16, kernels="gpu", gpu_tuning=GPUTuning(span=span))
+        runs = {
+            engine.step_logits([Work(turn=k, tokens=prompt, start=0, block_table=[3, 1, 6], sample=True)])[0].tobytes() for k in range(10)
+        }
+        assert len(runs) == 1, f"span {span}: {len(runs)} different results in 10 runs"
+
+
 @pytest.mark.parametrize("setting", ["0", "1"])
 def test_a_prompt_s_tile_width_changes_no_bit(tmp_path: Path, setting: str, monkeypatch) -> None:
     """The CPU family reads a prompt's columns through Q4_K and Q6_K on 8-bit inputs in

@@ -9,9 +9,9 @@
  * token), the span doubling, tripling... past MAX_SPLITS * SPLIT_SPAN
  * positions. A fixed span, not a count chosen per step, because a token's sums
  * must not depend on its batch-mates (reduce.cl): the launch has as many
- * splits as its longest token needs, and a token's surplus work-groups return
- * at once. A split processes its range WG positions at a time, flash-attention
- * style:
+ * splits as its longest token needs, and a token's surplus work-groups have
+ * an empty range. A split processes its range WG positions at a time,
+ * flash-attention style:
  *   scores   work-item i takes position p0 + i: its K column (K is stored
  *            transposed, so neighbouring work-items read neighbouring halves)
  *            against each query head of the group;
@@ -24,9 +24,10 @@
  * the last to finish combines them,
  *     o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,   M = max_s m_s,
  * resets the counter and writes the group's outputs (the "last block" reduction
- * pattern). The output projection is the next launch, an ordinary matmul over
- * every row of Wo: fused in here it would run on only as many work-groups as the
- * model has KV heads.
+ * pattern). No work-item returns early: every one reaches every barrier. The
+ * output projection is the next launch, an ordinary matmul over every row of
+ * Wo: fused in here it would run on only as many work-groups as the model has
+ * KV heads.
  */
 
 #define GH (GROUP * HEAD_DIM)      /* outputs of one KV head's query group */
@@ -43,7 +44,6 @@ void attention(__global const float *qkv, __global const int *pos, __global cons
     __local float p[GROUP][WG];
     __local float scratch[GROUP * WG];
     __local float chunk[GROUP];
-    __local float o[GH];  /* the group's outputs */
     __local int last[1];  /* an array: clang took a scalar for a private one */
     const int lid = get_local_id(0), kvh = get_group_id(0), t = get_group_id(1);
     const int split = get_group_id(2);
@@ -65,9 +65,8 @@ void attention(__global const float *qkv, __global const int *pos, __global cons
         l[h] = 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (split >= splits)
-        return;  /* a longer token needs more splits than this one */
-    /* after a barrier: before the first, PoCL 3.1's results varied run to run */
+    /* a longer token may need more splits than this one: this work-group's range
+       is then empty, and it goes through the barriers below with nothing to do */
     for (int p0 = begin; p0 < end; p0 += WG) {
         const int at = p0 + lid;
         for (int h = 0; h < GROUP; h++)
@@ -108,14 +107,15 @@ void attention(__global const float *qkv, __global const int *pos, __global cons
         }
         barrier(CLK_LOCAL_MEM_FENCE);  /* before the next chunk rewrites p */
     }
-    if (splits == 1) {
+    const size_t pair = (size_t)t * N_KV_HEADS + kvh;
+    __global float *out = att + (size_t)t * Q_DIM + kvh * GH;
+    if (splits == 1 && split == 0) {
         for (int i = 0; i < ACC; i++) {
             const int j = lid + i * WG;
             if (j < GH)
-                o[j] = acc[i] / l[j / HEAD_DIM];
+                out[j] = acc[i] / l[j / HEAD_DIM];
         }
-    } else {
-        const size_t pair = (size_t)t * N_KV_HEADS + kvh;
+    } else if (split < splits) {
         __global float *mine = partial + (pair * MAX_SPLITS + split) * SPLIT_FLOATS;
         for (int i = 0; i < ACC; i++) {
             const int j = lid + i * WG;
@@ -128,12 +128,14 @@ void attention(__global const float *qkv, __global const int *pos, __global cons
                 mine[GROUP + h] = l[h];
             }
         mem_fence(CLK_GLOBAL_MEM_FENCE);
-        barrier(CLK_GLOBAL_MEM_FENCE);
-        if (lid == 0)
-            last[0] = atomic_inc(counters + pair) == splits - 1;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (!last[0])
-            return;  /* the whole work-group: `last` is shared */
+    }
+    /* every work-item of every work-group reaches both barriers: with a return
+       before them, PoCL 3.1's results varied run to run on two threads */
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    if (lid == 0)
+        last[0] = splits > 1 && split < splits && atomic_inc(counters + pair) == splits - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (last[0]) {
         if (lid == 0)
             counters[pair] = 0;  /* ready for the next launch */
         /* volatile: read what the other work-groups wrote, not a stale cache */
@@ -142,21 +144,16 @@ void attention(__global const float *qkv, __global const int *pos, __global cons
             const int j = lid + i * WG, h = j / HEAD_DIM;
             if (j >= GH)
                 break;
-            float top = -INFINITY, sum = 0.0f, out = 0.0f;
+            float top = -INFINITY, sum = 0.0f, o = 0.0f;
             for (int q = 0; q < splits; q++)
                 top = fmax(top, all[q * SPLIT_FLOATS + h]);
             for (int q = 0; q < splits; q++) {
                 volatile __global const float *its = all + q * SPLIT_FLOATS;
                 const float w = exp(its[h] - top);
                 sum += w * its[GROUP + h];
-                out += w * its[2 * GROUP + j];
+                o += w * its[2 * GROUP + j];
             }
-            o[j] = out / sum;
+            out[j] = o / sum;
         }
     }
-    /* out through local memory: written to att straight from the combine, the
-       results on PoCL 3.1 varied run to run */
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = lid; j < GH; j += WG)
-        att[(size_t)t * Q_DIM + kvh * GH + j] = o[j];
 }
