@@ -12,10 +12,11 @@ from reference import ReferenceModel, for_engine
 
 from gpu.device import select_device
 from gpu.engine import OpenCLEngine
-from gpu.families import CPUFamily, GPUTuning
+from gpu.families import CPUFamily, GPUTuning, make_family
 from gpu.launches import CPUMatmul
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
+from gpu.weights import upload_weights
 from runtime.errors import ConfigError
 from runtime.scheduling.work import Work
 
@@ -122,10 +123,13 @@ def test_compact_kinds_follow_each_familys_default(tmp_path: Path, setting, cpu_
         monkeypatch.delenv("SLOTSWARM_COMPACT", raising=False)
     else:
         monkeypatch.setenv("SLOTSWARM_COMPACT", setting)
+    device = select_device()
     for kernels, kinds in (("cpu", cpu_kinds), ("gpu", gpu_kinds)):
+        family = make_family(kernels, device)  # (what an engine uploads its weights with)
         for qtype, kind in zip((Q.Q4_K, Q.Q6_K, Q.Q5_0), kinds, strict=True):
             path = write_tiny_gguf(tmp_path / f"{qtype.name}.gguf", weight_type=qtype, embed_type=Q.Q8_0, tied=False, **SHAPE)
-            assert OpenCLEngine(load_model(path), num_blocks=8, kernels=kernels).weights.layers[0].down.kind == kind
+            weights = upload_weights(device.context, load_model(path), split_stacks=family.splits_stacks, compact=family.compact)
+            assert weights.layers[0].down.kind == kind
 
 
 def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:
