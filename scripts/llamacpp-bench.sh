@@ -35,9 +35,18 @@ fi
 if [[ ! -d $SOURCE ]]; then
     tar -xzf "$SDIST" -C "$CACHE"
 fi
+# This version's AMX kernels (which -march=native turns on where the CPU has AMX) die of
+# SIGILL at their first tilezero: its llama-bench runs no model there. Without them it
+# takes AVX-512 VNNI, as on CPUs without AMX. (GGML_NATIVE would put its -march=native
+# after these flags, and turn AMX back on.)
+TARGET=(-DGGML_NATIVE=ON)
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    flags="-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    TARGET=(-DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags")
+fi
 if [[ ! -x $BUILD/bin/llama-bench || ! -x $BUILD/bin/llama-batched-bench ]]; then
     echo "building llama-bench and llama-batched-bench (logs: $CACHE/configure.log, $CACHE/build.log)" >&2
-    nice -n 10 cmake -S "$SOURCE" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    nice -n 10 cmake -S "$SOURCE" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${TARGET[@]}" \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >"$CACHE/configure.log" 2>&1
     nice -n 10 cmake --build "$BUILD" --target llama-bench llama-batched-bench -j"${BUILD_JOBS:-2}" >"$CACHE/build.log" 2>&1
