@@ -56,7 +56,7 @@ from gpu.launches import (
     cpu_variant,
     local_bytes,
 )
-from gpu.weights import COMPACT, Q
+from gpu.weights import COMPACT, ModelWeights, Q
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.scheduling.units import ceil_div
@@ -254,16 +254,7 @@ class CPUFamily:
         another kind than the nibble ones, post-norms, a Q/K norm), where it is turned off,
         and on a profiled engine, whose profile times each matmul."""
         cfg, W, b = e.config, e.weights, e.buffers
-
-        def matrices(L) -> list:
-            return [*(L.qkv.parts or [L.qkv]), L.out, L.gate_up, L.down]
-
-        fits = all(
-            all(m.kind in LAYER_WTYPES for m in matrices(L)) and len(L.qkv.parts) <= 3
-            and L.post_attn_norm is None and L.post_ffw_norm is None and L.q_norm is None
-            for L in W.layers
-        )  # fmt: skip
-        if not (fits and self.layer_launch) or e.profile:
+        if not (layer_launch_fits(W) and self.layer_launch) or e.profile:
             return None
         counters = ZeroCounters(e.device.context, len(W.layers))
         launches: list[Launch] = [counters]
@@ -276,13 +267,29 @@ class CPUFamily:
             for i in range(3):
                 p = parts[min(i, len(parts) - 1)]
                 stack += [p.qs, p.dm, i32(LAYER_WTYPES[p.kind]), i32(p.rows if i < len(parts) else 0)]
-            launches.append(CPULayer(program, self.cores, matrices(L), *stack,
+            launches.append(CPULayer(program, self.cores, layer_matrices(L), *stack,
                                      *(arg for m in (L.out, L.gate_up, L.down) for arg in (m.qs, m.dm, i32(LAYER_WTYPES[m.kind]))),
                                      L.attn_norm, L.ffn_norm, np.float32(cfg.norm_eps), i32(cfg.d_model), i32(cfg.d_ff),
                                      b.x, b.all_rows, b.qkv, b.att, b.h, b.pos, b.seq, b.tables, i32(e.max_blocks),
                                      L.rope, e.kv.k, e.kv.v, i32(layer), i32(cfg.window(layer)),
                                      counters.buffer, cl.LocalMemory(local), i32(starts[1]), i32(starts[min(2, len(parts))])))  # fmt: skip
         return launches
+
+
+def layer_matrices(L) -> list:
+    """A layer's matrices in decode_layer's order: the QKV stack's parts, out, gate_up, down."""
+    return [*(L.qkv.parts or [L.qkv]), L.out, L.gate_up, L.down]
+
+
+def layer_launch_fits(weights: ModelWeights) -> bool:
+    """Whether decode_layer (kernels/cpu/layer.cl) can take every layer of these weights:
+    matrices of the nibble kinds only, a QKV stack of at most three parts, and no post-norms
+    or Q/K norm, whose launches it does not make."""
+    return all(
+        all(m.kind in LAYER_WTYPES for m in layer_matrices(L)) and len(L.qkv.parts) <= 3
+        and L.post_attn_norm is None and L.post_ffw_norm is None and L.q_norm is None
+        for L in weights.layers
+    )  # fmt: skip
 
 
 class GPUFamily:

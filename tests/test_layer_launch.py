@@ -10,10 +10,13 @@ import gguf
 import numpy as np
 import pytest
 
+from gpu.device import select_device
 from gpu.engine import OpenCLEngine
+from gpu.families import CPUFamily, layer_launch_fits
 from gpu.launches import CPULayer
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
+from gpu.weights import upload_weights
 from runtime.scheduling.work import Work
 
 Q = gguf.GGMLQuantizationType
@@ -93,9 +96,16 @@ def test_only_a_one_token_step_that_samples_takes_them(tmp_path: Path, monkeypat
     [("gemma3", Q.Q4_1), ("qwen3", Q.Q4_1), ("llama", Q.Q2_K), ("llama", Q.F16)],
     ids=["post-norms", "QK-norm", "Q2_K", "F16"],
 )
-def test_layers_decode_layer_cannot_take_keep_their_launches(tmp_path: Path, arch: str, weight_type, monkeypatch) -> None:
-    path = write_tiny_gguf(tmp_path / "m.gguf", arch=arch, weight_type=weight_type, **SHAPE)
-    assert engine_for(path, monkeypatch, "1").launches.one_token is None
+def test_layers_decode_layer_cannot_take_keep_their_launches(tmp_path: Path, arch: str, weight_type) -> None:
+    """(Read from the uploaded weights, as the family does before it makes the launches:
+    an engine here would build kernels it never runs.)"""
+    model = load_model(write_tiny_gguf(tmp_path / "m.gguf", arch=arch, weight_type=weight_type, **SHAPE))
+    device = select_device()
+    family = CPUFamily(device)
+    weights = upload_weights(device.context, model, split_stacks=family.splits_stacks, compact=family.compact)
+    assert not layer_launch_fits(weights)
+    fitting = load_model(write_tiny_gguf(tmp_path / "fits.gguf", arch="llama", weight_type=Q.Q4_1, **SHAPE))
+    assert layer_launch_fits(upload_weights(device.context, fitting, split_stacks=family.splits_stacks, compact=family.compact))
 
 
 def test_a_profiled_engine_or_the_setting_keeps_five_launches(tmp_path: Path, monkeypatch) -> None:
