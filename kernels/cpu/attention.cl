@@ -56,12 +56,16 @@ inline void attend(int h, int t, __global const float *qkv, __global const int *
             score += q[d] * vload_half16(0, k + d * BLOCK_SIZE);
         score = select((float16)(-INFINITY), score, lane < (int16)(n - p0) && lane >= (int16)(first - p0));
         const float m_new = fmax(m, hmax16(score));
-        const float correction = exp(m - m_new);
+        /* the running max moves in few of a long context's groups: elsewhere the
+           correction is e^0, 1, and scaling by it changes no bit */
+        const float correction = m_new == m ? 1.0f : exp(m - m_new);
         float16 w = exp(score - m_new);
         l = l * correction + hsum16(w);
+        if (m_new != m) {
 #pragma unroll
-        for (int j = 0; j < HV; j++)
-            acc[j] *= correction;
+            for (int j = 0; j < HV; j++)
+                acc[j] *= correction;
+        }
         const float *wp = (const float *)&w;
         __global const half *v = vcache + tile + slot0 * HEAD_DIM;
         for (int s = max(0, first - p0); s < min(16, n - p0); s++)
@@ -131,11 +135,12 @@ __kernel void attention_group(__global const float *qkv, __global const int *pos
         for (int i = 0; i < GROUP; i++) {
             const float16 s = select((float16)(-INFINITY), score[i], lane < (int16)(n - p0) && lane >= (int16)(first - p0));
             const float m_new = fmax(m[i], hmax16(s));
-            const float correction = exp(m[i] - m_new);
+            const float correction = m_new == m[i] ? 1.0f : exp(m[i] - m_new);  /* (as in attend) */
             w[i] = exp(s - m_new);
             l[i] = l[i] * correction + hsum16(w[i]);
-            for (int j = 0; j < HV; j++)
-                acc[i][j] *= correction;
+            if (m_new != m[i])
+                for (int j = 0; j < HV; j++)
+                    acc[i][j] *= correction;
             m[i] = m_new;
         }
         __global const half *v = vcache + tile + slot0 * HEAD_DIM;
