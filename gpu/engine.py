@@ -47,7 +47,7 @@ import pyopencl as cl
 
 from gpu.device import Device, select_device
 from gpu.devicesampling import CAP, HEADER, plan_rows, read_back
-from gpu.families import GPUFamily, GPUTuning, make_family
+from gpu.families import GPUFamily, GPUTuning, family_weights, make_family
 from gpu.grammar import ConstraintCompiler
 from gpu.inputs import StepInputs
 from gpu.kvcache import KVPool, choose_num_blocks
@@ -56,7 +56,6 @@ from gpu.model.fetch import resolve_model
 from gpu.model.load import Model, load_model
 from gpu.model.tokenizer import Tokenizer
 from gpu.validate import check_batch
-from gpu.weights import upload_weights
 from runtime.errors import ConfigError, DeviceError, UnsupportedModelError
 from runtime.scheduling.cost import StepCost
 from runtime.scheduling.units import ceil_div
@@ -148,7 +147,7 @@ class OpenCLEngine:
         self.max_blocks = ceil_div(cfg.context_length, block_size)  # block table width
         self.step_positions = 0  # the most positions a token of the step attends to
         self.kv = KVPool(self.device, cfg, block_size, self.num_blocks)
-        self.weights = upload_weights(self.device.context, self.model, split_stacks=self.family.splits_stacks, compact=self.family.compact)
+        self.weights = family_weights(self.family, self.device, self.model)
         self._allocate(max_batch_tokens)
         self.program = self._build()  # (also the bench's: swarm/bench/engine.py's multiply_ceiling)
         self.launches = self.family.bind(self, self.program)

@@ -56,7 +56,8 @@ from gpu.launches import (
     cpu_variant,
     local_bytes,
 )
-from gpu.weights import COMPACT, ModelWeights, Q
+from gpu.model.load import Model
+from gpu.weights import COMPACT, ModelWeights, Q, upload_weights
 from kernels import source
 from runtime.errors import ConfigError, UnsupportedModelError
 from runtime.scheduling.units import ceil_div
@@ -415,6 +416,12 @@ class GPUFamily:
             sample=SampleHot(program, self.argmax_wg, b.logits, cfg.vocab_size, b.hot_rows, b.hot_params, b.ids, b.found),
             mask=ApplyMask(program, b.logits, cfg.vocab_size, b.mask_rows, b.masks),
         )
+
+
+def family_weights(family: CPUFamily | GPUFamily, device: Device, model: Model) -> ModelWeights:
+    """A model's weights on the device as `family`'s kernels read them: its QKV stacks split
+    or not, and its compact kinds."""
+    return upload_weights(device.context, model, split_stacks=family.splits_stacks, compact=family.compact)
 
 
 def prefetch_ahead(widest_row: int) -> int:

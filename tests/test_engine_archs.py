@@ -12,11 +12,10 @@ from reference import ReferenceModel, for_engine
 
 from gpu.device import select_device
 from gpu.engine import OpenCLEngine
-from gpu.families import CPUFamily, GPUTuning, make_family
+from gpu.families import CPUFamily, GPUTuning, family_weights, make_family
 from gpu.launches import CPUMatmul
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
-from gpu.weights import upload_weights
 from runtime.errors import ConfigError
 from runtime.scheduling.work import Work
 
@@ -125,11 +124,10 @@ def test_compact_kinds_follow_each_familys_default(tmp_path: Path, setting, cpu_
         monkeypatch.setenv("SLOTSWARM_COMPACT", setting)
     device = select_device()
     for kernels, kinds in (("cpu", cpu_kinds), ("gpu", gpu_kinds)):
-        family = make_family(kernels, device)  # (what an engine uploads its weights with)
+        family = make_family(kernels, device)
         for qtype, kind in zip((Q.Q4_K, Q.Q6_K, Q.Q5_0), kinds, strict=True):
             path = write_tiny_gguf(tmp_path / f"{qtype.name}.gguf", weight_type=qtype, embed_type=Q.Q8_0, tied=False, **SHAPE)
-            weights = upload_weights(device.context, load_model(path), split_stacks=family.splits_stacks, compact=family.compact)
-            assert weights.layers[0].down.kind == kind
+            assert family_weights(family, device, load_model(path)).layers[0].down.kind == kind
 
 
 def test_gpu_family_splits_a_sliding_window(tmp_path: Path) -> None:

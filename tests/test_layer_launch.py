@@ -12,11 +12,10 @@ import pytest
 
 from gpu.device import select_device
 from gpu.engine import OpenCLEngine
-from gpu.families import CPUFamily, layer_launch_fits
+from gpu.families import CPUFamily, family_weights, layer_launch_fits
 from gpu.launches import CPULayer
 from gpu.model.load import load_model
 from gpu.model.synthetic import write_tiny_gguf
-from gpu.weights import upload_weights
 from runtime.scheduling.work import Work
 
 Q = gguf.GGMLQuantizationType
@@ -102,10 +101,9 @@ def test_layers_decode_layer_cannot_take_keep_their_launches(tmp_path: Path, arc
     model = load_model(write_tiny_gguf(tmp_path / "m.gguf", arch=arch, weight_type=weight_type, **SHAPE))
     device = select_device()
     family = CPUFamily(device)
-    weights = upload_weights(device.context, model, split_stacks=family.splits_stacks, compact=family.compact)
-    assert not layer_launch_fits(weights)
+    assert not layer_launch_fits(family_weights(family, device, model))
     fitting = load_model(write_tiny_gguf(tmp_path / "fits.gguf", arch="llama", weight_type=Q.Q4_1, **SHAPE))
-    assert layer_launch_fits(upload_weights(device.context, fitting, split_stacks=family.splits_stacks, compact=family.compact))
+    assert layer_launch_fits(family_weights(family, device, fitting))
 
 
 def test_a_profiled_engine_or_the_setting_keeps_five_launches(tmp_path: Path, monkeypatch) -> None:
