@@ -1239,8 +1239,12 @@ inline uint lanes_total(int16 v)
  * them (64 products: dot_bytes, or on AVX2 bytes_pairs into 16-bit sums, as pair_lanes adds
  * them); for 16, pairs of 16-bit lanes (32: madd_add). Each round adds one to every input
  * byte, so no product is the same from round to round; out[i] is work-item i's sum of them
- * all, exact (modulo 2^32) while no lane wraps, as in the tests' few rounds. */
-#define CEILING_SUMS 4  /* enough to keep the multiplier busy, few enough to stay in registers */
+ * all, exact (modulo 2^32) while no lane wraps, as in the tests' few rounds. On AVX-512,
+ * CEILING_CHAINS rounds run at once into their own sums: a core starts two 512-bit
+ * multiply-adds a cycle and has each one's sum back cycles later, so four chains would time
+ * their wait, not the multipliers. */
+#define CEILING_SUMS 4  /* a round's multiply-adds: registers of weights */
+#define CEILING_CHAINS (MADD_WIDTH == 512 ? 3 : 1)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void multiply_ceiling(int rounds, int bits, __global uint *out)
 {
@@ -1262,23 +1266,39 @@ void multiply_ceiling(int rounds, int bits, __global uint *out)
     }
 #elif INT8_INPUTS
     if (bits == 8) {
-        int16 sums[CEILING_SUMS] = {0};
-        for (int r = 0; r < rounds; r++, x += 0x01010101u)
+        int16 sums[CEILING_CHAINS][CEILING_SUMS] = {{0}};
+        int r = 0;
+        for (; r + CEILING_CHAINS <= rounds; r += CEILING_CHAINS, x += CEILING_CHAINS * 0x01010101u)
+#pragma unroll
+            for (int c = 0; c < CEILING_CHAINS; c++)
+#pragma unroll
+                for (int i = 0; i < CEILING_SUMS; i++)
+                    sums[c][i] = dot_bytes(sums[c][i], weights[i], x + (uint)c * 0x01010101u);
+        for (; r < rounds; r++, x += 0x01010101u)
 #pragma unroll
             for (int i = 0; i < CEILING_SUMS; i++)
-                sums[i] = dot_bytes(sums[i], weights[i], x);
-        for (int i = 0; i < CEILING_SUMS; i++)
-            total += lanes_total(sums[i]);
+                sums[0][i] = dot_bytes(sums[0][i], weights[i], x);
+        for (int c = 0; c < CEILING_CHAINS; c++)
+            for (int i = 0; i < CEILING_SUMS; i++)
+                total += lanes_total(sums[c][i]);
     }
 #endif
     if (bits == 16) {
-        int16 sums[CEILING_SUMS] = {0};
-        for (int r = 0; r < rounds; r++, x += 0x01010101u)
+        int16 sums[CEILING_CHAINS][CEILING_SUMS] = {{0}};
+        int r = 0;
+        for (; r + CEILING_CHAINS <= rounds; r += CEILING_CHAINS, x += CEILING_CHAINS * 0x01010101u)
+#pragma unroll
+            for (int c = 0; c < CEILING_CHAINS; c++)
+#pragma unroll
+                for (int i = 0; i < CEILING_SUMS; i++)
+                    sums[c][i] = madd_add(sums[c][i], as_short32(weights[i]), as_short32(x + (uint)c * 0x01010101u));
+        for (; r < rounds; r++, x += 0x01010101u)
 #pragma unroll
             for (int i = 0; i < CEILING_SUMS; i++)
-                sums[i] = madd_add(sums[i], as_short32(weights[i]), as_short32(x));
-        for (int i = 0; i < CEILING_SUMS; i++)
-            total += lanes_total(sums[i]);
+                sums[0][i] = madd_add(sums[0][i], as_short32(weights[i]), as_short32(x));
+        for (int c = 0; c < CEILING_CHAINS; c++)
+            for (int i = 0; i < CEILING_SUMS; i++)
+                total += lanes_total(sums[c][i]);
     }
     out[get_global_id(0)] = total;
 }
