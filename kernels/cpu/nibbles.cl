@@ -809,6 +809,52 @@ __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const Ro
 #endif
 }
 
+/* pair_lanes of four columns side by side, their records one after another. A column's
+   sums are a chain of multiply-adds each waiting on the last, and a core has two
+   multipliers that take a new one every cycle but give it back cycles later: four
+   columns' chains, interleaved, keep both busy where one column's would leave them
+   waiting. The sums are the same bits. (Named, not an array: PoCL keeps a private array
+   in memory.) */
+__attribute__((always_inline)) inline void pair_lanes4(const int wtype, const RowPair *rows, __local const SuperRecord *x,
+                                                       int16 *l0, int16 *l1, int16 *l2, int16 *l3)
+{
+#if MADD_WIDTH == 512
+    if (wtype == WT_Q4_K) {
+        int16 a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            a0 = dot_bytes(a0, rows->q0[i], x[0].quants[i]);
+            b0 = dot_bytes(b0, rows->q1[i], x[0].quants[i]);
+            a1 = dot_bytes(a1, rows->q0[i], x[1].quants[i]);
+            b1 = dot_bytes(b1, rows->q1[i], x[1].quants[i]);
+            a2 = dot_bytes(a2, rows->q0[i], x[2].quants[i]);
+            b2 = dot_bytes(b2, rows->q1[i], x[2].quants[i]);
+            a3 = dot_bytes(a3, rows->q0[i], x[3].quants[i]);
+            b3 = dot_bytes(b3, rows->q1[i], x[3].quants[i]);
+        }
+        *l0 = madd(pack_halves(a0, b0), rows->scales[0]);
+        *l1 = madd(pack_halves(a1, b1), rows->scales[0]);
+        *l2 = madd(pack_halves(a2, b2), rows->scales[0]);
+        *l3 = madd(pack_halves(a3, b3), rows->scales[0]);
+        return;
+    }
+    int16 s0 = madd(rows->offsets, x[0].sums.halves), s1 = madd(rows->offsets, x[1].sums.halves);
+    int16 s2 = madd(rows->offsets, x[2].sums.halves), s3 = madd(rows->offsets, x[3].sums.halves);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const short32 scales = rows->scales[i / 2];
+        s0 = madd_add(s0, pack_halves(dot_bytes((int16)0, rows->q0[i], x[0].quants[i]), dot_bytes((int16)0, rows->q1[i], x[0].quants[i])), scales);
+        s1 = madd_add(s1, pack_halves(dot_bytes((int16)0, rows->q0[i], x[1].quants[i]), dot_bytes((int16)0, rows->q1[i], x[1].quants[i])), scales);
+        s2 = madd_add(s2, pack_halves(dot_bytes((int16)0, rows->q0[i], x[2].quants[i]), dot_bytes((int16)0, rows->q1[i], x[2].quants[i])), scales);
+        s3 = madd_add(s3, pack_halves(dot_bytes((int16)0, rows->q0[i], x[3].quants[i]), dot_bytes((int16)0, rows->q1[i], x[3].quants[i])), scales);
+    }
+    *l0 = s0, *l1 = s1, *l2 = s2, *l3 = s3;
+#else
+    *l0 = pair_lanes(wtype, rows, x), *l1 = pair_lanes(wtype, rows, x + 1);
+    *l2 = pair_lanes(wtype, rows, x + 2), *l3 = pair_lanes(wtype, rows, x + 3);
+#endif
+}
+
 __attribute__((always_inline)) inline void read_row_pair(const int wtype, __global const uchar *qs, __global const float *dm,
                                                        size_t grp0, size_t grp1, RowPair *rows)
 {
@@ -844,6 +890,16 @@ __attribute__((always_inline)) inline float16 pair_sums8(const float16 *acc)
     return shuffle2(q[0], q[1], evens) + shuffle2(q[0], q[1], odds);
 }
 
+/* a column's pair_lanes into its accumulator: times the row's d and the block's input step,
+   and for Q4_K the block's min times its float input sum */
+__attribute__((always_inline)) inline void scale_lanes(const int wtype, const RowPair *rows, __local const SuperRecord *inputs,
+                                                       const int16 lanes, float16 *acc)
+{
+    const float16 sums = convert_float16(lanes);
+    *acc = wtype == WT_Q4_K ? *acc + (sums * (rows->d * inputs->steps) + rows->mins * inputs->sums.floats)
+                            : *acc + sums * (rows->d * inputs->steps);
+}
+
 /* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row pair for all the tile's
  * live columns (`tile` of them), each column's sums the same at any width. A lane of the
  * accumulators is a row's block (pair_lanes); each row's result adds its blocks in the order
@@ -860,11 +916,18 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         RowPair rows;
         prefetch_run(qs + paired_group(r0, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
         read_row_pair(wtype, qs, dm, paired_group(r0, nsuper, j), paired_group(r1, nsuper, j), &rows);
-        for (int c = 0; c < tile; c++) {
+        for (int c = 0; c < tile; c += tile % 4 ? 1 : 4) {
             __local const SuperRecord *inputs = SUPER_RECORD(records, tile, c, j);
-            const float16 sums = convert_float16(pair_lanes(wtype, &rows, inputs));
-            acc[c] = wtype == WT_Q4_K ? acc[c] + (sums * (rows.d * inputs->steps) + rows.mins * inputs->sums.floats)
-                                      : acc[c] + sums * (rows.d * inputs->steps);
+            if (tile % 4) {
+                scale_lanes(wtype, &rows, inputs, pair_lanes(wtype, &rows, inputs), acc + c);
+                continue;
+            }
+            int16 l0, l1, l2, l3;
+            pair_lanes4(wtype, &rows, inputs, &l0, &l1, &l2, &l3);
+            scale_lanes(wtype, &rows, inputs, l0, acc + c);
+            scale_lanes(wtype, &rows, inputs + 1, l1, acc + c + 1);
+            scale_lanes(wtype, &rows, inputs + 2, l2, acc + c + 2);
+            scale_lanes(wtype, &rows, inputs + 3, l3, acc + c + 3);
         }
     }
     if (tile % 8) {
