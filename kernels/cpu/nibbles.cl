@@ -1308,6 +1308,40 @@ inline uint lanes_total(int16 v)
  * their wait, not the multipliers. */
 #define CEILING_SUMS 4  /* a round's multiply-adds: registers of weights */
 #define CEILING_CHAINS (MADD_WIDTH == 512 ? 3 : 1)
+
+/* a multiply_ceiling multiply-add: dot_bytes for `bits` 8, madd_add for 16 */
+inline int16 ceiling_step(const int bits, int16 sum, uint16 weights, uint16 x)
+{
+#if INT8_INPUTS && MADD_WIDTH != 256
+    if (bits == 8)
+        return dot_bytes(sum, weights, x);
+#endif
+    return madd_add(sum, as_short32(weights), as_short32(x));
+}
+
+/* multiply_ceiling's rounds of ceiling_step, CEILING_CHAINS at once, and the sum of their
+   products (inlined for each `bits`, so the loop holds no branch) */
+__attribute__((always_inline)) inline uint ceiling_rounds(const int bits, int rounds, const uint16 *weights, uint16 x)
+{
+    int16 sums[CEILING_CHAINS][CEILING_SUMS] = {{0}};
+    int r = 0;
+    for (; r + CEILING_CHAINS <= rounds; r += CEILING_CHAINS, x += CEILING_CHAINS * 0x01010101u)
+#pragma unroll
+        for (int c = 0; c < CEILING_CHAINS; c++)
+#pragma unroll
+            for (int i = 0; i < CEILING_SUMS; i++)
+                sums[c][i] = ceiling_step(bits, sums[c][i], weights[i], x + (uint)c * 0x01010101u);
+    for (; r < rounds; r++, x += 0x01010101u)
+#pragma unroll
+        for (int i = 0; i < CEILING_SUMS; i++)
+            sums[0][i] = ceiling_step(bits, sums[0][i], weights[i], x);
+    uint total = 0;
+    for (int c = 0; c < CEILING_CHAINS; c++)
+        for (int i = 0; i < CEILING_SUMS; i++)
+            total += lanes_total(sums[c][i]);
+    return total;
+}
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void multiply_ceiling(int rounds, int bits, __global uint *out)
 {
@@ -1327,41 +1361,11 @@ void multiply_ceiling(int rounds, int bits, __global uint *out)
         for (int i = 0; i < CEILING_SUMS; i++)
             total += lanes_total(madd(sums[i], (short32)1));
     }
-#elif INT8_INPUTS
-    if (bits == 8) {
-        int16 sums[CEILING_CHAINS][CEILING_SUMS] = {{0}};
-        int r = 0;
-        for (; r + CEILING_CHAINS <= rounds; r += CEILING_CHAINS, x += CEILING_CHAINS * 0x01010101u)
-#pragma unroll
-            for (int c = 0; c < CEILING_CHAINS; c++)
-#pragma unroll
-                for (int i = 0; i < CEILING_SUMS; i++)
-                    sums[c][i] = dot_bytes(sums[c][i], weights[i], x + (uint)c * 0x01010101u);
-        for (; r < rounds; r++, x += 0x01010101u)
-#pragma unroll
-            for (int i = 0; i < CEILING_SUMS; i++)
-                sums[0][i] = dot_bytes(sums[0][i], weights[i], x);
-        for (int c = 0; c < CEILING_CHAINS; c++)
-            for (int i = 0; i < CEILING_SUMS; i++)
-                total += lanes_total(sums[c][i]);
-    }
+#else
+    if (INT8_INPUTS && bits == 8)
+        total = ceiling_rounds(8, rounds, weights, x);
 #endif
-    if (bits == 16) {
-        int16 sums[CEILING_CHAINS][CEILING_SUMS] = {{0}};
-        int r = 0;
-        for (; r + CEILING_CHAINS <= rounds; r += CEILING_CHAINS, x += CEILING_CHAINS * 0x01010101u)
-#pragma unroll
-            for (int c = 0; c < CEILING_CHAINS; c++)
-#pragma unroll
-                for (int i = 0; i < CEILING_SUMS; i++)
-                    sums[c][i] = madd_add(sums[c][i], as_short32(weights[i]), as_short32(x + (uint)c * 0x01010101u));
-        for (; r < rounds; r++, x += 0x01010101u)
-#pragma unroll
-            for (int i = 0; i < CEILING_SUMS; i++)
-                sums[0][i] = madd_add(sums[0][i], as_short32(weights[i]), as_short32(x));
-        for (int c = 0; c < CEILING_CHAINS; c++)
-            for (int i = 0; i < CEILING_SUMS; i++)
-                total += lanes_total(sums[c][i]);
-    }
+    if (bits == 16)
+        total = ceiling_rounds(16, rounds, weights, x);
     out[get_global_id(0)] = total;
 }
