@@ -15,8 +15,8 @@
  * dimension, and on a GPU neighbouring work-items (neighbouring positions) read
  * neighbouring addresses. V rows are contiguous per position, read along d.
  * K/V are stored as vstore_half rounds (store_halves: x86's F16C where the
- * compiler targets it) and read with vload_half (core OpenCL, no cl_khr_fp16
- * needed); everything is computed in float.
+ * compiler targets it) and read as vload_half reads them (load_halves16; core
+ * OpenCL, no cl_khr_fp16 needed); everything is computed in float.
  */
 
 #ifndef ROPE_TABLE
@@ -108,6 +108,31 @@ inline void store_halves(float2 x, size_t i0, size_t i1, __global half *p)
 #else
     vstore_half(x.x, i0, p);
     vstore_half(x.y, i1, p);
+#endif
+}
+
+/* 16 halves from p as floats, exactly as vload_half16 reads them. PoCL's vload_half16
+   converts 256 bits at a time and joins the two, a shuffle more in each step of
+   attention's inner loops; where the compiler targets AVX-512 (x86 CPUs), one vcvtph2ps
+   converts all 512. */
+#ifndef WIDE_HALF_LOADS  /* (tests build both) */
+#if defined(__AVX512F__)
+#define WIDE_HALF_LOADS 1
+#else
+#define WIDE_HALF_LOADS 0
+#endif
+#endif
+inline float16 load_halves16(__global const half *p)
+{
+#if WIDE_HALF_LOADS
+    typedef short wide_halves __attribute__((__vector_size__(32)));
+    typedef float wide_floats __attribute__((__vector_size__(64)));
+    const ushort16 h = vload16(0, (__global const ushort *)p);
+    const wide_floats none = __builtin_astype((float16)0.0f, wide_floats);  /* (no lane is masked) */
+    /* 4: no rounding override, and none is needed: every half is a float */
+    return __builtin_astype(__builtin_ia32_vcvtph2ps512_mask(__builtin_astype(h, wide_halves), none, (ushort)0xffff, 4), float16);
+#else
+    return vload_half16(0, p);
 #endif
 }
 

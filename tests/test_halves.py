@@ -1,7 +1,9 @@
 """K/V go into the cache through common.cl's store_halves: F16C's conversion where the
 compiler targets it, vstore_half elsewhere. Both must round as vstore_half does (to
 nearest even, NumPy's float16 cast), over normals, ties, subnormals, overflow and
-infinities, and put each value at its own index."""
+infinities, and put each value at its own index. They come out through load_halves16:
+AVX-512's conversion where the compiler targets it, vload_half16 elsewhere, both exact
+for every half."""
 
 import numpy as np
 import pyopencl as cl
@@ -69,3 +71,38 @@ def test_store_halves_rounds_as_vstore_half(f16c: bool) -> None:
     with np.errstate(over="ignore"):  # overflow to infinity is a case
         want = x.reshape(-1, 2)[:, ::-1].reshape(-1).astype(np.float16)
     np.testing.assert_array_equal(got, want.view(np.uint16))
+
+
+LOAD_KERNEL = """
+__kernel void floats(__global const half *h, __global float16 *out)
+{
+    const int i = get_global_id(0);
+    out[i] = load_halves16(h + 16 * i);
+}
+"""
+
+AVX512_PROBE = PROBE.replace("__F16C__", "__AVX512F__")
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["avx512", "vload_half16"])
+def test_load_halves16_reads_every_half_exactly(wide: bool) -> None:
+    device = select_device()
+    if wide:
+        out = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, 4)
+        device.build(AVX512_PROBE).probe(device.queue, (1,), None, out)
+        has = np.zeros(1, np.int32)
+        cl.enqueue_copy(device.queue, has, out)
+        if not has[0]:
+            pytest.skip(f"{device.name}: its compiler has no AVX-512")
+    program = device.build(source("quant") + source("common") + LOAD_KERNEL, SHAPE + [f"-DWIDE_HALF_LOADS={int(wide)}"])
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every bit pattern
+    ctx, flags = device.context, cl.mem_flags
+    hb = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=halves)
+    out = cl.Buffer(ctx, flags.WRITE_ONLY, 4 * len(halves))
+    program.floats(device.queue, (len(halves) // 16,), None, hb, out)
+    got = np.empty(len(halves), np.float32)
+    cl.enqueue_copy(device.queue, got, out)
+    want = halves.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))

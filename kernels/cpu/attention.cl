@@ -53,7 +53,7 @@ inline void attend(int h, int t, __global const float *qkv, __global const int *
         __global const half *k = kcache + tile + slot0;
         float16 score = (float16)0.0f;
         for (int d = 0; d < HEAD_DIM; d++)
-            score += q[d] * vload_half16(0, k + d * BLOCK_SIZE);
+            score += q[d] * load_halves16(k + d * BLOCK_SIZE);
         score = select((float16)(-INFINITY), score, lane < (int16)(n - p0) && lane >= (int16)(first - p0));
         const float m_new = fmax(m, hmax16(score));
         /* the running max moves in few of a long context's groups: elsewhere the
@@ -71,7 +71,7 @@ inline void attend(int h, int t, __global const float *qkv, __global const int *
         for (int s = max(0, first - p0); s < min(16, n - p0); s++)
 #pragma unroll
             for (int j = 0; j < HV; j++)
-                acc[j] += wp[s] * vload_half16(j, v + s * HEAD_DIM);
+                acc[j] += wp[s] * load_halves16(v + s * HEAD_DIM + 16 * j);
         m = m_new;
     }
     for (int j = 0; j < HV; j++)
@@ -127,7 +127,7 @@ __kernel void attention_group(__global const float *qkv, __global const int *pos
         for (int i = 0; i < GROUP; i++)
             score[i] = (float16)0.0f;
         for (int d = 0; d < HEAD_DIM; d++) {
-            const float16 kd = vload_half16(0, k + d * BLOCK_SIZE);
+            const float16 kd = load_halves16(k + d * BLOCK_SIZE);
 #pragma unroll
             for (int i = 0; i < GROUP; i++)
                 score[i] += q[i][d] * kd;
@@ -147,7 +147,7 @@ __kernel void attention_group(__global const float *qkv, __global const int *pos
         const int s0 = max(0, first - p0), s1 = min(16, n - p0);
         for (int j = 0; j < HV; j++)
             for (int s = s0; s < s1; s++) {
-                const float16 vj = vload_half16(j, v + s * HEAD_DIM);
+                const float16 vj = load_halves16(v + s * HEAD_DIM + 16 * j);
 #pragma unroll
                 for (int i = 0; i < GROUP; i++)
                     acc[i][j] += ((const float *)&w[i])[s] * vj;
