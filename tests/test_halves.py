@@ -36,7 +36,7 @@ def inputs() -> np.ndarray:
 PROBE = """
 __kernel void probe(__global int *out)
 {
-#if defined(__F16C__)
+#if defined(MACRO)
     out[0] = 1;
 #else
     out[0] = 0;
@@ -45,29 +45,35 @@ __kernel void probe(__global int *out)
 """
 
 
-def compiler_has_f16c(device) -> bool:
-    """Whether the device's compiler targets F16C (x86 CPUs): a GPU's knows no x86 builtin."""
+def compiler_defines(device, macro: str) -> bool:
+    """Whether the device's compiler targets what `macro` says (__F16C__, __AVX512F__: x86
+    CPUs): a GPU's knows no x86 builtin."""
     out = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, 4)
-    device.build(PROBE).probe(device.queue, (1,), None, out)
+    device.build(PROBE.replace("MACRO", macro)).probe(device.queue, (1,), None, out)
     got = np.zeros(1, np.int32)
     cl.enqueue_copy(device.queue, got, out)
     return bool(got[0])
 
 
+def run(device, source_text: str, kernel: str, options: list[str], x: np.ndarray, out: np.ndarray, items: int) -> np.ndarray:
+    """`kernel` of `source_text` (built after quant.cl and common.cl) over `items` work-items,
+    from x into out."""
+    program = device.build(source("quant") + source("common") + source_text, options)
+    ctx, flags = device.context, cl.mem_flags
+    xb = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x)
+    ob = cl.Buffer(ctx, flags.WRITE_ONLY, out.nbytes)
+    getattr(program, kernel)(device.queue, (items,), None, xb, ob)
+    cl.enqueue_copy(device.queue, out, ob)
+    return out
+
+
 @pytest.mark.parametrize("f16c", [True, False], ids=["f16c", "vstore_half"])
 def test_store_halves_rounds_as_vstore_half(f16c: bool) -> None:
     device = select_device()
-    if f16c and not compiler_has_f16c(device):
+    if f16c and not compiler_defines(device, "__F16C__"):
         pytest.skip(f"{device.name}: its compiler has no F16C")
-    options = SHAPE + (["-DF16C_STORES=1"] if f16c else ["-DF16C_STORES=0"])
-    program = device.build(source("quant") + source("common") + KERNEL, options)
     x = inputs()
-    ctx, flags = device.context, cl.mem_flags
-    xb = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x)
-    out = cl.Buffer(ctx, flags.WRITE_ONLY, 2 * len(x))
-    program.halves(device.queue, (len(x) // 2,), None, xb, out)
-    got = np.empty(len(x), np.uint16)
-    cl.enqueue_copy(device.queue, got, out)
+    got = run(device, KERNEL, "halves", SHAPE + [f"-DF16C_STORES={int(f16c)}"], x, np.empty(len(x), np.uint16), len(x) // 2)
     with np.errstate(over="ignore"):  # overflow to infinity is a case
         want = x.reshape(-1, 2)[:, ::-1].reshape(-1).astype(np.float16)
     np.testing.assert_array_equal(got, want.view(np.uint16))
@@ -81,27 +87,15 @@ __kernel void floats(__global const half *h, __global float16 *out)
 }
 """
 
-AVX512_PROBE = PROBE.replace("__F16C__", "__AVX512F__")
-
 
 @pytest.mark.parametrize("wide", [True, False], ids=["avx512", "vload_half16"])
 def test_load_halves16_reads_every_half_exactly(wide: bool) -> None:
     device = select_device()
-    if wide:
-        out = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, 4)
-        device.build(AVX512_PROBE).probe(device.queue, (1,), None, out)
-        has = np.zeros(1, np.int32)
-        cl.enqueue_copy(device.queue, has, out)
-        if not has[0]:
-            pytest.skip(f"{device.name}: its compiler has no AVX-512")
-    program = device.build(source("quant") + source("common") + LOAD_KERNEL, SHAPE + [f"-DWIDE_HALF_LOADS={int(wide)}"])
+    if wide and not compiler_defines(device, "__AVX512F__"):
+        pytest.skip(f"{device.name}: its compiler has no AVX-512")
     halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every bit pattern
-    ctx, flags = device.context, cl.mem_flags
-    hb = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=halves)
-    out = cl.Buffer(ctx, flags.WRITE_ONLY, 4 * len(halves))
-    program.floats(device.queue, (len(halves) // 16,), None, hb, out)
-    got = np.empty(len(halves), np.float32)
-    cl.enqueue_copy(device.queue, got, out)
+    options = SHAPE + [f"-DWIDE_HALF_LOADS={int(wide)}"]
+    got = run(device, LOAD_KERNEL, "floats", options, halves, np.empty(len(halves), np.float32), len(halves) // 16)
     want = halves.view(np.float16).astype(np.float32)
     nan = np.isnan(want)
     assert np.isnan(got[nan]).all()
