@@ -1175,20 +1175,47 @@ inline void store_staged(__local const uchar *xl, const int tile, __global uchar
     }
 }
 
+/* A work-item's share of n units of a copy, [first, last): one run each. A core streams a
+   run; items taking every get_local_size(0)-th unit each read one line of a page and
+   leave the prefetchers nothing to follow. */
+inline int2 item_run(int n)
+{
+    const int per = (n + (int)get_local_size(0) - 1) / (int)get_local_size(0);
+    const int first = min(n, (int)get_local_id(0) * per);
+    return (int2)(first, min(n, first + per));
+}
+
 /* columns c0.. c0 + n - 1 of the staged buffer to columns 0.. of a `tile`-column local one */
 inline void load_staged(__global const uchar *staged, int cols, int k, int c0, int n, const int tile, __local uchar *xl,
                         const int records)
 {
     const int ng = nib_groups(k);
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (records) {
-        const int per_column = RECORD_VECTORS(records, k);
-        for (int u = get_local_id(0); u < n * per_column; u += get_local_size(0))
-            ((__local uint16 *)xl)[local_record_vector(records, n, per_column, u)] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
+    if (records == SUPER_RECORDS) {
+        /* record by record in the staged order (a column's after another), each to its
+           place super-block by super-block (SUPER_RECORD) */
+        const int nsuper = k / 256;
+        const int2 run = item_run(n * nsuper);
+        __global const SuperRecord *from = (__global const SuperRecord *)STAGED_RECORDS(staged, cols) + (size_t)c0 * nsuper;
+        int c = run.x / nsuper, j = run.x % nsuper;
+        for (int u = run.x; u < run.y; u++) {
+            *SUPER_RECORD((__local SuperRecord *)xl, n, c, j) = from[u];
+            if (++j == nsuper)
+                j = 0, c++;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
         return;
     }
-    for (int u = get_local_id(0); u < n * ng; u += get_local_size(0)) {
+    if (records) {
+        const int per_column = RECORD_VECTORS(records, k);
+        const int2 run = item_run(n * per_column);
+        for (int u = run.x; u < run.y; u++)
+            ((__local uint16 *)xl)[u] = STAGED_RECORDS(staged, cols)[c0 * per_column + u];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        return;
+    }
+    const int2 run = item_run(n * ng);
+    for (int u = run.x; u < run.y; u++) {
         const int at = u, from = c0 * ng + u;
         NIB_SUMS(xl, tile, ng)[at] = STAGED_SUMS(staged, cols, ng)[from];
         for (int i = 0; i < 4; i++)
