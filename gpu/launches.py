@@ -159,11 +159,12 @@ class CPUStage:
 
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
-    qkv) in every tile variant; a work-item owns a pair of rows. With `gemm`, batches
-    past 8 columns take the nibble kinds' 32-column tile where its local buffer fits
-    the device (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a
-    `stage` has `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN
-    columns on it reads what that staged. `int8`: the program takes Q4_K and Q6_K on
+    qkv) in every tile variant; a work-item owns a pair of rows, in the 32-column tile
+    two (kernels/cpu/nibbles.cl's DEFINE_WIDE). With `gemm`, batches past 8 columns
+    take the nibble kinds' 32-column tile where its local buffer fits the device
+    (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a `stage` has
+    `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN columns on it
+    reads what that staged. `int8`: the program takes Q4_K and Q6_K on
     8-bit inputs (lowbit_local)."""
 
     NCOLS = 9  # index of the ncols argument
@@ -172,11 +173,14 @@ class CPUMatmul:
                  local_mem: int = 0, gemm: bool = False, stage: Stage | None = None, int8: bool = False):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
-        pairs = ceil_div(rows, 2)
-        self.global_size = (ceil_div(pairs, wg) * wg,)
-        # a part of a split stack (qkv only): its work-items start at its first row pair,
-        # and the kernel reads its rows from there (cpu/matmul.cl)
-        self.offset = (w.first_row // 2,) if w.first_row else None
+
+        def grid(per_item: int) -> tuple[tuple[int], tuple[int] | None]:
+            """(global size, offset) where a work-item owns per_item rows: a part of a split
+            stack (qkv only) starts its work-items at its first rows, and the kernel reads
+            its own rows from there"""
+            return (ceil_div(ceil_div(rows, per_item), wg) * wg,), ((w.first_row // per_item,) if w.first_row else None)
+
+        self.grid, self.wide_grid = grid(2), grid(4)  # a row pair; two in the 32-column tile
         rows += w.first_row
         nibbles = w.kind in NIBBLE_VARIANTS
         self.stage = stage  # (a kernel argument holds no reference to its buffer)
@@ -189,7 +193,8 @@ class CPUMatmul:
             staging = (stage.buffer if stage else head[0], i32(0))  # (the staged width: set by enqueue)
         self.staged_arg = 10 + len(extra) + 1  # index of the staged width, after the kernel's own arguments
         self.tiles = {}
-        wide = gemm and nibbles and local_bytes(w, GEMM_TILE, int8) <= local_mem
+        # (a part whose first row is not a multiple of four has no whole first item in that tile)
+        wide = gemm and nibbles and local_bytes(w, GEMM_TILE, int8) <= local_mem and w.first_row % 4 == 0
         for tile in (1, 2, 4, 8) + ((GEMM_TILE,) if wide else ()):
             k = cl.Kernel(program, f"{kernel}_{cpu_variant(w.kind)}_t{tile}")
             k.set_args(*head, i32(rows), i32(w.cols), i32(1), *extra, *staging, *lowbit_local(w, tile, int8))
@@ -209,7 +214,8 @@ class CPUMatmul:
         if self.staged[tile] != staged:
             kernel.set_arg(self.staged_arg, i32(staged))
             self.staged[tile] = staged
-        return cl.enqueue_nd_range_kernel(queue, kernel, self.global_size, (self.wg,), global_work_offset=self.offset)
+        size, offset = self.wide_grid if tile == GEMM_TILE else self.grid
+        return cl.enqueue_nd_range_kernel(queue, kernel, size, (self.wg,), global_work_offset=offset)
 
 
 # kernels/quant.cl's WT_ codes by kind (WT_Q4_K is q4_k's), for the nibble kinds, which

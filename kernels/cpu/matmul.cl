@@ -246,6 +246,53 @@ __attribute__((always_inline)) inline void store_swiglu8(float16 act, const floa
         *(__global float2 *)(y + (size_t)(c8 + j) * rows) = (float2)(h[2 * j], h[2 * j + 1]);
 }
 
+/* The fused kernels' epilogues for one row pair and the n columns of a tile from c0 (inv,
+   y, and for qkv t, start at c0): */
+
+/* matmul: rows r and r1 (r1 == r: the last row, alone) times the columns' RMS scales,
+   added to y's where `accumulate` */
+__attribute__((always_inline)) inline void store_rows(const float *o0, const float *o1, int n, int r, int r1, int accumulate,
+                                                     __local const float *inv, __global float *y, int rows)
+{
+    for (int c = 0; c < n; c++) {
+        __global float *yc = y + (size_t)c * rows;
+        const float s = inv[c];
+        yc[r] = o0[c] * s + (accumulate ? yc[r] : 0.0f);
+        if (r1 != r)
+            yc[r1] = o1[c] * s + (accumulate ? yc[r1] : 0.0f);
+    }
+}
+
+/* swiglu: the gates' activations, eight columns a vector, as soon as the gates are done:
+   the up rows' products then run beside their chain of multiply-adds, which a lone
+   column would wait on */
+__attribute__((always_inline)) inline void activate_gates(const float *g0, const float *g1, int n, __local const float *inv, float16 *act)
+{
+    for (int c8 = 0; c8 < n; c8 += 8)
+        act[c8 / 8] = activate_gates8(g0, g1, c8, min(8, n - c8), inv);
+}
+
+/* swiglu: act * up into rows r, r + 1 */
+__attribute__((always_inline)) inline void store_swiglus(const float16 *act, const float *u0, const float *u1, int n,
+                                                        __local const float *inv, __global float *y, int r, int rows)
+{
+    for (int c8 = 0; c8 < n; c8 += 8)
+        store_swiglu8(act[c8 / 8], u0, u1, c8, min(8, n - c8), inv, y + r, rows);
+}
+
+/* qkv: rows r, r + 1 of tokens t0.., rotated into the KV cache (rope_store) */
+__attribute__((always_inline)) inline void store_qkv(const float *o0, const float *o1, int n, int r, int t0, __local const float *inv,
+                                                    __global const int *pos, __global const int *seq, __global const int *tables,
+                                                    int max_blocks, __global const float *rope, __global float *y,
+                                                    __global half *kcache, __global half *vcache, int layer)
+{
+    for (int c = 0; c < n; c++) {
+        const int t = t0 + c, p = pos[t];
+        const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];
+        rope_store(r, (float2)(o0[c], o1[c]) * inv[c], t, p, block, rope, y, kcache, vcache, layer);
+    }
+}
+
 /* The three fused kernels of one weight type and tile, as hooks fill them in:
  *   BEGIN(normalize)        starts the kernel (the RMS scales, then r, the row pair)
  *   TILE_BEGIN(TILE, norm.) starts each tile of columns c0..
@@ -262,13 +309,8 @@ void matmul_##NAME##_t##TILE(MATMUL_ARGS, int normalize, int accumulate EXTRA)  
         TILE_BEGIN(TILE, normalize)                                             \
         float o0[TILE], o1[TILE];                                               \
         DOT(WTYPE, TILE, normalize, r, r1, o0, o1);                             \
-        for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
-            __global float *yc = y + (size_t)(c0 + c) * rows;                   \
-            const float s = inv[c0 + c];                                        \
-            yc[r] = o0[c] * s + (accumulate ? yc[r] : 0.0f);                    \
-            if (r1 != r)                                                        \
-                yc[r1] = o1[c] * s + (accumulate ? yc[r1] : 0.0f);              \
-        }                                                                       \
+        store_rows(o0, o1, min(TILE, ncols - c0), r, r1, accumulate, inv + c0,  \
+                   y + (size_t)c0 * rows, rows);                                \
     }                                                                           \
 }                                                                               \
                                                                                 \
@@ -281,13 +323,10 @@ void swiglu_##NAME##_t##TILE(MATMUL_ARGS EXTRA)                                 
         float g0[TILE], g1[TILE], u0[TILE], u1[TILE];                           \
         float16 act[(TILE + 7) / 8];                                            \
         DOT(WTYPE, TILE, 1, r, r + 1, g0, g1);                                  \
-        /* the activations first: the up rows' products run beside their        \
-           chain of multiply-adds, which a lone column would wait on */         \
-        for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
-            act[c8 / 8] = activate_gates8(g0, g1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0); \
+        activate_gates(g0, g1, min(TILE, ncols - c0), inv + c0, act);           \
         DOT(WTYPE, TILE, 1, rows + r, rows + r + 1, u0, u1);                    \
-        for (int c8 = 0; c8 < TILE && c0 + c8 < ncols; c8 += 8)                 \
-            store_swiglu8(act[c8 / 8], u0, u1, c8, min(TILE - c8, min(8, ncols - c0 - c8)), inv + c0, y + (size_t)c0 * rows + r, rows); \
+        store_swiglus(act, u0, u1, min(TILE, ncols - c0), inv + c0,             \
+                      y + (size_t)c0 * rows, r, rows);                          \
     }                                                                           \
 }                                                                               \
                                                                                 \
@@ -306,12 +345,8 @@ void qkv_##NAME##_t##TILE(MATMUL_ARGS, __global const int *pos,                \
         TILE_BEGIN(TILE, 1)                                                     \
         float o0[TILE], o1[TILE];                                               \
         DOT(WTYPE, TILE, 1, w0, w0 + 1, o0, o1);                                \
-        for (int c = 0; c < TILE && c0 + c < ncols; c++) {                      \
-            const int t = c0 + c, p = pos[t];                                   \
-            const int block = tables[seq[t] * max_blocks + p / BLOCK_SIZE];     \
-            rope_store(r, (float2)(o0[c], o1[c]) * inv[t], t, p, block,         \
-                       rope, y, kcache, vcache, layer);                         \
-        }                                                                       \
+        store_qkv(o0, o1, min(TILE, ncols - c0), r, c0, inv + c0, pos, seq,     \
+                  tables, max_blocks, rope, y, kcache, vcache, layer);          \
     }                                                                           \
 }
 

@@ -900,6 +900,19 @@ __attribute__((always_inline)) inline void scale_lanes(const int wtype, const Ro
                             : *acc + sums * (rows->d * inputs->steps);
 }
 
+/* the row sums of a row pair's accumulators for `tile` columns (a multiple of 8) */
+__attribute__((always_inline)) inline void store_pair_sums(const int tile, const float16 *acc, float *out0, float *out1)
+{
+    for (int c = 0; c < tile; c += 8) {
+        const float16 sums = pair_sums8(acc + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            out0[c + j] = sums[2 * j];
+            out1[c + j] = sums[2 * j + 1];
+        }
+    }
+}
+
 /* pair_dot_super_cols on 8-bit inputs: the quants decoded once a row pair for all the tile's
  * live columns (`tile` of them), each column's sums the same at any width. A lane of the
  * accumulators is a row's block (pair_lanes); each row's result adds its blocks in the order
@@ -937,14 +950,83 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
         }
         return;
     }
-    for (int c = 0; c < tile; c += 8) {
-        const float16 sums = pair_sums8(acc + c);
+    store_pair_sums(tile, acc, out0, out1);
+}
+
+/* pair_lanes of two row pairs (a: rows r0, r1; b: r2, r3) and two columns: each load of a
+   column's inputs serves four rows, where pair_lanes4 has it serve two. A 32-column tile's
+   records outgrow L1, so those loads come from L2, and halving them pays more than the
+   multiplies they feed would suggest. Each lane is pair_lanes' bits. */
+__attribute__((always_inline)) inline void quad_lanes2(const int wtype, const RowPair *a, const RowPair *b, __local const SuperRecord *x,
+                                                       int16 *a0, int16 *a1, int16 *b0, int16 *b1)
+{
+#if MADD_WIDTH == 512
+    if (wtype == WT_Q4_K) {
+        /* row 0 and row 1 of each pair, column 0 and column 1 (named: see pair_lanes4) */
+        int16 a00 = 0, a10 = 0, a01 = 0, a11 = 0, b00 = 0, b10 = 0, b01 = 0, b11 = 0;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            out0[c + j] = sums[2 * j];
-            out1[c + j] = sums[2 * j + 1];
+        for (int i = 0; i < 4; i++) {
+            a00 = dot_bytes(a00, a->q0[i], x[0].quants[i]);
+            a10 = dot_bytes(a10, a->q1[i], x[0].quants[i]);
+            b00 = dot_bytes(b00, b->q0[i], x[0].quants[i]);
+            b10 = dot_bytes(b10, b->q1[i], x[0].quants[i]);
+            a01 = dot_bytes(a01, a->q0[i], x[1].quants[i]);
+            a11 = dot_bytes(a11, a->q1[i], x[1].quants[i]);
+            b01 = dot_bytes(b01, b->q0[i], x[1].quants[i]);
+            b11 = dot_bytes(b11, b->q1[i], x[1].quants[i]);
+        }
+        *a0 = madd(pack_halves(a00, a10), a->scales[0]);
+        *a1 = madd(pack_halves(a01, a11), a->scales[0]);
+        *b0 = madd(pack_halves(b00, b10), b->scales[0]);
+        *b1 = madd(pack_halves(b01, b11), b->scales[0]);
+        return;
+    }
+    int16 sa0 = madd(a->offsets, x[0].sums.halves), sa1 = madd(a->offsets, x[1].sums.halves);
+    int16 sb0 = madd(b->offsets, x[0].sums.halves), sb1 = madd(b->offsets, x[1].sums.halves);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint16 x0 = x[0].quants[i], x1 = x[1].quants[i];
+        sa0 = madd_add(sa0, pack_halves(dot_bytes((int16)0, a->q0[i], x0), dot_bytes((int16)0, a->q1[i], x0)), a->scales[i / 2]);
+        sb0 = madd_add(sb0, pack_halves(dot_bytes((int16)0, b->q0[i], x0), dot_bytes((int16)0, b->q1[i], x0)), b->scales[i / 2]);
+        sa1 = madd_add(sa1, pack_halves(dot_bytes((int16)0, a->q0[i], x1), dot_bytes((int16)0, a->q1[i], x1)), a->scales[i / 2]);
+        sb1 = madd_add(sb1, pack_halves(dot_bytes((int16)0, b->q0[i], x1), dot_bytes((int16)0, b->q1[i], x1)), b->scales[i / 2]);
+    }
+    *a0 = sa0, *a1 = sa1, *b0 = sb0, *b1 = sb1;
+#else
+    *a0 = pair_lanes(wtype, a, x), *a1 = pair_lanes(wtype, a, x + 1);
+    *b0 = pair_lanes(wtype, b, x), *b1 = pair_lanes(wtype, b, x + 1);
+#endif
+}
+
+/* pair_dot_super_bytes for two row pairs at once (rows r0, r1 into out0, out1; r2, r3 into
+ * out2, out3) over the tile's `tile` live columns, a multiple of 8: each pair's results are
+ * the bits it has alone. */
+__attribute__((always_inline)) inline void quad_dot_super_bytes(const int wtype, const int tile,
+        __global const uchar *qs, __global const float *dm, int r0, int r1, int r2, int r3, int k, __local uchar *xl,
+        float16 *acc0, float16 *acc1, float *out0, float *out1, float *out2, float *out3)
+{
+    const int nsuper = k / 256;
+    __local const SuperRecord *records = (__local const SuperRecord *)xl;
+    for (int c = 0; c < tile; c++)
+        acc0[c] = acc1[c] = (float16)0.0f;
+    for (int j = 0; j < nsuper; j++) {
+        RowPair a, b;
+        prefetch_run(qs + paired_group(r0, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
+        prefetch_run(qs + paired_group(r2, nsuper, j) * SUPER_BYTES(wtype), 2 * SUPER_BYTES(wtype));
+        read_row_pair(wtype, qs, dm, paired_group(r0, nsuper, j), paired_group(r1, nsuper, j), &a);
+        read_row_pair(wtype, qs, dm, paired_group(r2, nsuper, j), paired_group(r3, nsuper, j), &b);
+        for (int c = 0; c < tile; c += 2) {
+            __local const SuperRecord *inputs = SUPER_RECORD(records, tile, c, j);
+            int16 la0, la1, lb0, lb1;
+            quad_lanes2(wtype, &a, &b, inputs, &la0, &la1, &lb0, &lb1);
+            scale_lanes(wtype, &a, inputs, la0, acc0 + c);
+            scale_lanes(wtype, &a, inputs + 1, la1, acc0 + c + 1);
+            scale_lanes(wtype, &b, inputs, lb0, acc1 + c);
+            scale_lanes(wtype, &b, inputs + 1, lb1, acc1 + c + 1);
         }
     }
+    store_pair_sums(tile, acc0, out0, out1);
+    store_pair_sums(tile, acc1, out2, out3);
 }
 
 /* quantize_nibble_columns for Q4_0 and Q4_1 with INT8_NIBBLES (pair_dot_group_bytes): each block
@@ -1096,6 +1178,25 @@ __attribute__((always_inline)) inline void pair_dot_nibbles(const int wtype, con
 #endif
     else
         pair_dot_nibble_cols(wtype, live, tile, qs, dm, r0, r1, k, xl, a0, a1, out0, out1);
+}
+
+/* pair_dot_nibbles on the 32-column tile for the two row pairs a work-item owns there (r0,
+   r1 and r2, r3): on 8-bit inputs Q4_K's and Q6_K's share each load of the inputs
+   (quad_dot_super_bytes), the other kinds take one pair after the other */
+__attribute__((always_inline)) inline void quad_dot_nibbles(const int wtype, __global const uchar *qs, __global const float *dm,
+        int r0, int r1, int r2, int r3, int k, int c0, int ncols, __local uchar *xl,
+        float *out0, float *out1, float *out2, float *out3)
+{
+#if INT8_INPUTS
+    if (SUPER_KIND(wtype)) {
+        float16 a0[GEMM_TILE], a1[GEMM_TILE];
+        const int live = min(GEMM_TILE, (ncols - c0 + MAX_TILE - 1) / MAX_TILE * MAX_TILE);
+        quad_dot_super_bytes(wtype, live, qs, dm, r0, r1, r2, r3, k, xl, a0, a1, out0, out1, out2, out3);
+        return;
+    }
+#endif
+    pair_dot_nibbles(wtype, GEMM_TILE, qs, dm, r0, r1, k, c0, ncols, xl, out0, out1);
+    pair_dot_nibbles(wtype, GEMM_TILE, qs, dm, r2, r3, k, c0, ncols, xl, out2, out3);
 }
 
 /* A tile's inputs quantized into the local buffer, as each kind takes them: a scale a group
@@ -1280,6 +1381,81 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
 #define NIBBLE_DOT(WTYPE, TILE, normalize, r0, r1, out0, out1)                  \
     pair_dot_nibbles(WTYPE, TILE, qs, dm, r0, r1, k, c0, ncols, (__local uchar *)xl, out0, out1)
 
+/* The 32-column tile's three kernels, as cpu/matmul.cl's DEFINE_FUSED makes the others, but
+ * a work-item owns two row pairs, r and r2 = r + 2 (rows 4 * its id on; the host gives these
+ * kernels half the work-items), whose dots share the tile's inputs (quad_dot_nibbles). A
+ * second pair past the rows runs the first's dots again and stores nothing. */
+#define WIDE_BEGIN                                                              \
+    __local float inv[MAX_COLS];                                                \
+    if (staged_cols)                                                            \
+        load_staged_scales(staged, ncols, inv);                                 \
+    else                                                                        \
+        column_scales(x, xrows, ncols, k, eps, normalize, inv);                 \
+    const int r = 4 * get_global_id(0);                                         \
+    const int active = r < rows, second = r + 2 < rows, r2 = second ? r + 2 : r;
+#define WIDE_DOT(WTYPE, r0, r1, r2, r3, out0, out1, out2, out3)                 \
+    quad_dot_nibbles(WTYPE, qs, dm, r0, r1, r2, r3, k, c0, ncols, (__local uchar *)xl, out0, out1, out2, out3)
+
+#define DEFINE_WIDE(NAME, WTYPE, TILE_BEGIN)                                    \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void matmul_##NAME##_t32(MATMUL_ARGS, int normalize, int accumulate NIBBLE_ARGS) \
+{                                                                               \
+    WIDE_BEGIN                                                                  \
+    const int r1 = min(r + 1, rows - 1), r3 = min(r2 + 1, rows - 1);            \
+    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+        TILE_BEGIN(GEMM_TILE, normalize)                                        \
+        float o0[GEMM_TILE], o1[GEMM_TILE], o2[GEMM_TILE], o3[GEMM_TILE];       \
+        WIDE_DOT(WTYPE, r, r1, r2, r3, o0, o1, o2, o3);                         \
+        const int n = min(GEMM_TILE, ncols - c0);                               \
+        store_rows(o0, o1, n, r, r1, accumulate, inv + c0, y + (size_t)c0 * rows, rows); \
+        if (second)                                                             \
+            store_rows(o2, o3, n, r2, r3, accumulate, inv + c0, y + (size_t)c0 * rows, rows); \
+    }                                                                           \
+}                                                                               \
+                                                                                \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void swiglu_##NAME##_t32(MATMUL_ARGS NIBBLE_ARGS)                               \
+{                                                                               \
+    const int normalize = 1;                                                    \
+    WIDE_BEGIN                                                                  \
+    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+        TILE_BEGIN(GEMM_TILE, 1)                                                \
+        float g0[GEMM_TILE], g1[GEMM_TILE], g2[GEMM_TILE], g3[GEMM_TILE];       \
+        float u0[GEMM_TILE], u1[GEMM_TILE], u2[GEMM_TILE], u3[GEMM_TILE];       \
+        float16 act0[GEMM_TILE / 8], act1[GEMM_TILE / 8];                       \
+        const int n = min(GEMM_TILE, ncols - c0);                               \
+        WIDE_DOT(WTYPE, r, r + 1, r2, r2 + 1, g0, g1, g2, g3);                  \
+        activate_gates(g0, g1, n, inv + c0, act0);                              \
+        activate_gates(g2, g3, n, inv + c0, act1);                              \
+        WIDE_DOT(WTYPE, rows + r, rows + r + 1, rows + r2, rows + r2 + 1, u0, u1, u2, u3); \
+        store_swiglus(act0, u0, u1, n, inv + c0, y + (size_t)c0 * rows, r, rows); \
+        if (second)                                                             \
+            store_swiglus(act1, u2, u3, n, inv + c0, y + (size_t)c0 * rows, r2, rows); \
+    }                                                                           \
+}                                                                               \
+                                                                                \
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
+void qkv_##NAME##_t32(MATMUL_ARGS, __global const int *pos,                    \
+                      __global const int *seq, __global const int *tables,      \
+                      int max_blocks, __global const float *rope,               \
+                      __global half *kcache, __global half *vcache,             \
+                      int layer NIBBLE_ARGS)                                    \
+{                                                                               \
+    const int normalize = 1;                                                    \
+    WIDE_BEGIN                                                                  \
+    /* (DEFINE_FUSED's qkv: a part's work-items start at its first row, over 4) */ \
+    const int w0 = r - 4 * (int)get_global_offset(0), w2 = w0 + (r2 - r);     \
+    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+        TILE_BEGIN(GEMM_TILE, 1)                                                \
+        float o0[GEMM_TILE], o1[GEMM_TILE], o2[GEMM_TILE], o3[GEMM_TILE];       \
+        WIDE_DOT(WTYPE, w0, w0 + 1, w2, w2 + 1, o0, o1, o2, o3);                \
+        const int n = min(GEMM_TILE, ncols - c0);                               \
+        store_qkv(o0, o1, n, r, c0, inv + c0, pos, seq, tables, max_blocks, rope, y, kcache, vcache, layer); \
+        if (second)                                                             \
+            store_qkv(o2, o3, n, r2, c0, inv + c0, pos, seq, tables, max_blocks, rope, y, kcache, vcache, layer); \
+    }                                                                           \
+}
+
 /* each kind's stage kernel and fused kernels at every tile width; BEGIN quantizes or
    copies the tile's inputs, QUANTIZE (its QUANTIZE_*) says how, RECORDS in what layout */
 #define DEFINE_NIBBLE_MATMULS(NAME, WTYPE, BEGIN, QUANTIZE, RECORDS)            \
@@ -1288,7 +1464,7 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
     DEFINE_FUSED(NAME, WTYPE, 2, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 4, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
     DEFINE_FUSED(NAME, WTYPE, 8, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT) \
-    DEFINE_FUSED(NAME, WTYPE, 32, WG, NIBBLE_ARGS, NIBBLE_BEGIN, BEGIN, NIBBLE_DOT)
+    DEFINE_WIDE(NAME, WTYPE, BEGIN)
 
 #ifdef MATMUL_nib
 DEFINE_NIBBLE_MATMULS(nib, WT_Q4_1, Q4_1_BEGIN, QUANTIZE_Q4_1, Q4_RECORDS)
