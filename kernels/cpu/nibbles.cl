@@ -956,8 +956,8 @@ __attribute__((always_inline)) inline void pair_dot_super_bytes(const int wtype,
 
 /* pair_lanes of two row pairs (a: rows r0, r1; b: r2, r3) and two columns: each load of a
    column's inputs serves four rows, where pair_lanes4 has it serve two. A 32-column tile's
-   records outgrow L1, so those loads come from L2, and halving them pays more than the
-   multiplies they feed would suggest. Each lane is pair_lanes' bits. */
+   records outgrow L1, and the loop waited on those loads from L2 more than on its
+   multiplies. Each lane is pair_lanes' bits. */
 __attribute__((always_inline)) inline void quad_lanes2(const int wtype, const RowPair *a, const RowPair *b, __local const SuperRecord *x,
                                                        int16 *a0, int16 *a1, int16 *b0, int16 *b1)
 {
