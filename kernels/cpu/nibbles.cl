@@ -891,14 +891,13 @@ __attribute__((always_inline)) inline float16 pair_sums8(const float16 *acc)
 }
 
 /* a column's pair_lanes into its accumulator: times the row's d and the block's input step,
-   and for Q4_K the block's min times its float input sum. Each term is a multiply-add into
-   the accumulator (the compiler contracts them), so Q4_K's min costs no multiply of its own. */
+   and for Q4_K the block's min times its float input sum */
 __attribute__((always_inline)) inline void scale_lanes(const int wtype, const RowPair *rows, __local const SuperRecord *inputs,
                                                        const int16 lanes, float16 *acc)
 {
     const float16 sums = convert_float16(lanes);
-    const float16 base = wtype == WT_Q4_K ? *acc + rows->mins * inputs->sums.floats : *acc;
-    *acc = base + sums * (rows->d * inputs->steps);
+    *acc = wtype == WT_Q4_K ? *acc + (sums * (rows->d * inputs->steps) + rows->mins * inputs->sums.floats)
+                            : *acc + sums * (rows->d * inputs->steps);
 }
 
 /* the row sums of a row pair's accumulators for `tile` columns (a multiple of 8) */
