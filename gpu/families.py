@@ -196,7 +196,7 @@ class CPUFamily:
             wg = self.LOWBIT_WG if w.kind in LOWBIT_KINDS else self.wg
             gemm = self.gemm == "1" if self.gemm in ("0", "1") else self.int8 and w.kind in SUPER_KINDS
             return CPUMatmul(name, program, kernel, wg, w, (w.qs, w.dm, g, x, xrows, eps, y), extra, local_mem, gemm, stage,
-                             self.int8)  # fmt: skip
+                             self.int8, self.cores)  # fmt: skip
 
         def staged(m: CPUMatmul) -> list[Launch]:
             """A matmul, after the launch that stages its inputs where it has one."""

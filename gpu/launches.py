@@ -157,6 +157,21 @@ class CPUStage:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, (ceil_div(ncols, MAX_TILE) * self.wg,), (self.wg,))
 
 
+def column_groups(row_groups: int, cores: int, most: int = 4) -> int:
+    """How many work-groups share each group of rows' column tiles in the 32-column kernels
+    (cpu/nibbles.cl's TILE_STRIDE): one where the busiest core's share of `row_groups` is
+    within 5% of an even share, else the fewest, up to `most`, that leave the busiest core
+    the least. Each work-group past the first reads the rows' weights again."""
+
+    def busiest(split: int) -> float:  # the busiest core's work, in row groups
+        return ceil_div(row_groups * split, cores) / split
+
+    even = row_groups / cores
+    if busiest(1) <= 1.05 * even:
+        return 1
+    return min(range(1, most + 1), key=lambda split: (busiest(split), split))
+
+
 class CPUMatmul:
     """A CPU-family fused matmul (kernels/cpu/matmul.cl; kernel is matmul, swiglu or
     qkv) in every tile variant; a work-item owns a pair of rows, in the 32-column tile
@@ -165,12 +180,15 @@ class CPUMatmul:
     (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a `stage` has
     `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN columns on it
     reads what that staged. `int8`: the program takes Q4_K and Q6_K on
-    8-bit inputs (lowbit_local)."""
+    8-bit inputs (lowbit_local). `cores`: the device's, among which the 32-column
+    tile's work-groups share the batch's columns where its rows make too few groups
+    (column_groups)."""
 
     NCOLS = 9  # index of the ncols argument
 
     def __init__(self, name: str, program: cl.Program, kernel: str, wg: int, w: DeviceMatrix, head: tuple, extra: tuple,
-                 local_mem: int = 0, gemm: bool = False, stage: Stage | None = None, int8: bool = False):  # fmt: skip
+                 local_mem: int = 0, gemm: bool = False, stage: Stage | None = None, int8: bool = False,
+                 cores: int = 1):  # fmt: skip
         self.name, self.weight_bytes, self.wg = name, w.nbytes, wg
         rows = w.rows // 2 if kernel == "swiglu" else w.rows
 
@@ -181,6 +199,7 @@ class CPUMatmul:
             return (ceil_div(ceil_div(rows, per_item), wg) * wg,), ((w.first_row // per_item,) if w.first_row else None)
 
         self.grid, self.wide_grid = grid(2), grid(4)  # a row pair; two in the 32-column tile
+        self.column_groups = column_groups(self.wide_grid[0][0] // wg, cores)
         rows += w.first_row
         nibbles = w.kind in NIBBLE_VARIANTS
         self.stage = stage  # (a kernel argument holds no reference to its buffer)
@@ -214,8 +233,12 @@ class CPUMatmul:
         if self.staged[tile] != staged:
             kernel.set_arg(self.staged_arg, i32(staged))
             self.staged[tile] = staged
-        size, offset = self.wide_grid if tile == GEMM_TILE else self.grid
-        return cl.enqueue_nd_range_kernel(queue, kernel, size, (self.wg,), global_work_offset=offset)
+        if tile != GEMM_TILE:
+            size, offset = self.grid
+            return cl.enqueue_nd_range_kernel(queue, kernel, size, (self.wg,), global_work_offset=offset)
+        (items,), offset = self.wide_grid
+        groups = min(self.column_groups, ceil_div(ncols, GEMM_TILE))
+        return cl.enqueue_nd_range_kernel(queue, kernel, (items, groups), (self.wg, 1), global_work_offset=offset and (*offset, 0))
 
 
 # kernels/quant.cl's WT_ codes by kind (WT_Q4_K is q4_k's), for the nibble kinds, which

@@ -19,7 +19,7 @@ from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (devi
 from test_quants import random_blocks
 
 from gpu.families import CPUFamily, host_has_vnni
-from gpu.launches import GEMM_TILE, LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, cpu_variant, local_bytes
+from gpu.launches import GEMM_TILE, LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, column_groups, cpu_variant, local_bytes
 from gpu.model.load import WeightTensor
 from gpu.weights import READ_PAST, upload_matrix
 from swarm.bench.engine import CEILING_SUMS, multiply_ceiling
@@ -41,10 +41,12 @@ INT8_32 = (Q.Q4_0, Q.Q4_1)  # the 32-weight types INT8_NIBBLES takes on 8-bit in
 
 
 def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, wg: int = CPUFamily.WG,
-        compact: bool = False, staged: bool = True, gemm: bool = True, int8: bool = False) -> np.ndarray:  # fmt: skip
+        compact: bool = False, staged: bool = True, gemm: bool = True, int8: bool = False, cores: int = 2) -> np.ndarray:  # fmt: skip
     """The matmul kernel on x's columns: (columns, ROWS), with its inputs staged from
     STAGED_MIN columns on, as the engine's are, or with `staged` False never; `int8`: the
-    program takes Q4_K and Q6_K on 8-bit inputs (its local buffer is sized for them)."""
+    program takes Q4_K and Q6_K on 8-bit inputs (its local buffer is sized for them).
+    ROWS make one work-group of rows, so on two `cores` a second 32-column tile is
+    another work-group's (column_groups)."""
     ncols, cols = x.shape
     ctx, flags = dev.context, cl.mem_flags
     buffer = lambda a: cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a)  # noqa: E731
@@ -54,8 +56,10 @@ def run(dev, program, raw, qtype, x: np.ndarray, g: np.ndarray, normalize: int, 
     head = (w.qs, w.dm, buffer(g), buffer(x), buffer(np.arange(ncols, dtype=np.int32)), np.float32(EPS), y)
     stage = Stage(ctx, cols, MAX_COLS) if staged else None
     launch = CPUMatmul("t", program, "matmul", wg, w, head, (np.int32(normalize), np.int32(0)),
-                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=gemm, stage=stage, int8=int8)  # fmt: skip
+                       local_mem=int(dev.device.local_mem_size) - 4 * MAX_COLS, gemm=gemm, stage=stage, int8=int8,
+                       cores=cores)  # fmt: skip
     assert launch.gemm_tile == (32 if gemm and w.kind not in LOWBIT_KINDS else 8)
+    assert launch.column_groups == column_groups(1, cores)
     for step in [launch.stage_inputs, launch] if launch.stage_inputs else [launch]:
         step.enqueue(dev.queue, ncols)
     got = np.empty((ncols, ROWS), np.float32)
@@ -178,6 +182,15 @@ def test_a_nibble_column_is_the_same_bits_at_every_tile_width(device, qtype, com
         for c in {ncols - 1, min(ncols - 1, 32)}:  # a later tile's, or sub-tile's, column read alone
             single = run(device, program, raw, qtype, x[c : c + 1], g, 1, compact=bool(compact), int8=bool(int8))
             assert batch[c].tobytes() == single[0].tobytes()
+
+
+def test_a_few_row_groups_share_their_columns_among_the_cores() -> None:
+    """A wide launch's work-groups keep every core busy: a part of one group of rows (the
+    1.5B's K and V) takes a work-group a core, seven (its Q and K) take two each, while a
+    launch whose row groups share evenly, or nearly (35 on two cores), reads its weights once."""
+    assert [column_groups(g, 2) for g in (1, 2, 3, 6, 7, 35)] == [2, 1, 2, 1, 2, 1]
+    assert column_groups(1, 16) == 4  # (at most four: each reads the rows' weights again)
+    assert column_groups(8, 16) == 2
 
 
 @pytest.mark.parametrize(("qtype", "compact"), [(q, 0) for q in (Q.Q4_1, Q.Q5_1, Q.Q6_K, Q.Q8_0)] + COMPACT_TYPES,

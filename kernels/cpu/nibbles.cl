@@ -1396,13 +1396,19 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
 #define WIDE_DOT(WTYPE, r0, r1, r2, r3, out0, out1, out2, out3)                 \
     quad_dot_nibbles(WTYPE, qs, dm, r0, r1, r2, r3, k, c0, ncols, (__local uchar *)xl, out0, out1, out2, out3)
 
+/* a work-group's first column of the batch, and the columns to its next tile: where the
+   groups of rows are too few to share evenly among the cores, the host gives each group
+   of rows get_num_groups(1) work-groups, which take every get_num_groups(1)-th tile */
+#define FIRST_TILE (GEMM_TILE * (int)get_group_id(1))
+#define TILE_STRIDE (GEMM_TILE * (int)get_num_groups(1))
+
 #define DEFINE_WIDE(NAME, WTYPE, TILE_BEGIN)                                    \
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))                        \
 void matmul_##NAME##_t32(MATMUL_ARGS, int normalize, int accumulate NIBBLE_ARGS) \
 {                                                                               \
     WIDE_BEGIN                                                                  \
     const int r1 = min(r + 1, rows - 1), r3 = min(r2 + 1, rows - 1);            \
-    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+    for (int c0 = FIRST_TILE; c0 < ncols; c0 += TILE_STRIDE) {                 \
         TILE_BEGIN(GEMM_TILE, normalize)                                        \
         float o0[GEMM_TILE], o1[GEMM_TILE], o2[GEMM_TILE], o3[GEMM_TILE];       \
         WIDE_DOT(WTYPE, r, r1, r2, r3, o0, o1, o2, o3);                         \
@@ -1418,7 +1424,7 @@ void swiglu_##NAME##_t32(MATMUL_ARGS NIBBLE_ARGS)                               
 {                                                                               \
     const int normalize = 1;                                                    \
     WIDE_BEGIN                                                                  \
-    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+    for (int c0 = FIRST_TILE; c0 < ncols; c0 += TILE_STRIDE) {                 \
         TILE_BEGIN(GEMM_TILE, 1)                                                \
         float g0[GEMM_TILE], g1[GEMM_TILE], g2[GEMM_TILE], g3[GEMM_TILE];       \
         float u0[GEMM_TILE], u1[GEMM_TILE], u2[GEMM_TILE], u3[GEMM_TILE];       \
@@ -1445,7 +1451,7 @@ void qkv_##NAME##_t32(MATMUL_ARGS, __global const int *pos,                    \
     WIDE_BEGIN                                                                  \
     /* (DEFINE_FUSED's qkv: a part's work-items start at its first row, over 4) */ \
     const int w0 = r - 4 * (int)get_global_offset(0), w2 = w0 + (r2 - r);     \
-    for (int c0 = 0; c0 < ncols; c0 += GEMM_TILE) {                            \
+    for (int c0 = FIRST_TILE; c0 < ncols; c0 += TILE_STRIDE) {                 \
         TILE_BEGIN(GEMM_TILE, 1)                                                \
         float o0[GEMM_TILE], o1[GEMM_TILE], o2[GEMM_TILE], o3[GEMM_TILE];       \
         WIDE_DOT(WTYPE, w0, w0 + 1, w2, w2 + 1, o0, o1, o2, o3);                \
