@@ -159,16 +159,12 @@ class CPUStage:
 
 def column_groups(row_groups: int, cores: int, most: int = 4) -> int:
     """How many work-groups share each group of rows' column tiles in the 32-column kernels
-    (cpu/nibbles.cl's TILE_STRIDE): one where the busiest core's share of `row_groups` is
-    within 5% of an even share, else the fewest, up to `most`, that leave the busiest core
-    the least. Each work-group past the first reads the rows' weights again."""
+    (cpu/nibbles.cl's TILE_STRIDE): the fewest, up to `most`, that leave the busiest core
+    the least work. Each work-group past the first reads the rows' weights again."""
 
     def busiest(split: int) -> float:  # the busiest core's work, in row groups
         return ceil_div(row_groups * split, cores) / split
 
-    even = row_groups / cores
-    if busiest(1) <= 1.05 * even:
-        return 1
     return min(range(1, most + 1), key=lambda split: (busiest(split), split))
 
 
