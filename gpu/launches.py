@@ -176,9 +176,9 @@ class CPUMatmul:
     (`gemm_tile`: the widest tile taken). A nibble kind's matmul given a `stage` has
     `stage_inputs`, the CPUStage to enqueue before it; from STAGED_MIN columns on it
     reads what that staged. `int8`: the program takes Q4_K and Q6_K on
-    8-bit inputs (lowbit_local). `cores`: the device's, among which the 32-column
-    tile's work-groups share the batch's columns where its rows make too few groups
-    (column_groups)."""
+    8-bit inputs (lowbit_local). `cores`: the device's; where its groups of rows do
+    not share evenly among them, the 32-column tile's work-groups share the batch's
+    tiles too (column_groups)."""
 
     NCOLS = 9  # index of the ncols argument
 

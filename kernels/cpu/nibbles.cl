@@ -1397,8 +1397,8 @@ void stage_##NAME(__global const float *g, __global const float *x, __global con
     quad_dot_nibbles(WTYPE, qs, dm, r0, r1, r2, r3, k, c0, ncols, (__local uchar *)xl, out0, out1, out2, out3)
 
 /* a work-group's first column of the batch, and the columns to its next tile: where the
-   groups of rows are too few to share evenly among the cores, the host gives each group
-   of rows get_num_groups(1) work-groups, which take every get_num_groups(1)-th tile */
+   groups of rows do not share evenly among the cores, the host gives each group of rows
+   get_num_groups(1) work-groups, which take every get_num_groups(1)-th tile */
 #define FIRST_TILE (GEMM_TILE * (int)get_group_id(1))
 #define TILE_STRIDE (GEMM_TILE * (int)get_num_groups(1))
 
