@@ -144,11 +144,13 @@ class CPUFamily:
         # attention by KV head (cpu/attention.cl's attention_group) where a step has
         # a few work-items a core of them, else by query head (gpu/launches.py)
         self.attention_items = 4 * int(device.device.max_compute_units)
-        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd off; SLOTSWARM_GEMM=1 takes
+        # SLOTSWARM_VNNI=0 turns the integer kernels' vpdpwssd and vpdpbusd off (both
+        # widths: AVX-512 VNNI, and AVX-VNNI where the kernels are AVX2's); SLOTSWARM_GEMM=1 takes
         # the 32-column prompt tiles for every nibble kind, 0 for none, and unset for the
         # kinds they pay for (cpu/nibbles.cl's pair_dot_nibbles says which); either way
         # the same bits, so the settings can be compared on any model
-        self.vnni = device.is_cpu and host_has_vnni() and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
+        vnni = device.is_cpu and os.environ.get("SLOTSWARM_VNNI", "1") != "0"
+        self.vnni = frozenset(width for width in (512, 256) if vnni and host_has_vnni(width))
         self.gemm = os.environ.get("SLOTSWARM_GEMM")
         self.compact = compact_layouts(default=self.COMPACT)
         # compact Q4_K and Q6_K on 8-bit inputs, as llama.cpp's CPU back end takes them
@@ -176,7 +178,7 @@ class CPUFamily:
         # only the matmuls of the kinds this model reads (cpu/matmul.cl's MATMUL_KINDS)
         kinds = {cpu_variant(part.kind) for m in engine.weights.matrices() for part in m.parts or [m]}
         return [f"-DWG={self.wg}", f"-DLOWBIT_WG={self.LOWBIT_WG}", f"-DMAX_COLS={engine.max_batch_tokens}",
-                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(self.vnni)}",
+                f"-DARGMAX_WG={self.argmax_wg}", f"-DDOT_VNNI={int(512 in self.vnni)}", f"-DAVX_VNNI={int(256 in self.vnni)}",
                 f"-DINT8_INPUTS={int(self.int8)}", f"-DINT8_NIBBLES={int(self.int8_nibbles)}",
                 f"-DPREFETCH_AHEAD={prefetch_ahead(engine.config.d_ff)}",
                 "-DMATMUL_KINDS", *(f"-DMATMUL_{kind}" for kind in sorted(kinds))]  # fmt: skip
@@ -435,14 +437,16 @@ def prefetch_ahead(widest_row: int) -> int:
     return 2048 if widest_row <= 2048 else 8192 if widest_row > 8192 else 4096
 
 
-def host_has_vnni() -> bool:
-    """Whether this machine's CPU has AVX-512 VNNI (vpdpwssd): Linux's /proc/cpuinfo flags.
-    PoCL's CPU device is the host, and its compiler will not say (see cpu/lowbit.cl)."""
+def host_has_vnni(width: int = 512) -> bool:
+    """Whether this machine's CPU has VNNI's vpdpwssd and vpdpbusd at a vector width: 512
+    bits AVX-512 VNNI, 256 the VEX forms of AVX-VNNI (Linux's /proc/cpuinfo flags). PoCL's
+    CPU device is the host, and its compiler will not say (see cpu/lowbit.cl)."""
+    flag = {512: "avx512_vnni", 256: "avx_vnni"}[width]
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "avx512_vnni" in line.split()
+                    return flag in line.split()
     except OSError:
         pass
     return False

@@ -35,11 +35,11 @@ INTEGER_SOURCES = ("quant", "common", "cpu/matmul", "cpu/lowbit", "cpu/nibbles")
 
 def build(device, width: int, vnni: bool = False, int8: bool = False) -> cl.Program:
     """The CPU family's integer matmuls at a pmaddwd width; with `vnni`, its multiply-adds as
-    vpdpwssd (and vpdpbusd); with `int8`, compact Q4_K and Q6_K, and Q4_0 and Q4_1, on 8-bit
-    inputs (INT8_INPUTS, INT8_NIBBLES)."""
+    vpdpwssd (and vpdpbusd): AVX-512 VNNI's at 512 bits, AVX-VNNI's at 256; with `int8`,
+    compact Q4_K and Q6_K, and Q4_0 and Q4_1, on 8-bit inputs (INT8_INPUTS, INT8_NIBBLES)."""
     macro = WIDTHS[width]
-    if vnni and not (device.is_cpu and host_has_vnni() and width == 512):
-        pytest.skip("vpdpwssd needs an AVX-512 VNNI CPU and the 512-bit build")
+    if vnni and not (device.is_cpu and width in (512, 256) and host_has_vnni(width)):
+        pytest.skip(f"no VNNI here at {width} bits (AVX-512 VNNI at 512, AVX-VNNI at 256)" if width else "the portable build has no VNNI")
     if macro and not device.is_cpu:
         pytest.skip("x86 pmaddwd widths are for CPU devices")
     if macro:
@@ -49,7 +49,8 @@ def build(device, width: int, vnni: bool = False, int8: bool = False) -> cl.Prog
             pytest.skip(f"this device's compiler does not target {macro}")
     family = CPUFamily(device)
     options = [f"-DWG={family.wg}", f"-DLOWBIT_WG={family.LOWBIT_WG}", f"-DMAX_COLS={MAX_COLS}", f"-DMADD_WIDTH={width}",
-               f"-DDOT_VNNI={int(vnni)}"] + (["-DINT8_INPUTS=1", "-DINT8_NIBBLES=1"] if int8 else [])  # fmt: skip
+               f"-DDOT_VNNI={int(vnni and width == 512)}", f"-DAVX_VNNI={int(vnni and width == 256)}",
+               *(["-DINT8_INPUTS=1", "-DINT8_NIBBLES=1"] if int8 else [])]  # fmt: skip
     return device.build("\n".join(map(source, INTEGER_SOURCES)), SHAPE + options)
 
 

@@ -233,7 +233,7 @@ def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int
     32 bits, and with INT8_INPUTS pack a block half's in 16, or on AVX2 add its byte products
     in 16 (cpu/nibbles.cl's bounds): at the largest quants, scales and inputs they still match
     NumPy, at one column and at a tile of eight."""
-    program = build(device, width, width == 512 and host_has_vnni(), bool(int8))
+    program = build(device, width, host_has_vnni(width), bool(int8))
     cols = 512
     raw = extreme_super_blocks(qtype, ROWS * cols // 256, quant).reshape(ROWS, -1)
     want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
@@ -274,13 +274,15 @@ def test_rows_ending_in_a_short_group_have_zeros_after_the_last(device, qtype) -
 LOWBIT_AND_NIBBLE = (Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q3_K)
 
 
+@pytest.mark.parametrize("width", [512, 256])
 @pytest.mark.parametrize(("qtype", "compact", "int8"), [(q, 0, 0) for q in LOWBIT_AND_NIBBLE] + [(q, c, 0) for q, c in COMPACT_TYPES]
-                         + [(Q.Q4_K, 1, 1), (Q.Q6_K, 1, 1)], ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
-def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int, int8: int) -> None:  # noqa: F811
+                         + [(Q.Q4_K, 1, 1), (Q.Q6_K, 1, 1), (Q.Q4_1, 0, 1)], ids=lambda c: getattr(c, "name", str(c)))  # fmt: skip
+def test_vpdpwssd_gives_the_bits_of_pmaddwd(device, qtype, compact: int, int8: int, width: int) -> None:  # noqa: F811
     """The VNNI build is one instruction where the other takes two, in the same integers
-    (and with INT8_INPUTS, vpdpbusd where the other takes pmaddubsw and pmaddwd): a host with
-    and one without AVX-512 VNNI sample the same tokens."""
-    madd, vnni = build(device, 512, int8=bool(int8)), build(device, 512, vnni=True, int8=bool(int8))
+    (and with INT8_INPUTS, vpdpbusd where the other takes pmaddubsw and pmaddwd, or on AVX2
+    pmaddubsw's pairs added in 16 bits): a host with and one without VNNI sample the same
+    tokens."""
+    madd, vnni = build(device, width, int8=bool(int8)), build(device, width, vnni=True, int8=bool(int8))
     cols = 512 if qtype in K_QUANTS + (Q.Q2_K, Q.Q3_K) else 640 if compact else 576
     raw = random_blocks(qtype, ROWS * cols // (256 if cols == 512 else 32), seed=5).reshape(ROWS, -1)
     rng = np.random.default_rng(5)

@@ -52,17 +52,36 @@ inline int16 madd(short32 a, short32 b)
 #endif
 }
 
-/* acc + madd(a, b): one vpdpwssd where the host says the CPU has AVX-512 VNNI (DOT_VNNI=1,
-   gpu/families.py). The distribution's PoCL compiles for its kernel library's CPU
-   (skylake-avx512, no VNNI, whatever POCL_LLVM_CPU_NAME says), so the compiler never
-   emits it, but its assembler takes the instruction inline. Integer adds wrap alike in
-   any order, so both forms give the same bits. */
+/* VNNI where the host says the CPU has it at the kernels' width: AVX-512 VNNI for 512 bits
+   (DOT_VNNI=1, gpu/families.py), AVX-VNNI for 256 (AVX_VNNI=1: Intel's client cores since
+   Alder Lake, which have no AVX-512). The distribution's PoCL compiles for its kernel
+   library's CPU (skylake-avx512 or haswell, neither with VNNI, whatever
+   POCL_LLVM_CPU_NAME says), so the compiler never emits its instructions, but its assembler
+   takes them inline; AVX-VNNI's as {vex} forms on registers 0-15 (constraint "x"), the only
+   ones a VEX prefix names. (The compiler's builtins for them need functions built for the
+   feature, and PoCL's work-group functions, which inline the kernels, are not.) */
 #ifndef DOT_VNNI
 #define DOT_VNNI 0
 #endif
+#ifndef AVX_VNNI
+#define AVX_VNNI 0
+#endif
+#if DOT_VNNI && MADD_WIDTH == 512
+#define VNNI_WIDTH 512
+#elif AVX_VNNI && MADD_WIDTH == 256
+#define VNNI_WIDTH 256
+#else
+#define VNNI_WIDTH 0
+#endif
+
+/* acc + madd(a, b): one vpdpwssd with AVX-512 VNNI. Integer adds wrap alike in any order,
+   so both forms give the same bits. AVX-VNNI's is not taken: with AVX2's 16 registers the
+   compiler stores and reloads the 16-bit kernels' operands around its inline assembly,
+   which costs more than the add it saves (cpu/nibbles.cl's dot_bytes_from takes its
+   vpdpbusd, whose inputs it reads from memory). */
 inline int16 madd_add(int16 acc, short32 a, short32 b)
 {
-#if DOT_VNNI && MADD_WIDTH == 512
+#if VNNI_WIDTH == 512
     typedef int v16i __attribute__((__vector_size__(64)));
     v16i s = __builtin_astype(acc, v16i);
     __asm__("vpdpwssd %2, %1, %0" : "+v"(s) : "v"(__builtin_astype(a, v16i)), "v"(__builtin_astype(b, v16i)));

@@ -592,16 +592,23 @@ __attribute__((always_inline)) inline void quantize_super_bytes(__global const f
 }
 
 /* lane u: acc + the sum of u's four products of unsigned bytes (`u8`) and signed ones (`s8`):
-   one vpdpbusd where the host says the CPU has AVX-512 VNNI (madd_add says how), else
-   pmaddubsw's pairs (no pair here comes near its 16-bit saturation: at most 2 * 63 * 127)
-   added by pmaddwd. The integer sums are the same bits either way. */
+   one vpdpbusd where the host says the CPU has VNNI at the kernels' width (cpu/lowbit.cl's
+   VNNI_WIDTH says how), else pmaddubsw's pairs (no pair here comes near its 16-bit
+   saturation: at most 2 * 63 * 127) added by pmaddwd. The integer sums are the same bits
+   either way. */
 inline int16 dot_bytes(int16 acc, uint16 u8, uint16 s8)
 {
-#if DOT_VNNI && MADD_WIDTH == 512
+#if VNNI_WIDTH == 512
     typedef int v16i __attribute__((__vector_size__(64)));
     v16i s = __builtin_astype(acc, v16i);
     __asm__("vpdpbusd %2, %1, %0" : "+v"(s) : "v"(__builtin_astype(u8, v16i)), "v"(__builtin_astype(s8, v16i)));
     return __builtin_astype(s, int16);
+#elif VNNI_WIDTH == 256
+    typedef int v8i __attribute__((__vector_size__(32)));
+    v8i lo = __builtin_astype(acc.lo, v8i), hi = __builtin_astype(acc.hi, v8i);
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(lo) : "x"(__builtin_astype(u8.lo, v8i)), "x"(__builtin_astype(s8.lo, v8i)));
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(hi) : "x"(__builtin_astype(u8.hi, v8i)), "x"(__builtin_astype(s8.hi, v8i)));
+    return (int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8));
 #elif MADD_WIDTH == 512
     typedef char v64c __attribute__((__vector_size__(64)));
     typedef short v32s __attribute__((__vector_size__(64)));
@@ -620,11 +627,30 @@ inline int16 dot_bytes(int16 acc, uint16 u8, uint16 s8)
 #endif
 }
 
-#if MADD_WIDTH == 256
-/* AVX2 has pmaddubsw but no vpdpbusd, and a dot_bytes costs it twice the multiplies of a
-   pmaddubsw alone: where a sum of byte products stays within 16 bits, the pairs are added as
-   they are (bytes_pairs) and each row's lanes folded by a pairwise add of 16-bit lanes
-   (halves_pairs), into the lanes pack_halves leaves. The integer sums are the same. */
+/* dot_bytes with the signed bytes read from local memory where an AVX-VNNI vpdpbusd takes
+   them: a memory operand, where one in a register had the compiler store and reload copies
+   of a column's inputs, the row pair's quants taking most of AVX2's 16 registers */
+inline int16 dot_bytes_from(int16 acc, uint16 u8, __local const uint16 *s8)
+{
+#if VNNI_WIDTH == 256
+    typedef int v8i __attribute__((__vector_size__(32)));
+    __local const v8i *halves = (__local const v8i *)s8;
+    v8i lo = __builtin_astype(acc.lo, v8i), hi = __builtin_astype(acc.hi, v8i);
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(lo) : "x"(__builtin_astype(u8.lo, v8i)), "m"(halves[0]));
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(hi) : "x"(__builtin_astype(u8.hi, v8i)), "m"(halves[1]));
+    return (int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8));
+#else
+    return dot_bytes(acc, u8, *s8);
+#endif
+}
+
+/* AVX2 without VNNI has pmaddubsw but no vpdpbusd, and a dot_bytes costs it twice the
+   multiplies of a pmaddubsw alone: where a sum of byte products stays within 16 bits, the
+   pairs are added as they are (bytes_pairs) and each row's lanes folded by a pairwise add of
+   16-bit lanes (halves_pairs), into the lanes pack_halves leaves. The integer sums are the
+   same. */
+#define SHORT_SUMS (MADD_WIDTH == 256 && VNNI_WIDTH == 0)
+#if SHORT_SUMS
 
 /* lane l: u8's bytes 2l, 2l + 1 times s8's, added (pmaddubsw) */
 inline short32 bytes_pairs(uint16 u8, uint16 s8)
@@ -655,6 +681,11 @@ inline short32 pack_halves(int16 a, int16 b)
     typedef int v16i __attribute__((__vector_size__(64)));
     typedef short v32s __attribute__((__vector_size__(64)));
     return __builtin_astype(__builtin_ia32_packssdw512(__builtin_astype(a, v16i), __builtin_astype(b, v16i)), short32);
+#elif MADD_WIDTH == 256
+    typedef int v8i __attribute__((__vector_size__(32)));
+    const v8i lo = __builtin_astype(__builtin_ia32_packssdw256(__builtin_astype(a.lo, v8i), __builtin_astype(b.lo, v8i)), v8i);
+    const v8i hi = __builtin_astype(__builtin_ia32_packssdw256(__builtin_astype(a.hi, v8i), __builtin_astype(b.hi, v8i)), v8i);
+    return (short32)(__builtin_astype(lo, short16), __builtin_astype(hi, short16));
 #else
     return __builtin_convertvector(__builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
                                                            8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), short32);
@@ -779,7 +810,7 @@ __attribute__((always_inline)) inline void read_q6_k_heads(__global const uchar 
 __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const RowPair *rows, __local const SuperRecord *inputs)
 {
     __local const uint16 *x = inputs->quants;
-#if MADD_WIDTH == 256
+#if SHORT_SUMS
     /* Q4_K's 16 products a row and lane reach 16 * 15 * 127, Q6_K's four 4 * 63 * 127 */
     if (wtype == WT_Q4_K) {
         short32 row0 = 0, row1 = 0;
@@ -797,14 +828,19 @@ __attribute__((always_inline)) inline int16 pair_lanes(const int wtype, const Ro
     return sums;
 #else
     if (wtype == WT_Q4_K) {
-        const int16 row0 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q0[0], x[0]), rows->q0[1], x[1]), rows->q0[2], x[2]), rows->q0[3], x[3]);
-        const int16 row1 = dot_bytes(dot_bytes(dot_bytes(dot_bytes((int16)0, rows->q1[0], x[0]), rows->q1[1], x[1]), rows->q1[2], x[2]), rows->q1[3], x[3]);
+        int16 row0 = 0, row1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            row0 = dot_bytes_from(row0, rows->q0[i], x + i);
+            row1 = dot_bytes_from(row1, rows->q1[i], x + i);
+        }
         return madd(pack_halves(row0, row1), rows->scales[0]);
     }
     int16 sums = madd(rows->offsets, inputs->sums.halves);
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        sums = madd_add(sums, pack_halves(dot_bytes((int16)0, rows->q0[i], x[i]), dot_bytes((int16)0, rows->q1[i], x[i])), rows->scales[i / 2]);
+        sums = madd_add(sums, pack_halves(dot_bytes_from((int16)0, rows->q0[i], x + i), dot_bytes_from((int16)0, rows->q1[i], x + i)),
+                        rows->scales[i / 2]);
     return sums;
 #endif
 }
@@ -1085,12 +1121,12 @@ typedef struct {
    row 1's */
 __attribute__((always_inline)) inline int16 group_lanes(const GroupPair *rows, __local const uint16 *x)
 {
-#if MADD_WIDTH == 256  /* a 16-bit lane adds four products of 15 * 127, then eight */
+#if SHORT_SUMS  /* a 16-bit lane adds four products of 15 * 127, then eight */
     return madd(halves_pairs(bytes_pairs(rows->lo0, x[0]) + bytes_pairs(rows->hi0, x[1]),
                              bytes_pairs(rows->lo1, x[0]) + bytes_pairs(rows->hi1, x[1])), (short32)1);
 #else
-    return madd(pack_halves(dot_bytes(dot_bytes((int16)0, rows->lo0, x[0]), rows->hi0, x[1]),
-                            dot_bytes(dot_bytes((int16)0, rows->lo1, x[0]), rows->hi1, x[1])), (short32)1);
+    return madd(pack_halves(dot_bytes_from(dot_bytes_from((int16)0, rows->lo0, x), rows->hi0, x + 1),
+                            dot_bytes_from(dot_bytes_from((int16)0, rows->lo1, x), rows->hi1, x + 1)), (short32)1);
 #endif
 }
 
@@ -1521,7 +1557,7 @@ inline uint lanes_total(int16 v)
 /* a multiply_ceiling multiply-add: dot_bytes for `bits` 8, madd_add for 16 */
 inline int16 ceiling_step(const int bits, int16 sum, uint16 weights, uint16 x)
 {
-#if INT8_INPUTS && MADD_WIDTH != 256
+#if INT8_INPUTS && !SHORT_SUMS
     if (bits == 8)
         return dot_bytes(sum, weights, x);
 #endif
@@ -1560,7 +1596,7 @@ void multiply_ceiling(int rounds, int bits, __global uint *out)
         weights[i] = (bytes + (uint)i * 0x01010101u) & 0x0f0f0f0fu;  /* 0..15, as nibbles */
     uint16 x = bytes & 0x1f1f1f1fu;
     uint total = 0;
-#if INT8_INPUTS && MADD_WIDTH == 256
+#if INT8_INPUTS && SHORT_SUMS
     if (bits == 8) {
         short32 sums[CEILING_SUMS] = {0};
         for (int r = 0; r < rounds; r++, x += 0x01010101u)
