@@ -12,12 +12,18 @@ measure's median over the rounds, its range, and the ratio:
 - prefill: slotswarm's 256-token chunk; llama-bench's pp256, tokens/s.
 - first token, 1,000-token prompt: slotswarm's uncached time to first token through its
   scheduler; llama-bench's pp1000 time (the prompt's one decode, whose logits give it).
+
+With --isa avx2 (and a llama.cpp built for it: the shell script's --isa), slotswarm's CPU
+kernels are built from PoCL's avx2 kernel library, without VNNI, as on a CPU that has AVX2
+and no AVX-512; avx2-vnni keeps AVX-VNNI, which gpu/families.py takes where the CPU has it.
+The table's footer names the device each slotswarm round ran on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +38,13 @@ DECODE = 64  # llama-bench's generated tokens for the batch-1 step
 BATCH = 8
 BATCHED_PROMPT = 64  # positions each sequence holds before llama-batched-bench's steps (PROMPT there)
 BATCHED_STEPS = 32
+# what a slotswarm process is told for each --isa: PoCL's kernel library (and so the
+# compiler's target CPU) and no VNNI, which gpu/families.py would take from /proc/cpuinfo
+ISA_ENVIRONMENT = {
+    "native": {},
+    "avx2": {"POCL_KERNELLIB_NAME": "avx2", "SLOTSWARM_VNNI": "0"},
+    "avx2-vnni": {"POCL_KERNELLIB_NAME": "avx2"},
+}
 
 
 @dataclass(frozen=True)
@@ -75,18 +88,19 @@ def parse_batched_bench(text: str, batch: int = BATCH) -> dict[str, float]:
     return {f"batch{batch}_ms": 1e3 * rows[-1]["t_tg"] / rows[-1]["tg"]}
 
 
-def parse_swarm_bench(text: str) -> dict[str, float]:
-    """The measures in `swarm bench engine --json` output."""
+def parse_swarm_bench(text: str) -> tuple[dict[str, float], str]:
+    """The measures in `swarm bench engine --json` output, and the device it ran on."""
     r = json.loads(text)
     steps = {s["batch"]: s["step_ms"] for s in r["steps"]}
     if r["ttft_prompt_tokens"] != TTFT_PROMPT:
         raise ValueError(f"swarm bench timed a {r['ttft_prompt_tokens']}-token prompt, not {TTFT_PROMPT}")
-    return {
+    figures = {
         "batch1_ms": steps[1],
         f"batch{BATCH}_ms": steps[BATCH],
         "prefill_tok_s": r["prefill_tok_per_s"],
         "ttft_ms": r["ttft_uncached_ms"],
     }
+    return figures, r["device"]
 
 
 def ratio(m: Measure, slotswarm: float, llama: float) -> str:
@@ -119,17 +133,19 @@ def format_table(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
     return "\n".join(lines)
 
 
-def run(cmd: list[str]) -> str:
+def run(cmd: list[str], environment: dict[str, str] | None = None) -> str:
     """The command's standard output (its log, on standard error, is shown only if it fails)."""
-    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    settings = " ".join(f"{k}={v}" for k, v in (environment or {}).items())
+    print("$ " + (settings + " " if settings else "") + " ".join(cmd), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(environment or {})})
     if done.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return done.stdout
 
 
-def run_slotswarm(model: str) -> dict[str, float]:
-    return parse_swarm_bench(run([sys.executable, "-m", "swarm.cli", "bench", "engine", "--model", model, "--json"]))
+def run_slotswarm(model: str, isa: str) -> tuple[dict[str, float], str]:
+    bench = [sys.executable, "-m", "swarm.cli", "bench", "engine", "--model", model, "--json"]
+    return parse_swarm_bench(run(bench, ISA_ENVIRONMENT[isa]))
 
 
 def run_llama(bin_dir: Path, gguf: Path, threads: int, repetitions: int) -> dict[str, float]:
@@ -156,19 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (default: 2)")
     parser.add_argument("--repetitions", type=int, default=3, help="llama-bench's -r (default: 3)")
     parser.add_argument("--out", type=Path, help="also write every round's figures here, as JSON")
+    parser.add_argument("--isa", choices=list(ISA_ENVIRONMENT), default="native",
+                        help="the vector instructions both sides take: this CPU's, AVX2's alone, or AVX2's and AVX-VNNI's"
+                             " (default: native)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from gpu.model.fetch import resolve_model  # the project's catalogue and cache
 
     ggufs = {model: resolve_model(model) for model in args.models}
     results = {model: {"slotswarm": {}, "llama.cpp": {}} for model in args.models}
-    loads = [load()]
+    loads, devices = [load()], set()
     started = time.monotonic()
     for k in range(args.rounds):
         for model, gguf in ggufs.items():
             for side in sorted(results[model], reverse=k % 2 == 1):
                 if side == "slotswarm":
-                    figures = run_slotswarm(str(gguf))
+                    figures, device = run_slotswarm(str(gguf), args.isa)
+                    devices.add(device)
                 else:
                     figures = run_llama(args.bin, gguf, args.threads, args.repetitions)
                 for key, value in figures.items():
@@ -176,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         loads.append(load())
         print(f"round {k + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s, load {loads[-1]}", file=sys.stderr, flush=True)
         if args.out:  # after every round, so an interrupted run keeps what it measured
-            args.out.write_text(json.dumps({"loads": loads, "results": results}, indent=1))
+            record = {"isa": args.isa, "devices": sorted(devices), "loads": loads, "results": results}
+            args.out.write_text(json.dumps(record, indent=1))
     print(format_table(results))
     print(f"\n{args.rounds} round(s), median (min-max); load average (1, 5, 15 min) at the start and after each round: {'; '.join(loads)}")
+    print(f"instructions: {args.isa}; slotswarm's device: {'; '.join(sorted(devices))}")
     return 0
 
 

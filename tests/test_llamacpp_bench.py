@@ -39,11 +39,12 @@ def test_batched_bench_jsonl_gives_the_time_of_one_step_of_8_tokens() -> None:
         bench.parse_batched_bench(text, batch=4)
 
 
-def test_swarm_bench_json_gives_the_same_measures() -> None:
-    figures = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
+def test_swarm_bench_json_gives_the_same_measures_and_its_device() -> None:
+    figures, device = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
     assert set(figures) == {m.key for m in bench.MEASURES}
     r = json.loads((DATA / "swarm-bench-engine.json").read_text())
     assert figures["batch8_ms"] == r["steps"][-1]["step_ms"] and r["steps"][-1]["batch"] == 8
+    assert device == r["device"]
 
 
 def test_the_ratio_reads_as_how_much_faster_slotswarm_is() -> None:
@@ -55,7 +56,7 @@ def test_the_ratio_reads_as_how_much_faster_slotswarm_is() -> None:
 
 
 def test_the_table_has_one_row_per_model_and_measure_with_medians_and_ranges() -> None:
-    ours = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
+    ours, _ = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
     theirs = bench.parse_llama_bench((DATA / "llama-bench.json").read_text())
     theirs.update(bench.parse_batched_bench((DATA / "batched-bench.out").read_text()))
     rounds = {"slotswarm": {k: [v, 2 * v, 3 * v] for k, v in ours.items()}, "llama.cpp": {k: [v] for k, v in theirs.items()}}
@@ -80,4 +81,47 @@ def test_the_wrapper_says_its_options_without_fetching_or_building(tmp_path: Pat
         timeout=60,
     )
     assert done.returncode == 0 and "--rounds" in done.stdout, done.stderr
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "avx2-vnni"])
+def test_avx2_runs_slotswarm_on_pocl_s_avx2_library_with_or_without_vnni(isa: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    outputs = {
+        "llama-bench": (DATA / "llama-bench.json").read_text(),
+        "llama-batched-bench": (DATA / "batched-bench.out").read_text(),
+        sys.executable: (DATA / "swarm-bench-engine.json").read_text(),
+    }
+    environments = []
+
+    def run(cmd: list[str], environment: dict[str, str] | None = None) -> str:
+        if cmd[0] == sys.executable:
+            environments.append(environment)
+        return outputs[cmd[0] if cmd[0] == sys.executable else Path(cmd[0]).name]
+
+    monkeypatch.setattr(bench, "run", run)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = tmp_path / "rounds.json"
+    assert bench.main(["--bin", str(tmp_path), "--models", str(gguf), "--rounds", "2", "--isa", isa, "--out", str(out)]) == 0
+    avx2 = {"POCL_KERNELLIB_NAME": "avx2"}
+    expected = {"native": {}, "avx2": {**avx2, "SLOTSWARM_VNNI": "0"}, "avx2-vnni": avx2}[isa]
+    assert environments == [expected, expected]
+    record = json.loads(out.read_text())
+    device = json.loads(outputs[sys.executable])["device"]
+    assert record["isa"] == isa and record["devices"] == [device]
+    assert f"instructions: {isa}; slotswarm's device: {device}" in capsys.readouterr().out
+
+
+def test_the_wrapper_refuses_an_unknown_isa_before_fetching_or_building(tmp_path: Path) -> None:
+    import subprocess
+
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "llamacpp-bench.sh"), "--isa", "avx512"],
+        env={"PATH": "/usr/bin:/bin", "LLAMACPP_CACHE": str(cache), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--isa must be native, avx2 or avx2-vnni, got 'avx512'" in done.stderr
     assert not cache.exists()
