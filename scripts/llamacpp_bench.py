@@ -39,7 +39,8 @@ BATCH = 8
 BATCHED_PROMPT = 64  # positions each sequence holds before llama-batched-bench's steps (PROMPT there)
 BATCHED_STEPS = 32
 # what a slotswarm process is told for each --isa: PoCL's kernel library (and so the
-# compiler's target CPU) and no VNNI, which gpu/families.py would take from /proc/cpuinfo
+# compiler's target CPU) and, for avx2, no VNNI, which gpu/families.py would otherwise take
+# from /proc/cpuinfo
 ISA_ENVIRONMENT = {
     "native": {},
     "avx2": {"POCL_KERNELLIB_NAME": "avx2", "SLOTSWARM_VNNI": "0"},

@@ -18,7 +18,7 @@ from test_device_quants import SHAPE
 from test_lowbit import EPS, MAX_COLS, WIDTHS, build, device  # noqa: F401 (device is a fixture)
 from test_quants import random_blocks
 
-from gpu.families import CPUFamily, host_has_vnni
+from gpu.families import CPUFamily
 from gpu.launches import GEMM_TILE, LOWBIT_KINDS, NIBBLE_VARIANTS, STAGED_MIN, CPUMatmul, Stage, column_groups, cpu_variant, local_bytes
 from gpu.model.load import WeightTensor
 from gpu.weights import READ_PAST, upload_matrix
@@ -225,15 +225,16 @@ def extreme_super_blocks(qtype, n: int, quant: int) -> np.ndarray:
     return np.tile(block, (n, 1))
 
 
+@pytest.mark.parametrize("vnni", [False, True], ids=["madd", "vnni"])
 @pytest.mark.parametrize("width", [512, 256])
 @pytest.mark.parametrize("int8", [0, 1], ids=["", "int8"])
 @pytest.mark.parametrize(("qtype", "quant"), [(Q.Q4_K, 15), (Q.Q6_K, 0), (Q.Q6_K, 63)], ids=lambda c: getattr(c, "name", str(c)))
-def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int8: int, width: int) -> None:  # noqa: F811
+def test_compact_super_block_sums_do_not_overflow(device, qtype, quant: int, int8: int, width: int, vnni: bool) -> None:  # noqa: F811
     """The compact Q4_K and Q6_K kernels add a super-block's scaled integer dot products in
     32 bits, and with INT8_INPUTS pack a block half's in 16, or on AVX2 add its byte products
     in 16 (cpu/nibbles.cl's bounds): at the largest quants, scales and inputs they still match
     NumPy, at one column and at a tile of eight."""
-    program = build(device, width, host_has_vnni(width), bool(int8))
+    program = build(device, width, vnni, bool(int8))
     cols = 512
     raw = extreme_super_blocks(qtype, ROWS * cols // 256, quant).reshape(ROWS, -1)
     want_row = gguf.quants.dequantize(raw[:1], qtype).sum()
