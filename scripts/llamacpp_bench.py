@@ -16,7 +16,10 @@ measure's median over the rounds, its range, and the ratio:
 With --isa avx2 (and a llama.cpp built for it: the shell script's --isa), slotswarm's CPU
 kernels are built from PoCL's avx2 kernel library, without VNNI, as on a CPU that has AVX2
 and no AVX-512; avx2-vnni keeps AVX-VNNI, which gpu/families.py takes where the CPU has it.
-The table's footer names the device each slotswarm round ran on.
+The table's footer names the device each slotswarm round ran on and, on the CPU family,
+the machine's integer rate in each round (swarm bench engine's multiply ceiling) with the
+share of it slotswarm's prefill reached: on a shared machine the rate moves between rounds,
+and the share tells such a round from a slower kernel.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def parse_swarm_bench(text: str) -> tuple[dict[str, float], str]:
         "prefill_tok_s": r["prefill_tok_per_s"],
         "ttft_ms": r["ttft_uncached_ms"],
     }
+    if "multiply_ceiling" in r:  # the CPU family's: products a second on its narrowest inputs
+        figures["ceiling_g"] = r["multiply_ceiling"][min(r["multiply_ceiling"], key=int)] / 1e9
+        figures["ceiling_share"] = r["prefill_ceiling_share"]
     return figures, r["device"]
 
 
@@ -132,6 +138,19 @@ def format_table(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
             r = ratio(m, statistics.median(ours), statistics.median(theirs)) if ours and theirs else "-"
             lines.append(f"| {model} | {m.label} ({m.unit}) | {cell(ours)} | {cell(theirs)} | {r} |")
     return "\n".join(lines)
+
+
+def format_ceilings(results: dict[str, dict[str, dict[str, list[float]]]]) -> list[str]:
+    """A line per model whose slotswarm rounds measured the multiply ceiling: its rate and
+    the prefill's share of it, round by round."""
+    lines = []
+    for model, sides in results.items():
+        ours = sides["slotswarm"]
+        if ours.get("ceiling_g"):
+            rates = ", ".join(f"{g:.0f}" for g in ours["ceiling_g"])
+            shares = ", ".join(f"{100 * s:.0f}" for s in ours["ceiling_share"])
+            lines.append(f"{model}: slotswarm's multiply ceiling by round {rates} G products/s; its prefill at {shares}% of it")
+    return lines
 
 
 def run(cmd: list[str], environment: dict[str, str] | None = None) -> str:
@@ -202,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     print(f"\n{args.rounds} round(s), median (min-max); load average (1, 5, 15 min) at the start and after each round: {'; '.join(loads)}")
     print(f"instructions: {args.isa}; slotswarm's device: {'; '.join(sorted(devices))}")
+    for line in format_ceilings(results):
+        print(line)
     return 0
 
 

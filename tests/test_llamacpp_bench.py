@@ -39,12 +39,26 @@ def test_batched_bench_jsonl_gives_the_time_of_one_step_of_8_tokens() -> None:
         bench.parse_batched_bench(text, batch=4)
 
 
-def test_swarm_bench_json_gives_the_same_measures_and_its_device() -> None:
+def test_swarm_bench_json_gives_the_same_measures_its_device_and_the_machine_s_rate() -> None:
     figures, device = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
-    assert set(figures) == {m.key for m in bench.MEASURES}
+    assert set(figures) == {m.key for m in bench.MEASURES} | {"ceiling_g", "ceiling_share"}
     r = json.loads((DATA / "swarm-bench-engine.json").read_text())
     assert figures["batch8_ms"] == r["steps"][-1]["step_ms"] and r["steps"][-1]["batch"] == 8
     assert device == r["device"]
+    assert figures["ceiling_g"] == r["multiply_ceiling"]["8"] / 1e9
+    assert figures["ceiling_share"] == r["prefill_ceiling_share"]
+    # the GPU family measures no ceiling: the measures alone
+    del r["multiply_ceiling"], r["prefill_ceiling_share"]
+    figures, _ = bench.parse_swarm_bench(json.dumps(r))
+    assert set(figures) == {m.key for m in bench.MEASURES}
+
+
+def test_the_footer_gives_each_round_s_ceiling_and_the_prefill_s_share_of_it() -> None:
+    rounds = {"ceiling_g": [746.8, 615.4], "ceiling_share": [0.46, 0.452], "prefill_tok_s": [263.6, 187.0]}
+    results = {"qwen2.5-coder-1.5b": {"slotswarm": rounds, "llama.cpp": {}}, "gpu-model": {"slotswarm": {}, "llama.cpp": {}}}
+    assert bench.format_ceilings(results) == [
+        "qwen2.5-coder-1.5b: slotswarm's multiply ceiling by round 747, 615 G products/s; its prefill at 46, 45% of it"
+    ]
 
 
 def test_the_ratio_reads_as_how_much_faster_slotswarm_is() -> None:
@@ -109,7 +123,9 @@ def test_avx2_runs_slotswarm_on_pocl_s_avx2_library_with_or_without_vnni(isa: st
     record = json.loads(out.read_text())
     device = json.loads(outputs[sys.executable])["device"]
     assert record["isa"] == isa and record["devices"] == [device]
-    assert f"instructions: {isa}; slotswarm's device: {device}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"instructions: {isa}; slotswarm's device: {device}" in printed
+    assert f"{gguf}: slotswarm's multiply ceiling by round" in printed
 
 
 def test_the_wrapper_refuses_an_unknown_isa_before_fetching_or_building(tmp_path: Path) -> None:
