@@ -105,7 +105,8 @@ def parse_swarm_bench(text: str) -> tuple[dict[str, float], str]:
         "ttft_ms": r["ttft_uncached_ms"],
     }
     if "multiply_ceiling" in r:  # the CPU family's: products a second on its narrowest inputs
-        figures["ceiling_g"] = r["multiply_ceiling"][min(r["multiply_ceiling"], key=int)] / 1e9
+        bits = min(r["multiply_ceiling"], key=int)
+        figures["ceiling_g"], figures["ceiling_bits"] = r["multiply_ceiling"][bits] / 1e9, int(bits)
         figures["ceiling_share"] = r["prefill_ceiling_share"]
     return figures, r["device"]
 
@@ -149,7 +150,8 @@ def format_ceilings(results: dict[str, dict[str, dict[str, list[float]]]]) -> li
         if ours.get("ceiling_g"):
             rates = ", ".join(f"{g:.0f}" for g in ours["ceiling_g"])
             shares = ", ".join(f"{100 * s:.0f}" for s in ours["ceiling_share"])
-            lines.append(f"{model}: slotswarm's multiply ceiling by round {rates} G products/s; its prefill at {shares}% of it")
+            bits = ours["ceiling_bits"][0]
+            lines.append(f"{model}: slotswarm's multiply ceiling by round {rates} G {bits}-bit products/s; its prefill at {shares}% of it")
     return lines
 
 

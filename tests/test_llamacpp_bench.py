@@ -41,11 +41,11 @@ def test_batched_bench_jsonl_gives_the_time_of_one_step_of_8_tokens() -> None:
 
 def test_swarm_bench_json_gives_the_same_measures_its_device_and_the_machine_s_rate() -> None:
     figures, device = bench.parse_swarm_bench((DATA / "swarm-bench-engine.json").read_text())
-    assert set(figures) == {m.key for m in bench.MEASURES} | {"ceiling_g", "ceiling_share"}
+    assert set(figures) == {m.key for m in bench.MEASURES} | {"ceiling_g", "ceiling_bits", "ceiling_share"}
     r = json.loads((DATA / "swarm-bench-engine.json").read_text())
     assert figures["batch8_ms"] == r["steps"][-1]["step_ms"] and r["steps"][-1]["batch"] == 8
     assert device == r["device"]
-    assert figures["ceiling_g"] == r["multiply_ceiling"]["8"] / 1e9
+    assert figures["ceiling_g"] == r["multiply_ceiling"]["8"] / 1e9 and figures["ceiling_bits"] == 8
     assert figures["ceiling_share"] == r["prefill_ceiling_share"]
     # the GPU family measures no ceiling: the measures alone
     del r["multiply_ceiling"], r["prefill_ceiling_share"]
@@ -54,10 +54,10 @@ def test_swarm_bench_json_gives_the_same_measures_its_device_and_the_machine_s_r
 
 
 def test_the_footer_gives_each_round_s_ceiling_and_the_prefill_s_share_of_it() -> None:
-    rounds = {"ceiling_g": [746.8, 615.4], "ceiling_share": [0.46, 0.452], "prefill_tok_s": [263.6, 187.0]}
+    rounds = {"ceiling_g": [746.8, 615.4], "ceiling_bits": [8, 8], "ceiling_share": [0.46, 0.452], "prefill_tok_s": [263.6, 187.0]}
     results = {"qwen2.5-coder-1.5b": {"slotswarm": rounds, "llama.cpp": {}}, "gpu-model": {"slotswarm": {}, "llama.cpp": {}}}
     assert bench.format_ceilings(results) == [
-        "qwen2.5-coder-1.5b: slotswarm's multiply ceiling by round 747, 615 G products/s; its prefill at 46, 45% of it"
+        "qwen2.5-coder-1.5b: slotswarm's multiply ceiling by round 747, 615 G 8-bit products/s; its prefill at 46, 45% of it"
     ]
 
 
